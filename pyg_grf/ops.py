@@ -1,0 +1,149 @@
+r"""Low-level sparse products used on every hot path.
+
+The GRF feature matrix :math:`\Phi` is sparse with learnable values (the values depend on the
+per-hop coefficients :math:`f`), so we need :math:`\Phi X` and :math:`\Phi^\top X` that are
+
+* fast: both use torch's native CSR ``@`` (measured ~2.3x faster than torch-sparse and ~8x faster
+  than a scatter/index_add formulation on 2 CPU cores);
+* differentiable in *both* the dense operand and the sparse values, which torch's CSR ``@`` is not.
+
+:func:`spmm` does this with a custom :class:`torch.autograd.Function`:
+
+.. math::
+    Y = \Phi X, \qquad
+    \frac{\partial L}{\partial X} = \Phi^\top \frac{\partial L}{\partial Y}, \qquad
+    \frac{\partial L}{\partial \Phi_{rc}} = \Big\langle \frac{\partial L}{\partial Y_{r}}, X_{c}
+    \Big\rangle,
+
+where the value gradient is a gather over the nonzeros (an SDDMM), :math:`O(\mathrm{nnz}\cdot C)`.
+"""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor
+
+
+class SparsePattern:
+    r"""A fixed sparsity pattern of an :math:`R \times S` matrix with CSR views prepared for
+    :math:`A X` and :math:`A^\top X`.
+
+    The pattern is built once (e.g. once per batch of GRFs); values can change freely (they carry
+    gradients).
+
+    Args:
+        index (Tensor): ``[2, nnz]`` (row, col) coordinates; duplicates are allowed and are summed.
+        size (tuple): ``(R, S)``.
+    """
+
+    def __init__(self, index: Tensor, size: Tuple[int, int]):
+        if index.dim() != 2 or index.size(0) != 2:
+            raise ValueError(f"'index' must have shape [2, nnz], got {tuple(index.shape)}")
+        R, S = int(size[0]), int(size[1])
+        index = index.long()
+        if index.numel() > 0:
+            if int(index[0].min()) < 0 or int(index[0].max()) >= R:
+                raise ValueError(f"row indices must lie in [0, {R}), got range "
+                                 f"[{int(index[0].min())}, {int(index[0].max())}]")
+            if int(index[1].min()) < 0 or int(index[1].max()) >= S:
+                raise ValueError(f"column indices must lie in [0, {S}), got range "
+                                 f"[{int(index[1].min())}, {int(index[1].max())}]")
+        self.size = (R, S)
+        self.nnz = index.size(1)
+        device = index.device
+        # Row-major order for A, column-major order for A^T.
+        key = index[0] * S + index[1]
+        self.perm = torch.argsort(key)
+        row, col = index[0, self.perm], index[1, self.perm]
+        self.row, self.col = row, col
+        self.crow = torch.ops.aten._convert_indices_from_coo_to_csr(row, R)
+        keyt = index[1] * R + index[0]
+        self.perm_t = torch.argsort(keyt)
+        self.crow_t = torch.ops.aten._convert_indices_from_coo_to_csr(index[1, self.perm_t], S)
+        self.col_t = index[0, self.perm_t]
+        self.device = device
+
+    def to_csr(self, values: Tensor, transpose: bool = False) -> Tensor:
+        if transpose:
+            return torch.sparse_csr_tensor(self.crow_t, self.col_t, values[self.perm_t],
+                                           size=(self.size[1], self.size[0]))
+        return torch.sparse_csr_tensor(self.crow, self.col, values[self.perm], size=self.size)
+
+    def to_dense(self, values: Tensor) -> Tensor:
+        out = values.new_zeros(self.size)
+        return out.index_put((self.row, self.col), values[self.perm], accumulate=True)
+
+
+class _SpMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values: Tensor, x: Tensor, pattern: SparsePattern, transpose: bool):
+        ctx.pattern, ctx.transpose = pattern, transpose
+        ctx.save_for_backward(values, x)
+        if pattern.nnz == 0:
+            R = pattern.size[1] if transpose else pattern.size[0]
+            return x.new_zeros((R, x.size(1)))
+        return pattern.to_csr(values.to(x.dtype), transpose) @ x
+
+    @staticmethod
+    def backward(ctx, grad_out: Tensor):
+        values, x = ctx.saved_tensors
+        pattern, transpose = ctx.pattern, ctx.transpose
+        grad_values = grad_x = None
+        if pattern.nnz == 0:
+            if ctx.needs_input_grad[0]:
+                grad_values = torch.zeros_like(values)
+            if ctx.needs_input_grad[1]:
+                grad_x = torch.zeros_like(x)
+            return grad_values, grad_x, None, None
+        grad_out = grad_out.contiguous()
+        if ctx.needs_input_grad[1]:
+            grad_x = pattern.to_csr(values.to(x.dtype), not transpose) @ grad_out
+        if ctx.needs_input_grad[0]:
+            # Y = A X: dL/dA_rc = <dY_r, X_c>;  Y = A^T X: dL/dA_rc = <X_r, dY_c>.
+            inv = torch.empty_like(pattern.perm)
+            inv[pattern.perm] = torch.arange(pattern.nnz, device=inv.device)
+            row, col = pattern.row[inv], pattern.col[inv]
+            if transpose:
+                grad_values = (x[row] * grad_out[col]).sum(-1)
+            else:
+                grad_values = (grad_out[row] * x[col]).sum(-1)
+            grad_values = grad_values.to(values.dtype)
+        return grad_values, grad_x, None, None
+
+
+def spmm(pattern: SparsePattern, values: Tensor, x: Tensor, transpose: bool = False) -> Tensor:
+    r"""Computes :math:`A X` (or :math:`A^\top X`) for the sparse matrix ``A`` given by
+    ``pattern`` and ``values`` (``[nnz]``, in the order of the index the pattern was built from),
+    differentiable in ``values`` and ``x``.
+
+    Args:
+        pattern (SparsePattern): the sparsity pattern of ``A`` (``[R, S]``).
+        values (Tensor): ``[nnz]`` values.
+        x (Tensor): ``[S, C]`` (``[R, C]`` if ``transpose``), or 1-D.
+        transpose (bool): multiply by :math:`A^\top` instead.
+    """
+    if values.dim() != 1 or values.numel() != pattern.nnz:
+        raise ValueError(f"'values' must have shape [{pattern.nnz}], got {tuple(values.shape)}")
+    expect = pattern.size[0] if transpose else pattern.size[1]
+    if x.size(0) != expect:
+        raise ValueError(f"dense operand must have {expect} rows, got {x.size(0)}")
+    squeeze = x.dim() == 1
+    if squeeze:
+        x = x.unsqueeze(-1)
+    out = _SpMM.apply(values, x.contiguous(), pattern, transpose)
+    return out.squeeze(-1) if squeeze else out
+
+
+def coalesce_index(index: Tensor, num_cols: int, extra: Optional[Tensor] = None,
+                   num_extra: int = 1) -> Tuple[Tensor, Tensor]:
+    r"""Maps coordinates ``(row, col[, extra])`` to unique ids.
+
+    Returns ``(unique_keys, inverse)`` where ``inverse[e]`` is the id of entry ``e``; keys are
+    ``(row * num_cols + col) * num_extra + extra``.
+    """
+    key = index[0] * num_cols + index[1]
+    if extra is not None:
+        key = key * num_extra + extra
+    uniq, inverse = torch.unique(key, sorted=True, return_inverse=True)
+    return uniq, inverse

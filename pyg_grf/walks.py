@@ -1,0 +1,292 @@
+r"""The random-walk engine shared by graph random features (GRF paper, Sec. 3.3, Algorithm 1) and
+RWGNK features (FTFI paper, Sec. 4.2).
+
+All walkers move in lockstep: one Python iteration per *step*, each a handful of vectorised tensor
+operations over every walker at once, on a CSR view of the graph. There is no loop over nodes,
+walkers or edges.
+
+Conventions (PyG's): an edge ``(u, v)`` in ``edge_index`` lets a walker step from ``u`` to ``v``,
+so a directed graph is walked along its edge directions and an undirected PyG graph (both
+directions stored) is walked both ways. Every stored edge is one choice: a node's degree is its
+number of out-edges, a multi-edge is chosen proportionally to its multiplicity and a self-loop is a
+step that stays put. A node with no out-edges (isolated, or a sink of a directed graph) ends every
+walk that reaches it.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+WALKERS = ('iid', 'antithetic', 'repelling')
+
+
+class RandomWalks(NamedTuple):
+    r"""A batch of ``W = S * n`` walks, walker ``w`` being walk ``w % n`` out of ``start[w]``.
+
+    Hops are stored as a flat, step-major *hop list* (no padding): the hops taken at step ``t``
+    (``t = 1..L``) are records ``step_ptr[t - 1]:step_ptr[t]``, made by walkers
+    ``order[:step_ptr[t] - step_ptr[t - 1]]`` in that order. So the walkers that take hop ``t`` are
+    a prefix of those that took hop ``t - 1`` and record ``j`` of step ``t`` continues record ``j`` of
+    step ``t - 1``: a per-walk running product (importance weights) is a slice per step.
+
+    Attributes:
+        start (Tensor): ``[W]`` start node of every walker.
+        length (Tensor): ``[W]`` number of hops taken.
+        order (Tensor): ``[W]`` walkers sorted by decreasing number of *scheduled* hops.
+        step_ptr (Tensor): ``[L + 1]`` offsets of each step's records (``step_ptr[0] == 0``).
+        node (Tensor): ``[R]`` node reached by each hop, ``-1`` if the walker had already stopped
+            at a node without out-edges (such records carry no hop).
+        edge (Tensor): ``[R]`` id (column of ``edge_index``) of the edge taken, ``-1`` likewise.
+        num_walks (int): walks per start node :math:`n`.
+        max_length (int): :math:`L`.
+    """
+    start: Tensor
+    length: Tensor
+    order: Tensor
+    step_ptr: Tensor
+    node: Tensor
+    edge: Tensor
+    num_walks: int
+    max_length: int
+
+    @property
+    def num_walkers(self) -> int:
+        return self.start.numel()
+
+    def record_walker(self) -> Tensor:
+        r"""``[R]`` walker id of every hop record."""
+        counts = self.step_ptr.diff()
+        if counts.numel() == 0:
+            return self.order[:0]
+        local = torch.arange(int(self.step_ptr[-1]), device=self.order.device) - \
+            self.step_ptr[:-1].repeat_interleave(counts)
+        return self.order[local]
+
+    def record_step(self) -> Tensor:
+        r"""``[R]`` hop number (``1..L``) of every hop record."""
+        steps = torch.arange(1, self.step_ptr.numel(), device=self.order.device)
+        return steps.repeat_interleave(self.step_ptr.diff())
+
+    def node_matrix(self) -> Tensor:
+        r"""The walks as a padded ``[W, L + 1]`` matrix of visited nodes (``-1`` after the end);
+        column 0 is the start node. :math:`O(WL)` memory: for inspection and tests."""
+        out = torch.full((self.num_walkers, self.max_length + 1), -1, dtype=torch.long,
+                         device=self.start.device)
+        out[:, 0] = self.start
+        out[self.record_walker(), self.record_step()] = self.node
+        return out
+
+    def edge_matrix(self) -> Tensor:
+        r"""``[W, L]`` edge ids taken at each hop, ``-1`` after the end (for inspection/tests)."""
+        out = torch.full((self.num_walkers, self.max_length), -1, dtype=torch.long,
+                         device=self.start.device)
+        out[self.record_walker(), self.record_step() - 1] = self.edge
+        return out
+
+
+def check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
+    r"""Raises a :class:`ValueError` that says what was expected if ``edge_index`` is not a
+    ``[2, E]`` integer tensor with entries in ``[0, num_nodes)``."""
+    if not isinstance(edge_index, Tensor):
+        raise TypeError(f"'edge_index' must be a Tensor, got {type(edge_index).__name__}")
+    if edge_index.dim() != 2 or edge_index.size(0) != 2:
+        raise ValueError(f"'edge_index' must have shape [2, num_edges], got {tuple(edge_index.shape)}")
+    if edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
+        raise ValueError(f"'edge_index' must hold integers, got dtype {edge_index.dtype}")
+    if num_nodes < 0:
+        raise ValueError(f"'num_nodes' must be non-negative, got {num_nodes}")
+    if edge_index.numel() > 0:
+        lo, hi = int(edge_index.min()), int(edge_index.max())
+        if lo < 0 or hi >= num_nodes:
+            raise ValueError(f"'edge_index' holds node ids in [{lo}, {hi}] but the graph has "
+                             f"{num_nodes} nodes (valid ids: 0..{num_nodes - 1})")
+
+
+def to_csr(edge_index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""CSR view of ``edge_index``: ``(rowptr [N + 1], col [E], perm [E], deg [N])`` with ``perm``
+    mapping CSR positions back to edge ids."""
+    src = edge_index[0].long()
+    if src.numel() < 2 or bool((src[1:] >= src[:-1]).all()):
+        perm = torch.arange(src.numel(), device=src.device)  # already sorted (PyG's usual order)
+    else:
+        perm = torch.argsort(src, stable=True)
+    col = edge_index[1].long()[perm]
+    deg = torch.bincount(src, minlength=num_nodes)
+    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=src.device)
+    torch.cumsum(deg, 0, out=rowptr[1:])
+    return rowptr, col, perm, deg
+
+
+def _check_args(num_walks, p_halt, max_length, walker, fixed_length):
+    if isinstance(num_walks, bool) or not isinstance(num_walks, int) or num_walks < 1:
+        raise ValueError(f"'num_walks' must be an integer >= 1, got {num_walks!r}")
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
+        raise ValueError(f"'max_length' must be an integer >= 0, got {max_length!r}")
+    if walker not in WALKERS:
+        raise ValueError(f"'walker' must be one of {WALKERS}, got {walker!r}")
+    if not fixed_length:
+        if p_halt is None or not (0.0 < float(p_halt) < 1.0) or math.isnan(float(p_halt)):
+            raise ValueError(f"'p_halt' must lie in the open interval (0, 1), got {p_halt!r} "
+                             f"(use fixed_length=True for walks that never halt)")
+
+
+def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Optional[float],
+                 max_length: int, *, walker: str = 'iid', fixed_length: bool = False,
+                 start: Optional[Tensor] = None,
+                 generator: Optional[torch.Generator] = None) -> RandomWalks:
+    r"""Samples ``num_walks`` random walks out of every start node.
+
+    A walker at node :math:`u` first halts with probability :math:`p_{halt}` (never, if
+    ``fixed_length``), otherwise steps along one of the :math:`d_u` out-edges of :math:`u` chosen
+    uniformly. Every walk is truncated after ``max_length`` hops.
+
+    Walker schemes (each walker's marginal law is the same simple halting walk in all three, so
+    every estimator built on them stays unbiased):
+
+    * ``'iid'``: independent walkers.
+    * ``'antithetic'``: antithetic termination (Reid et al., 2023). Walkers ``2j`` and ``2j + 1``
+      of a start node draw their halting uniforms as :math:`u` and :math:`(u + 1/2) \bmod 1`, so
+      for :math:`p_{halt} \le 1/2` the pair never halts at the same step; their lengths are
+      negatively correlated.
+    * ``'repelling'``: repelling walkers (Reid et al., 2024). Walkers out of the same start node
+      that stand on the same node at the same step choose neighbours by stratified sampling: the
+      :math:`r`-th of :math:`c` of them takes neighbour
+      :math:`\lfloor d_u\,((U + r/c) \bmod 1)\rfloor` with one shared :math:`U \sim U[0, 1)`. Each
+      choice is marginally uniform, and the :math:`c` walkers take :math:`c` distinct neighbours
+      whenever :math:`c \le d_u`.
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` edges (see module docstring for direction, multi-edges,
+            self-loops and isolated nodes).
+        num_nodes (int): :math:`N`.
+        num_walks (int): walks per start node :math:`n \ge 1`.
+        p_halt (float): halting probability in :math:`(0, 1)`; ignored (may be :obj:`None`) if
+            ``fixed_length``.
+        max_length (int): maximum number of hops (``L``).
+        walker (str): ``'iid'``, ``'antithetic'`` or ``'repelling'`` (default: ``'iid'``).
+        fixed_length (bool): walks never halt and take exactly ``max_length`` hops unless they
+            reach a node without out-edges (default: :obj:`False`).
+        start (Tensor, optional): start nodes (default: all nodes ``0..N-1``).
+        generator (torch.Generator, optional): random source, for reproducibility.
+
+    Returns:
+        :class:`RandomWalks` with ``W = len(start) * num_walks`` walkers.
+    """
+    _check_args(num_walks, p_halt, max_length, walker, fixed_length)
+    check_edge_index(edge_index, num_nodes)
+    device = edge_index.device
+    if start is None:
+        start = torch.arange(num_nodes, device=device)
+    else:
+        start = start.long().to(device)
+        if start.numel() > 0 and (int(start.min()) < 0 or int(start.max()) >= num_nodes):
+            raise ValueError(f"'start' nodes must lie in [0, {num_nodes}), got range "
+                             f"[{int(start.min())}, {int(start.max())}]")
+    n, L = num_walks, max_length
+    S = start.numel()
+    W = S * n
+    walker_start = start.repeat_interleave(n)
+
+    # 1) Halting: pre-sample every walker's number of hops (before truncation and before meeting
+    #    a node without out-edges). P(len >= k) = (1 - p_halt)^k for every scheme.
+    if fixed_length or L == 0:
+        hops = torch.full((W,), L, dtype=torch.long, device=device)
+    elif walker == 'antithetic':
+        # Per step, walkers (2j, 2j+1) use uniforms u and (u + 1/2) mod 1.
+        P = (n + 1) // 2
+        u = torch.rand((S, P, L), generator=generator, device=device)
+        u = torch.stack([u, torch.remainder(u + 0.5, 1.0)], dim=2).view(S, 2 * P, L)[:, :n]
+        halted = (u < p_halt).view(W, L)
+        hops = torch.where(halted.any(1), halted.float().argmax(1),
+                           torch.full((W,), L, device=device)).long()
+    else:
+        u = torch.rand(W, generator=generator, device=device).clamp_min_(1e-12)
+        hops = torch.floor(torch.log(u) / math.log1p(-float(p_halt))).long().clamp_max_(L)
+
+    # 2) Order walkers by decreasing length, so that the walkers still moving at step t are a
+    #    prefix (no compaction). The sort is stable: start-node order, hence locality, is kept.
+    order = torch.argsort(hops, descending=True, stable=True)
+    alive_count = torch.bincount(hops, minlength=L + 1).flip(0).cumsum(0).flip(0)  # [L + 1]
+    alive_count = alive_count.tolist()  # alive_count[t]: walkers with hops >= t
+
+    # 3) CSR with a ghost node N: every node without out-edges gets one edge to N, and N loops
+    #    on itself. Walkers that enter N have ended; they are trimmed at the end.
+    rowptr, col, perm, deg = to_csr(edge_index, num_nodes)
+    sinks = deg == 0
+    has_sinks = bool(sinks.any())
+    if has_sinks:
+        ext_deg = torch.cat([torch.where(sinks, 1, deg), deg.new_ones(1)])
+        ext_rowptr = torch.zeros(num_nodes + 2, dtype=torch.long, device=device)
+        torch.cumsum(ext_deg, 0, out=ext_rowptr[1:])
+        ext_col = torch.full((int(ext_rowptr[-1]),), num_nodes, dtype=torch.long, device=device)
+        real = torch.repeat_interleave(~torch.cat([sinks, sinks.new_ones(1)]), ext_deg)
+        ext_col[real] = col
+        ext_pos = torch.full_like(ext_col, -1)
+        ext_pos[real] = torch.arange(col.numel(), device=device)
+    else:
+        ext_deg, ext_rowptr, ext_col = deg, rowptr, col
+        ext_pos = None
+    # One packed gather per step gives both the CSR offset and the degree of the current node.
+    table = torch.stack([ext_rowptr[:-1], ext_deg], dim=1)
+
+    rec_node, rec_pos, ptr = [], [], [0]
+    cur = walker_start.index_select(0, order)
+    for t in range(L):
+        A = alive_count[t + 1]  # walkers that take hop t + 1
+        if A == 0:
+            break
+        cur = cur[:A]
+        rd = table.index_select(0, cur)
+        base, d = rd[:, 0], rd[:, 1]
+        if walker == 'repelling':
+            r = _stratified_uniforms(order[:A] // n * (num_nodes + 1) + cur, generator)
+        else:
+            r = torch.rand(A, generator=generator, device=device)
+        pos = base + (r * d).long().clamp_max_(d - 1)
+        cur = ext_col.index_select(0, pos)
+        rec_node.append(cur)
+        rec_pos.append(pos)
+        ptr.append(ptr[-1] + A)
+    ptr += [ptr[-1]] * (L + 1 - len(ptr))
+    step_ptr = torch.tensor(ptr, dtype=torch.long, device=device)
+    node = torch.cat(rec_node) if rec_node else walker_start.new_empty(0)
+    pos = torch.cat(rec_pos) if rec_pos else walker_start.new_empty(0)
+    if has_sinks:
+        dead = node == num_nodes
+        node = node.masked_fill(dead, -1)
+        pos = ext_pos[pos]  # ghost edges map to -1
+    edge = torch.where(pos >= 0, perm[pos.clamp_min(0)], pos) if not _is_identity(perm) else pos
+    if has_sinks:
+        walker_of = RandomWalks(walker_start, hops, order, step_ptr, node, edge, n, L).record_walker()
+        length = torch.bincount(walker_of[node >= 0], minlength=W)
+    else:
+        length = hops
+    return RandomWalks(start=walker_start, length=length, order=order, step_ptr=step_ptr,
+                       node=node, edge=edge, num_walks=n, max_length=L)
+
+
+def _is_identity(perm: Tensor) -> bool:
+    return perm.numel() == 0 or bool((perm == torch.arange(perm.numel(), device=perm.device)).all())
+
+
+def _stratified_uniforms(key: Tensor, generator: Optional[torch.Generator]) -> Tensor:
+    r"""For walkers grouped by ``key`` (same start node and same current node), returns
+    :math:`(U_g + r/c_g) \bmod 1` for the :math:`r`-th of the :math:`c_g` walkers of group
+    :math:`g`, with one :math:`U_g \sim U[0, 1)` per group: marginally uniform, and
+    :math:`c_g \le d` walkers land in distinct cells of :math:`[0, 1)` split into :math:`d`.
+    """
+    key_sorted, order = torch.sort(key, stable=True)
+    uniq, inv_sorted, counts = torch.unique_consecutive(key_sorted, return_inverse=True,
+                                                        return_counts=True)
+    first = torch.zeros_like(counts)
+    torch.cumsum(counts[:-1], 0, out=first[1:])
+    rank_sorted = torch.arange(key.numel(), device=key.device) - first[inv_sorted]
+    u = torch.rand(uniq.numel(), generator=generator, device=key.device)
+    r_sorted = torch.remainder(u[inv_sorted] + rank_sorted.double() / counts[inv_sorted].double(),
+                               1.0).float()
+    r = torch.empty_like(r_sorted)
+    r[order] = r_sorted
+    return r

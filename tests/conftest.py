@@ -1,0 +1,33 @@
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def mirror_path():
+    """The offline dataset mirror: $PYG_GRF_MIRROR, else ../shared/datasets beside the repo."""
+    env = os.environ.get('PYG_GRF_MIRROR')
+    if env:
+        return Path(env)
+    return REPO.parent / 'shared' / 'datasets'
+
+
+@pytest.fixture
+def mirror(monkeypatch, tmp_path):
+    """Points PYG_GRF_MIRROR at the mirror and PYG_GRF_DATA at a fresh temporary data root, so a
+    data test never writes into the mirror or the repo. Skips when no mirror exists."""
+    path = mirror_path()
+    if not path.is_dir():
+        pytest.skip(f'dataset mirror not found at {path} (set PYG_GRF_MIRROR)')
+    monkeypatch.setenv('PYG_GRF_MIRROR', str(path))
+    monkeypatch.setenv('PYG_GRF_DATA', str(tmp_path / 'data'))
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(12345)
+    yield
