@@ -21,8 +21,13 @@ from __future__ import annotations
 
 from typing import Optional, Tuple
 
+import warnings
+
 import torch
 from torch import Tensor
+
+# torch flags CSR support as beta on every construction; we rely on the stable subset (CSR @ dense).
+warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
 
 
 class SparsePattern:
@@ -51,28 +56,43 @@ class SparsePattern:
                                  f"[{int(index[1].min())}, {int(index[1].max())}]")
         self.size = (R, S)
         self.nnz = index.size(1)
-        device = index.device
-        # Row-major order for A, column-major order for A^T.
+        self.device = index.device
         key = index[0] * S + index[1]
-        self.perm = torch.argsort(key)
-        row, col = index[0, self.perm], index[1, self.perm]
+        if self.nnz < 2 or bool((key[1:] >= key[:-1]).all()):
+            self.perm = None  # already in row-major order: no sort
+            row, col = index[0], index[1]
+        else:
+            self.perm = torch.argsort(key, stable=True)
+            row, col = index[0, self.perm], index[1, self.perm]
         self.row, self.col = row, col
         self.crow = torch.ops.aten._convert_indices_from_coo_to_csr(row, R)
-        keyt = index[1] * R + index[0]
-        self.perm_t = torch.argsort(keyt)
-        self.crow_t = torch.ops.aten._convert_indices_from_coo_to_csr(index[1, self.perm_t], S)
-        self.col_t = index[0, self.perm_t]
-        self.device = device
+        self._t = None
+
+    def _transpose(self):
+        # Column-major order of the nonzeros, computed on first use and cached.
+        if self._t is None:
+            R, S = self.size
+            perm_t = torch.argsort(self.col * R + self.row, stable=True)
+            crow_t = torch.ops.aten._convert_indices_from_coo_to_csr(self.col[perm_t], S)
+            self._t = (perm_t, crow_t, self.row[perm_t])
+        return self._t
+
+    def _sorted(self, values: Tensor) -> Tensor:
+        return values if self.perm is None else values[self.perm]
 
     def to_csr(self, values: Tensor, transpose: bool = False) -> Tensor:
+        values = self._sorted(values)
         if transpose:
-            return torch.sparse_csr_tensor(self.crow_t, self.col_t, values[self.perm_t],
-                                           size=(self.size[1], self.size[0]))
-        return torch.sparse_csr_tensor(self.crow, self.col, values[self.perm], size=self.size)
+            perm_t, crow_t, col_t = self._transpose()
+            return torch.sparse_csr_tensor(crow_t, col_t, values[perm_t],
+                                           size=(self.size[1], self.size[0]),
+                                           check_invariants=False)
+        return torch.sparse_csr_tensor(self.crow, self.col, values, size=self.size,
+                                       check_invariants=False)
 
     def to_dense(self, values: Tensor) -> Tensor:
         out = values.new_zeros(self.size)
-        return out.index_put((self.row, self.col), values[self.perm], accumulate=True)
+        return out.index_put((self.row, self.col), self._sorted(values), accumulate=True)
 
 
 class _SpMM(torch.autograd.Function):
@@ -101,14 +121,14 @@ class _SpMM(torch.autograd.Function):
             grad_x = pattern.to_csr(values.to(x.dtype), not transpose) @ grad_out
         if ctx.needs_input_grad[0]:
             # Y = A X: dL/dA_rc = <dY_r, X_c>;  Y = A^T X: dL/dA_rc = <X_r, dY_c>.
-            inv = torch.empty_like(pattern.perm)
-            inv[pattern.perm] = torch.arange(pattern.nnz, device=inv.device)
-            row, col = pattern.row[inv], pattern.col[inv]
+            row, col = pattern.row, pattern.col  # sorted order
             if transpose:
-                grad_values = (x[row] * grad_out[col]).sum(-1)
+                g = (x[row] * grad_out[col]).sum(-1)
             else:
-                grad_values = (grad_out[row] * x[col]).sum(-1)
-            grad_values = grad_values.to(values.dtype)
+                g = (grad_out[row] * x[col]).sum(-1)
+            if pattern.perm is not None:
+                g = torch.empty_like(g).index_copy_(0, pattern.perm, g)
+            grad_values = g.to(values.dtype)
         return grad_values, grad_x, None, None
 
 

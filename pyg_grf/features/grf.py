@@ -1,0 +1,310 @@
+r"""Graph random features (GRFs): sparse Monte Carlo estimates of the graph feature matrix
+:math:`\Phi = \sum_k f_k W^k` whose Gram matrix is the power-series graph node kernel
+:math:`M_\alpha = \sum_k \alpha_k W^k` (GRF paper, Sec. 3.1-3.4, Eq. 4, Remark 3.1, Eq. 9-10,
+Algorithm 1; asymmetric variant App. D; ad-hoc variant Eq. 21; bounds Thm 3.1 and Lemma 3.2).
+
+The estimator splits into a part that needs the walks and a part that needs :math:`f`:
+
+.. math::
+    \widehat\phi(v_i)_q = \sum_{l=0}^{L} f_l\,\mathrm{load}(i, q, l), \qquad
+    \mathrm{load}(i, q, l) = \frac{1}{n}\sum_{k=1}^{n}
+        \mathbb{1}[\omega_k^{(i)}\text{ is at } q \text{ after } l \text{ hops}]
+        \prod_{t=0}^{l-1}\frac{W_{u_t u_{t+1}}}{p(u_t \to u_{t+1})},
+
+with :math:`p(u \to u') = (1 - p_{halt})/d_u` the probability of the hop given the walk so far
+(:math:`1/d_u` for fixed-length walks). :func:`grf_loads` computes the loads once (walks frozen);
+:func:`graph_random_features` and :class:`~pyg_grf.masks.GRFMask` apply any (learnable) :math:`f`.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from pyg_grf.walks import RandomWalks, check_edge_index, sample_walks
+
+NORMALIZATIONS = ('sym', 'rw', None)
+
+
+def normalized_adjacency(edge_index: Tensor, num_nodes: int, edge_weight: Optional[Tensor] = None,
+                         normalization: Optional[str] = 'sym') -> Tensor:
+    r"""The weights :math:`W_{uv}` of the edges of ``edge_index`` (``[E]``).
+
+    * ``'sym'``: :math:`W_{uv} = a_{uv} / \sqrt{d_u d_v}` (GRF paper, Sec. 3.1), with :math:`a` the
+      edge weights (default 1) and :math:`d` the weighted out-degree.
+    * ``'rw'``: :math:`W_{uv} = a_{uv} / d_u` (row-stochastic).
+    * :obj:`None`: :math:`W_{uv} = a_{uv}`.
+
+    Multi-edges add up (:math:`W` is their sum), self-loops count once in the degree.
+
+    Args:
+        edge_index (Tensor): ``[2, E]``.
+        num_nodes (int): :math:`N`.
+        edge_weight (Tensor, optional): ``[E]`` finite weights (positive for ``'sym'``/``'rw'``).
+        normalization (str, optional): ``'sym'``, ``'rw'`` or :obj:`None` (default: ``'sym'``).
+    """
+    check_edge_index(edge_index, num_nodes)
+    if normalization not in NORMALIZATIONS:
+        raise ValueError(f"'normalization' must be one of {NORMALIZATIONS}, got {normalization!r}")
+    E = edge_index.size(1)
+    if edge_weight is None:
+        edge_weight = torch.ones(E, device=edge_index.device)
+    else:
+        if edge_weight.dim() != 1 or edge_weight.numel() != E:
+            raise ValueError(f"'edge_weight' must have shape [{E}] (one per edge), got "
+                             f"{tuple(edge_weight.shape)}")
+        if not bool(torch.isfinite(edge_weight).all()):
+            raise ValueError("'edge_weight' must be finite, got NaN or infinite values")
+        if normalization is not None and bool((edge_weight <= 0).any()):
+            raise ValueError(f"normalization={normalization!r} needs positive edge weights, got "
+                             f"min {float(edge_weight.min())} (use normalization=None)")
+    if normalization is None:
+        return edge_weight
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    deg = edge_weight.new_zeros(num_nodes).index_add_(0, src, edge_weight)
+    if normalization == 'sym':
+        inv = deg.pow(-0.5).masked_fill_(deg == 0, 0.0)
+        return inv[src] * edge_weight * inv[dst]
+    inv = deg.reciprocal().masked_fill_(deg == 0, 0.0)
+    return inv[src] * edge_weight
+
+
+def grf_loads(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Optional[float],
+              max_length: int, *, edge_weight: Optional[Tensor] = None,
+              normalization: Optional[str] = 'sym', walker: str = 'iid',
+              importance: bool = True, fixed_length: bool = False,
+              generator: Optional[torch.Generator] = None,
+              walks: Optional[RandomWalks] = None,
+              dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""Importance-weighted loads of the GRF estimator per (start node, visited node, hop count),
+    duplicates summed (GRF paper, Eq. 10; module docstring).
+
+    Hop count 0 is the start node itself, with load 1.
+
+    Args:
+        edge_index (Tensor): ``[2, E]``.
+        num_nodes (int): :math:`N`.
+        num_walks (int): walks per node :math:`n`.
+        p_halt (float): halting probability in :math:`(0, 1)` (ignored if ``fixed_length``).
+        max_length (int): hops after which walks are truncated (:math:`f_l = 0` for
+            :math:`l >` ``max_length``).
+        edge_weight (Tensor, optional): raw edge weights, normalised by ``normalization``.
+        normalization (str, optional): see :func:`normalized_adjacency` (default: ``'sym'``).
+        walker (str): ``'iid'``, ``'antithetic'`` or ``'repelling'`` (see
+            :func:`~pyg_grf.walks.sample_walks`).
+        importance (bool): importance weights as above. :obj:`False` gives the ad-hoc variant of
+            Eq. 21 (every visit counts 1; not an estimate of a function of :math:`W`; for
+            ablations) (default: :obj:`True`).
+        fixed_length (bool): walks that never halt (default: :obj:`False`).
+        generator (torch.Generator, optional): random source.
+        walks (RandomWalks, optional): use these walks instead of sampling.
+        dtype (torch.dtype): dtype of the loads (default: ``torch.float32``).
+
+    Returns:
+        ``(index [2, nnz], length [nnz], load [nnz])``, sorted by (start, visited, length).
+    """
+    if walks is None:
+        walks = sample_walks(edge_index, num_nodes, num_walks, p_halt, max_length, walker=walker,
+                             fixed_length=fixed_length, generator=generator)
+    else:
+        check_edge_index(edge_index, num_nodes)
+        fixed_length = fixed_length  # taken from the caller: must match how the walks were drawn
+    n, L = walks.num_walks, walks.max_length
+    device = edge_index.device
+    starts, order, ptr = walks.start, walks.order, walks.step_ptr.tolist()
+
+    # Weight of every hop record: W_e / p(hop) = W_e * d_u / (1 - p_halt).
+    if importance:
+        w = normalized_adjacency(edge_index, num_nodes, edge_weight, normalization).to(dtype)
+        deg = torch.bincount(edge_index[0].long(), minlength=num_nodes).to(dtype)
+        cont = 1.0 if fixed_length else 1.0 - float(p_halt)
+        valid = walks.edge >= 0
+        e = walks.edge.clamp_min(0)
+        prev = torch.empty_like(walks.node)
+        # predecessor node of every record: the start node for step 1, else record j of step t-1
+        A1 = ptr[1] - ptr[0] if len(ptr) > 1 else 0
+        if A1 > 0:
+            prev[:A1] = starts[order[:A1]]
+        for t in range(2, len(ptr)):
+            A = ptr[t] - ptr[t - 1]
+            prev[ptr[t - 1]:ptr[t]] = walks.node[ptr[t - 2]:ptr[t - 2] + A]
+        hop_w = torch.where(valid, w[e] * deg[prev.clamp_min(0)] / cont, 0.0)
+        # Running product along each walk: record j of step t continues record j of step t-1.
+        load = torch.empty_like(hop_w)
+        if A1 > 0:
+            load[:A1] = hop_w[:A1]
+        for t in range(2, len(ptr)):
+            A = ptr[t] - ptr[t - 1]
+            load[ptr[t - 1]:ptr[t]] = load[ptr[t - 2]:ptr[t - 2] + A] * hop_w[ptr[t - 1]:ptr[t]]
+    else:
+        load = (walks.node >= 0).to(dtype)
+
+    keep = walks.node >= 0
+    rec_walker = walks.record_walker()
+    src = torch.cat([starts, starts[rec_walker[keep]]])
+    dst = torch.cat([starts, walks.node[keep]])
+    hop = torch.cat([torch.zeros_like(starts), walks.record_step()[keep]])
+    val = torch.cat([torch.ones(starts.numel(), dtype=dtype, device=device), load[keep]])
+
+    key = (src * num_nodes + dst) * (L + 1) + hop
+    uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
+    out = torch.zeros(uniq.numel(), dtype=dtype, device=device).index_add_(0, inv, val) / n
+    hop = uniq % (L + 1)
+    pair = uniq // (L + 1)
+    index = torch.stack([pair // num_nodes, pair % num_nodes])
+    return index, hop, out
+
+
+def _check_f(f: Tensor, max_length: Optional[int] = None) -> Tensor:
+    f = torch.as_tensor(f)
+    if f.dim() not in (1, 2) or f.size(-1) == 0:
+        raise ValueError(f"'f' must have shape [L + 1] or [H, L + 1], got {tuple(f.shape)}")
+    if max_length is not None and f.size(-1) < max_length + 1:
+        raise ValueError(f"'f' needs at least max_length + 1 = {max_length + 1} coefficients "
+                         f"(f_0..f_{max_length}), got {f.size(-1)}")
+    return f
+
+
+def grf_values(length: Tensor, load: Tensor, f: Tensor) -> Tensor:
+    r"""Feature values :math:`f_l \cdot \mathrm{load}` of the entries of :func:`grf_loads`
+    (``[nnz]``, or ``[H, nnz]`` for ``f`` of shape ``[H, L + 1]``). Entries with a hop count
+    beyond ``f`` get 0."""
+    f = _check_f(f)
+    K = f.size(-1)
+    inside = length < K
+    idx = length.clamp_max(K - 1)
+    vals = f[..., idx] * load.to(f.dtype if f.is_floating_point() else load.dtype)
+    return vals * inside
+
+
+def graph_random_features(edge_index: Tensor, num_nodes: int, f: Union[Tensor, Sequence[float]],
+                          num_walks: int, p_halt: Optional[float], max_length: int, *,
+                          edge_weight: Optional[Tensor] = None,
+                          normalization: Optional[str] = 'sym', walker: str = 'iid',
+                          importance: bool = True, fixed_length: bool = False,
+                          generator: Optional[torch.Generator] = None) -> Tensor:
+    r"""Graph random features :math:`\widehat\Phi` as a coalesced sparse COO ``[N, N]`` tensor, row
+    :math:`i` being :math:`\widehat\phi(v_i)` (GRF paper, Eq. 10; Algorithm 1).
+
+    With ``f = deconvolve(alpha)``, :math:`\mathbb{E}[\widehat\Phi\widehat\Phi'^\top] = \sum_k
+    (f * f)_k W^k` for independent :math:`\widehat\Phi, \widehat\Phi'` (and off the diagonal for
+    :math:`\widehat\Phi' = \widehat\Phi`), which equals :math:`\sum_k \alpha_k W^k` up to
+    ``max_length`` (see :func:`deconvolve`).
+
+    Args:
+        f (Tensor or list): ``[L' + 1]`` coefficients :math:`f_0, f_1, \dots`; hops beyond
+            ``len(f) - 1`` or ``max_length`` contribute nothing.
+        Other arguments: as in :func:`grf_loads`.
+    """
+    f = torch.as_tensor(f, dtype=torch.float32) if not isinstance(f, Tensor) else f
+    _check_f(f)
+    if f.dim() != 1:
+        raise ValueError(f"'f' must be 1-D here, got shape {tuple(f.shape)} (use GRFMask for heads)")
+    dtype = f.dtype if f.is_floating_point() else torch.float32
+    index, length, load = grf_loads(edge_index, num_nodes, num_walks, p_halt, max_length,
+                                    edge_weight=edge_weight, normalization=normalization,
+                                    walker=walker, importance=importance,
+                                    fixed_length=fixed_length, generator=generator, dtype=dtype)
+    vals = grf_values(length, load, f.to(dtype))
+    return torch.sparse_coo_tensor(index, vals, (num_nodes, num_nodes),
+                                   check_invariants=False).coalesce()
+
+
+def deconvolve(alpha: Union[Tensor, Sequence[float]]) -> Tensor:
+    r"""The sequence :math:`f` with :math:`\sum_{p=0}^{k} f_p f_{k-p} = \alpha_k` for every
+    :math:`k` < ``len(alpha)`` (GRF paper, Remark 3.1): :math:`f_0 = \sqrt{\alpha_0}`,
+    :math:`f_k = (\alpha_k - \sum_{p=1}^{k-1} f_p f_{k-p}) / (2 f_0)`.
+
+    Args:
+        alpha (Tensor or list): ``[K]`` power-series coefficients, :math:`\alpha_0 > 0`.
+            Differentiable.
+
+    Returns:
+        ``[K]`` tensor. Truncating :math:`f` after ``K`` terms leaves
+        :math:`(f * f)_k = \alpha_k` for :math:`k < K` plus a tail at :math:`K \le k \le 2K - 2`.
+    """
+    alpha = torch.as_tensor(alpha, dtype=torch.get_default_dtype()) \
+        if not isinstance(alpha, Tensor) else alpha
+    if alpha.dim() != 1 or alpha.numel() == 0:
+        raise ValueError(f"'alpha' must be a non-empty 1-D sequence, got shape {tuple(alpha.shape)}")
+    if not bool(alpha[0] > 0):
+        raise ValueError(f"'alpha[0]' must be positive (f_0 = sqrt(alpha_0)), got {float(alpha[0])}")
+    f = [alpha[0].sqrt()]
+    for k in range(1, alpha.numel()):  # loop over series terms (short), not over graph elements
+        conv = sum((f[p] * f[k - p] for p in range(1, k)), alpha.new_zeros(()))
+        f.append((alpha[k] - conv) / (2 * f[0]))
+    return torch.stack(f)
+
+
+def self_convolution(f: Tensor) -> Tensor:
+    r""":math:`(f * f)_k = \sum_p f_p f_{k-p}` for :math:`k = 0..2(K-1)` (``[2K - 1]``): the
+    coefficients of the kernel :math:`\mathbb{E}[\widehat\Phi\widehat\Phi^\top]` estimates."""
+    K = f.numel()
+    out = f.new_zeros(2 * K - 1)
+    idx = (torch.arange(K, device=f.device).view(-1, 1) + torch.arange(K, device=f.device)).view(-1)
+    return out.index_add(0, idx, (f.view(-1, 1) * f.view(1, -1)).view(-1))
+
+
+def grf_constant(f: Union[Tensor, Sequence[float]], max_weighted_degree: float,
+                 p_halt: float) -> float:
+    r"""The constant :math:`c = \sum_k |f_k| \left(\max_{ij} |W_{ij}| d_i / (1 - p_{halt})\right)^k`
+    of Thm 3.1 (GRF paper), finite for a finite ``f``."""
+    f = torch.as_tensor(f, dtype=torch.float64).abs()
+    r = float(max_weighted_degree) / (1.0 - float(p_halt))
+    return float((f * r ** torch.arange(f.numel(), dtype=torch.float64)).sum())
+
+
+def grf_tail_bound(t: float, num_walks: int, c: float) -> float:
+    r"""Thm 3.1 (GRF paper, Eq. 11): an upper bound on
+    :math:`\Pr(|\widehat\phi(v_i)^\top\widehat\phi(v_j) - M_{\alpha,ij}| > t)` with ``num_walks``
+    walkers per node: :math:`2\exp(-t^2 n^3 / (2 (2n - 1)^2 c^4))`."""
+    n = float(num_walks)
+    return min(1.0, 2.0 * math.exp(-t * t * n ** 3 / (2.0 * (2.0 * n - 1.0) ** 2 * c ** 4)))
+
+
+def required_walks(t: float, delta: float, c: float) -> int:
+    r"""The smallest :math:`n` for which Thm 3.1 guarantees
+    :math:`|\widehat\phi(v_i)^\top\widehat\phi(v_j) - M_{\alpha,ij}| \le t` with probability at
+    least :math:`1 - \delta` (GRF paper, Thm 3.1 and Corollary 3.3).
+
+    Args:
+        t (float): error tolerance :math:`> 0`.
+        delta (float): failure probability in :math:`(0, 1)`.
+        c (float): the constant of Thm 3.1 (see :func:`grf_constant`).
+    """
+    if not t > 0:
+        raise ValueError(f"'t' must be positive, got {t}")
+    if not 0 < delta < 1:
+        raise ValueError(f"'delta' must lie in (0, 1), got {delta}")
+    if not c > 0:
+        raise ValueError(f"'c' must be positive, got {c}")
+    # n^3 / (2n - 1)^2 is increasing for n >= 1: double then bisect.
+    need = 2.0 * c ** 4 * math.log(2.0 / delta) / (t * t)
+    g = lambda n: n ** 3 / (2 * n - 1) ** 2  # noqa: E731
+    hi = 1
+    while g(hi) < need:
+        hi *= 2
+    lo = max(1, hi // 2)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if g(mid) >= need:
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def sparsity_bound(num_walks: int, p_halt: float, delta: float) -> int:
+    r"""Lemma 3.2 (GRF paper): with probability at least :math:`1 - \delta`, a GRF built from
+    ``num_walks`` halting walks has at most
+    :math:`n \lceil \log(1 - (1 - \delta)^{1/n}) / \log(1 - p_{halt}) \rceil` nonzero entries
+    (independent of :math:`N`)."""
+    if not 0 < delta < 1:
+        raise ValueError(f"'delta' must lie in (0, 1), got {delta}")
+    if not 0 < p_halt < 1:
+        raise ValueError(f"'p_halt' must lie in (0, 1), got {p_halt}")
+    n = int(num_walks)
+    b = math.log(1.0 - (1.0 - delta) ** (1.0 / n)) / math.log(1.0 - p_halt)
+    return n * int(math.ceil(b))

@@ -1,0 +1,166 @@
+r"""Random Walks Graph-Nodes Kernel (RWGNK) frequency vectors (FTFI paper, Sec. 4.2, Eq. 5).
+
+For a random walk :math:`\omega(h)` out of node :math:`h`, the (row) frequency vector is
+
+.. math::
+    f^{\omega(h), \lambda}_h(i) = \sum_{e \in \mathcal{L}_{\omega(h)}(i)} \lambda^e,
+
+where :math:`\mathcal{L}_{\omega(h)}(i)` is the set of lengths :math:`e` (in hops; :math:`e = 0` is
+the empty prefix, i.e. :math:`h` itself) of the prefixes of :math:`\omega(h)` that end at
+:math:`i`. The RWGNK feature of :math:`h` is the renormalised expected frequency vector
+
+.. math::
+    \Psi(h) = \frac{\mathbb{E}[f^{\omega(h),\lambda}_h]}{\|\mathbb{E}[f^{\omega(h),\lambda}_h]\|_2^{\alpha}},
+    \qquad K^{\lambda,\alpha}_p(k, l) = \Psi(k)\Psi(l)^\top,
+
+with the expectation replaced by a Monte Carlo mean over ``num_walks`` walks. The kernel matrix
+:math:`\mathcal{K} = \Psi\Psi^\top` is the mask of GKAT (:class:`~pyg_grf.masks.RWGNKMask`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from pyg_grf.walks import check_edge_index, sample_walks
+
+
+def _check_rwgnk_args(lam, alpha) -> None:
+    if isinstance(lam, bool) or not isinstance(lam, (int, float)) or math.isnan(float(lam)) \
+            or not (0.0 < float(lam) <= 1.0):
+        raise ValueError(f"'lam' (the discount lambda) must lie in (0, 1], got {lam!r}")
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or math.isnan(float(alpha)) \
+            or float(alpha) < 0.0:
+        raise ValueError(f"'alpha' (the normalisation exponent) must be >= 0, got {alpha!r}")
+
+
+def _resolve_fixed_length(p_halt: Optional[float], fixed_length: Optional[bool]) -> bool:
+    if fixed_length is None:
+        return p_halt is None
+    return bool(fixed_length)
+
+
+def rwgnk_features(edge_index: Tensor, num_nodes: int, num_walks: int, *, lam: float,
+                   alpha: float = 1.0, p_halt: Optional[float] = None, max_length: int = 3,
+                   fixed_length: Optional[bool] = None, walker: str = 'iid',
+                   generator: Optional[torch.Generator] = None,
+                   dtype: torch.dtype = torch.float32) -> Tensor:
+    r"""Monte Carlo RWGNK features :math:`\Psi` (FTFI paper, Sec. 4.2, Eq. 5) as a sparse
+    ``[N, N]`` matrix whose row :math:`h` is :math:`\Psi(h)`.
+
+    Every node starts ``num_walks`` walks (sampled by :func:`pyg_grf.walks.sample_walks`); the
+    prefix of length :math:`e` of a walk out of :math:`h` that ends at :math:`i` adds
+    :math:`\lambda^e / n` to :math:`\Psi_{hi}` (the empty prefix adds :math:`1/n` to
+    :math:`\Psi_{hh}`). Each row is then divided by its 2-norm to the power :math:`\alpha`
+    (:math:`\alpha = 0`: the unbiased, un-normalised estimate of
+    :math:`\mathbb{E}[f^{\omega(h),\lambda}_h]`, see :func:`rwgnk_expected_features`;
+    :math:`\alpha = 1`: unit rows, so :math:`K_{kl} \in [0, 1]`).
+
+    Walks never leave a connected component, so the features of a PyG batch are block-diagonal.
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` edges (walked along their direction; store both
+            directions for an undirected graph).
+        num_nodes (int): :math:`N`.
+        num_walks (int): walks per node :math:`n`.
+        lam (float): discount :math:`\lambda \in (0, 1]`.
+        alpha (float): normalisation exponent :math:`\alpha \ge 0` (default: ``1.0``).
+        p_halt (float, optional): halting probability :math:`p \in (0, 1)`; :obj:`None` for walks
+            of fixed length (default: :obj:`None`).
+        max_length (int): maximum walk length in hops, :math:`\tau` in the paper (default: ``3``).
+        fixed_length (bool, optional): walks never halt and take ``max_length`` hops (unless they
+            reach a node without out-edges). Default: ``p_halt is None``.
+        walker (str): ``'iid'``, ``'antithetic'`` or ``'repelling'`` (default: ``'iid'``).
+        generator (torch.Generator, optional): random source.
+        dtype (torch.dtype): dtype of the values (default: ``torch.float32``).
+
+    Returns:
+        A coalesced sparse COO tensor ``[N, N]``.
+    """
+    _check_rwgnk_args(lam, alpha)
+    fixed = _resolve_fixed_length(p_halt, fixed_length)
+    walks = sample_walks(edge_index, num_nodes, num_walks, p_halt, max_length, walker=walker,
+                         fixed_length=fixed, generator=generator)
+    device = edge_index.device
+    # Hop records: start node, reached node and hop number e >= 1 of every prefix.
+    keep = walks.node >= 0
+    row = walks.start[walks.record_walker()[keep]]
+    col = walks.node[keep]
+    step = walks.record_step()[keep].to(dtype)
+    value = torch.pow(torch.tensor(float(lam), dtype=dtype, device=device), step)
+    # The empty prefix (e = 0) of each of the n walks adds 1 at the start node.
+    nodes = torch.arange(num_nodes, device=device)
+    row = torch.cat([nodes, row])
+    col = torch.cat([nodes, col])
+    value = torch.cat([torch.full((num_nodes,), float(num_walks), dtype=dtype, device=device),
+                       value]) / num_walks
+    psi = torch.sparse_coo_tensor(torch.stack([row, col]), value, (num_nodes, num_nodes),
+                                  check_invariants=False)
+    psi = psi.coalesce()
+    return normalize_rows(psi, alpha)
+
+
+def normalize_rows(psi: Tensor, alpha: float) -> Tensor:
+    r"""Divides every row of the sparse matrix ``psi`` by its 2-norm to the power ``alpha``
+    (rows of norm zero are left as they are)."""
+    if float(alpha) == 0.0:
+        return psi
+    psi = psi.coalesce()
+    index, value = psi.indices(), psi.values()
+    sq = value.new_zeros(psi.size(0)).index_add_(0, index[0], value * value)
+    scale = sq.pow(-0.5 * float(alpha))
+    scale = torch.where(sq > 0, scale, torch.ones_like(scale))
+    return torch.sparse_coo_tensor(index, value * scale[index[0]], psi.shape,
+                                   is_coalesced=True, check_invariants=False)
+
+
+def rwgnk_expected_features(edge_index: Tensor, num_nodes: int, *, lam: float,
+                            max_length: int, p_halt: Optional[float] = None,
+                            fixed_length: Optional[bool] = None,
+                            dtype: torch.dtype = torch.float64) -> Tensor:
+    r"""The exact expected frequency vectors :math:`\mathbb{E}[f^{\omega(h),\lambda}_h]` (rows,
+    un-normalised) from powers of the transition matrix :math:`P = D^{-1}A`:
+
+    .. math::
+        \mathbb{E}[f_h]_i = \sum_{e=0}^{L} \lambda^e s^e (P^e)_{hi},
+
+    with survival :math:`s = 1 - p` (:math:`s = 1` for walks of fixed length) and :math:`L` =
+    ``max_length``. Rows of :math:`P` at nodes without out-edges are zero (walks stop there);
+    multi-edges count with their multiplicity. Dense, :math:`O(N^3 L)`: a reference for small
+    graphs and tests. The Monte Carlo :func:`rwgnk_features` with ``alpha=0`` is an unbiased
+    estimate of it.
+
+    Args:
+        edge_index (Tensor): ``[2, E]`` edges.
+        num_nodes (int): :math:`N`.
+        lam (float): discount :math:`\lambda \in (0, 1]`.
+        max_length (int): :math:`L`.
+        p_halt (float, optional): halting probability, :obj:`None` for fixed length.
+        fixed_length (bool, optional): default ``p_halt is None``.
+        dtype (torch.dtype): (default: ``torch.float64``).
+
+    Returns:
+        Dense ``[N, N]`` tensor.
+    """
+    _check_rwgnk_args(lam, 0.0)
+    check_edge_index(edge_index, num_nodes)
+    fixed = _resolve_fixed_length(p_halt, fixed_length)
+    if not fixed and (p_halt is None or not 0.0 < float(p_halt) < 1.0):
+        raise ValueError(f"'p_halt' must lie in the open interval (0, 1), got {p_halt!r}")
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
+        raise ValueError(f"'max_length' must be an integer >= 0, got {max_length!r}")
+    survival = 1.0 if fixed else 1.0 - float(p_halt)
+    adj = torch.zeros(num_nodes, num_nodes, dtype=dtype, device=edge_index.device)
+    adj.index_put_((edge_index[0].long(), edge_index[1].long()),
+                   torch.ones(edge_index.size(1), dtype=dtype, device=edge_index.device),
+                   accumulate=True)
+    deg = adj.sum(1, keepdim=True)
+    trans = adj / deg.clamp_min(1.0) * (float(lam) * survival)
+    out = torch.eye(num_nodes, dtype=dtype, device=edge_index.device)
+    term = out
+    for _ in range(max_length):  # loop over powers (hops), not over nodes or walks
+        term = term @ trans
+        out = out + term
+    return out

@@ -1,0 +1,202 @@
+r"""GRF masks: :math:`M = \widehat\Phi_Q \widehat\Phi_K^\top` with sparse graph random features,
+applied as two sparse products and never formed (GRF paper, Eq. 6-8, Corollary 3.3)."""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+from pyg_grf.masks.base import MaskOperator
+from pyg_grf.ops import SparsePattern, spmm
+
+
+def _pair_ids(index: Tensor, num_nodes: int):
+    r"""For entries sorted by (row, col) (possibly repeated, e.g. once per hop count), the id of
+    each entry's (row, col) pair and the pairs' coordinates, without sorting."""
+    key = index[0] * num_nodes + index[1]
+    if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):
+        uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
+    else:
+        new = torch.ones_like(key, dtype=torch.bool)
+        if key.numel() > 1:
+            new[1:] = key[1:] != key[:-1]
+        inv = torch.cumsum(new, 0) - 1
+        uniq = key[new]
+    return inv, torch.stack([uniq // num_nodes, uniq % num_nodes])
+
+
+class _Features:
+    """One sparse feature matrix [N, N] with values [nnz] or [H, nnz] on a shared pattern."""
+
+    def __init__(self, pattern: SparsePattern, values: Tensor):
+        self.pattern, self.values = pattern, values
+
+    @property
+    def num_heads(self):
+        return self.values.size(0) if self.values.dim() == 2 else None
+
+    def mm(self, x: Tensor, transpose: bool) -> Tensor:
+        # x: [N, C] (shared) or [N, H, C] (per-head values)
+        if self.values.dim() == 1:
+            if x.dim() == 2:
+                return spmm(self.pattern, self.values, x, transpose)
+            N, H, C = x.shape
+            return spmm(self.pattern, self.values, x.reshape(N, H * C), transpose).view(N, H, C)
+        # One product per head (H is small; the loop is over heads, not graph elements).
+        return torch.stack([spmm(self.pattern, self.values[h], x[:, h], transpose)
+                            for h in range(self.values.size(0))], dim=1)
+
+    def to_dense(self) -> Tensor:
+        if self.values.dim() == 1:
+            return self.pattern.to_dense(self.values)
+        return torch.stack([self.pattern.to_dense(v) for v in self.values])
+
+
+def _from_sparse(phi: Union[Tensor, Sequence[Tensor]]) -> _Features:
+    if isinstance(phi, Tensor):
+        phis = [phi]
+        single = True
+    else:
+        phis = list(phi)
+        single = False
+        if len(phis) == 0:
+            raise ValueError("'phi' must be a sparse tensor or a non-empty list of them")
+    for p in phis:
+        if not isinstance(p, Tensor) or p.dim() != 2 or p.size(0) != p.size(1):
+            raise ValueError(f"every GRF matrix must be a square [N, N] tensor, got "
+                             f"{tuple(p.shape) if isinstance(p, Tensor) else type(p).__name__}")
+        if p.shape != phis[0].shape:
+            raise ValueError(f"all heads' GRF matrices must have the same shape, got "
+                             f"{tuple(phis[0].shape)} and {tuple(p.shape)}")
+    N = phis[0].size(0)
+    coo = [(p if p.layout == torch.sparse_coo else p.to_sparse_coo()).coalesce() for p in phis]
+    if single:
+        return _Features(SparsePattern(coo[0].indices(), (N, N)), coo[0].values())
+    # Per-head matrices: union pattern, values [H, nnz] (zeros where a head has no entry).
+    index = torch.cat([c.indices() for c in coo], 1)
+    key = index[0] * N + index[1]
+    uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
+    vals = torch.zeros(len(coo), uniq.numel(), dtype=coo[0].values().dtype, device=index.device)
+    off = 0
+    for h, c in enumerate(coo):  # loop over heads
+        vals[h].index_add_(0, inv[off:off + c._nnz()], c.values())
+        off += c._nnz()
+    pattern = SparsePattern(torch.stack([uniq // N, uniq % N]), (N, N))
+    return _Features(pattern, vals)
+
+
+class GRFMask(MaskOperator):
+    r"""Topological mask from graph random features (GRF paper, Sec. 3.3, Eq. 7-8).
+
+    .. math::
+        M = \widehat\Phi_Q \widehat\Phi_K^\top, \qquad MX = \widehat\Phi_Q(\widehat\Phi_K^\top X)
+
+    in :math:`O(\mathrm{nnz}\cdot C)`, never forming the :math:`N \times N` matrix. Because walks
+    never leave a connected component, the mask is block-diagonal over the graphs of a PyG batch.
+
+    * symmetric (default): :math:`\widehat\Phi_K = \widehat\Phi_Q = \widehat\Phi`; off the
+      diagonal :math:`\mathbb{E}[M] = \sum_k (f * f)_k W^k`; on the diagonal the same walks meet
+      themselves, which adds the estimator's variance (pass ``key_phi`` from independent walks
+      for an unbiased diagonal);
+    * ``key_phi``: a second, independent :math:`\widehat\Phi_K` (same :math:`f`);
+    * ``asymmetric=True`` (App. D): key features one-hot, :math:`M = \widehat\Phi` with
+      :math:`f = \alpha`; one sparse product.
+
+    Args:
+        phi (Tensor or list of Tensor): sparse ``[N, N]`` GRFs (COO or CSR), or one per head.
+        key_phi (Tensor or list, optional): independent key-side GRFs.
+        asymmetric (bool): use :math:`M = \widehat\Phi` (default: :obj:`False`).
+    """
+
+    def __init__(self, phi: Union[Tensor, Sequence[Tensor]],
+                 key_phi: Optional[Union[Tensor, Sequence[Tensor]]] = None,
+                 asymmetric: bool = False):
+        self._init(_from_sparse(phi), None if key_phi is None else _from_sparse(key_phi),
+                   asymmetric)
+
+    def _init(self, q: _Features, k: Optional[_Features], asymmetric: bool):
+        if asymmetric and k is not None:
+            raise ValueError("'asymmetric=True' uses one-hot key features: do not pass 'key_phi'")
+        if k is not None:
+            if k.pattern.size != q.pattern.size:
+                raise ValueError(f"'key_phi' must have the shape of 'phi' {q.pattern.size}, got "
+                                 f"{k.pattern.size}")
+            if k.num_heads != q.num_heads:
+                raise ValueError(f"'key_phi' has {k.num_heads} heads but 'phi' has {q.num_heads}")
+        self.query, self.key, self.asymmetric = q, k, asymmetric
+        self.num_nodes = q.pattern.size[0]
+        self.num_heads = q.num_heads
+
+    @classmethod
+    def from_loads(cls, grf_index: Tensor, grf_length: Tensor, grf_load: Tensor, f: Tensor,
+                   num_nodes: int, asymmetric: bool = False,
+                   key_loads: Optional[Sequence[Tensor]] = None,
+                   pattern: Optional[SparsePattern] = None) -> 'GRFMask':
+        r"""Builds the mask from the loads stored by
+        :class:`~pyg_grf.transforms.AddGraphRandomFeatures` (or :func:`~pyg_grf.features.grf_loads`)
+        and a (learnable) ``f`` of shape ``[L + 1]`` or ``[H, L + 1]``; the values
+        :math:`\sum_l f_l\,\mathrm{load}(i, q, l)` are differentiable in ``f``.
+
+        Args:
+            key_loads (tuple, optional): ``(index, length, load)`` of independent key-side walks.
+            pattern (SparsePattern, optional): a pattern built earlier for the same ``grf_index``
+                (e.g. shared by the layers of a model), to skip rebuilding it.
+        """
+        q = _features_from_loads(grf_index, grf_length, grf_load, f, num_nodes, pattern)
+        k = None
+        if key_loads is not None:
+            k = _features_from_loads(*key_loads, f, num_nodes, None)
+        self = cls.__new__(cls)
+        self._init(q, k, asymmetric)
+        return self
+
+    @property
+    def pattern(self) -> SparsePattern:
+        return self.query.pattern
+
+    def _matmul(self, x: Tensor) -> Tensor:
+        if self.asymmetric:
+            return self.query.mm(x, transpose=False)
+        k = self.key if self.key is not None else self.query
+        return self.query.mm(k.mm(x, transpose=True), transpose=False)
+
+    def to_dense(self) -> Tensor:
+        q = self.query.to_dense()
+        if self.asymmetric:
+            return q
+        k = q if self.key is None else self.key.to_dense()
+        return q @ k.transpose(-1, -2)
+
+    def __repr__(self) -> str:
+        heads = '' if self.num_heads is None else f', heads={self.num_heads}'
+        kind = 'asymmetric' if self.asymmetric else (
+            'independent_keys' if self.key is not None else 'symmetric')
+        return (f'GRFMask(num_nodes={self.num_nodes}, nnz={self.pattern.nnz}{heads}, '
+                f'mode={kind})')
+
+
+def _features_from_loads(index: Tensor, length: Tensor, load: Tensor, f: Tensor, num_nodes: int,
+                         pattern: Optional[SparsePattern]) -> _Features:
+    if index.dim() != 2 or index.size(0) != 2:
+        raise ValueError(f"'grf_index' must have shape [2, nnz], got {tuple(index.shape)}")
+    if length.shape != (index.size(1),) or load.shape != (index.size(1),):
+        raise ValueError(f"'grf_length' and 'grf_load' must have shape [{index.size(1)}] (one per "
+                         f"entry of 'grf_index'), got {tuple(length.shape)} and {tuple(load.shape)}")
+    if f.dim() not in (1, 2):
+        raise ValueError(f"'f' must have shape [L + 1] or [H, L + 1], got {tuple(f.shape)}")
+    if index.numel() > 0 and int(index.max()) >= num_nodes:
+        raise ValueError(f"'grf_index' refers to node {int(index.max())} but there are only "
+                         f"{num_nodes} nodes")
+    inv, pairs = _pair_ids(index.long(), num_nodes)
+    K = f.size(-1)
+    inside = (length < K).to(f.dtype)
+    v = f[..., length.clamp_max(K - 1)] * (load.to(f.dtype) * inside)
+    P = pairs.size(1)
+    if f.dim() == 1:
+        vals = v.new_zeros(P).index_add(0, inv, v)
+    else:
+        vals = v.new_zeros(f.size(0), P).index_add(1, inv, v)
+    if pattern is None or pattern.nnz != P:
+        pattern = SparsePattern(pairs, (num_nodes, num_nodes))
+    return _Features(pattern, vals)

@@ -1,0 +1,126 @@
+r"""Feature maps :math:`\phi: \mathbb{R}^d \to \mathbb{R}^m` of linear attention,
+:math:`\exp(\mathbf{q}^\top\mathbf{k}) \approx \phi(\mathbf{q})^\top\phi(\mathbf{k})` or a
+kernel of its own (GRF paper, Sec. 2; Katharopoulos et al., 2020; Choromanski et al., 2021)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+
+class FeatureMap(nn.Module):
+    r"""Base class: maps ``[..., d]`` to ``[..., m]`` with non-negative entries.
+    ``forward(x, is_query=False)``."""
+
+    def output_dim(self, dim: int) -> int:
+        return dim
+
+    def redraw(self) -> None:
+        r"""Resamples random parameters (no-op for deterministic maps)."""
+
+
+class ReLUFeatureMap(FeatureMap):
+    r""":math:`\phi(\mathbf{x}) = \mathrm{ReLU}(\mathbf{x})` (the GRF paper's choice, Table 2)."""
+
+    def forward(self, x: Tensor, is_query: bool = False) -> Tensor:
+        return F.relu(x)
+
+    def __repr__(self) -> str:
+        return 'relu'
+
+
+class ELUFeatureMap(FeatureMap):
+    r""":math:`\phi(\mathbf{x}) = \mathrm{ELU}(\mathbf{x}) + 1` (Katharopoulos et al., 2020)."""
+
+    def forward(self, x: Tensor, is_query: bool = False) -> Tensor:
+        return F.elu(x) + 1.0
+
+    def __repr__(self) -> str:
+        return 'elu'
+
+
+class FAVORPlus(FeatureMap):
+    r"""FAVOR+ positive random features (Choromanski et al., 2021), an unbiased estimate of the
+    softmax kernel:
+
+    .. math::
+        \phi(\mathbf{x}) = \frac{1}{\sqrt{m}}\exp\!\Big(\mathbf{W}\mathbf{x}
+            - \tfrac{\lVert\mathbf{x}\rVert^2}{2}\Big),\qquad
+        \mathbb{E}[\phi(\mathbf{q})^\top\phi(\mathbf{k})] = \exp(\mathbf{q}^\top\mathbf{k}),
+
+    with the rows of :math:`\mathbf{W} \in \mathbb{R}^{m\times d}` Gaussian, orthogonalised in
+    blocks of :math:`d` (norms resampled from the chi distribution). Inputs are scaled by
+    :math:`d^{-1/4}` so the kernel is that of scaled dot-product attention.
+
+    Args:
+        dim (int): input dimension :math:`d`.
+        num_features (int, optional): :math:`m` (default: :math:`d`).
+        orthogonal (bool): orthogonal random features (default: :obj:`True`).
+        stabilize (bool): subtract the running maximum inside the exponential, a positive
+            factor that cancels in attention's normalisation (default: :obj:`True`).
+    """
+
+    def __init__(self, dim: int, num_features: Optional[int] = None, orthogonal: bool = True,
+                 stabilize: bool = True):
+        super().__init__()
+        self.dim = dim
+        self.num_features = num_features or dim
+        self.orthogonal = orthogonal
+        self.stabilize = stabilize
+        self.register_buffer('projection', torch.empty(self.num_features, dim))
+        self.redraw()
+
+    def output_dim(self, dim: int) -> int:
+        return self.num_features
+
+    @torch.no_grad()
+    def redraw(self, generator: Optional[torch.Generator] = None) -> None:
+        m, d = self.num_features, self.dim
+        dev = self.projection.device
+        if not self.orthogonal:
+            w = torch.randn(m, d, generator=generator, device=dev)
+        else:
+            blocks = []
+            for _ in range(math.ceil(m / d)):  # loop over blocks of features
+                g = torch.randn(d, d, generator=generator, device=dev)
+                q, _ = torch.linalg.qr(g)
+                blocks.append(q.t())
+            w = torch.cat(blocks)[:m]
+            norms = torch.randn(m, d, generator=generator, device=dev).norm(dim=1, keepdim=True)
+            w = w * norms
+        self.projection.copy_(w)
+
+    def forward(self, x: Tensor, is_query: bool = False) -> Tensor:
+        x = x * self.dim ** -0.25
+        proj = x @ self.projection.t().to(x.dtype)
+        logits = proj - 0.5 * (x * x).sum(-1, keepdim=True)
+        if self.stabilize:
+            # A per-query factor (row max) and one global key factor cancel in attention's
+            # normalisation.
+            shift = logits.amax(-1, keepdim=True) if is_query else logits.amax()
+            logits = logits - shift.detach()
+        return torch.exp(logits) / math.sqrt(self.num_features)
+
+    def __repr__(self) -> str:
+        return f'FAVORPlus({self.dim}, num_features={self.num_features})'
+
+
+def feature_map_resolver(name: Any, dim: int, **kwargs) -> FeatureMap:
+    r"""Resolves ``'relu'``, ``'elu'`` or ``'favor+'``/``'performer'`` (with ``**kwargs``), or
+    passes a :class:`FeatureMap` instance through."""
+    if isinstance(name, FeatureMap):
+        return name
+    options: Dict[str, Any] = {
+        'relu': lambda: ReLUFeatureMap(),
+        'elu': lambda: ELUFeatureMap(),
+        'favor+': lambda: FAVORPlus(dim, **kwargs),
+        'performer': lambda: FAVORPlus(dim, **kwargs),
+    }
+    key = str(name).lower()
+    if key not in options:
+        raise ValueError(f"unknown feature map {name!r}; expected one of {sorted(options)} or a "
+                         f"FeatureMap instance")
+    return options[key]()

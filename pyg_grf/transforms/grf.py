@@ -1,0 +1,94 @@
+r"""Transform storing graph random feature loads on a PyG ``Data`` object."""
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import torch
+from torch_geometric.data import Data
+from torch_geometric.data.datapipes import functional_transform
+from torch_geometric.transforms import BaseTransform
+
+from pyg_grf.features.grf import NORMALIZATIONS, grf_loads
+from pyg_grf.walks import WALKERS, _check_args
+
+
+@functional_transform('add_graph_random_features')
+class AddGraphRandomFeatures(BaseTransform):
+    r"""Samples random walks on a graph and stores the importance-weighted loads of its graph
+    random features (GRF paper, Eq. 10, Algorithm 1), from which
+    :class:`~pyg_grf.nn.GRFAttention` builds :math:`\widehat\Phi` for any learnable :math:`f`:
+
+    * ``grf_index`` ``[2, nnz]``: (start node, visited node), sorted; PyG batching offsets it;
+    * ``grf_length`` ``[nnz]``: hop count :math:`l`;
+    * ``grf_load`` ``[nnz]``: :math:`\mathrm{load}(i, q, l)`, duplicates summed.
+
+    As a ``pre_transform`` the walks are drawn once and cached with the dataset; as a
+    ``transform`` fresh walks are drawn at every access (a new mask sample every epoch).
+
+    Args:
+        num_walks (int): walks per node :math:`n` (default: :obj:`16`).
+        p_halt (float): halting probability (default: :obj:`0.5`); ignored if ``fixed_length``.
+        max_length (int): maximum hops :math:`L` (default: :obj:`4`).
+        walker (str): ``'iid'``, ``'antithetic'`` or ``'repelling'`` (default: ``'iid'``).
+        normalization (str, optional): of :math:`W`: ``'sym'``, ``'rw'`` or :obj:`None`
+            (default: ``'sym'``).
+        importance (bool): importance weights; :obj:`False` gives the ad-hoc Eq. 21 variant
+            (default: :obj:`True`).
+        fixed_length (bool): walks of exactly ``max_length`` hops (default: :obj:`False`).
+        use_edge_weight (bool): use ``data.edge_weight`` as raw weights (default: :obj:`False`).
+        seed (int, optional): seed for the walks of every graph (reproducible features, e.g.
+            across runs of a ``pre_transform``). :obj:`None` uses torch's global RNG.
+        attr_prefix (str): prefix of the stored attributes (default: ``'grf'``). Use e.g.
+            ``'grf_key'`` for an independent key-side sample.
+    """
+
+    def __init__(self, num_walks: int = 16, p_halt: Optional[float] = 0.5, max_length: int = 4,
+                 walker: str = 'iid', normalization: Optional[str] = 'sym',
+                 importance: bool = True, fixed_length: bool = False,
+                 use_edge_weight: bool = False, seed: Optional[int] = None,
+                 attr_prefix: str = 'grf'):
+        _check_args(num_walks, p_halt, max_length, walker, fixed_length)
+        if normalization not in NORMALIZATIONS:
+            raise ValueError(f"'normalization' must be one of {NORMALIZATIONS}, got "
+                             f"{normalization!r}")
+        if 'index' in attr_prefix:
+            raise ValueError(f"'attr_prefix' must not contain 'index', got {attr_prefix!r}")
+        self.num_walks = num_walks
+        self.p_halt = p_halt
+        self.max_length = max_length
+        self.walker = walker
+        self.normalization = normalization
+        self.importance = importance
+        self.fixed_length = fixed_length
+        self.use_edge_weight = use_edge_weight
+        self.seed = seed
+        self.attr_prefix = attr_prefix
+
+    def forward(self, data: Data) -> Data:
+        data = copy.copy(data)  # never mutate the input
+        N = data.num_nodes
+        edge_index = data.edge_index
+        if edge_index is None:
+            edge_index = torch.empty(2, 0, dtype=torch.long)
+        edge_weight = data.edge_weight if self.use_edge_weight else None
+        if self.use_edge_weight and edge_weight is None:
+            raise ValueError("'use_edge_weight=True' but the graph has no 'edge_weight'")
+        gen = None
+        if self.seed is not None:
+            gen = torch.Generator(device=edge_index.device).manual_seed(self.seed)
+        index, length, load = grf_loads(
+            edge_index, N, self.num_walks, self.p_halt, self.max_length,
+            edge_weight=edge_weight, normalization=self.normalization, walker=self.walker,
+            importance=self.importance, fixed_length=self.fixed_length, generator=gen)
+        data[f'{self.attr_prefix}_index'] = index
+        data[f'{self.attr_prefix}_length'] = length
+        data[f'{self.attr_prefix}_load'] = load
+        return data
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(num_walks={self.num_walks}, p_halt={self.p_halt}, '
+                f'max_length={self.max_length}, walker={self.walker!r}, '
+                f'normalization={self.normalization!r}, importance={self.importance}, '
+                f'fixed_length={self.fixed_length}, use_edge_weight={self.use_edge_weight}, '
+                f'seed={self.seed}, attr_prefix={self.attr_prefix!r})')
