@@ -121,7 +121,10 @@ def grf_loads(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Option
         deg = torch.bincount(edge_index[0].long(), minlength=num_nodes).to(dtype)
         cont = 1.0 if fixed_length else 1.0 - float(p_halt)
         valid = walks.edge >= 0
-        e = walks.edge.clamp_min(0)
+        # Padded lookups: index E (resp. N) stands for 'no edge' (resp. 'no node') with weight 0.
+        w = torch.cat([w, w.new_zeros(1)])
+        deg = torch.cat([deg, deg.new_zeros(1)])
+        e = torch.where(valid, walks.edge, w.numel() - 1)
         prev = torch.empty_like(walks.node)
         # predecessor node of every record: the start node for step 1, else record j of step t-1
         A1 = ptr[1] - ptr[0] if len(ptr) > 1 else 0
@@ -130,7 +133,8 @@ def grf_loads(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Option
         for t in range(2, len(ptr)):
             A = ptr[t] - ptr[t - 1]
             prev[ptr[t - 1]:ptr[t]] = walks.node[ptr[t - 2]:ptr[t - 2] + A]
-        hop_w = torch.where(valid, w[e] * deg[prev.clamp_min(0)] / cont, 0.0)
+        prev = torch.where(prev >= 0, prev, num_nodes)
+        hop_w = w[e] * deg[prev] / cont
         # Running product along each walk: record j of step t continues record j of step t-1.
         load = torch.empty_like(hop_w)
         if A1 > 0:

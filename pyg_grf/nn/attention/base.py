@@ -64,7 +64,8 @@ class QKVAttention(nn.Module):
         return self.feature_map(q, is_query=True), self.feature_map(k)
 
     def finish(self, out: Tensor) -> Tensor:
-        out = nn.functional.dropout(out.reshape(out.size(0), -1), p=self.dropout,
+        out = nn.functional.dropout(out.reshape(out.size(0), self.heads * self.head_channels),
+                                    p=self.dropout,
                                     training=self.training)
         return self.to_out(out)
 

@@ -1,0 +1,158 @@
+import math
+
+import pytest
+import torch
+
+from pyg_grf.walks import sample_walks
+from tests.utils import grid_graph, path_graph
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+@pytest.mark.parametrize('walker', ['iid', 'antithetic', 'repelling'])
+def test_walks_follow_edges_and_are_reproducible(walker):
+    ei = grid_graph(5, 6)
+    N = 30
+    rw = sample_walks(ei, N, 6, 0.3, 7, walker=walker, generator=gen(1))
+    rw2 = sample_walks(ei, N, 6, 0.3, 7, walker=walker, generator=gen(1))
+    nodes, edges = rw.node_matrix(), rw.edge_matrix()
+    assert torch.equal(nodes, rw2.node_matrix())
+    assert nodes.shape == (N * 6, 8)
+    assert torch.equal(nodes[:, 0], torch.arange(N).repeat_interleave(6))
+    # every hop uses an edge that goes from the previous node to the next one
+    valid = edges >= 0
+    assert torch.equal(valid.sum(1), rw.length)
+    e = edges[valid]
+    assert torch.equal(ei[0, e], nodes[:, :-1][valid])
+    assert torch.equal(ei[1, e], nodes[:, 1:][valid])
+    # padding after the end
+    ar = torch.arange(8).view(1, -1)
+    assert torch.equal(nodes >= 0, ar <= rw.length.view(-1, 1))
+
+
+@pytest.mark.parametrize('walker', ['iid', 'antithetic', 'repelling'])
+@pytest.mark.parametrize('p_halt', [0.2, 0.5])
+def test_length_distribution_is_truncated_geometric(walker, p_halt):
+    # On a graph without sinks, P(len >= k) = (1 - p)^k for k <= L for every scheme.
+    ei = grid_graph(10, 10)
+    L, n = 6, 50
+    rw = sample_walks(ei, 100, n, p_halt, L, walker=walker, generator=gen(2))
+    W = rw.length.numel()
+    for k in range(1, L + 1):
+        p = (1 - p_halt) ** k
+        emp = (rw.length >= k).double().mean().item()
+        # antithetic pairs are dependent: at most doubles the variance of the mean
+        se = math.sqrt(2 * p * (1 - p) / W)
+        assert abs(emp - p) < 5 * se + 1e-9, (k, emp, p)
+
+
+def test_antithetic_pairs_never_halt_together():
+    ei = grid_graph(6, 6)
+    rw = sample_walks(ei, 36, 4, 0.5, 12, walker='antithetic', generator=gen(3))
+    lengths = rw.length.view(36, 2, 2)  # [start, pair, member]
+    # with p_halt = 1/2 exactly one walker of an active pair halts at each step
+    assert bool((lengths[..., 0] != lengths[..., 1]).all())
+
+
+def test_repelling_walkers_take_distinct_neighbours():
+    # Star: centre 0 with 6 leaves. 6 fixed-length walkers from the centre must spread over
+    # all 6 leaves at their first hop.
+    leaves = torch.arange(1, 7)
+    ei = torch.cat([torch.stack([torch.zeros(6, dtype=torch.long), leaves]),
+                    torch.stack([leaves, torch.zeros(6, dtype=torch.long)])], 1)
+    for seed in range(20):
+        rw = sample_walks(ei, 7, 6, None, 1, walker='repelling', fixed_length=True,
+                          start=torch.tensor([0]), generator=gen(seed))
+        first = rw.node_matrix()[:, 1]
+        assert sorted(first.tolist()) == list(range(1, 7))
+
+
+def test_repelling_marginal_is_uniform():
+    # One walker's first hop from the centre of a star with 5 leaves, 3 walkers per start:
+    # each leaf with probability 1/5 for walker 0.
+    leaves = torch.arange(1, 6)
+    ei = torch.cat([torch.stack([torch.zeros(5, dtype=torch.long), leaves]),
+                    torch.stack([leaves, torch.zeros(5, dtype=torch.long)])], 1)
+    S = 4000
+    rw = sample_walks(ei, 6, 3, None, 1, walker='repelling', fixed_length=True,
+                      start=torch.zeros(S, dtype=torch.long), generator=gen(4))
+    first = rw.node_matrix()[::3, 1]  # walker 0 of every start
+    counts = torch.bincount(first, minlength=6)[1:].double()
+    expected = S / 5
+    chi2 = ((counts - expected) ** 2 / expected).sum().item()
+    assert chi2 < 20.5  # chi-square, 4 dof, p ~ 4e-4
+    # and within each start the three walkers are distinct
+    trip = rw.node_matrix()[:, 1].view(S, 3)
+    assert bool((trip[:, 0] != trip[:, 1]).all() & (trip[:, 1] != trip[:, 2]).all()
+                & (trip[:, 0] != trip[:, 2]).all())
+
+
+def test_fixed_length_and_truncation():
+    ei = path_graph(5)
+    rw = sample_walks(ei, 5, 3, None, 4, fixed_length=True, generator=gen(0))
+    assert bool((rw.length == 4).all())
+    rw = sample_walks(ei, 5, 3, 0.01, 2, generator=gen(0))
+    assert int(rw.length.max()) <= 2
+
+
+def test_isolated_nodes_sinks_self_loops_multi_edges():
+    # node 0 -> 1 (twice), 0 -> 2; 1 -> 1 (self-loop); 2 has no out-edges; 3 isolated.
+    ei = torch.tensor([[0, 0, 0, 1], [1, 1, 2, 1]])
+    rw = sample_walks(ei, 4, 3000, None, 3, fixed_length=True, start=torch.tensor([0, 2, 3]),
+                      generator=gen(5))
+    nodes = rw.node_matrix().view(3, 3000, 4)
+    # isolated node and sink: no hops at all
+    assert bool((rw.length.view(3, 3000)[1:] == 0).all())
+    assert bool((nodes[1:, :, 1:] == -1).all())
+    # from 0: multi-edge to 1 chosen with probability 2/3; then the self-loop keeps it at 1;
+    # after stepping to the sink 2 the walk ends
+    first = nodes[0, :, 1]
+    frac = (first == 1).double().mean().item()
+    assert abs(frac - 2 / 3) < 5 * math.sqrt(2 / 9 / 3000)
+    to_one = first == 1
+    assert bool((nodes[0, to_one, 2:] == 1).all())
+    assert bool((rw.length.view(3, 3000)[0, ~to_one] == 1).all())
+    assert bool((nodes[0, ~to_one, 2:] == -1).all())
+
+
+def test_directed_graph_follows_edge_direction():
+    ei = torch.tensor([[0, 1, 2], [1, 2, 0]])  # directed 3-cycle
+    rw = sample_walks(ei, 3, 2, None, 5, fixed_length=True, generator=gen(0))
+    nodes = rw.node_matrix()
+    assert torch.equal(nodes[:, 1:], (nodes[:, :-1] + 1) % 3)
+
+
+def test_empty_graph_and_no_edges():
+    rw = sample_walks(torch.empty(2, 0, dtype=torch.long), 0, 2, 0.5, 3)
+    assert rw.node_matrix().shape == (0, 4)
+    rw = sample_walks(torch.empty(2, 0, dtype=torch.long), 3, 2, 0.5, 3)
+    assert bool((rw.length == 0).all())
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(p_halt=0.0), 'p_halt'),
+    (dict(p_halt=1.0), 'p_halt'),
+    (dict(p_halt=float('nan')), 'p_halt'),
+    (dict(num_walks=0), 'num_walks'),
+    (dict(max_length=-1), 'max_length'),
+    (dict(walker='lazy'), 'walker'),
+])
+def test_bad_arguments(kwargs, match):
+    args = dict(num_walks=2, p_halt=0.5, max_length=3)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        sample_walks(path_graph(3), 3, args.pop('num_walks'), args.pop('p_halt'),
+                     args.pop('max_length'), **args)
+
+
+def test_bad_edge_index():
+    with pytest.raises(ValueError, match=r'node ids in \[0, 5\] but the graph has 3 nodes'):
+        sample_walks(torch.tensor([[0, 5], [1, 2]]), 3, 1, 0.5, 2)
+    with pytest.raises(ValueError, match='shape'):
+        sample_walks(torch.tensor([0, 1]), 3, 1, 0.5, 2)
+    with pytest.raises(ValueError, match='integers'):
+        sample_walks(torch.tensor([[0.0], [1.0]]), 3, 1, 0.5, 2)
+    with pytest.raises(ValueError, match='start'):
+        sample_walks(path_graph(3), 3, 1, 0.5, 2, start=torch.tensor([7]))

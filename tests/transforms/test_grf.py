@@ -1,0 +1,102 @@
+import pytest
+import torch
+from torch_geometric.data import Data, InMemoryDataset
+from torch_geometric.loader import DataLoader
+
+from pyg_grf.features import grf_loads
+from pyg_grf.transforms import AddGraphRandomFeatures
+from tests.utils import er_graph, grid_graph, path_graph
+
+
+def graphs():
+    return [Data(x=torch.randn(n, 3), edge_index=ei, y=torch.tensor([i]))
+            for i, (n, ei) in enumerate([(9, grid_graph(3, 3)), (4, path_graph(4)),
+                                         (13, er_graph(13, 0.3, seed=1))])]
+
+
+def test_repr_shows_every_setting():
+    t = AddGraphRandomFeatures(num_walks=8, p_halt=0.3, max_length=6, walker='repelling',
+                               seed=3)
+    assert str(t) == ("AddGraphRandomFeatures(num_walks=8, p_halt=0.3, max_length=6, "
+                      "walker='repelling', normalization='sym', importance=True, "
+                      "fixed_length=False, use_edge_weight=False, seed=3, attr_prefix='grf')")
+
+
+def test_stores_loads_of_grf_loads_and_does_not_mutate():
+    d = graphs()[0]
+    t = AddGraphRandomFeatures(num_walks=5, p_halt=0.4, max_length=3, seed=7)
+    out = t(d)
+    assert 'grf_index' not in d  # input untouched
+    ref = grf_loads(d.edge_index, 9, 5, 0.4, 3, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(out.grf_index, ref[0]) and torch.equal(out.grf_length, ref[1])
+    assert torch.allclose(out.grf_load, ref[2])
+    assert torch.equal(t(d).grf_load, out.grf_load)  # seeded: reproducible
+
+
+def test_batching_offsets_grf_index():
+    t = AddGraphRandomFeatures(num_walks=4, max_length=3, seed=0)
+    data = [t(g) for g in graphs()]
+    loader = DataLoader(data, batch_size=3)
+    batch = next(iter(loader))
+    offsets = [0, 9, 13]
+    expected = torch.cat([g.grf_index + o for g, o in zip(data, offsets)], 1)
+    assert torch.equal(batch.grf_index, expected)
+    assert torch.equal(batch.grf_length, torch.cat([g.grf_length for g in data]))
+    # every entry stays inside its own graph
+    assert torch.equal(batch.batch[batch.grf_index[0]], batch.batch[batch.grf_index[1]])
+
+
+class _Toy(InMemoryDataset):
+    def __init__(self, root, transform=None, pre_transform=None):
+        super().__init__(root, transform, pre_transform)
+        self.load(self.processed_paths[0])
+
+    @property
+    def raw_file_names(self):
+        return []
+
+    @property
+    def processed_file_names(self):
+        return ['data.pt']
+
+    def download(self):
+        pass
+
+    def process(self):
+        data = graphs()
+        if self.pre_transform is not None:
+            data = [self.pre_transform(d) for d in data]
+        self.save(data, self.processed_paths[0])
+
+
+def test_pre_transform_is_cached_and_transform_is_fresh(tmp_path):
+    pre = AddGraphRandomFeatures(num_walks=4, max_length=3)
+    ds = _Toy(tmp_path / 'a', pre_transform=pre)
+    first = ds[0].grf_load.clone()
+    assert torch.equal(ds[0].grf_load, first)  # frozen walks
+    ds2 = _Toy(tmp_path / 'a', pre_transform=pre)  # reloaded from processed/
+    assert torch.equal(ds2[0].grf_load, first)
+    fresh = _Toy(tmp_path / 'b', transform=AddGraphRandomFeatures(num_walks=4, max_length=3))
+    a, b = fresh[2], fresh[2]
+    assert not (a.grf_index.shape == b.grf_index.shape and torch.equal(a.grf_load, b.grf_load))
+
+
+def test_edge_weights_and_isolated_nodes():
+    d = Data(edge_index=torch.tensor([[0, 1], [1, 0]]), edge_weight=torch.tensor([2.0, 2.0]),
+             num_nodes=3)
+    out = AddGraphRandomFeatures(num_walks=2, max_length=2, use_edge_weight=True,
+                                 normalization=None, seed=0)(d)
+    iso = out.grf_index[0] == 2
+    assert torch.equal(out.grf_index[1, iso], torch.tensor([2]))
+    with pytest.raises(ValueError, match='no .edge_weight.'):
+        AddGraphRandomFeatures(use_edge_weight=True)(Data(edge_index=path_graph(3), num_nodes=3))
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    (dict(p_halt=1.0), 'p_halt'), (dict(num_walks=0), 'num_walks'),
+    (dict(walker='x'), 'walker'), (dict(normalization='x'), 'normalization'),
+    (dict(attr_prefix='my_index'), 'index'),
+])
+def test_bad_settings(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        AddGraphRandomFeatures(**kwargs)
