@@ -208,7 +208,11 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
 
     # 2) Order walkers by decreasing length, so that the walkers still moving at step t are a
     #    prefix (no compaction). The sort is stable: start-node order, hence locality, is kept.
-    order = torch.argsort(hops, descending=True, stable=True)
+    #    Counting sort over the L + 1 length classes (a loop over lengths, not walkers).
+    if L == 0 or fixed_length:
+        order = torch.arange(W, device=device)
+    else:
+        order = torch.cat([(hops == c).nonzero().view(-1) for c in range(L, -1, -1)])
     alive_count = torch.bincount(hops, minlength=L + 1).flip(0).cumsum(0).flip(0)  # [L + 1]
     alive_count = alive_count.tolist()  # alive_count[t]: walkers with hops >= t
 
@@ -232,10 +236,18 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
     # One packed gather per step gives both the CSR offset and the degree of the current node.
     table = torch.stack([ext_rowptr[:-1], ext_deg], dim=1)
 
-    rec_node, rec_pos, ptr = [], [], [0]
+    # Step-major hop records, written in place (sizes are known from alive_count).
+    counts = alive_count[1:] if L > 0 else []
+    R = int(sum(counts))
+    node = torch.empty(R, dtype=torch.long, device=device)
+    pos = torch.empty(R, dtype=torch.long, device=device)
+    ptr = [0]
+    for A in counts:
+        ptr.append(ptr[-1] + A)
+    step_ptr = torch.tensor(ptr, dtype=torch.long, device=device)
     cur = walker_start.index_select(0, order)
     for t in range(L):
-        A = alive_count[t + 1]  # walkers that take hop t + 1
+        A = counts[t]  # walkers that take hop t + 1
         if A == 0:
             break
         cur = cur[:A]
@@ -245,15 +257,9 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
             r = _stratified_uniforms(order[:A] // n * (num_nodes + 1) + cur, generator)
         else:
             r = torch.rand(A, generator=generator, device=device)
-        pos = base + (r * d).long().clamp_max_(d - 1)
-        cur = ext_col.index_select(0, pos)
-        rec_node.append(cur)
-        rec_pos.append(pos)
-        ptr.append(ptr[-1] + A)
-    ptr += [ptr[-1]] * (L + 1 - len(ptr))
-    step_ptr = torch.tensor(ptr, dtype=torch.long, device=device)
-    node = torch.cat(rec_node) if rec_node else walker_start.new_empty(0)
-    pos = torch.cat(rec_pos) if rec_pos else walker_start.new_empty(0)
+        p = pos[ptr[t]:ptr[t + 1]]
+        torch.add(base, (r * d).long().clamp_max_(d - 1), out=p)
+        cur = torch.index_select(ext_col, 0, p, out=node[ptr[t]:ptr[t + 1]])
     if has_sinks:
         dead = node == num_nodes
         node = node.masked_fill(dead, -1)
