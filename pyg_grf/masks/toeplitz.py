@@ -1,0 +1,88 @@
+r"""1-D relative-position (Toeplitz) mask applied by FFT (FTFI paper, Sec. 3.2: the RPE mask
+:math:`M_{ij} = f(i - j)` is Toeplitz, so :math:`MX` costs :math:`O(N \log N)`)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from pyg_grf.masks.base import MaskOperator
+
+
+def next_fast_len(n: int) -> int:
+    r"""The smallest integer :math:`\ge n` whose only prime factors are 2, 3 and 5 (fast FFT
+    sizes)."""
+    n = max(int(n), 1)
+    best = 1 << (n - 1).bit_length()
+    p5 = 1
+    while p5 < best:
+        p35 = p5
+        while p35 < best:
+            m = p35
+            while m < n:
+                m *= 2
+            best = min(best, m)
+            p35 *= 3
+        p5 *= 5
+    return best
+
+
+class ToeplitzMask(MaskOperator):
+    r"""Toeplitz mask of a sequence of :math:`L` tokens (1-D relative positional encoding),
+
+    .. math::
+        M_{ij} = w_{i - j + L - 1}, \qquad i, j = 0, \dots, L - 1,
+
+    i.e. ``weights[L - 1]`` on the diagonal, ``weights[L - 1 + k]`` on the :math:`k`-th
+    subdiagonal and ``weights[L - 1 - k]`` on the :math:`k`-th superdiagonal (FTFI paper,
+    Sec. 3.2 and Definition 3.2). The product embeds :math:`M` into a circulant matrix of a fast
+    FFT size :math:`n \ge 2L - 1` (zero padded) and multiplies with ``torch.fft.rfft`` /
+    ``irfft``: :math:`O(C\, n \log n)`. It is differentiable in ``weights``.
+
+    Args:
+        weights (Tensor): ``[2L - 1]`` (one mask shared by all heads) or ``[H, 2L - 1]`` (one mask
+            per head; :obj:`num_heads` is then ``H``).
+
+    Shapes:
+        - **input:** ``[N, C]`` or ``[N, H, C]`` with :math:`N = L`
+        - **output:** same shape (``[N, H, C]`` for per-head weights)
+    """
+
+    def __init__(self, weights: Tensor):
+        if not isinstance(weights, Tensor) or weights.dim() not in (1, 2) \
+                or weights.size(-1) % 2 != 1:
+            shape = tuple(weights.shape) if isinstance(weights, Tensor) else type(weights)
+            raise ValueError(f"'weights' must have shape [2L - 1] or [H, 2L - 1] (an odd length), "
+                             f"got {shape}")
+        if not weights.is_floating_point():
+            weights = weights.float()
+        self.weights = weights
+        self.num_nodes = (weights.size(-1) + 1) // 2
+        self.num_heads = weights.size(0) if weights.dim() == 2 else None
+        self.fft_size = next_fast_len(2 * self.num_nodes - 1)
+
+    def _kernel_fft(self, dtype: torch.dtype) -> Tensor:
+        # First column of the circulant embedding: c[k] = M[k, 0], c[n - k] = M[0, k].
+        L, n = self.num_nodes, self.fft_size
+        w = self.weights.to(dtype)
+        zeros = w.new_zeros(w.shape[:-1] + (n - 2 * L + 1,))
+        col = torch.cat([w[..., L - 1:], zeros, w[..., :L - 1]], dim=-1)
+        return torch.fft.rfft(col, n=n, dim=-1)  # [n//2+1] or [H, n//2+1]
+
+    def _matmul(self, x: Tensor) -> Tensor:
+        L, n = self.num_nodes, self.fft_size
+        kf = self._kernel_fft(x.dtype)
+        xf = torch.fft.rfft(x, n=n, dim=0)  # [n//2+1, C] or [n//2+1, H, C]
+        if self.num_heads is None:
+            yf = xf * kf.unsqueeze(-1)
+        else:
+            yf = xf * kf.t().unsqueeze(-1)
+        return torch.fft.irfft(yf, n=n, dim=0)[:L]
+
+    def to_dense(self) -> Tensor:
+        L = self.num_nodes
+        i = torch.arange(L, device=self.weights.device)
+        return self.weights[..., i.view(-1, 1) - i.view(1, -1) + L - 1]
+
+    def __repr__(self) -> str:
+        heads = '' if self.num_heads is None else f', heads={self.num_heads}'
+        return f'ToeplitzMask(num_nodes={self.num_nodes}{heads})'
