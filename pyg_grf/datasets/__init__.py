@@ -1,0 +1,46 @@
+r"""Datasets: the synthetic GKAT tasks (no data needed), Peptides-func from the original LRGB CSV,
+TU and Planetoid benchmarks through the offline mirror, and Errica et al. cross-validation splits.
+
+The data root is ``$PYG_GRF_DATA`` (else ``./datasets``); ``$PYG_GRF_MIRROR`` names a read-only
+offline mirror to copy raw files from; ``$PYG_GRF_OFFLINE=1`` forbids downloads.
+"""
+from pyg_grf.datasets.mirror import (
+    DatasetNotFoundError,
+    data_root,
+    fetch_from_mirror,
+    is_offline,
+    mirror_root,
+)
+from pyg_grf.datasets.synthetic import MOTIFS, InducedCycleDataset, MotifDataset, motif_graph
+from pyg_grf.datasets.lrgb import (
+    LRGB_INFO,
+    LRGBInfo,
+    PeptidesFunctional,
+    load_lrgb,
+    lrgb_standin,
+)
+from pyg_grf.datasets.tu import TU_DATASETS, load_tu
+from pyg_grf.datasets.planetoid import PLANETOID_DATASETS, load_planetoid
+from pyg_grf.datasets.splits import errica_splits
+
+__all__ = [
+    'MotifDataset',
+    'InducedCycleDataset',
+    'PeptidesFunctional',
+    'MOTIFS',
+    'motif_graph',
+    'load_lrgb',
+    'lrgb_standin',
+    'LRGB_INFO',
+    'LRGBInfo',
+    'load_tu',
+    'TU_DATASETS',
+    'load_planetoid',
+    'PLANETOID_DATASETS',
+    'errica_splits',
+    'data_root',
+    'mirror_root',
+    'fetch_from_mirror',
+    'is_offline',
+    'DatasetNotFoundError',
+]

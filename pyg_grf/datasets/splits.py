@@ -1,0 +1,127 @@
+r"""Cross-validation splits for graph classification: the protocol of Errica et al., *A Fair
+Comparison of Graph Neural Networks for Graph Classification* (ICLR 2020), used by the GKAT
+paper (Choromanski et al., 2022, Sec. 5.2)."""
+import hashlib
+import json
+import os
+import os.path as osp
+import re
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from pyg_grf.datasets.mirror import data_root
+
+SPLITS_VERSION = 1
+
+
+def _labels(dataset) -> np.ndarray:
+    if isinstance(dataset, (Tensor, np.ndarray, list, tuple)):
+        y = torch.as_tensor(np.asarray(dataset))
+    else:
+        y = None
+        try:
+            y = dataset.y  # InMemoryDataset: collated labels
+        except (AttributeError, KeyError):
+            pass
+        if not isinstance(y, Tensor) or y.size(0) != len(dataset):
+            y = torch.cat([dataset[i].y.view(-1) for i in range(len(dataset))])
+    y = y.view(-1) if y.dim() > 1 and y.numel() == y.size(0) else y
+    if y.dim() != 1 or torch.is_floating_point(y):
+        raise ValueError(f"Expected one integer class label per graph (got labels of shape "
+                         f"{tuple(y.shape)} and dtype {y.dtype})")
+    return y.cpu().numpy().astype(np.int64)
+
+
+def default_splits_path(name: str, num_folds: int, inner_holdout: float, seed: int) -> str:
+    r"""Where :func:`errica_splits` stores the splits of dataset :obj:`name`:
+    ``<data_root()>/splits/<name>_errica_<num_folds>fold_val<inner_holdout>_seed<seed>.json``."""
+    safe = re.sub(r'[^A-Za-z0-9_.-]+', '_', str(name))
+    return osp.join(data_root(), 'splits',
+                    f'{safe}_errica_{num_folds}fold_val{inner_holdout:g}_seed{seed}.json')
+
+
+def errica_splits(
+    dataset,
+    num_folds: int = 10,
+    inner_holdout: float = 0.1,
+    seed: int = 0,
+    path: Optional[str] = None,
+    name: Optional[str] = None,
+) -> List[Dict[str, Tensor]]:
+    r"""The model-assessment splits of Errica et al. (2020): :obj:`num_folds` stratified outer
+    folds (:class:`sklearn.model_selection.StratifiedKFold`, shuffled with :obj:`seed`); inside
+    each outer training set, a stratified holdout of :obj:`inner_holdout` for validation (model
+    selection / early stopping), the rest for training.
+
+    The splits are saved as JSON and reloaded when the file exists, so that runs (and the models
+    compared) share the same folds. A stored file is checked against the dataset (size and a
+    hash of the labels) and the arguments, and a mismatch raises an error instead of silently
+    using foreign splits.
+
+    Args:
+        dataset (Dataset or Tensor): A graph-classification dataset whose graphs carry one integer
+            label :obj:`y` each, or the labels themselves.
+        num_folds (int, optional): Number of outer folds. (default: :obj:`10`)
+        inner_holdout (float, optional): Fraction of each outer training set held out for
+            validation. (default: :obj:`0.1`)
+        seed (int, optional): Seed of both shuffles. (default: :obj:`0`)
+        path (str, optional): JSON file to read or write. (default: ``<data_root()>/splits/
+            <name>_errica_<num_folds>fold_val<inner_holdout>_seed<seed>.json``)
+        name (str, optional): Dataset name for the default path. (default: :obj:`dataset.name`)
+
+    Returns:
+        A list of :obj:`num_folds` dicts with :obj:`"train"`, :obj:`"val"` and :obj:`"test"`
+        index tensors (:obj:`torch.long`, sorted) into :obj:`dataset`.
+    """
+    from sklearn.model_selection import StratifiedKFold, train_test_split
+
+    if not isinstance(num_folds, int) or num_folds < 2:
+        raise ValueError(f"Expected 'num_folds' to be an integer >= 2 (got {num_folds!r})")
+    if not 0.0 < inner_holdout < 1.0:
+        raise ValueError(f"Expected 'inner_holdout' in (0, 1) (got {inner_holdout!r})")
+
+    y = _labels(dataset)
+    digest = hashlib.sha1(y.tobytes()).hexdigest()
+    meta = dict(version=SPLITS_VERSION, protocol='errica2020', num_graphs=int(y.size),
+                num_folds=num_folds, inner_holdout=inner_holdout, seed=seed, labels_sha1=digest)
+
+    if path is None:
+        name = name if name is not None else getattr(dataset, 'name', None)
+        if name is None:
+            raise ValueError("Pass 'path' or 'name' to store the splits of a dataset that has no "
+                             "'name' attribute")
+        path = default_splits_path(name, num_folds, inner_holdout, seed)
+
+    if osp.exists(path):
+        with open(path) as f:
+            stored = json.load(f)
+        stored_meta = {k: stored.get(k) for k in meta}
+        if stored_meta != meta:
+            diff = {k: (stored_meta[k], v) for k, v in meta.items() if stored_meta[k] != v}
+            raise ValueError(
+                f"The splits stored at '{path}' do not match this dataset/arguments "
+                f"(field: (stored, expected)): {diff}. Delete the file or pass another 'path'.")
+        return [{k: torch.tensor(fold[k], dtype=torch.long) for k in ('train', 'val', 'test')}
+                for fold in stored['folds']]
+
+    outer = StratifiedKFold(n_splits=num_folds, shuffle=True, random_state=seed)
+    folds = []
+    for train_val, test in outer.split(np.zeros(y.size), y):
+        train, val = train_test_split(train_val, test_size=inner_holdout, stratify=y[train_val],
+                                      random_state=seed)
+        folds.append(dict(train=sorted(int(i) for i in train), val=sorted(int(i) for i in val),
+                          test=sorted(int(i) for i in test)))
+
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    tmp = f'{path}.{os.getpid()}.tmp'
+    with open(tmp, 'w') as f:
+        json.dump(dict(meta, folds=folds), f)
+    os.replace(tmp, path)
+    return [{k: torch.tensor(fold[k], dtype=torch.long) for k in ('train', 'val', 'test')}
+            for fold in folds]
+
+
+__all__ = ['errica_splits', 'default_splits_path']

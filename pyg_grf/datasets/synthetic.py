@@ -1,0 +1,487 @@
+r"""The synthetic combinatorial-classification tasks of GKAT (Choromanski et al., ICML 2022,
+*From block-Toeplitz matrices to differential equations on graphs*, Sec. 5.1 and App. A.2):
+
+* :class:`MotifDataset`: does an Erdos-Renyi graph carry a given motif (Sec. 5.1.1)?
+* :class:`InducedCycleDataset`: was a binary tree closed into a cycle through its two farthest
+  nodes (Sec. 5.1.2)?
+
+Both are generated in memory, deterministically from a seed, in seconds for the paper's 4,096
+graphs; they need no files, and cache to ``processed/`` only when a :obj:`root` is given.
+"""
+import os
+import os.path as osp
+from typing import Callable, Dict, List, Optional, Tuple
+
+import networkx as nx
+import numpy as np
+import torch
+from torch_geometric.data import Data, InMemoryDataset
+
+#: Number of neighbour degrees in the ``'neighbor_degrees'`` node features (GKAT Sec. 5.1.1).
+NUM_NEIGHBOR_DEGREES = 5
+FEATURES = ('neighbor_degrees', 'degree', 'constant')
+
+
+def _motif_graphs() -> Dict[str, Callable[[], nx.Graph]]:
+    return {
+        'caveman': lambda: nx.connected_caveman_graph(3, 4),  # 3 rewired 4-cliques, 12 nodes
+        'circle': lambda: nx.cycle_graph(10),
+        'grid': lambda: nx.grid_2d_graph(3, 3),
+        'ladder': lambda: nx.ladder_graph(5),
+        'circular_ladder': lambda: nx.circular_ladder_graph(5),
+    }
+
+
+MOTIFS = tuple(_motif_graphs())
+
+
+def motif_graph(name: str) -> nx.Graph:
+    r"""The motif :obj:`name` (one of :obj:`MOTIFS`) as a networkx graph with nodes
+    :obj:`0, ..., h - 1`."""
+    graphs = _motif_graphs()
+    if name not in graphs:
+        raise ValueError(f"Unknown motif {name!r}; expected one of {list(graphs)}")
+    graph = graphs[name]()
+    return nx.convert_node_labels_to_integers(graph, ordering='sorted')
+
+
+def node_features(edge_index: np.ndarray, num_nodes: int, features: str) -> torch.Tensor:
+    r"""Node features of a graph given by its (symmetric) :obj:`edge_index` [2, E]:
+
+    * :obj:`"neighbor_degrees"`: the :obj:`NUM_NEIGHBOR_DEGREES` = 5 largest degrees of the
+      node's neighbours in decreasing order, zero-padded (GKAT Sec. 5.1.1), float [N, 5];
+    * :obj:`"degree"`: the node's degree, float [N, 1];
+    * :obj:`"constant"`: ones, float [N, 1].
+    """
+    if features == 'constant':
+        return torch.ones(num_nodes, 1)
+    src, dst = edge_index
+    deg = np.bincount(src, minlength=num_nodes)
+    if features == 'degree':
+        return torch.from_numpy(deg.astype(np.float32)).view(-1, 1)
+    if features != 'neighbor_degrees':
+        raise ValueError(f"Unknown node features {features!r}; expected one of {list(FEATURES)}")
+    k = NUM_NEIGHBOR_DEGREES
+    nbr_deg = deg[dst]
+    order = np.lexsort((-nbr_deg, src))  # by source node, then by decreasing neighbour degree
+    src, nbr_deg = src[order], nbr_deg[order]
+    rank = np.arange(src.size) - np.searchsorted(src, src)  # position inside each source group
+    keep = rank < k
+    x = np.zeros((num_nodes, k), dtype=np.float32)
+    x[src[keep], rank[keep]] = nbr_deg[keep]
+    return torch.from_numpy(x)
+
+
+def _to_data_list(rows: List[np.ndarray], cols: List[np.ndarray], num_nodes: int,
+                  labels: np.ndarray, perms: np.ndarray, features: str) -> List[Data]:
+    r"""Builds one :class:`Data` per graph from its undirected edges (:obj:`rows[g]`,
+    :obj:`cols[g]`), all graphs having :obj:`num_nodes` nodes: relabels graph :obj:`g` by
+    :obj:`perms[g]`, symmetrises, removes duplicates and sorts, vectorised over all graphs (as the
+    disjoint union)."""
+    G, N = len(rows), num_nodes
+    sizes = np.array([r.size for r in rows])
+    offset = np.repeat(np.arange(G, dtype=np.int64) * N, sizes)
+    glob = (perms + np.arange(G)[:, None] * N).reshape(-1)  # global relabelling
+    row = glob[np.concatenate(rows).astype(np.int64) + offset]
+    col = glob[np.concatenate(cols).astype(np.int64) + offset]
+    key = np.sort(np.concatenate([row * G * N + col, col * G * N + row]))
+    key = key[np.append(True, key[1:] != key[:-1])]  # remove duplicates
+    src, dst = key // (G * N), key % (G * N)
+    x = node_features(np.stack([src, dst]), G * N, features)
+    ptr = np.searchsorted(src, np.arange(G + 1) * N)
+    edge_index = torch.from_numpy(np.stack([src, dst]) - np.repeat(np.arange(G) * N, np.diff(ptr)))
+    y = torch.from_numpy(np.asarray(labels, dtype=np.int64))
+    return [Data(x=x[g * N:(g + 1) * N], edge_index=edge_index[:, ptr[g]:ptr[g + 1]],
+                 y=y[g:g + 1]) for g in range(G)]
+
+
+def _erdos_renyi(rng: np.random.Generator, num_nodes: int, p: float,
+                 triu: Tuple[np.ndarray, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
+    mask = rng.random(triu[0].size) < p
+    return triu[0][mask], triu[1][mask]
+
+
+def _balanced_labels(rng: np.random.Generator, num_graphs: int) -> np.ndarray:
+    labels = np.zeros(num_graphs, dtype=np.int64)
+    labels[:(num_graphs + 1) // 2] = 1
+    rng.shuffle(labels)
+    return labels
+
+
+def _check_root(root) -> None:
+    if root is not None and not isinstance(root, (str, os.PathLike)):
+        raise TypeError(f"Expected 'root' to be a path or None (got {type(root).__name__} "
+                        f"{root!r}); pass the other settings by keyword")
+
+
+class GeneratedDataset(InMemoryDataset):
+    r"""Base class of datasets generated in memory by :meth:`generate`: without :obj:`root` they
+    live only in memory; with a :obj:`root` they are cached to
+    ``root/<folder>/processed/<tag>.pt`` like any PyG dataset."""
+    folder: str = 'generated'
+
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        transform: Optional[Callable] = None,
+        pre_transform: Optional[Callable] = None,
+        pre_filter: Optional[Callable] = None,
+        force_reload: bool = False,
+    ) -> None:
+        _check_root(root)
+        self._cached = root is not None
+        super().__init__(None if root is None else str(root), transform, pre_transform,
+                         pre_filter, force_reload=force_reload)
+        if self._cached:
+            self.load(self.processed_paths[0])
+        else:
+            self.data, self.slices = self.collate(self._data_list_from_generate())
+
+    def generate(self) -> List[Data]:
+        raise NotImplementedError
+
+    @property
+    def tag(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def has_process(self) -> bool:
+        return self._cached
+
+    @property
+    def raw_file_names(self) -> List[str]:
+        return []
+
+    @property
+    def processed_dir(self) -> str:
+        return osp.join(self.root, self.folder, 'processed')
+
+    @property
+    def processed_file_names(self) -> List[str]:
+        return [f'{self.tag}.pt']
+
+    def _data_list_from_generate(self) -> List[Data]:
+        data_list = self.generate()
+        if self.pre_filter is not None:
+            data_list = [data for data in data_list if self.pre_filter(data)]
+        if self.pre_transform is not None:
+            data_list = [self.pre_transform(data) for data in data_list]
+        return data_list
+
+    def process(self) -> None:
+        self.save(self._data_list_from_generate(), self.processed_paths[0])
+
+
+class MotifDataset(GeneratedDataset):
+    r"""Erdos-Renyi graphs with or without a motif, the first combinatorial task of GKAT
+    (`Choromanski et al., ICML 2022 <https://arxiv.org/abs/2107.07999>`_, Sec. 5.1.1 and
+    App. A.2, following Nikolentzos & Vazirgiannis, 2020): decide whether a graph contains the
+    motif.
+
+    Every graph joins an Erdos-Renyi graph on :obj:`num_nodes` nodes, whose expected average degree
+    equals the motif's, to a second part by :obj:`num_join_edges` distinct edges drawn uniformly
+    between the two parts:
+
+    * positive (:obj:`y = 1`): the second part is the motif;
+    * negative (:obj:`y = 0`): the second part is an Erdos-Renyi graph with as many nodes as the
+      motif and the motif's average degree in expectation.
+
+    The motifs (all with at least 9 nodes, as in the paper's Fig. 5): :obj:`"caveman"`
+    (:func:`networkx.connected_caveman_graph` (3, 4), 12 nodes), :obj:`"circle"` (10-cycle),
+    :obj:`"grid"` (3 x 3 grid), :obj:`"ladder"` (5-rung ladder, 10 nodes) and
+    :obj:`"circular_ladder"` (5-rung circular ladder, 10 nodes). Node ids are shuffled per graph,
+    so the motif is not at a fixed position. Labels follow the construction, as in the paper: the
+    random parts of a negative graph may by chance hold a copy of the motif.
+
+    Node features (:obj:`features`): :obj:`"neighbor_degrees"` (the paper's: the 5 largest
+    neighbour degrees in decreasing order, zero-padded, float [N, 5]), :obj:`"degree"` (float
+    [N, 1]) or :obj:`"constant"` (ones, [N, 1]). Labels :obj:`y` are long, one per graph; the two
+    classes are balanced (one more positive when :obj:`num_graphs` is odd) and shuffled.
+
+    Args:
+        root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
+            (default: :obj:`None`)
+        motif (str, optional): The motif. (default: :obj:`"caveman"`)
+        num_graphs (int, optional): Number of graphs; the paper uses 2 x 2,048.
+            (default: :obj:`4096`)
+        seed (int, optional): Seed of the generator; the dataset is a function of the arguments.
+            (default: :obj:`0`)
+        num_nodes (int, optional): Nodes of the large Erdos-Renyi graph. (default: :obj:`100`)
+        num_join_edges (int, optional): Edges joining the two parts. (default: :obj:`3`)
+        features (str, optional): Node features, see above. (default: :obj:`"neighbor_degrees"`)
+        transform (callable, optional): A transform applied on every access.
+            (default: :obj:`None`)
+        pre_transform (callable, optional): A transform applied once, after generation.
+            (default: :obj:`None`)
+        pre_filter (callable, optional): A filter applied once, after generation.
+            (default: :obj:`None`)
+        force_reload (bool, optional): Whether to regenerate a cached dataset.
+            (default: :obj:`False`)
+
+    **STATS:** (defaults, :obj:`num_graphs=4096`)
+
+    .. list-table::
+        :widths: 20 10 10 10 10
+        :header-rows: 1
+
+        * - Motif
+          - #graphs
+          - #nodes
+          - #edges (undirected)
+          - #classes
+        * - caveman
+          - 4,096
+          - 112
+          - ~171
+          - 2
+        * - circle
+          - 4,096
+          - 110
+          - ~113
+          - 2
+        * - grid
+          - 4,096
+          - 109
+          - ~148
+          - 2
+        * - ladder
+          - 4,096
+          - 110
+          - ~146
+          - 2
+        * - circular_ladder
+          - 4,096
+          - 110
+          - ~168
+          - 2
+    """
+    folder = 'MotifDataset'
+
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        motif: str = 'caveman',
+        num_graphs: int = 4096,
+        seed: int = 0,
+        num_nodes: int = 100,
+        num_join_edges: int = 3,
+        features: str = 'neighbor_degrees',
+        transform: Optional[Callable] = None,
+        pre_transform: Optional[Callable] = None,
+        pre_filter: Optional[Callable] = None,
+        force_reload: bool = False,
+    ) -> None:
+        _check_root(root)
+        self.motif_graph = motif_graph(motif)  # validates the name
+        if features not in FEATURES:
+            raise ValueError(f"Unknown node features {features!r}; expected one of "
+                             f"{list(FEATURES)}")
+        if num_graphs < 2:
+            raise ValueError(f"Expected at least 2 graphs (got num_graphs={num_graphs})")
+        h = self.motif_graph.number_of_nodes()
+        if not 1 <= num_join_edges <= num_nodes * h:
+            raise ValueError(f"Expected 1 <= num_join_edges <= {num_nodes * h} "
+                             f"(got {num_join_edges})")
+        if num_nodes < 2:
+            raise ValueError(f"Expected num_nodes >= 2 (got {num_nodes})")
+        self.motif = motif
+        self.name = f'motif-{motif}'
+        self.num_graphs = int(num_graphs)
+        self.seed = int(seed)
+        self.num_nodes_er = int(num_nodes)
+        self.num_join_edges = int(num_join_edges)
+        self.features = features
+        super().__init__(root, transform, pre_transform, pre_filter, force_reload)
+
+    @property
+    def tag(self) -> str:
+        return (f'v1_{self.motif}_g{self.num_graphs}_n{self.num_nodes_er}_'
+                f'j{self.num_join_edges}_s{self.seed}_{self.features}')
+
+    def generate(self) -> List[Data]:
+        rng = np.random.default_rng(self.seed)
+        n = self.num_nodes_er
+        motif = np.array(self.motif_graph.edges(), dtype=np.int64).T
+        h = self.motif_graph.number_of_nodes()
+        avg_degree = 2.0 * motif.shape[1] / h
+        p_large = min(avg_degree / (n - 1), 1.0)
+        p_small = min(avg_degree / (h - 1), 1.0)
+        triu_large, triu_small = np.triu_indices(n, 1), np.triu_indices(h, 1)
+
+        labels = _balanced_labels(rng, self.num_graphs)
+        rows, cols, perms = [], [], []
+        for label in labels:
+            row_l, col_l = _erdos_renyi(rng, n, p_large, triu_large)
+            if label == 1:
+                row_s, col_s = motif
+            else:
+                row_s, col_s = _erdos_renyi(rng, h, p_small, triu_small)
+            join = rng.choice(n * h, size=self.num_join_edges, replace=False)
+            rows.append(np.concatenate([row_l, row_s + n, join // h]))
+            cols.append(np.concatenate([col_l, col_s + n, join % h + n]))
+            perms.append(rng.permutation(n + h))
+        return _to_data_list(rows, cols, n + h, labels, np.stack(perms), self.features)
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({len(self)}, motif={self.motif!r}, '
+                f'seed={self.seed})')
+
+
+def random_binary_trees(rng: np.random.Generator, num_trees: int, num_nodes: int) -> np.ndarray:
+    r"""Random binary trees on :obj:`num_nodes` nodes, grown from root 0 by attaching node
+    :obj:`v` to a free child slot chosen uniformly among all free slots (the shape distribution of
+    a random binary search tree), vectorised over the :obj:`num_trees` trees. Returns
+    :obj:`parent` [num_trees, num_nodes] with :obj:`parent[:, 0] = -1` and parents before
+    children."""
+    T, n = num_trees, num_nodes
+    parent = np.full((T, n), -1, dtype=np.int64)
+    slots = np.zeros((T, n + 1), dtype=np.int64)  # before attaching v, slots[:, :v + 1] are free
+    arange = np.arange(T)
+    u = rng.random((T, n))
+    for v in range(1, n):
+        i = (u[:, v] * (v + 1)).astype(np.int64)  # uniform among the v + 1 free slots
+        parent[:, v] = slots[arange, i]
+        slots[arange, i] = slots[:, v]  # remove slot i (swap with the last free slot) ...
+        slots[:, v] = v  # ... and add the two child slots of v
+        slots[:, v + 1] = v
+    return parent
+
+
+def tree_distances(parent: np.ndarray) -> np.ndarray:
+    r"""All-pairs hop distances [..., N, N] of rooted trees given by :obj:`parent` [..., N]
+    (parents before children, root 0), from ancestor matrices:
+    dist(i, j) = depth(i) + depth(j) - 2 depth(lca(i, j))."""
+    batch_shape, n = parent.shape[:-1], parent.shape[-1]
+    parent = parent.reshape(-1, n)
+    T, arange = parent.shape[0], np.arange(parent.shape[0])
+    anc = np.zeros((T, n, n), dtype=np.float32)  # anc[t, i, a] = 1 if a is i or an ancestor
+    anc[:, 0, 0] = 1
+    for v in range(1, n):
+        anc[:, v] = anc[arange, parent[:, v]]
+        anc[:, v, v] = 1
+    depth = anc.sum(-1) - 1
+    lca_depth = np.rint(anc @ anc.transpose(0, 2, 1)) - 1
+    dist = depth[:, :, None] + depth[:, None, :] - 2 * lca_depth
+    return dist.astype(np.int64).reshape(*batch_shape, n, n)
+
+
+class InducedCycleDataset(GeneratedDataset):
+    r"""Binary trees closed into one cycle, the second combinatorial task of GKAT
+    (`Choromanski et al., ICML 2022 <https://arxiv.org/abs/2107.07999>`_, Sec. 5.1.2): decide
+    whether the graph's (only, hence induced) cycle is as long as the tree's diameter + 1, a
+    global property that local message passing cannot see.
+
+    Each graph is a random binary tree on :obj:`num_nodes` nodes (see
+    :func:`random_binary_trees`) plus one edge:
+
+    * positive (:obj:`y = 1`): the edge joins two farthest nodes of the tree (a diameter pair,
+      chosen uniformly among all such pairs), so the cycle has length diameter + 1;
+    * negative (:obj:`y = 0`): the edge joins two nodes at distance at least 2 (no multi-edge) and
+      less than the diameter, chosen uniformly, so the cycle is shorter.
+
+    Node ids are shuffled per graph. Node features as in :class:`MotifDataset`
+    (:obj:`"neighbor_degrees"`, the paper's default, :obj:`"degree"` or :obj:`"constant"`).
+    Labels :obj:`y` are long, one per graph, balanced and shuffled.
+
+    Args:
+        root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
+            (default: :obj:`None`)
+        num_graphs (int, optional): Number of graphs; the paper uses 2,048 trees with one
+            positive and one negative example each. (default: :obj:`4096`)
+        seed (int, optional): Seed of the generator. (default: :obj:`0`)
+        num_nodes (int, optional): Nodes per tree. (default: :obj:`50`)
+        features (str, optional): Node features. (default: :obj:`"neighbor_degrees"`)
+        transform (callable, optional): A transform applied on every access.
+            (default: :obj:`None`)
+        pre_transform (callable, optional): A transform applied once, after generation.
+            (default: :obj:`None`)
+        pre_filter (callable, optional): A filter applied once, after generation.
+            (default: :obj:`None`)
+        force_reload (bool, optional): Whether to regenerate a cached dataset.
+            (default: :obj:`False`)
+
+    **STATS:**
+
+    .. list-table::
+        :widths: 10 10 10 10
+        :header-rows: 1
+
+        * - #graphs
+          - #nodes
+          - #edges (undirected)
+          - #classes
+        * - 4,096
+          - 50
+          - 50
+          - 2
+    """
+    folder = 'InducedCycleDataset'
+
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        num_graphs: int = 4096,
+        seed: int = 0,
+        num_nodes: int = 50,
+        features: str = 'neighbor_degrees',
+        transform: Optional[Callable] = None,
+        pre_transform: Optional[Callable] = None,
+        pre_filter: Optional[Callable] = None,
+        force_reload: bool = False,
+    ) -> None:
+        _check_root(root)
+        if features not in FEATURES:
+            raise ValueError(f"Unknown node features {features!r}; expected one of "
+                             f"{list(FEATURES)}")
+        if num_graphs < 2:
+            raise ValueError(f"Expected at least 2 graphs (got num_graphs={num_graphs})")
+        if num_nodes < 5:
+            # A negative needs a pair at distance in [2, diameter), so diameter >= 3.
+            raise ValueError(f"Expected num_nodes >= 5 (got {num_nodes})")
+        self.name = 'induced-cycle'
+        self.num_graphs = int(num_graphs)
+        self.seed = int(seed)
+        self.num_nodes_tree = int(num_nodes)
+        self.features = features
+        super().__init__(root, transform, pre_transform, pre_filter, force_reload)
+
+    @property
+    def tag(self) -> str:
+        return f'v1_g{self.num_graphs}_n{self.num_nodes_tree}_s{self.seed}_{self.features}'
+
+    def generate(self) -> List[Data]:
+        rng = np.random.default_rng(self.seed)
+        G, n = self.num_graphs, self.num_nodes_tree
+        labels = _balanced_labels(rng, G)
+        triu = np.triu_indices(n, 1)
+        rows, cols = [], []
+        for start in range(0, G, 1024):  # chunks bound the [chunk, n, n] distance arrays
+            lab = labels[start:start + 1024]
+            parent = random_binary_trees(rng, lab.size, n)
+            dist = tree_distances(parent)[:, triu[0], triu[1]]  # [chunk, n(n-1)/2]
+            diameter = dist.max(1, keepdims=True)
+            # A binary tree on >= 5 nodes has diameter >= 3, so both sets are never empty.
+            allowed = np.where(lab[:, None] == 1, dist == diameter,
+                               (dist >= 2) & (dist < diameter))
+            # Uniform choice among the allowed pairs: argmax of uniform scores on them.
+            pick = np.argmax(np.where(allowed, rng.random(dist.shape), -1.0), axis=1)
+            for t in range(lab.size):
+                rows.append(np.append(np.arange(1, n), triu[0][pick[t]]))
+                cols.append(np.append(parent[t, 1:], triu[1][pick[t]]))
+        perms = rng.permuted(np.tile(np.arange(n), (G, 1)), axis=1)
+        return _to_data_list(rows, cols, n, labels, perms, self.features)
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}({len(self)}, seed={self.seed})'
+
+
+__all__ = [
+    'MotifDataset',
+    'InducedCycleDataset',
+    'GeneratedDataset',
+    'MOTIFS',
+    'motif_graph',
+    'node_features',
+    'random_binary_trees',
+    'tree_distances',
+]

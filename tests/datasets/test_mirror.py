@@ -1,0 +1,107 @@
+import os
+import os.path as osp
+
+import pytest
+
+from pyg_grf.datasets import (
+    DatasetNotFoundError,
+    data_root,
+    fetch_from_mirror,
+    load_planetoid,
+    load_tu,
+    mirror_root,
+)
+from pyg_grf.datasets.mirror import check_not_in_mirror, ensure_raw_files
+from tests.datasets.conftest import listing
+
+
+@pytest.fixture
+def fake_mirror(tmp_path, monkeypatch):
+    mirror = tmp_path / 'mirror'
+    raw = mirror / 'TUDataset' / 'TOY' / 'raw'
+    raw.mkdir(parents=True)
+    (raw / 'TOY_A.txt').write_text('1, 2\n2, 1\n')
+    (raw / 'TOY_graph_indicator.txt').write_text('1\n1\n')
+    (mirror / 'TUDataset' / 'TOY' / 'processed').mkdir()
+    (mirror / 'TUDataset' / 'TOY' / 'processed' / 'junk.pt').write_text('x')
+    monkeypatch.setenv('PYG_GRF_MIRROR', str(mirror))
+    monkeypatch.setenv('PYG_GRF_DATA', str(tmp_path / 'data'))
+    monkeypatch.setenv('PYG_GRF_OFFLINE', '1')
+    return mirror
+
+
+def test_roots(monkeypatch, tmp_path):
+    monkeypatch.delenv('PYG_GRF_DATA', raising=False)
+    monkeypatch.delenv('PYG_GRF_MIRROR', raising=False)
+    assert data_root() == osp.abspath('datasets')
+    assert mirror_root() is None
+    assert fetch_from_mirror('TUDataset/MUTAG', str(tmp_path / 'x')) is None
+    monkeypatch.setenv('PYG_GRF_DATA', str(tmp_path / 'd'))
+    assert data_root() == str(tmp_path / 'd')
+
+
+def test_fetch_copies_and_skips(fake_mirror, tmp_path):
+    before = listing(fake_mirror)
+    dest = tmp_path / 'data' / 'TUDataset' / 'TOY'
+    copied = fetch_from_mirror('TUDataset/TOY')  # default destination: the data root
+    assert sorted(osp.relpath(p, dest) for p in copied) == [
+        osp.join('raw', 'TOY_A.txt'), osp.join('raw', 'TOY_graph_indicator.txt')]
+    assert not (dest / 'processed').exists()  # the mirror's processed/ is never copied
+    assert (dest / 'raw' / 'TOY_A.txt').read_text() == '1, 2\n2, 1\n'
+
+    # Files already present are kept, not overwritten.
+    (dest / 'raw' / 'TOY_A.txt').write_text('mine')
+    assert fetch_from_mirror('TUDataset/TOY', str(dest)) == []
+    assert (dest / 'raw' / 'TOY_A.txt').read_text() == 'mine'
+    assert fetch_from_mirror('TUDataset/NOPE', str(dest)) is None
+    assert listing(fake_mirror) == before
+    assert not any(name.endswith('.part') for _, _, names in os.walk(dest) for name in names)
+
+
+def test_missing_mirror_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv('PYG_GRF_MIRROR', str(tmp_path / 'does-not-exist'))
+    with pytest.raises(DatasetNotFoundError, match='PYG_GRF_MIRROR.*not a directory'):
+        mirror_root()
+    with pytest.raises(DatasetNotFoundError, match='not a directory'):
+        load_tu('MUTAG', root=str(tmp_path / 'tu'))
+
+
+def test_offline_not_found(monkeypatch, tmp_path):
+    monkeypatch.setenv('PYG_GRF_OFFLINE', '1')
+    monkeypatch.delenv('PYG_GRF_MIRROR', raising=False)
+    monkeypatch.setenv('PYG_GRF_DATA', str(tmp_path / 'data'))
+    with pytest.raises(DatasetNotFoundError, match=r"MUTAG.*PYG_GRF_MIRROR is not set.*Set "
+                                                   r"\$PYG_GRF_MIRROR"):
+        load_tu('MUTAG')
+    with pytest.raises(DatasetNotFoundError, match=r"Cora.*ind\.cora\.x.*PYG_GRF_MIRROR"):
+        load_planetoid('Cora')
+    assert not (tmp_path / 'data' / 'TUDataset' / 'MUTAG').exists()
+
+
+def test_dataset_missing_from_mirror(fake_mirror):
+    with pytest.raises(DatasetNotFoundError, match="mirror .* has no complete 'TUDataset/MUTAG'"):
+        load_tu('MUTAG')
+    with pytest.raises(DatasetNotFoundError, match='not one of the known TU datasets'):
+        load_tu('MUTAGG')
+
+
+def test_never_process_inside_mirror(fake_mirror, monkeypatch):
+    monkeypatch.setenv('PYG_GRF_DATA', str(fake_mirror))
+    with pytest.raises(ValueError, match='inside the read-only mirror'):
+        check_not_in_mirror(osp.join(str(fake_mirror), 'TUDataset'))
+    with pytest.raises(ValueError, match='inside the read-only mirror'):
+        load_tu('TOY')
+    with pytest.raises(ValueError, match='inside the read-only mirror'):
+        ensure_raw_files('TUDataset/TOY', str(fake_mirror / 'TUDataset' / 'TOY'), [], 'TOY')
+
+
+def test_load_tu_from_fake_mirror(fake_mirror, tmp_path):
+    before = listing(fake_mirror)
+    dataset = load_tu('TOY')
+    assert len(dataset) == 1
+    assert dataset[0].num_nodes == 2
+    # No node features: one-hot degree features with the largest degree (1) are added.
+    assert dataset[0].x.tolist() == [[0.0, 1.0], [0.0, 1.0]]
+    assert load_tu('TOY', use_degree_features=False)[0].x is None
+    assert (tmp_path / 'data' / 'TUDataset' / 'TOY' / 'processed').is_dir()
+    assert listing(fake_mirror) == before

@@ -1,0 +1,64 @@
+import pytest
+import torch
+
+from pyg_grf.datasets import DatasetNotFoundError, load_planetoid, load_tu
+
+
+@pytest.mark.data
+def test_mutag(offline_mirror, tmp_path):
+    dataset = load_tu('MUTAG')
+    assert len(dataset) == 188
+    assert dataset.num_node_features == 7 and dataset.num_edge_features == 4
+    assert dataset.y.bincount().tolist() == [63, 125]
+    assert dataset.transform is None  # MUTAG has node features: no degree features added
+    assert (tmp_path / 'data' / 'TUDataset' / 'MUTAG' / 'raw' / 'MUTAG_A.txt').exists()
+    assert (tmp_path / 'data' / 'TUDataset' / 'MUTAG' / 'processed').is_dir()
+    # Second load uses the processed cache (and the name is case-insensitive).
+    assert len(load_tu('mutag')) == 188
+
+
+@pytest.mark.data
+def test_proteins(offline_mirror):
+    dataset = load_tu('PROTEINS')
+    assert len(dataset) == 1113
+    assert dataset.num_classes == 2
+
+
+@pytest.mark.data
+def test_imdb_binary_degree_features(offline_mirror):
+    dataset = load_tu('IMDB-BINARY')
+    assert len(dataset) == 1000 and dataset._data.x is None
+    max_deg = max(int(torch.bincount(d.edge_index[0]).max()) for d in dataset)
+    data = dataset[0]
+    assert data.x.shape == (data.num_nodes, max_deg + 1)
+    deg = torch.bincount(data.edge_index[0], minlength=data.num_nodes)
+    assert torch.equal(data.x.argmax(1), deg) and torch.equal(data.x.sum(1), torch.ones(20))
+    # A user transform runs after the degree features.
+    seen = []
+    with_transform = load_tu('IMDB-BINARY', transform=lambda d: seen.append(d.x.size(1)) or d)
+    with_transform[0]
+    assert seen == [max_deg + 1]
+    assert load_tu('IMDB-BINARY', use_degree_features=False)[0].x is None
+
+
+@pytest.mark.data
+def test_cora(offline_mirror):
+    dataset = load_planetoid('Cora')
+    data = dataset[0]
+    assert (data.num_nodes, data.num_edges, dataset.num_features, dataset.num_classes) == \
+        (2708, 10556, 1433, 7)
+    assert [int(m.sum()) for m in (data.train_mask, data.val_mask, data.test_mask)] == \
+        [140, 500, 1000]
+
+
+@pytest.mark.data
+def test_pubmed_incomplete_in_mirror(offline_mirror):
+    with pytest.raises(DatasetNotFoundError, match=r"PubMed.*ind\.pubmed\.allx.*_incomplete"):
+        load_planetoid('PubMed')
+
+
+def test_unknown_planetoid():
+    with pytest.raises(ValueError, match="Unknown Planetoid dataset 'Corra'; expected one of"):
+        load_planetoid('Corra')
+    with pytest.raises(ValueError, match="geom-gcn"):
+        load_planetoid('Cora', split='geom-gcn')
