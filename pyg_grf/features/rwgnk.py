@@ -10,7 +10,8 @@ the empty prefix, i.e. :math:`h` itself) of the prefixes of :math:`\omega(h)` th
 :math:`i`. The RWGNK feature of :math:`h` is the renormalised expected frequency vector
 
 .. math::
-    \Psi(h) = \frac{\mathbb{E}[f^{\omega(h),\lambda}_h]}{\|\mathbb{E}[f^{\omega(h),\lambda}_h]\|_2^{\alpha}},
+    \Psi(h) = \frac{\mathbb{E}[f^{\omega(h),\lambda}_h]}
+                  {\|\mathbb{E}[f^{\omega(h),\lambda}_h]\|_2^{\alpha}},
     \qquad K^{\lambda,\alpha}_p(k, l) = \Psi(k)\Psi(l)^\top,
 
 with the expectation replaced by a Monte Carlo mean over ``num_walks`` walks. The kernel matrix

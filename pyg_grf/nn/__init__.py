@@ -1,0 +1,24 @@
+r"""Neural-network modules: attention layers, encoders, models."""
+from pyg_grf.nn.attention.gkat import GKATAttention
+from pyg_grf.nn.attention.grf import GRFAttention
+from pyg_grf.nn.attention.samsa import SAMSAAttention
+from pyg_grf.nn.encoders.graph_bridge import GraphBridge
+from pyg_grf.nn.attention.reference import (LinearAttention, PowerSeriesAttention,
+                                            SoftmaxAttention)
+from pyg_grf.nn.feature_maps import ELUFeatureMap, FAVORPlus, ReLUFeatureMap, feature_map_resolver
+from pyg_grf.nn.models.graph_transformer import GraphTransformer
+
+__all__ = [
+    'GRFAttention',
+    'LinearAttention',
+    'PowerSeriesAttention',
+    'SoftmaxAttention',
+    'ReLUFeatureMap',
+    'ELUFeatureMap',
+    'FAVORPlus',
+    'feature_map_resolver',
+    'GKATAttention',
+    'SAMSAAttention',
+    'GraphBridge',
+    'GraphTransformer',
+]

@@ -1,0 +1,303 @@
+r"""Graph Kernel Attention (GKAT): attention masked by the RWGNK kernel (FTFI paper, Sec. 4.2 and
+App. A.5)."""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn import Parameter
+from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.nn.inits import glorot, zeros
+from torch_geometric.typing import OptTensor
+from torch_geometric.utils import softmax
+
+from pyg_grf.masks.rwgnk import RWGNKMask
+from pyg_grf.nn.feature_maps import feature_map_resolver
+from pyg_grf.nn.functional import masked_linear_attention
+from pyg_grf.ops import SparsePattern, spmm
+
+MODES = ('linear', 'softmax', 'dense')
+SCORES = ('gat', 'dot')
+
+
+def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
+                 threshold: float = 0.0) -> Tuple[Tensor, Tensor]:
+    r"""The nonzero entries of the RWGNK kernel :math:`\mathcal{K} = \Psi\Psi^\top` (FTFI paper,
+    Eq. 5) as a sparse product, never a dense :math:`N \times N` matrix.
+
+    Args:
+        rwgnk_index (Tensor): ``[2, nnz]`` indices of :math:`\Psi`.
+        rwgnk_value (Tensor): ``[nnz]`` values of :math:`\Psi`.
+        num_nodes (int): :math:`N`.
+        threshold (float): drop the pairs with :math:`|\mathcal{K}_{ij}| \le` ``threshold``
+            (default: ``0.``: keep every nonzero).
+
+    Returns:
+        ``(kernel_index [2, P], kernel_value [P])``: the pairs :math:`(i, j)` with
+        :math:`|\mathcal{K}_{ij}| >` ``threshold``, sorted by :math:`i`, and their values.
+    """
+    psi = torch.sparse_coo_tensor(rwgnk_index, rwgnk_value, (num_nodes, num_nodes),
+                                  check_invariants=False).coalesce()
+    kernel = torch.sparse.mm(psi, psi.t()).coalesce()
+    index, value = kernel.indices(), kernel.values()
+    keep = value.abs() > threshold
+    if not bool(keep.all()):
+        index, value = index[:, keep], value[keep]
+    return index, value
+
+
+class GKATAttention(torch.nn.Module):
+    r"""The Graph Kernel Attention layer of GKAT (FTFI paper, Sec. 4.2; App. A.5): multi-head
+    attention whose mask is the RWGNK kernel :math:`\mathcal{K} = \Psi\Psi^\top` of random-walk
+    frequency vectors (see :class:`~pyg_grf.transforms.AddRWGNKFeatures`).
+
+    With values :math:`\mathbf{v}_j = \mathbf{W}\mathbf{x}_j` per head, every mode computes
+
+    .. math::
+        \mathbf{x}'_i = \sum_j \frac{\mathcal{K}_{ij}\,\kappa(i, j)}
+                                    {\sum_l \mathcal{K}_{il}\,\kappa(i, l)} \mathbf{v}_j,
+
+    the masked attention of FTFI Sec. 2 (:math:`\mathbf{M} \odot` kernel, rows normalised), with
+
+    * ``mode='linear'`` (GKAT): :math:`\kappa(i, j) = \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)`,
+      computed in time linear in :math:`N` by
+      :func:`~pyg_grf.nn.functional.masked_linear_attention` with
+      :class:`~pyg_grf.masks.RWGNKMask` (Sec. 4.2: low-rank masking, :math:`\mathcal{K}` is never
+      formed).
+    * ``mode='softmax'``: :math:`\kappa(i, j) = \exp(e_{ij})`, a softmax restricted to the support
+      of :math:`\mathcal{K}` and weighted by it (App. A.5.2: GAT with its adjacency mask replaced
+      by the RWGNK similarity matrix). The pairs with :math:`\mathcal{K}_{ij} \ne 0` come from a
+      sparse product :math:`\Psi\Psi^\top`, and the softmax of
+      :math:`e_{ij} + \log\mathcal{K}_{ij}` runs over them like GAT's over edges.
+    * ``mode='dense'`` (GKAT-0, Sec. 5.3): the same as ``'softmax'`` with dense
+      :math:`N \times N` matrices; a brute-force reference, :math:`O(N^2)`.
+
+    Logits (``'softmax'``, ``'dense'``): ``score='gat'``,
+    :math:`e_{ij} = \mathrm{LeakyReLU}(\mathbf{a}_{dst}^\top\mathbf{v}_i +
+    \mathbf{a}_{src}^\top\mathbf{v}_j)` as in GAT, or ``score='dot'``,
+    :math:`e_{ij} = \mathbf{q}_i^\top\mathbf{k}_j / \sqrt{C}`.
+
+    Walks never leave a graph, so :math:`\mathcal{K}` is block-diagonal over a PyG batch and no
+    node attends across graphs, in every mode.
+
+    Args:
+        channels (int): input size (and output size with the default ``out_channels`` and
+            ``concat=True``, as in a transformer block).
+        heads (int): number of heads :math:`H` (default: ``1``).
+        mode (str): ``'linear'``, ``'softmax'`` or ``'dense'`` (default: ``'linear'``).
+        feature_map (str or FeatureMap): :math:`\phi` of ``'linear'`` mode: ``'elu'``
+            (:math:`\mathrm{ELU}+1`), ``'relu'`` or ``'favor+'`` (default: ``'elu'``).
+        concat (bool): concatenate the heads (``[N, H * C]``) or average them (``[N, C]``)
+            (default: :obj:`True`).
+        dropout (float): dropout on the normalised attention coefficients, as in GAT; used by
+            ``'softmax'`` and ``'dense'`` (``'linear'`` never forms the coefficients)
+            (default: ``0.``).
+        negative_slope (float): LeakyReLU slope of ``score='gat'`` (default: ``0.2``).
+        out_channels (int, optional): channels per head :math:`C` (default:
+            ``channels // heads`` if ``concat`` else ``channels``).
+        score (str): logits of ``'softmax'``/``'dense'``: ``'gat'`` or ``'dot'``
+            (default: ``'gat'``).
+        kernel_weighting (bool): weight the coefficients by :math:`\mathcal{K}_{ij}`; if
+            :obj:`False`, :math:`\mathcal{K}` only gives the support (an ablation)
+            (default: :obj:`True`).
+        bias (bool): add a learnable bias to the output (default: :obj:`True`).
+        threshold (float): in ``'softmax'`` and ``'dense'`` modes, pairs with
+            :math:`\mathcal{K}_{ij} \le` ``threshold`` are left out of the support: a sparser,
+            faster approximation (with ``alpha=1``, :math:`\mathcal{K}_{ii} = 1` is always kept)
+            (default: ``0.``, the exact support).
+        cached (bool): in ``'softmax'`` mode, cache the kernel pairs of the first call (for
+            full-batch training on one fixed graph, as GCNConv's ``cached``) (default:
+            :obj:`False`).
+        feature_map_kwargs (dict, optional): arguments of the feature map.
+        eps (float): added to the normaliser of ``'linear'`` mode (default: ``1e-6``).
+
+    Shapes:
+        - **input:** node features :math:`(N, F)`, ``rwgnk_index`` :math:`(2, |\Psi|)`,
+          ``rwgnk_value`` :math:`(|\Psi|)`, batch vector :math:`(N)` *(optional)*
+        - **output:** :math:`(N, H * C)` if ``concat`` else :math:`(N, C)`
+    """
+
+    def __init__(self, channels: int, heads: int = 1, mode: str = 'linear',
+                 feature_map: Any = 'elu', concat: bool = True, dropout: float = 0.,
+                 negative_slope: float = 0.2, out_channels: Optional[int] = None,
+                 score: str = 'gat', kernel_weighting: bool = True, bias: bool = True,
+                 threshold: float = 0.0, cached: bool = False,
+                 feature_map_kwargs: Optional[Dict[str, Any]] = None, eps: float = 1e-6):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"'mode' must be one of {MODES}, got {mode!r}")
+        if score not in SCORES:
+            raise ValueError(f"'score' must be one of {SCORES}, got {score!r}")
+        if threshold < 0:
+            raise ValueError(f"'threshold' must be >= 0, got {threshold}")
+        if heads < 1:
+            raise ValueError(f"'heads' must be >= 1, got {heads}")
+        if out_channels is None:
+            if concat and channels % heads != 0:
+                raise ValueError(f"'channels' ({channels}) must be divisible by 'heads' "
+                                 f"({heads}) when concat=True and out_channels is not given")
+            out_channels = channels // heads if concat else channels
+        self.channels = channels
+        self.heads = heads
+        self.mode = mode
+        self.concat = concat
+        self.dropout = dropout
+        self.negative_slope = negative_slope
+        self.out_channels = out_channels
+        self.score = score
+        self.kernel_weighting = kernel_weighting
+        self.threshold = threshold
+        self.cached = cached
+        self.feature_map_kwargs = feature_map_kwargs or {}
+        self.eps = eps
+        self._cache: Optional[Tuple[Tensor, Tensor, SparsePattern]] = None
+        H, C = heads, out_channels
+
+        self.lin = Linear(channels, H * C, bias=False, weight_initializer='glorot')
+        if mode == 'linear' or score == 'dot':
+            self.lin_q = Linear(channels, H * C, bias=False, weight_initializer='glorot')
+            self.lin_k = Linear(channels, H * C, bias=False, weight_initializer='glorot')
+        else:
+            self.register_module('lin_q', None)
+            self.register_module('lin_k', None)
+        if mode != 'linear' and score == 'gat':
+            self.att_src = Parameter(torch.empty(1, H, C))
+            self.att_dst = Parameter(torch.empty(1, H, C))
+        else:
+            self.register_parameter('att_src', None)
+            self.register_parameter('att_dst', None)
+        if mode == 'linear':
+            self.feature_map = feature_map_resolver(feature_map, C, **self.feature_map_kwargs)
+        else:
+            self.feature_map = None
+        self.feature_map_name = feature_map
+        if bias:
+            self.bias = Parameter(torch.empty(H * C if concat else C))
+        else:
+            self.register_parameter('bias', None)
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        r"""Resets all learnable parameters of the module."""
+        self.lin.reset_parameters()
+        if self.lin_q is not None:
+            self.lin_q.reset_parameters()
+            self.lin_k.reset_parameters()
+        glorot(self.att_src)
+        glorot(self.att_dst)
+        zeros(self.bias)
+        if self.feature_map is not None and hasattr(self.feature_map, 'redraw'):
+            self.feature_map.redraw()
+        self._cache = None
+
+    def forward(self, x: Tensor, rwgnk_index: Tensor, rwgnk_value: Tensor,
+                batch: OptTensor = None) -> Tensor:
+        r"""Runs the layer.
+
+        Args:
+            x (Tensor): ``[N, channels]`` node features.
+            rwgnk_index (Tensor): ``[2, nnz]`` indices of :math:`\Psi` (batched by PyG).
+            rwgnk_value (Tensor): ``[nnz]`` values of :math:`\Psi`.
+            batch (Tensor, optional): ``[N]`` graph ids. Not needed for the result (the kernel
+                is block-diagonal already); ``'dense'`` mode uses it to mask cross-graph pairs
+                explicitly.
+        """
+        if x.dim() != 2 or x.size(-1) != self.channels:
+            raise ValueError(f"'x' must have shape [N, {self.channels}], got {tuple(x.shape)}")
+        if rwgnk_index.dim() != 2 or rwgnk_index.size(0) != 2:
+            raise ValueError(f"'rwgnk_index' must have shape [2, nnz], got "
+                             f"{tuple(rwgnk_index.shape)}")
+        if rwgnk_value.dim() != 1 or rwgnk_value.numel() != rwgnk_index.size(1):
+            raise ValueError(f"'rwgnk_value' must have shape [{rwgnk_index.size(1)}] to match "
+                             f"'rwgnk_index', got {tuple(rwgnk_value.shape)}")
+        N, H, C = x.size(0), self.heads, self.out_channels
+        if rwgnk_index.numel() > 0 and int(rwgnk_index.max()) >= N:
+            raise ValueError(f"'rwgnk_index' refers to node {int(rwgnk_index.max())} but 'x' has "
+                             f"{N} rows")
+        rwgnk_value = rwgnk_value.to(x.dtype)
+
+        # Values, one set per head: [N, H, C].
+        v = self.lin(x).view(N, H, C)
+
+        if self.mode == 'linear':
+            # Low-rank masked attention: phi(q_i)^T sum_j K_ij phi(k_j) v_j^T / (...), with
+            # K X = Psi (Psi^T X) (FTFI Sec. 4.2, Algorithm 1).
+            phi_q = self.feature_map(self.lin_q(x).view(N, H, C), is_query=True)
+            phi_k = self.feature_map(self.lin_k(x).view(N, H, C))
+            mask = RWGNKMask.from_index(rwgnk_index, rwgnk_value, N)
+            out = masked_linear_attention(phi_q, phi_k, v, mask, eps=self.eps)
+        elif self.mode == 'softmax':
+            # Pairs (i, j) with K_ij != 0 from the sparse product Psi Psi^T.
+            if self.cached and self._cache is not None:
+                k_index, k_value, pattern = self._cache
+            else:
+                k_index, k_value = rwgnk_kernel(rwgnk_index, rwgnk_value, N, self.threshold)
+                pattern = SparsePattern(k_index, (N, N))
+                if self.cached:
+                    self._cache = (k_index, k_value.detach(), pattern)
+            dst, src = k_index[0], k_index[1]
+            logits = self._pair_logits(x, v, dst, src)  # [P, H]
+            # Softmax over each query's support, weighted by K: exp(e_ij + log K_ij).
+            if self.kernel_weighting:
+                logits = logits + torch.log(k_value.to(x.dtype)).unsqueeze(-1)
+            alpha = softmax(logits, dst, num_nodes=N)
+            alpha = F.dropout(alpha, p=self.dropout, training=self.training)
+            # Aggregate sum_j alpha_ij v_j with one CSR product per head (shared pattern).
+            out = torch.stack([spmm(pattern, alpha[:, h], v[:, h]) for h in range(H)], dim=1)
+        else:
+            out = self._dense(x, v, rwgnk_index, rwgnk_value, batch)
+
+        # Combine heads.
+        out = out.reshape(N, H * C) if self.concat else out.mean(dim=1)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def _pair_logits(self, x: Tensor, v: Tensor, dst: Tensor, src: Tensor) -> Tensor:
+        N, H, C = v.shape
+        if self.score == 'gat':
+            a_src = (v * self.att_src).sum(-1)  # [N, H]
+            a_dst = (v * self.att_dst).sum(-1)
+            return F.leaky_relu(a_dst[dst] + a_src[src], self.negative_slope)
+        q = self.lin_q(x).view(N, H, C)
+        k = self.lin_k(x).view(N, H, C)
+        return (q[dst] * k[src]).sum(-1) / math.sqrt(C)
+
+    def _dense(self, x: Tensor, v: Tensor, rwgnk_index: Tensor, rwgnk_value: Tensor,
+               batch: OptTensor) -> Tensor:
+        # GKAT-0: dense K = Psi Psi^T and a dense masked softmax, O(N^2).
+        N, H, C = v.shape
+        psi = x.new_zeros(N, N).index_put((rwgnk_index[0], rwgnk_index[1]), rwgnk_value,
+                                          accumulate=True)
+        kernel = psi @ psi.t()
+        if batch is not None:
+            kernel = kernel * (batch.view(-1, 1) == batch.view(1, -1)).to(x.dtype)
+        if self.score == 'gat':
+            a_src = (v * self.att_src).sum(-1)  # [N, H]
+            a_dst = (v * self.att_dst).sum(-1)
+            logits = F.leaky_relu(a_dst.t().unsqueeze(-1) + a_src.t().unsqueeze(1),
+                                  self.negative_slope)  # [H, N, N]
+        else:
+            q = self.lin_q(x).view(N, H, C)
+            k = self.lin_k(x).view(N, H, C)
+            logits = torch.einsum('ihc,jhc->hij', q, k) / math.sqrt(C)
+        support = kernel.abs() > self.threshold
+        if self.kernel_weighting:
+            logits = logits + torch.log(torch.where(support, kernel, torch.ones_like(kernel)))
+        logits = logits.masked_fill(~support, float('-inf'))
+        alpha = torch.softmax(logits, dim=-1)
+        alpha = F.dropout(alpha, p=self.dropout, training=self.training)
+        return torch.einsum('hij,jhc->ihc', alpha, v)
+
+    def __repr__(self) -> str:
+        if self.mode == 'linear':
+            extra = f', feature_map={self.feature_map_name!r}'
+        else:
+            extra = f', score={self.score!r}'
+            extra += f', threshold={self.threshold}' if self.threshold else ''
+        return (f'{self.__class__.__name__}({self.channels}, {self.out_channels}, '
+                f'heads={self.heads}, mode={self.mode!r}{extra}, concat={self.concat}, '
+                f'dropout={self.dropout})')

@@ -1,0 +1,82 @@
+r"""Transform that stores RWGNK features on a graph (FTFI paper, Sec. 4.2)."""
+from __future__ import annotations
+
+import copy
+from typing import Optional
+
+import torch
+from torch_geometric.data import Data
+from torch_geometric.data.datapipes import functional_transform
+from torch_geometric.transforms import BaseTransform
+
+from pyg_grf.features.rwgnk import _check_rwgnk_args, rwgnk_features
+from pyg_grf.walks import _check_args
+
+
+@functional_transform('add_rwgnk_features')
+class AddRWGNKFeatures(BaseTransform):
+    r"""Samples random walks out of every node and stores the RWGNK features :math:`\Psi` of the
+    graph (FTFI paper, Sec. 4.2, Eq. 5; see :func:`pyg_grf.features.rwgnk_features`) as a sparse
+    matrix in COO form (functional name: :obj:`add_rwgnk_features`):
+
+    * ``rwgnk_index`` ``[2, nnz]``: (start node :math:`h`, visited node :math:`i`). The name
+      contains ``index``, so PyG's batching offsets it and the features of a mini-batch are the
+      block-diagonal stack of the per-graph features.
+    * ``rwgnk_value`` ``[nnz]``: :math:`\Psi_{hi}`.
+
+    GKAT layers (:class:`~pyg_grf.nn.GKATAttention`) read both. As a ``pre_transform`` the walks
+    are sampled once and cached with the dataset; as a ``transform`` they are re-sampled every time
+    a graph is loaded (fresh walks every epoch). With a ``seed`` the sequence of draws is
+    reproducible (one generator, created from the seed, advances over the calls).
+
+    Args:
+        num_walks (int): walks per node :math:`n`.
+        lam (float): discount :math:`\lambda \in (0, 1]`.
+        alpha (float): normalisation exponent :math:`\alpha \ge 0` (``1``: unit rows).
+        max_length (int): walk length in hops :math:`\tau` (maximum length if ``p_halt`` is
+            given).
+        p_halt (float, optional): halting probability; :obj:`None` for walks of fixed length
+            ``max_length``, as in the paper's experiments (default: :obj:`None`).
+        walker (str): ``'iid'``, ``'antithetic'`` or ``'repelling'`` (default: ``'iid'``).
+        seed (int, optional): seed of the random walks (default: :obj:`None`, torch's global
+            generator).
+
+    Example:
+        >>> transform = AddRWGNKFeatures(num_walks=32, lam=0.8, alpha=1.0, max_length=3, seed=0)
+        >>> data = transform(data)
+        >>> data.rwgnk_index.shape, data.rwgnk_value.shape
+    """
+
+    def __init__(self, num_walks: int, lam: float, alpha: float, max_length: int,
+                 p_halt: Optional[float] = None, walker: str = 'iid',
+                 seed: Optional[int] = None) -> None:
+        _check_rwgnk_args(lam, alpha)
+        _check_args(num_walks, p_halt, max_length, walker, p_halt is None)
+        self.num_walks = num_walks
+        self.lam = lam
+        self.alpha = alpha
+        self.max_length = max_length
+        self.p_halt = p_halt
+        self.walker = walker
+        self.seed = seed
+        self.generator = None if seed is None else torch.Generator().manual_seed(int(seed))
+
+    def forward(self, data: Data) -> Data:
+        if data.edge_index is None:
+            raise ValueError("AddRWGNKFeatures needs 'data.edge_index'")
+        data = copy.copy(data)
+        edge_index = data.edge_index
+        num_nodes = data.num_nodes
+        if self.generator is not None:  # the seeded generator lives on the CPU
+            edge_index = edge_index.cpu()
+        psi = rwgnk_features(edge_index, num_nodes, self.num_walks, lam=self.lam,
+                             alpha=self.alpha, p_halt=self.p_halt, max_length=self.max_length,
+                             walker=self.walker, generator=self.generator)
+        data.rwgnk_index = psi.indices().to(data.edge_index.device)
+        data.rwgnk_value = psi.values().to(data.edge_index.device)
+        return data
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(num_walks={self.num_walks}, lam={self.lam}, '
+                f'alpha={self.alpha}, max_length={self.max_length}, p_halt={self.p_halt}, '
+                f'walker={self.walker!r}, seed={self.seed})')

@@ -1,0 +1,168 @@
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch_geometric.data import Batch, Data
+from torch_geometric.utils import to_undirected
+
+from pyg_grf.nn import GKATAttention
+from pyg_grf.transforms import AddRWGNKFeatures
+
+
+def make_batch(seed=0):
+    torch.manual_seed(seed)
+    graphs = []
+    for n, edges in [(5, [[0, 1, 2, 3], [1, 2, 3, 4]]),
+                     (4, [[0, 1, 2, 3], [1, 2, 3, 0]]),
+                     (6, [[0, 0, 1, 3, 4, 2], [1, 2, 3, 4, 5, 5]])]:
+        ei = to_undirected(torch.tensor(edges), num_nodes=n)
+        graphs.append(Data(x=torch.randn(n, 8, dtype=torch.float64), edge_index=ei, num_nodes=n))
+    transform = AddRWGNKFeatures(num_walks=4, lam=0.7, alpha=1.0, max_length=3, seed=seed)
+    batch = Batch.from_data_list([transform(g) for g in graphs])
+    batch.rwgnk_value = batch.rwgnk_value.double()
+    return batch
+
+
+def dense_kernel(batch):
+    N = batch.num_nodes
+    psi = torch.zeros(N, N, dtype=torch.float64)
+    psi.index_put_(tuple(batch.rwgnk_index), batch.rwgnk_value, accumulate=True)
+    return psi @ psi.t()
+
+
+def reference(layer, x, kernel):
+    """Independent dense implementation of every mode, with the layer's weights."""
+    N, H, C = x.size(0), layer.heads, layer.out_channels
+    v = (x @ layer.lin.weight.t()).view(N, H, C)
+    if layer.mode == 'linear':
+        q = F.elu((x @ layer.lin_q.weight.t()).view(N, H, C)) + 1
+        k = F.elu((x @ layer.lin_k.weight.t()).view(N, H, C)) + 1
+        att = torch.einsum('ihc,jhc->hij', q, k) * kernel
+        out = torch.einsum('hij,jhc->ihc', att, v) / (att.sum(-1).t().unsqueeze(-1) + layer.eps)
+    else:
+        if layer.score == 'gat':
+            s = (v * layer.att_src).sum(-1)
+            d = (v * layer.att_dst).sum(-1)
+            e = F.leaky_relu(d.t()[:, :, None] + s.t()[:, None, :], layer.negative_slope)
+        else:
+            q = (x @ layer.lin_q.weight.t()).view(N, H, C)
+            k = (x @ layer.lin_k.weight.t()).view(N, H, C)
+            e = torch.einsum('ihc,jhc->hij', q, k) / math.sqrt(C)
+        weight = kernel if layer.kernel_weighting else (kernel != 0).double()
+        att = weight * torch.exp(e - e.amax(-1, keepdim=True))
+        att = att / att.sum(-1, keepdim=True)
+        out = torch.einsum('hij,jhc->ihc', att, v)
+    out = out.reshape(N, H * C) if layer.concat else out.mean(1)
+    return out + layer.bias
+
+
+@pytest.mark.parametrize('mode,score', [('linear', 'gat'), ('softmax', 'gat'),
+                                        ('softmax', 'dot'), ('dense', 'gat'), ('dense', 'dot')])
+@pytest.mark.parametrize('concat', [True, False])
+def test_matches_dense_reference(mode, score, concat):
+    batch = make_batch()
+    torch.manual_seed(1)
+    layer = GKATAttention(8, heads=2, mode=mode, score=score, concat=concat, out_channels=3)
+    layer = layer.double()
+    torch.nn.init.normal_(layer.bias)
+    out = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value, batch.batch)
+    assert out.shape == (batch.num_nodes, 6 if concat else 3)
+    ref = reference(layer, batch.x, dense_kernel(batch))
+    assert torch.allclose(out, ref, atol=1e-6, rtol=0)
+
+
+def test_unweighted_support_ablation():
+    batch = make_batch()
+    layer = GKATAttention(8, heads=2, mode='softmax', kernel_weighting=False).double()
+    out = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value)
+    assert torch.allclose(out, reference(layer, batch.x, dense_kernel(batch)), atol=1e-6)
+
+
+@pytest.mark.parametrize('mode', ['linear', 'softmax', 'dense'])
+def test_no_cross_graph_attention(mode):
+    batch = make_batch()
+    layer = GKATAttention(8, heads=2, mode=mode).double()
+    out = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value, batch.batch)
+    x = batch.x.clone()
+    x[batch.batch == 2] += torch.randn_like(x[batch.batch == 2])
+    out2 = layer(x, batch.rwgnk_index, batch.rwgnk_value, batch.batch)
+    keep = batch.batch != 2
+    assert torch.equal(out[keep], out2[keep])
+    assert not torch.allclose(out[~keep], out2[~keep])
+    # Each graph alone gives the same result as inside the batch.
+    data = batch.get_example(1)
+    alone = layer(data.x, data.rwgnk_index, data.rwgnk_value)
+    assert torch.allclose(alone, out[batch.batch == 1], atol=1e-12)
+
+
+@pytest.mark.parametrize('mode', ['linear', 'softmax', 'dense'])
+def test_gradcheck(mode):
+    batch = make_batch()
+    data = batch.get_example(0)
+    layer = GKATAttention(8, heads=2, mode=mode, out_channels=2).double()
+    x = data.x.clone().requires_grad_()
+    value = data.rwgnk_value.clone().requires_grad_()
+    assert torch.autograd.gradcheck(lambda x, v: layer(x, data.rwgnk_index, v), (x, value))
+    # Gradients reach every parameter.
+    layer(x, data.rwgnk_index, value).square().sum().backward()
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_dropout_and_cache():
+    batch = make_batch()
+    layer = GKATAttention(8, heads=2, mode='softmax', dropout=0.5, cached=True).double()
+    args = (batch.x, batch.rwgnk_index, batch.rwgnk_value)
+    layer.eval()
+    out = layer(*args)
+    assert torch.equal(out, layer(*args))  # cached kernel pairs, no dropout in eval
+    layer.train()
+    assert not torch.allclose(layer(*args), out)
+    layer.reset_parameters()
+    assert layer._cache is None
+
+
+def test_repr_and_defaults():
+    layer = GKATAttention(16, heads=4)
+    assert str(layer) == ("GKATAttention(16, 4, heads=4, mode='linear', feature_map='elu', "
+                          "concat=True, dropout=0.0)")
+    assert str(GKATAttention(16, heads=2, mode='softmax', dropout=0.6)) == (
+        "GKATAttention(16, 8, heads=2, mode='softmax', score='gat', concat=True, dropout=0.6)")
+    assert layer.att_src is None and layer.lin_q is not None
+    x = torch.randn(3, 16)
+    out = layer(x, torch.tensor([[0, 1, 2], [0, 1, 2]]), torch.ones(3))
+    assert out.shape == (3, 16)
+
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="'mode' must be one of"):
+        GKATAttention(8, mode='sparse')
+    with pytest.raises(ValueError, match="'score' must be one of"):
+        GKATAttention(8, mode='softmax', score='cosine')
+    with pytest.raises(ValueError, match='divisible'):
+        GKATAttention(10, heads=3)
+    layer = GKATAttention(8, heads=2)
+    idx = torch.tensor([[0, 1], [1, 0]])
+    with pytest.raises(ValueError, match=r"'x' must have shape \[N, 8\]"):
+        layer(torch.randn(2, 5), idx, torch.ones(2))
+    with pytest.raises(ValueError, match="'rwgnk_value' must have shape"):
+        layer(torch.randn(2, 8), idx, torch.ones(3))
+    with pytest.raises(ValueError, match="'rwgnk_index' must have shape"):
+        layer(torch.randn(2, 8), idx[0], torch.ones(2))
+    with pytest.raises(ValueError, match="refers to node 1"):
+        layer(torch.randn(1, 8), idx, torch.ones(2))
+
+
+@pytest.mark.parametrize('mode', ['softmax', 'dense'])
+def test_threshold_drops_small_kernel_entries(mode):
+    batch = make_batch()
+    layer = GKATAttention(8, heads=2, mode=mode, threshold=0.2).double()
+    out = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value, batch.batch)
+    kernel = dense_kernel(batch)
+    assert bool(((kernel > 0) & (kernel <= 0.2)).any())  # the threshold matters here
+    kernel = torch.where(kernel > 0.2, kernel, torch.zeros_like(kernel))
+    assert torch.allclose(out, reference(layer, batch.x, kernel), atol=1e-6)
+    assert 'threshold=0.2' in str(layer)
+    with pytest.raises(ValueError, match="'threshold' must be >= 0"):
+        GKATAttention(8, mode=mode, threshold=-1.0)
