@@ -1,0 +1,28 @@
+r"""Training: LightningModules, DataModules, metrics and the ``pyg-grf`` command line.
+
+The CLI (:mod:`pyg_grf.lightning.cli`) is not imported here, so importing the tasks does not
+pull in jsonargparse.
+"""
+from pyg_grf.lightning.datamodules import (
+    EpochSeededRandomSampler,
+    GraphDataModule,
+    LRGBDataModule,
+    PlanetoidDataModule,
+    SyntheticDataModule,
+    TUDataModule,
+)
+from pyg_grf.lightning.metrics import MultilabelAveragePrecision, multilabel_average_precision
+from pyg_grf.lightning.tasks import GraphLevelTask, NodeLevelTask
+
+__all__ = [
+    'GraphLevelTask',
+    'NodeLevelTask',
+    'GraphDataModule',
+    'SyntheticDataModule',
+    'TUDataModule',
+    'PlanetoidDataModule',
+    'LRGBDataModule',
+    'EpochSeededRandomSampler',
+    'MultilabelAveragePrecision',
+    'multilabel_average_precision',
+]

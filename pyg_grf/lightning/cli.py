@@ -1,0 +1,191 @@
+r"""The ``pyg-grf`` command line: :class:`~lightning.pytorch.cli.LightningCLI` with the
+subcommands ``fit``, ``validate``, ``test``, ``predict`` and a ``cv`` subcommand for k-fold
+cross-validation.
+
+.. code-block:: bash
+
+    pyg-grf fit --config experiments/configs/motifs_grf.yaml    # test_after_fit: true inside
+    pyg-grf test --config experiments/configs/motifs_grf.yaml --ckpt_path PATH/last.ckpt
+    pyg-grf cv --config experiments/configs/mutag_grf_cv.yaml [--folds 0,1,2] [--out DIR]
+
+Configs name the task and the data module by ``class_path`` (any
+:class:`~lightning.pytorch.LightningModule` / :class:`~lightning.pytorch.LightningDataModule`,
+e.g. :class:`~pyg_grf.lightning.tasks.GraphLevelTask` and
+:class:`~pyg_grf.lightning.datamodules.SyntheticDataModule`), and the model inside the task by
+``class_path`` too, so every key is checked against the signatures before anything runs: a wrong
+key or a value of the wrong type stops with an error that names it.
+
+Defaults: seed 0, the logger Lightning picks (TensorBoard if installed, else CSV), a
+:class:`~lightning.pytorch.callbacks.ModelCheckpoint` that keeps ``last.ckpt`` (configure it under
+``checkpoint:``, e.g. ``monitor: val/acc``, ``mode: max`` to also keep the best), the progress
+bar, gradient clipping at norm 2.0 (SAMSA paper, App. B), and ``test_after_fit: false`` (set it to
+test the best checkpoint right after ``fit``, in the same process).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import os.path as osp
+import sys
+import warnings
+from typing import Any, Dict, List, Optional, Sequence
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+# Imported so that short class names (``class_path: GraphLevelTask``) resolve too.
+from pyg_grf.lightning import datamodules as _datamodules  # noqa: F401
+from pyg_grf.lightning import tasks as _tasks  # noqa: F401
+
+TRAINER_DEFAULTS: Dict[str, Any] = {
+    'gradient_clip_val': 2.0,
+    'gradient_clip_algorithm': 'norm',
+}
+
+
+CV_EPILOG = ('One more subcommand: `pyg-grf cv --config CONFIG [--folds 0,1] [--out DIR]` fits '
+             'and tests every fold of a TUDataModule config and writes a mean ± std table '
+             '(`pyg-grf cv --help`).')
+
+
+class GRFLightningCLI(LightningCLI):
+    r""":class:`LightningCLI` with this package's defaults (see the module docstring)."""
+
+    def __init__(self, args: Optional[Sequence[str]] = None, run: bool = True, **kwargs: Any):
+        trainer_defaults = dict(TRAINER_DEFAULTS)
+        trainer_defaults.update(kwargs.pop('trainer_defaults', None) or {})
+        kwargs.setdefault('seed_everything_default', 0)
+        kwargs.setdefault('save_config_kwargs', {'overwrite': True})
+        kwargs.setdefault('parser_kwargs', {'epilog': CV_EPILOG})
+        super().__init__(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True,
+                         subclass_mode_data=True, trainer_defaults=trainer_defaults,
+                         args=None if args is None else list(args), run=run, **kwargs)
+
+    def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+        parser.add_lightning_class_args(ModelCheckpoint, 'checkpoint')
+        parser.set_defaults({'checkpoint.save_last': True})
+        parser.add_argument('--test_after_fit', type=bool, default=False,
+                            help='after `fit`, run `test` with the best checkpoint (when '
+                            'checkpoint.monitor is set) or the last weights')
+
+    def after_fit(self) -> None:
+        if not self.config[self.subcommand].get('test_after_fit'):
+            return
+        ckpt = self.trainer.checkpoint_callback
+        best = (ckpt is not None and ckpt.monitor and ckpt.best_model_path
+                and not self.trainer.fast_dev_run)
+        self.trainer.test(self.model, datamodule=self.datamodule,
+                          ckpt_path='best' if best else None)
+
+
+# Cross-validation ---------------------------------------------------------------------------
+
+
+def _fmt(values: List[float]) -> str:
+    values = [v for v in values if v is not None and not math.isnan(v)]
+    if not values:
+        return 'n/a'
+    mean = sum(values) / len(values)
+    std = (sum((v - mean)**2 for v in values) / len(values))**0.5
+    return f'{mean:.4f} ± {std:.4f}'
+
+
+def cv_table(results: List[Dict[str, Any]], title: str = '') -> str:
+    r"""A markdown table: one row per fold, then the mean ± std (population std) of every
+    metric over the folds."""
+    keys = sorted({k for r in results for k in r if k != 'fold'})
+    head = '| fold | ' + ' | '.join(keys) + ' |'
+    rule = '|---|' + '---|' * len(keys)
+    rows = [f"| {r['fold']} | " + ' | '.join(
+        f'{r[k]:.4f}' if isinstance(r.get(k), float) else str(r.get(k, '')) for k in keys) + ' |'
+        for r in results]
+    summary = '| mean ± std | ' + ' | '.join(
+        _fmt([r[k] for r in results if isinstance(r.get(k), float)]) for k in keys) + ' |'
+    lines = ([f'### {title}', ''] if title else []) + [head, rule, *rows, summary]
+    return '\n'.join(lines) + '\n'
+
+
+def run_cv(argv: Sequence[str]) -> List[Dict[str, Any]]:
+    r"""``pyg-grf cv``: fit and test a fresh model on every fold of a
+    :class:`~pyg_grf.lightning.datamodules.TUDataModule` config, then write ``cv_results.md``
+    and ``cv_results.json`` (per-fold test metrics and mean ± std) to the run directory and print
+    the table. Other arguments (``--config``, ``--trainer.max_epochs=...``) go to the
+    :class:`LightningCLI` of every fold."""
+    parser = argparse.ArgumentParser(
+        prog='pyg-grf cv', description='k-fold cross-validation: fit + test every fold with a '
+        'fresh model; prints and saves a mean ± std table. Other options are passed to '
+        '`pyg-grf fit` for every fold.')
+    parser.add_argument('--folds', default=None,
+                        help='comma-separated folds to run (default: all)')
+    parser.add_argument('--out', default=None,
+                        help='run directory (default: <trainer.default_root_dir or .>/cv/'
+                        '<config name>)')
+    opts, rest = parser.parse_known_args(list(argv))
+    with warnings.catch_warnings():
+        # The folds' CLIs get their arguments from here, not from sys.argv.
+        warnings.filterwarnings('ignore', message="LightningCLI's args parameter")
+        return _run_folds(opts, rest)
+
+
+def _run_folds(opts: argparse.Namespace, rest: List[str]) -> List[Dict[str, Any]]:
+    # Instantiate once without running to read the fold count and the run directory.
+    probe = GRFLightningCLI(args=rest, run=False)
+    num_folds = getattr(probe.datamodule, 'num_folds', None)
+    if num_folds is None or not hasattr(probe.datamodule, 'fold'):
+        raise ValueError(f"`pyg-grf cv` needs a data module with 'fold' and 'num_folds' (e.g. "
+                         f"TUDataModule), got {type(probe.datamodule).__name__}")
+    folds = (list(range(num_folds)) if opts.folds is None else
+             [int(f) for f in opts.folds.split(',') if f.strip()])
+    bad = [f for f in folds if not 0 <= f < num_folds]
+    if bad:
+        raise ValueError(f"--folds must lie in [0, {num_folds}), got {bad}")
+    out = opts.out
+    if out is None:
+        config_name = 'run'
+        for i, arg in enumerate(rest):
+            if arg.startswith('--config'):
+                path = arg.split('=', 1)[1] if '=' in arg else rest[i + 1]
+                config_name = osp.splitext(osp.basename(path))[0]
+        out = osp.join(probe.trainer.default_root_dir, 'cv', config_name)
+    del probe
+    os.makedirs(out, exist_ok=True)
+
+    results: List[Dict[str, Any]] = []
+    for fold in folds:
+        cli = GRFLightningCLI(args=[*rest, f'--data.init_args.fold={fold}',
+                                    f'--trainer.default_root_dir={osp.join(out, f"fold{fold}")}'],
+                              run=False)
+        cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        ckpt = cli.trainer.checkpoint_callback
+        ckpt_path = 'best' if ckpt is not None and ckpt.monitor and ckpt.best_model_path else None
+        metrics = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path,
+                                   verbose=False)[0]
+        row: Dict[str, Any] = {'fold': fold}
+        row.update({k: float(v) for k, v in metrics.items()})
+        if ckpt is not None and ckpt.monitor and ckpt.best_model_score is not None:
+            row[f'best {ckpt.monitor}'] = float(ckpt.best_model_score)
+        results.append(row)
+        # Rewrite after every fold, so a stopped run keeps what it has.
+        table = cv_table(results, title=f'{len(results)}/{len(folds)} folds')
+        with open(osp.join(out, 'cv_results.md'), 'w') as f:
+            f.write(table)
+        with open(osp.join(out, 'cv_results.json'), 'w') as f:
+            json.dump({'folds': results}, f, indent=2)
+    print(table)
+    print(f'written to {osp.join(out, "cv_results.md")}')
+    return results
+
+
+def main(args: Optional[Sequence[str]] = None):
+    r"""Entry point of the ``pyg-grf`` console script."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv and argv[0] == 'cv':
+        return run_cv(argv[1:])
+    return GRFLightningCLI(args=args)  # None: LightningCLI reads sys.argv itself
+
+
+if __name__ == '__main__':  # pragma: no cover
+    main()

@@ -1,0 +1,450 @@
+r"""LightningDataModules for the datasets of :mod:`pyg_grf.datasets`.
+
+Every module takes a ``pre_transform`` (applied once when the dataset is processed, then cached
+on disk: the place for :class:`~pyg_grf.transforms.AddGraphRandomFeatures`, so walks are sampled
+once) and a ``transform`` (applied on every access). Both may be one transform or a list, which is
+composed. When the cached ``processed/`` data was made with another ``pre_transform`` (PyG
+compares their ``repr``), it is rebuilt instead of silently reused.
+
+Data is loaded in :meth:`prepare_data` (once per node: processing and caching) and
+:meth:`setup` (every process), never in ``__init__``. Training loaders shuffle with
+:class:`EpochSeededRandomSampler`, a function of ``(seed, epoch)`` only, so a run resumed from a
+checkpoint sees the same batches as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os.path as osp
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import RandomSampler
+from torch_geometric.loader import DataLoader
+from torch_geometric.transforms import BaseTransform, Compose
+
+TransformArg = Optional[Union[BaseTransform, List[BaseTransform]]]
+
+
+def _dataset_api(name: str):
+    r"""``pyg_grf.datasets.<name>``, looked up when needed (the public names of DESIGN.md,
+    falling back to the submodules that define them)."""
+    package = importlib.import_module('pyg_grf.datasets')
+    if hasattr(package, name):
+        return getattr(package, name)
+    for sub in ('synthetic', 'tu', 'splits', 'planetoid', 'mirror', 'lrgb', 'peptides'):
+        try:
+            module = importlib.import_module(f'pyg_grf.datasets.{sub}')
+        except ImportError:
+            continue
+        if hasattr(module, name):
+            return getattr(module, name)
+    raise ImportError(f"pyg_grf.datasets has no '{name}' (is the datasets module installed and "
+                      f"up to date?)")
+
+
+def _compose(transform: TransformArg) -> Optional[Callable]:
+    if transform is None:
+        return None
+    if isinstance(transform, (list, tuple)):
+        if len(transform) == 0:
+            return None
+        return transform[0] if len(transform) == 1 else Compose(list(transform))
+    return transform
+
+
+def _load_fresh(factory: Callable[..., Any], **kwargs: Any):
+    r"""Calls ``factory(**kwargs)``; if PyG reports that the cached data was processed with a
+    different ``pre_transform`` or ``pre_filter``, processes again (``force_reload=True``)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        dataset = factory(**kwargs)
+    stale = False
+    for w in caught:
+        message = str(w.message)
+        if 'argument differs from the one used in the pre-processed' in message:
+            stale = True
+        else:
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    if stale:
+        warnings.warn(f"Cached data of {factory.__name__}({kwargs.get('name', '')}) was made with "
+                      f"another pre_transform/pre_filter; processing it again", stacklevel=2)
+        dataset = factory(**kwargs, force_reload=True)
+    return dataset
+
+
+def _default_root(*parts: str) -> str:
+    return osp.join(_dataset_api('data_root')(), *parts)
+
+
+class EpochSeededRandomSampler(RandomSampler):
+    r"""Shuffles with a permutation that depends only on ``(seed, epoch)``; Lightning calls
+    :meth:`set_epoch` before every training epoch. Subclasses :class:`RandomSampler`, so under DDP
+    Lightning replaces it with a shuffling
+    :class:`~torch.utils.data.distributed.DistributedSampler`.
+
+    Args:
+        data_source (Sized): the dataset.
+        seed (int): base seed (default: :obj:`0`).
+    """
+
+    def __init__(self, data_source, seed: int = 0):
+        super().__init__(data_source)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
+        yield from torch.randperm(len(self.data_source), generator=generator).tolist()
+
+    def __len__(self) -> int:
+        return len(self.data_source)
+
+
+class GraphDataModule(pl.LightningDataModule):
+    r"""Base of the graph-level DataModules: subclasses implement :meth:`load_dataset` (build or
+    load the dataset, cached) and :meth:`split` (train / val / test subsets).
+
+    Args:
+        batch_size (int, optional): graphs per batch (default: :obj:`32`).
+        num_workers (int, optional): loader workers (default: :obj:`0`).
+        pre_transform (BaseTransform or list, optional): applied once, cached
+            (default: :obj:`None`).
+        transform (BaseTransform or list, optional): applied on access (default: :obj:`None`).
+        root (str, optional): dataset root (default: under ``$PYG_GRF_DATA`` / ``./datasets``).
+        seed (int, optional): seed of the training shuffle (default: :obj:`0`).
+        pin_memory (bool, optional): loader option (default: :obj:`False`).
+    """
+
+    def __init__(self, batch_size: int = 32, num_workers: int = 0,
+                 pre_transform: TransformArg = None, transform: TransformArg = None,
+                 root: Optional[str] = None, seed: int = 0, pin_memory: bool = False):
+        super().__init__()
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.pre_transform = _compose(pre_transform)
+        self.transform = _compose(transform)
+        self.root = root
+        self.seed = seed
+        self.pin_memory = pin_memory
+        self.dataset = None
+        self.train_dataset = self.val_dataset = self.test_dataset = None
+
+    # To implement -------------------------------------------------------------------------
+
+    def load_dataset(self):
+        raise NotImplementedError
+
+    def split(self, dataset) -> Tuple[Any, Any, Any]:
+        raise NotImplementedError
+
+    # Lightning hooks -----------------------------------------------------------------------
+
+    def prepare_data(self) -> None:
+        self.load_dataset()  # process and cache once per node
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.dataset is None:
+            self.dataset = self.load_dataset()
+            self.train_dataset, self.val_dataset, self.test_dataset = self.split(self.dataset)
+
+    def _loader(self, dataset, train: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{self.__class__.__name__}: call setup() before asking for a "
+                               f"dataloader")
+        sampler = EpochSeededRandomSampler(dataset, self.seed) if train else None
+        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, shuffle=False,
+                          num_workers=self.num_workers, pin_memory=self.pin_memory,
+                          persistent_workers=self.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader(self.train_dataset, True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.val_dataset, False)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.test_dataset, False)
+
+    def predict_dataloader(self) -> DataLoader:
+        return self._loader(self.test_dataset, False)
+
+    # Facts about the data, for building models ---------------------------------------------
+
+    @property
+    def num_features(self) -> int:
+        self.setup()
+        return self.dataset.num_features
+
+    @property
+    def num_classes(self) -> int:
+        self.setup()
+        return self.dataset.num_classes
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(batch_size={self.batch_size}, '
+                f'pre_transform={self.pre_transform}, transform={self.transform})')
+
+
+def _random_split(n: int, fractions: Sequence[float], seed: int):
+    if len(fractions) != 3 or any(f < 0 for f in fractions) or abs(sum(fractions) - 1) > 1e-6:
+        raise ValueError(f"split must be three non-negative fractions (train, val, test) that sum "
+                         f"to 1, got {tuple(fractions)}")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n_train = int(round(fractions[0] * n))
+    n_val = int(round(fractions[1] * n))
+    return perm[:n_train], perm[n_train:n_train + n_val], perm[n_train + n_val:]
+
+
+def _transform_key(pre_transform) -> str:
+    # Cache generated datasets per pre_transform so different GRF settings never collide.
+    text = repr(pre_transform) if pre_transform is not None else 'none'
+    return 'pre_' + hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
+class SyntheticDataModule(GraphDataModule):
+    r"""The synthetic GKAT tasks (FTFI paper, Sec. 5.1): :class:`~pyg_grf.datasets.MotifDataset`
+    (``task='motifs'``, does the graph contain the motif) or
+    :class:`~pyg_grf.datasets.InducedCycleDataset` (``task='induced_cycles'``). Generated
+    deterministically from ``data_seed`` and split at random from ``split_seed``; needs no
+    download.
+
+    Args:
+        task (str, optional): ``'motifs'`` or ``'induced_cycles'`` (default: :obj:`'motifs'`).
+        num_graphs (int, optional): dataset size (default: :obj:`1024`).
+        split (tuple, optional): train / val / test fractions (default: :obj:`(0.8, 0.1, 0.1)`).
+        data_seed (int, optional): generator seed (default: :obj:`0`).
+        split_seed (int, optional): split seed (default: :obj:`0`).
+        dataset_kwargs (dict, optional): more dataset options, e.g. ``{'motif': 'caveman',
+            'num_nodes': 100, 'features': 'neighbor_degrees'}`` (default: :obj:`None`).
+        cache (bool, optional): cache the processed dataset on disk under ``root`` (one folder
+            per ``pre_transform``) (default: :obj:`True`).
+        **kwargs: of :class:`GraphDataModule`.
+    """
+
+    TASKS = {'motifs': 'MotifDataset', 'induced_cycles': 'InducedCycleDataset'}
+
+    def __init__(self, task: str = 'motifs', num_graphs: int = 1024,
+                 split: Tuple[float, float, float] = (0.8, 0.1, 0.1), data_seed: int = 0,
+                 split_seed: int = 0, dataset_kwargs: Optional[Dict[str, Any]] = None,
+                 cache: bool = True, batch_size: int = 32, num_workers: int = 0,
+                 pre_transform: TransformArg = None, transform: TransformArg = None,
+                 root: Optional[str] = None, seed: int = 0, pin_memory: bool = False):
+        super().__init__(batch_size, num_workers, pre_transform, transform, root, seed,
+                         pin_memory)
+        if task not in self.TASKS:
+            raise ValueError(f"task must be one of {sorted(self.TASKS)}, got '{task}'")
+        self.task = task
+        self.num_graphs = num_graphs
+        self.split_fractions = tuple(split)
+        _random_split(2, self.split_fractions, 0)  # validates
+        self.data_seed = data_seed
+        self.split_seed = split_seed
+        self.dataset_kwargs = dict(dataset_kwargs or {})
+        self.cache = cache
+
+    def load_dataset(self):
+        cls = _dataset_api(self.TASKS[self.task])
+        root = None
+        if self.cache:
+            root = osp.join(self.root or _default_root('synthetic'),
+                            _transform_key(self.pre_transform))
+        return _load_fresh(cls, root=root, num_graphs=self.num_graphs, seed=self.data_seed,
+                           transform=self.transform, pre_transform=self.pre_transform,
+                           **self.dataset_kwargs)
+
+    def split(self, dataset):
+        idx = _random_split(len(dataset), self.split_fractions, self.split_seed)
+        return tuple(dataset[i] for i in idx)
+
+
+class TUDataModule(GraphDataModule):
+    r"""A TU dataset (:func:`~pyg_grf.datasets.load_tu`, offline mirror aware) with the
+    model-assessment splits of Errica et al. (2020) (:func:`~pyg_grf.datasets.errica_splits`):
+    ``fold`` selects the outer test fold, a stratified holdout of the rest validates.
+
+    Args:
+        name (str): e.g. ``'MUTAG'``, ``'PROTEINS'``.
+        fold (int, optional): outer fold, ``0 <= fold < num_folds`` (default: :obj:`0`).
+        num_folds (int, optional): outer folds (default: :obj:`10`).
+        inner_holdout (float, optional): validation fraction of the outer training set
+            (default: :obj:`0.1`).
+        split_seed (int, optional): seed of the folds (default: :obj:`0`).
+        use_degree_features (bool, optional): one-hot degrees for featureless datasets
+            (default: :obj:`True`).
+        dataset_kwargs (dict, optional): more :func:`load_tu` options (e.g.
+            ``{'use_node_attr': True}``) (default: :obj:`None`).
+        **kwargs: of :class:`GraphDataModule`.
+    """
+
+    def __init__(self, name: str, fold: int = 0, num_folds: int = 10,
+                 inner_holdout: float = 0.1, split_seed: int = 0,
+                 use_degree_features: bool = True, dataset_kwargs: Optional[Dict[str, Any]] = None,
+                 batch_size: int = 32, num_workers: int = 0, pre_transform: TransformArg = None,
+                 transform: TransformArg = None, root: Optional[str] = None, seed: int = 0,
+                 pin_memory: bool = False):
+        super().__init__(batch_size, num_workers, pre_transform, transform, root, seed,
+                         pin_memory)
+        if not 0 <= fold < num_folds:
+            raise ValueError(f"fold must lie in [0, {num_folds}), got {fold}")
+        self.name = name
+        self.fold = fold
+        self.num_folds = num_folds
+        self.inner_holdout = inner_holdout
+        self.split_seed = split_seed
+        self.use_degree_features = use_degree_features
+        self.dataset_kwargs = dict(dataset_kwargs or {})
+
+    def load_dataset(self):
+        load_tu = _dataset_api('load_tu')
+        return _load_fresh(load_tu, name=self.name, root=self.root, transform=self.transform,
+                           pre_transform=self.pre_transform,
+                           use_degree_features=self.use_degree_features, **self.dataset_kwargs)
+
+    def split(self, dataset):
+        errica_splits = _dataset_api('errica_splits')
+        folds = errica_splits(dataset, num_folds=self.num_folds, inner_holdout=self.inner_holdout,
+                              seed=self.split_seed, name=self.name)
+        fold = folds[self.fold]
+        return dataset[fold['train']], dataset[fold['val']], dataset[fold['test']]
+
+
+class LRGBDataModule(GraphDataModule):
+    r"""A Long Range Graph Benchmark dataset (Dwivedi et al., 2022): Peptides-func from the
+    original CSV (:class:`~pyg_grf.datasets.PeptidesFunctional`, needs ``rdkit``) for
+    ``name='peptides-func'``, else :func:`~pyg_grf.datasets.load_lrgb`. Official splits.
+
+    Args:
+        name (str, optional): LRGB name (default: :obj:`'peptides-func'`).
+        max_graphs (int, optional): keep only the first ``max_graphs`` graphs of each split, for
+            quick CPU runs (default: :obj:`None`, all).
+        standin (int, optional): use :func:`~pyg_grf.datasets.lrgb_standin`, tiny random graphs
+            with the dataset's fields and shapes, ``standin`` graphs per split: tests the wiring
+            without data (default: :obj:`None`).
+        dataset_kwargs (dict, optional): more dataset options (default: :obj:`None`).
+        **kwargs: of :class:`GraphDataModule`.
+    """
+
+    def __init__(self, name: str = 'peptides-func', max_graphs: Optional[int] = None,
+                 standin: Optional[int] = None,
+                 dataset_kwargs: Optional[Dict[str, Any]] = None, batch_size: int = 32,
+                 num_workers: int = 0, pre_transform: TransformArg = None,
+                 transform: TransformArg = None, root: Optional[str] = None, seed: int = 0,
+                 pin_memory: bool = False):
+        super().__init__(batch_size, num_workers, pre_transform, transform, root, seed,
+                         pin_memory)
+        self.name = name
+        self.max_graphs = max_graphs
+        self.standin = standin
+        self.dataset_kwargs = dict(dataset_kwargs or {})
+
+    def _is_peptides_func(self) -> bool:
+        return self.name.lower().replace('_', '-') in ('peptides-func', 'peptides-functional')
+
+    def load_dataset(self):
+        if self.standin is not None:
+            lrgb_standin = _dataset_api('lrgb_standin')
+            return {split: lrgb_standin(self.name, num_graphs=self.standin, seed=i,
+                                        transform=self.transform,
+                                        pre_transform=self.pre_transform)
+                    for i, split in enumerate(('train', 'val', 'test'))}
+        common = dict(transform=self.transform, pre_transform=self.pre_transform,
+                      **self.dataset_kwargs)
+        if self.root is not None:
+            common['root'] = self.root
+        if self._is_peptides_func():
+            cls = _dataset_api('PeptidesFunctional')
+            return {split: _load_fresh(cls, split=split, **common)
+                    for split in ('train', 'val', 'test')}
+        load_lrgb = _dataset_api('load_lrgb')
+        return {split: _load_fresh(load_lrgb, name=self.name, split=split, **common)
+                for split in ('train', 'val', 'test')}
+
+    def split(self, dataset):
+        out = []
+        for key in ('train', 'val', 'test'):
+            ds = dataset[key]
+            if self.max_graphs is not None:
+                ds = ds[:self.max_graphs]
+            out.append(ds)
+        return tuple(out)
+
+    @property
+    def num_features(self) -> int:
+        self.setup()
+        return self.train_dataset.num_features
+
+    @property
+    def num_classes(self) -> int:
+        self.setup()
+        return self.train_dataset.num_classes
+
+
+class PlanetoidDataModule(pl.LightningDataModule):
+    r"""A citation graph (:func:`~pyg_grf.datasets.load_planetoid`: Cora, CiteSeer, PubMed) for
+    node classification with :class:`~pyg_grf.lightning.tasks.NodeLevelTask`: every loader
+    yields the one full graph, whose ``train_mask`` / ``val_mask`` / ``test_mask`` select the
+    nodes of the split.
+
+    Args:
+        name (str, optional): dataset name (default: :obj:`'Cora'`).
+        split (str, optional): Planetoid split (default: :obj:`'public'`).
+        pre_transform, transform: as in :class:`GraphDataModule`.
+        root (str, optional): dataset root (default: under the data root).
+    """
+
+    def __init__(self, name: str = 'Cora', split: str = 'public',
+                 pre_transform: TransformArg = None, transform: TransformArg = None,
+                 root: Optional[str] = None, num_workers: int = 0):
+        super().__init__()
+        self.name = name
+        self.split = split
+        self.pre_transform = _compose(pre_transform)
+        self.transform = _compose(transform)
+        self.root = root
+        self.num_workers = num_workers
+        self.dataset = None
+
+    def load_dataset(self):
+        load_planetoid = _dataset_api('load_planetoid')
+        return _load_fresh(load_planetoid, name=self.name, root=self.root, split=self.split,
+                           transform=self.transform, pre_transform=self.pre_transform)
+
+    def prepare_data(self) -> None:
+        self.load_dataset()
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.dataset is None:
+            self.dataset = self.load_dataset()
+
+    def _loader(self) -> DataLoader:
+        if self.dataset is None:
+            raise RuntimeError("PlanetoidDataModule: call setup() before asking for a dataloader")
+        return DataLoader(self.dataset, batch_size=1, shuffle=False,
+                          num_workers=self.num_workers)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    @property
+    def num_features(self) -> int:
+        self.setup()
+        return self.dataset.num_features
+
+    @property
+    def num_classes(self) -> int:
+        self.setup()
+        return self.dataset.num_classes

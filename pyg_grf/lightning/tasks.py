@@ -1,0 +1,319 @@
+r"""LightningModules: thin wrappers around a plain :class:`torch.nn.Module` model (e.g.
+:class:`~pyg_grf.nn.models.graph_transformer.GraphTransformer`) that add the loss, one
+torchmetrics object per split, AdamW with linear warm-up + cosine decay, and resumable random
+state.
+
+Graph-level tasks (:class:`GraphLevelTask`) take mini-batches of graphs; node-level tasks
+(:class:`NodeLevelTask`) take one graph with ``train_mask`` / ``val_mask`` / ``test_mask``
+(Planetoid). Gradient clipping is a :class:`~lightning.pytorch.Trainer` option
+(``gradient_clip_val``).
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, Dict, Optional, Union
+
+import lightning.pytorch as pl
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torchmetrics import Accuracy, MeanAbsoluteError, Metric
+
+from pyg_grf.lightning.metrics import MultilabelAveragePrecision
+
+TASKS = ('binary', 'multiclass', 'multilabel', 'regression')
+LOSSES = ('cross_entropy', 'bce', 'l1', 'mse', 'smooth_l1')
+_DEFAULT_LOSS = {
+    'binary': 'bce',
+    'multiclass': 'cross_entropy',
+    'multilabel': 'bce',
+    'regression': 'l1',
+}
+SPLITS = ('train', 'val', 'test')
+
+
+def _build_model(model: Union[torch.nn.Module, Dict[str, Any]]) -> torch.nn.Module:
+    if isinstance(model, torch.nn.Module):
+        return model
+    if isinstance(model, dict):
+        model = dict(model)
+        if 'class_path' in model:  # a jsonargparse-style spec
+            import importlib
+            module, name = model['class_path'].rsplit('.', 1)
+            cls = getattr(importlib.import_module(module), name)
+            return cls(**model.get('init_args', {}))
+        from pyg_grf.nn.models.graph_transformer import GraphTransformer
+        return GraphTransformer(**model)
+    raise TypeError(f"'model' must be a torch.nn.Module or a dict of GraphTransformer arguments, "
+                    f"got {type(model).__name__}")
+
+
+def _from_cli() -> bool:
+    try:  # set while LightningCLI instantiates the module
+        from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
+    except ImportError:  # pragma: no cover
+        return False
+    return _given_hyperparameters.get() is not None
+
+
+def _rng_states() -> Dict[str, Any]:
+    # Stored as tensors and plain Python objects so `torch.load(weights_only=True)` accepts them.
+    name, keys, pos, has_gauss, gauss = np.random.get_state()
+    states = {
+        'torch': torch.get_rng_state(),
+        'numpy': [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss),
+                  float(gauss)],
+        'python': random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states['cuda'] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def _set_rng_states(states: Dict[str, Any]) -> None:
+    torch.set_rng_state(states['torch'])
+    name, keys, pos, has_gauss, gauss = states['numpy']
+    np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+    py = states['python']
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    if 'cuda' in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states['cuda'])
+
+
+class _Task(pl.LightningModule):
+    r"""Shared parts of :class:`GraphLevelTask` and :class:`NodeLevelTask`."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        task: str = 'multiclass',
+        num_classes: Optional[int] = None,
+        num_labels: Optional[int] = None,
+        loss: Optional[str] = None,
+        lr: float = 1e-3,
+        weight_decay: float = 0.01,
+        warmup_epochs: float = 0.,
+        max_epochs: Optional[int] = None,
+        min_lr_ratio: float = 0.,
+        betas: tuple = (0.9, 0.999),
+    ):
+        super().__init__()
+        if task not in TASKS:
+            raise ValueError(f"task must be one of {TASKS}, got '{task}'")
+        if task == 'multiclass' and num_classes is None:
+            raise ValueError("task='multiclass' needs num_classes")
+        if task == 'multilabel' and num_labels is None:
+            raise ValueError("task='multilabel' needs num_labels")
+        loss = loss or _DEFAULT_LOSS[task]
+        if loss not in LOSSES:
+            raise ValueError(f"loss must be one of {LOSSES}, got '{loss}'")
+        if warmup_epochs < 0 or min_lr_ratio < 0 or min_lr_ratio > 1:
+            raise ValueError(f"expected warmup_epochs >= 0 and 0 <= min_lr_ratio <= 1, got "
+                             f"{warmup_epochs} and {min_lr_ratio}")
+        # A module passed as an object is saved in the state dict, not as a hyperparameter;
+        # under LightningCLI the hyperparameters are the parsed config, model spec included,
+        # so that `load_from_checkpoint` can rebuild the model.
+        ignore = None
+        if isinstance(model, torch.nn.Module) and not _from_cli():
+            ignore = ['model']
+        self.save_hyperparameters(ignore=ignore)
+        self.model = _build_model(model)
+        self.task = task
+        self.num_classes = num_classes
+        self.num_labels = num_labels
+        self.loss_name = loss
+        self.lr = lr
+        self.weight_decay = weight_decay
+        self.warmup_epochs = warmup_epochs
+        self.max_epochs = max_epochs
+        self.min_lr_ratio = min_lr_ratio
+        self.betas = tuple(betas)
+        # One metric object per split.
+        self.metric_name = {'binary': 'acc', 'multiclass': 'acc', 'multilabel': 'ap',
+                            'regression': 'mae'}[task]
+        # (ModuleDict keys must not shadow nn.Module attributes such as `train`.)
+        self.metrics = torch.nn.ModuleDict({f'{split}_metric': self._make_metric()
+                                            for split in SPLITS})
+
+    def _make_metric(self) -> Metric:
+        if self.task == 'binary':
+            return Accuracy(task='binary')
+        if self.task == 'multiclass':
+            return Accuracy(task='multiclass', num_classes=self.num_classes)
+        if self.task == 'multilabel':
+            return MultilabelAveragePrecision(self.num_labels)
+        return MeanAbsoluteError()
+
+    def forward(self, data) -> Tensor:
+        return self.model(data)
+
+    # Loss and metric on (prediction, target) pairs ---------------------------------------
+
+    def _prepare(self, out: Tensor, y: Tensor):
+        r"""Returns ``(out, y)`` reshaped for the loss and the metric."""
+        if self.task == 'multiclass':
+            if out.dim() != 2 or out.size(-1) != self.num_classes:
+                raise ValueError(f"task='multiclass' expects model outputs [B, num_classes="
+                                 f"{self.num_classes}], got {tuple(out.shape)}")
+            return out, y.view(-1).long()
+        if self.task == 'binary':
+            if out.dim() == 2 and out.size(-1) != 1:
+                raise ValueError(f"task='binary' expects one logit per example (out_channels=1),"
+                                 f" got outputs {tuple(out.shape)}")
+            return out.view(-1), y.view(-1).float()
+        if self.task == 'multilabel':
+            y = y.view(out.size(0), -1).float()
+            if out.shape != y.shape:
+                raise ValueError(f"task='multilabel' expects outputs of the targets' shape "
+                                 f"{tuple(y.shape)}, got {tuple(out.shape)}")
+            return out, y
+        y = y.view(out.size(0), -1).float()
+        if out.shape != y.shape:
+            raise ValueError(f"task='regression' expects outputs of the targets' shape "
+                             f"{tuple(y.shape)}, got {tuple(out.shape)}")
+        return out, y
+
+    def _loss(self, out: Tensor, y: Tensor) -> Tensor:
+        if self.loss_name == 'cross_entropy':
+            return F.cross_entropy(out, y)
+        if self.loss_name == 'bce':
+            valid = ~torch.isnan(y)  # unlabeled entries (multilabel) do not count
+            return F.binary_cross_entropy_with_logits(out[valid], y[valid])
+        fn = {'l1': F.l1_loss, 'mse': F.mse_loss, 'smooth_l1': F.smooth_l1_loss}[self.loss_name]
+        return fn(out, y)
+
+    def _update_metric(self, split: str, out: Tensor, y: Tensor) -> None:
+        metric = self.metrics[f'{split}_metric']
+        if self.task == 'multilabel':
+            metric.update(out, y)
+        elif self.task == 'binary':
+            metric.update(torch.sigmoid(out), y.long())
+        elif self.task == 'multiclass':
+            metric.update(out, y)
+        else:
+            metric.update(out, y)
+
+    def _log_step(self, split: str, loss: Tensor, batch_size: int) -> None:
+        on_step = split == 'train'
+        self.log(f'{split}/loss', loss, batch_size=batch_size, on_step=on_step, on_epoch=True,
+                 prog_bar=split != 'test', sync_dist=split != 'train')
+        self.log(f'{split}/{self.metric_name}', self.metrics[f'{split}_metric'],
+                 batch_size=batch_size, on_step=False, on_epoch=True, prog_bar=split != 'train')
+
+    # Optimisation --------------------------------------------------------------------------
+
+    def configure_optimizers(self):
+        decay, no_decay = [], []
+        for name, param in self.model.named_parameters():
+            if not param.requires_grad:
+                continue
+            # No weight decay on biases, norms and embeddings' scalar parameters.
+            (no_decay if param.dim() <= 1 else decay).append(param)
+        optimizer = torch.optim.AdamW(
+            [{'params': decay, 'weight_decay': self.weight_decay},
+             {'params': no_decay, 'weight_decay': 0.}], lr=self.lr, betas=self.betas)
+        total = max(int(self.trainer.estimated_stepping_batches), 1)
+        epochs = self.trainer.max_epochs if (self.trainer.max_epochs or -1) > 0 else None
+        steps_per_epoch = total / epochs if epochs else total
+        if self.max_epochs is not None:
+            total = max(int(round(self.max_epochs * steps_per_epoch)), 1)
+        warmup = int(round(self.warmup_epochs * steps_per_epoch))
+        min_ratio = self.min_lr_ratio
+
+        def lr_lambda(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / (warmup + 1)
+            progress = min((step - warmup) / max(total - warmup, 1), 1.)
+            return min_ratio + (1. - min_ratio) * 0.5 * (1. + math.cos(math.pi * progress))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+        return {'optimizer': optimizer,
+                'lr_scheduler': {'scheduler': scheduler, 'interval': 'step'}}
+
+    # Resumable randomness (dropout, PE sign flips) -------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
+        checkpoint['pyg_grf_rng_states'] = _rng_states()
+
+    def on_load_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
+        if 'pyg_grf_rng_states' in checkpoint:
+            _set_rng_states(checkpoint['pyg_grf_rng_states'])
+
+
+class GraphLevelTask(_Task):
+    r"""Graph classification / regression on mini-batches of graphs.
+
+    Args:
+        model (torch.nn.Module): the model, mapping a batch to ``[B, out]``. From Python, a
+            dict of :class:`~pyg_grf.nn.models.graph_transformer.GraphTransformer` arguments
+            (or a ``{'class_path': ..., 'init_args': ...}`` spec) works too and is saved as a
+            hyperparameter, so :meth:`load_from_checkpoint` needs no arguments. (The annotation
+            is the module alone so that configs are checked key by key against the model's
+            signature before anything runs.)
+        task (str, optional): ``'binary'`` (one logit, accuracy), ``'multiclass'`` (logits,
+            accuracy), ``'multilabel'`` (one logit per label, LRGB macro AP, ``NaN`` targets
+            ignored) or ``'regression'`` (MAE) (default: :obj:`'multiclass'`).
+        num_classes (int, optional): classes for ``'multiclass'``.
+        num_labels (int, optional): labels for ``'multilabel'``.
+        loss (str, optional): ``'cross_entropy'``, ``'bce'``, ``'l1'``, ``'mse'`` or
+            ``'smooth_l1'`` (default: by task: cross-entropy, BCE, BCE, L1).
+        lr (float, optional): peak learning rate of AdamW (default: :obj:`1e-3`).
+        weight_decay (float, optional): AdamW weight decay on matrices (default: :obj:`0.01`).
+        warmup_epochs (float, optional): linear warm-up length in epochs (default: :obj:`0.`).
+        max_epochs (int, optional): horizon of the cosine decay in epochs (default: the
+            trainer's ``max_epochs``).
+        min_lr_ratio (float, optional): final learning rate / ``lr`` (default: :obj:`0.`).
+        betas (tuple, optional): AdamW betas (default: :obj:`(0.9, 0.999)`).
+
+    Logs ``{train,val,test}/loss`` and ``{train,val,test}/{acc,ap,mae}``.
+    """
+
+    def _step(self, batch, split: str) -> Tensor:
+        out, y = self._prepare(self(batch), batch.y)
+        loss = self._loss(out, y)
+        self._update_metric(split, out, y)
+        self._log_step(split, loss, batch.num_graphs)
+        return loss
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        return self._step(batch, 'train')
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._step(batch, 'val')
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._step(batch, 'test')
+
+    def predict_step(self, batch, batch_idx: int) -> Tensor:
+        return self(batch)
+
+
+class NodeLevelTask(_Task):
+    r"""Node classification / regression on whole graphs with ``train_mask``, ``val_mask`` and
+    ``test_mask`` (e.g. Planetoid). Arguments as in :class:`GraphLevelTask`; the model maps a
+    graph to ``[N, out]`` (:class:`GraphTransformer` with ``pooling=None``)."""
+
+    def _step(self, batch, split: str) -> Tensor:
+        mask = getattr(batch, f'{split}_mask', None)
+        if mask is None:
+            raise ValueError(f"NodeLevelTask needs data.{split}_mask (a boolean node mask)")
+        out = self(batch)
+        out, y = self._prepare(out[mask], batch.y[mask])
+        loss = self._loss(out, y)
+        self._update_metric(split, out, y)
+        self._log_step(split, loss, int(mask.sum()))
+        return loss
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        return self._step(batch, 'train')
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        self._step(batch, 'val')
+
+    def test_step(self, batch, batch_idx: int) -> None:
+        self._step(batch, 'test')
+
+    def predict_step(self, batch, batch_idx: int) -> Tensor:
+        return self(batch)

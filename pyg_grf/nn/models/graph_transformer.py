@@ -1,0 +1,646 @@
+r"""A GPS-style graph transformer whose global attention is any of this package's attentions.
+
+Data flows as in DESIGN.md: node (and edge) encoders, an optional positional encoding, then
+:obj:`num_layers` pre-norm blocks
+
+.. math::
+    \mathbf{h} &= \mathrm{Norm}_1(\mathbf{x}) \\
+    \mathbf{x} &\leftarrow \mathbf{x} + \mathrm{Attn}(\mathbf{h}; M)
+                 + \mathrm{MPNN}(\mathbf{h}, \mathcal{E}) \\
+    \mathbf{x} &\leftarrow \mathbf{x} + \mathrm{FFN}(\mathrm{Norm}_2(\mathbf{x}))
+
+(the attention and the optional local message passing run side by side, as in GPS), a final norm,
+pooling (graph-level) or none (node-level), and an MLP head.
+
+The attention kinds live in one explicit registry, :data:`ATTENTIONS`: a name maps to a small
+adapter class that builds the layer and knows which fields of the PyG batch it needs. The
+attention never crosses graphs of a batch: GRF/RWGNK masks are block-diagonal by construction,
+linear/performer attention uses a :class:`~pyg_grf.masks.PackingMask`, softmax attention pads per
+graph with :func:`~torch_geometric.utils.to_dense_batch`.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, Optional, Tuple, Type
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn import Dropout, Linear, Sequential
+
+from torch_geometric.nn import (
+    GATConv,
+    GINConv,
+    GINEConv,
+    global_add_pool,
+    global_max_pool,
+    global_mean_pool,
+)
+from torch_geometric.nn.resolver import activation_resolver
+
+
+
+# Attention adapters ########################################################################
+
+
+class AttentionAdapter(torch.nn.Module):
+    r"""Base of the attention adapters of :class:`GraphTransformer`.
+
+    An adapter builds one attention layer (:meth:`build`, which imports the layer's module, so
+    a kind whose module is missing fails only when it is used) and calls it with what it needs
+    from the batch. Subclasses set :attr:`requires` (names of
+    :class:`~torch_geometric.data.Data` attributes; missing ones raise a clear error before the
+    first layer runs) and :attr:`hint` (how to add them), and implement :meth:`build` and
+    :meth:`forward`.
+
+    Args:
+        channels (int): hidden size (input = output).
+        heads (int): number of heads.
+        dropout (float): attention dropout.
+        **kwargs: options of the wrapped layer.
+    """
+
+    #: Batch attributes this attention reads.
+    requires: Tuple[str, ...] = ()
+    #: How to provide them (shown in the error when they are missing).
+    hint: str = ''
+
+    def __init__(self, channels: int, heads: int = 1, dropout: float = 0., **kwargs: Any):
+        super().__init__()
+        self.channels = channels
+        self.heads = heads
+        self.attn = self.build(channels, heads, dropout, **kwargs)
+
+    def build(self, channels: int, heads: int, dropout: float, **kwargs: Any) -> torch.nn.Module:
+        raise NotImplementedError
+
+    def reset_parameters(self):
+        if hasattr(self.attn, 'reset_parameters'):
+            self.attn.reset_parameters()
+
+    def forward(self, x: Tensor, batch: Tensor, num_graphs: int,
+                fields: Dict[str, Any]) -> Tensor:
+        r"""Args:
+            x (Tensor): ``[N, channels]`` normalised node states.
+            batch (Tensor): ``[N]`` graph id of every node.
+            num_graphs (int): number of graphs in the batch.
+            fields (dict): the attributes named in :attr:`requires`, plus a per-forward cache
+                shared by all layers (keys starting with ``'_'``).
+        """
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return repr(self.attn)
+
+
+class LinearAdapter(AttentionAdapter):
+    r"""Unmasked linear attention inside each graph (packing mask),
+    :class:`pyg_grf.nn.attention.reference.LinearAttention`."""
+
+    def build(self, channels, heads, dropout, **kwargs):
+        from pyg_grf.nn.attention.reference import LinearAttention
+        return LinearAttention(channels, heads=heads, dropout=dropout, **kwargs)
+
+    def forward(self, x, batch, num_graphs, fields):
+        return self.attn(x, batch)
+
+
+class PerformerAdapter(LinearAdapter):
+    r"""Performer: linear attention with FAVOR+ positive random features
+    (:class:`pyg_grf.nn.feature_maps.FAVORPlus`) inside each graph. ``num_features`` sets the
+    number of random features."""
+
+    def build(self, channels, heads, dropout, num_features: Optional[int] = None, **kwargs):
+        from pyg_grf.nn.attention.reference import LinearAttention
+        fm_kwargs = dict(kwargs.pop('feature_map_kwargs', None) or {})
+        if num_features is not None:
+            fm_kwargs['num_features'] = num_features
+        return LinearAttention(channels, heads=heads, dropout=dropout, feature_map='favor+',
+                               feature_map_kwargs=fm_kwargs, **kwargs)
+
+
+class SoftmaxAdapter(AttentionAdapter):
+    r"""Exact softmax attention inside each graph (padded per graph, key padding mask),
+    :class:`pyg_grf.nn.attention.reference.SoftmaxAttention`, :math:`O(\sum_g N_g^2)`."""
+
+    def build(self, channels, heads, dropout, **kwargs):
+        from pyg_grf.nn.attention.reference import SoftmaxAttention
+        return SoftmaxAttention(channels, heads=heads, dropout=dropout, **kwargs)
+
+    def forward(self, x, batch, num_graphs, fields):
+        return self.attn(x, batch)
+
+
+class PowerSeriesAdapter(AttentionAdapter):
+    r"""Linear attention masked by the exact dense kernel :math:`\sum_k \alpha_k W^k` with
+    learnable coefficients (GRF paper, Eq. 4),
+    :class:`pyg_grf.nn.attention.reference.PowerSeriesAttention`: the :math:`O(N^2)` reference
+    that ``'grf'`` estimates at linear cost (block-diagonal over the graphs of a batch)."""
+
+    requires = ('edge_index',)
+
+    def build(self, channels, heads, dropout, **kwargs):
+        from pyg_grf.nn.attention.reference import PowerSeriesAttention
+        return PowerSeriesAttention(channels, heads=heads, dropout=dropout, **kwargs)
+
+    def forward(self, x, batch, num_graphs, fields):
+        return self.attn(x, fields['edge_index'], batch)
+
+
+class GRFAdapter(AttentionAdapter):
+    r"""Linear attention masked by graph random features,
+    :class:`pyg_grf.nn.attention.grf.GRFAttention` (GRF paper, Algorithm 1). Needs the
+    :class:`~pyg_grf.transforms.AddGraphRandomFeatures` transform (as ``pre_transform``). The
+    sparsity pattern of the features is built once per batch and shared by all layers."""
+
+    requires = ('grf_index', 'grf_length', 'grf_load')
+    hint = ("add the transform pyg_grf.transforms.AddGraphRandomFeatures (best as the dataset's "
+            "pre_transform, so the walks are sampled once and cached)")
+
+    def build(self, channels, heads, dropout, **kwargs):
+        from pyg_grf.nn.attention.grf import GRFAttention
+        return GRFAttention(channels, heads=heads, dropout=dropout, **kwargs)
+
+    def forward(self, x, batch, num_graphs, fields):
+        args = (fields['grf_index'], fields['grf_length'], fields['grf_load'])
+        if '_grf_pattern' not in fields:
+            fields['_grf_pattern'] = self.attn.mask(*args, x.size(0)).pattern
+        return self.attn(x, *args, batch=batch, pattern=fields['_grf_pattern'])
+
+
+class GKATAdapter(AttentionAdapter):
+    r"""GKAT attention masked by RWGNK features, :class:`pyg_grf.nn.attention.gkat.GKATAttention`
+    (FTFI paper, Sec. 4.2). Needs :class:`~pyg_grf.transforms.AddRWGNKFeatures`."""
+
+    requires = ('rwgnk_index', 'rwgnk_value')
+    hint = "add the transform pyg_grf.transforms.AddRWGNKFeatures (best as pre_transform)"
+
+    def build(self, channels, heads, dropout, **kwargs):
+        from pyg_grf.nn.attention.gkat import GKATAttention
+        return GKATAttention(channels, heads=heads, dropout=dropout, **kwargs)
+
+    def forward(self, x, batch, num_graphs, fields):
+        return self.attn(x, fields['rwgnk_index'], fields['rwgnk_value'], batch)
+
+
+class SAMSAAdapter(AttentionAdapter):
+    r"""SAMSA sampling attention, :class:`pyg_grf.nn.attention.samsa.SAMSAAttention` (SAMSA
+    paper, Sec. 4.2-4.4), per graph of the batch."""
+
+    def build(self, channels, heads, dropout, **kwargs):
+        from pyg_grf.nn.attention.samsa import SAMSAAttention
+        return SAMSAAttention(channels, heads=heads, dropout=dropout, **kwargs)
+
+    def forward(self, x, batch, num_graphs, fields):
+        return self.attn(x, batch)
+
+
+#: The attention kinds of :class:`GraphTransformer`: name -> adapter class. Explicit; to add a
+#: kind, pass a custom :class:`AttentionAdapter` subclass as ``attention``.
+ATTENTIONS: Dict[str, Type[AttentionAdapter]] = {
+    'grf': GRFAdapter,
+    'linear': LinearAdapter,
+    'softmax': SoftmaxAdapter,
+    'power_series': PowerSeriesAdapter,
+    'performer': PerformerAdapter,
+    'gkat': GKATAdapter,
+    'samsa': SAMSAAdapter,
+}
+
+LOCAL_MPS = ('gine', 'gin', 'gat')
+PES = ('rwpe', 'lappe', 'graph_bridge')
+POOLINGS: Dict[str, Callable] = {
+    'mean': global_mean_pool,
+    'add': global_add_pool,
+    'max': global_max_pool,
+}
+GRAPH_BRIDGE_OK = ('linear', 'softmax', 'performer', 'samsa')
+NODE_ENCODERS = ('linear', 'atom', 'embedding', None)
+EDGE_ENCODERS = ('linear', 'bond', 'embedding', None)
+
+
+def _norm(norm: Optional[str], channels: int) -> torch.nn.Module:
+    # Per-node norms (PyG's 'layer_norm' normalises over the whole graph by default).
+    if norm is None:
+        return torch.nn.Identity()
+    if norm == 'layer_norm':
+        return torch.nn.LayerNorm(channels)
+    if norm == 'batch_norm':
+        return torch.nn.BatchNorm1d(channels)
+    if norm == 'rms_norm':
+        return torch.nn.RMSNorm(channels)
+    raise ValueError(f"norm must be one of 'layer_norm', 'batch_norm', 'rms_norm' or None, "
+                     f"got '{norm}'")
+
+
+def _mlp(in_channels: int, hidden: int, out_channels: int, act: str, dropout: float = 0.):
+    return Sequential(Linear(in_channels, hidden), activation_resolver(act), Dropout(dropout),
+                      Linear(hidden, out_channels))
+
+
+class GraphTransformerBlock(torch.nn.Module):
+    r"""One pre-norm block of :class:`GraphTransformer`: attention and (optionally) local
+    message passing side by side on the normalised input, residual, then a residual FFN."""
+
+    def __init__(self, channels: int, attention: Optional[AttentionAdapter],
+                 local_mp: Optional[torch.nn.Module], local_mp_kind: Optional[str] = None,
+                 ffn_ratio: float = 2., dropout: float = 0., act: str = 'gelu',
+                 norm: Optional[str] = 'layer_norm'):
+        super().__init__()
+        self.channels = channels
+        self.attn = attention
+        self.local_mp = local_mp
+        self.local_mp_kind = local_mp_kind
+        self.dropout = dropout
+        self.norm1 = _norm(norm, channels)
+        self.norm2 = _norm(norm, channels)
+        hidden = int(ffn_ratio * channels)
+        self.ffn = Sequential(Linear(channels, hidden), activation_resolver(act), Dropout(dropout),
+                              Linear(hidden, channels), Dropout(dropout))
+
+    def reset_parameters(self):
+        for module in (self.attn, self.local_mp, self.norm1, self.norm2, *self.ffn):
+            if module is not None and hasattr(module, 'reset_parameters'):
+                module.reset_parameters()
+
+    def forward(self, x: Tensor, edge_index: Tensor, edge_attr: Optional[Tensor], batch: Tensor,
+                num_graphs: int, fields: Dict[str, Any]) -> Tensor:
+        h = self.norm1(x)
+        out = x
+        # Global attention (never across graphs).
+        if self.attn is not None:
+            a = self.attn(h, batch, num_graphs, fields)
+            out = out + F.dropout(a, p=self.dropout, training=self.training)
+        # Local message passing beside it (GPS).
+        if self.local_mp is not None:
+            if self.local_mp_kind == 'gine' or (self.local_mp_kind == 'gat'
+                                                and edge_attr is not None):
+                m = self.local_mp(h, edge_index, edge_attr)
+            else:
+                m = self.local_mp(h, edge_index)
+            out = out + F.dropout(m, p=self.dropout, training=self.training)
+        # Feed-forward.
+        return out + self.ffn(self.norm2(out))
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({self.channels}, attn={self.attn}, '
+                f'local_mp={self.local_mp_kind})')
+
+
+class GraphTransformer(torch.nn.Module):
+    r"""A graph transformer with topology-aware linear-cost attention (GRF paper, Sec. 4;
+    GPS-style blocks as in :class:`torch_geometric.nn.conv.GPSConv`, but pre-norm).
+
+    .. math::
+        \mathbf{x}^{(l+1)} = \mathbf{y} + \mathrm{FFN}(\mathrm{Norm}(\mathbf{y})), \quad
+        \mathbf{y} = \mathbf{x}^{(l)} + \mathrm{Attn}_M(\mathrm{Norm}(\mathbf{x}^{(l)}))
+        + \mathrm{MPNN}(\mathrm{Norm}(\mathbf{x}^{(l)}))
+
+    Args:
+        in_channels (int): node feature size (for ``node_encoder='linear'``; the number of
+            categories for ``'embedding'``; ignored for ``'atom'``).
+        hidden_channels (int): hidden size.
+        out_channels (int): output size (classes, labels or targets).
+        num_layers (int): number of blocks.
+        heads (int, optional): attention heads (default: :obj:`1`).
+        attention (str or type, optional): one of :data:`ATTENTIONS` (``'grf'``, ``'linear'``,
+            ``'softmax'``, ``'power_series'``, ``'performer'``, ``'gkat'``, ``'samsa'``), an
+            :class:`AttentionAdapter` subclass, or :obj:`None` for no attention (a pure MPNN when
+            ``local_mp`` is set) (default: :obj:`'grf'`).
+        attention_kwargs (dict, optional): options of the attention layer, e.g.
+            ``{'feature_map': 'relu', 'max_length': 4}`` (default: :obj:`None`).
+        local_mp (str, optional): local message passing beside the attention: ``'gine'`` (needs
+            edge features), ``'gin'``, ``'gat'`` or :obj:`None` (default: :obj:`None`).
+        pe (str, optional): positional encoding added to the node embedding: ``'rwpe'`` (reads
+            ``data.random_walk_pe`` from :class:`~torch_geometric.transforms.AddRandomWalkPE`),
+            ``'lappe'`` (``data.laplacian_eigenvector_pe`` from
+            :class:`~torch_geometric.transforms.AddLaplacianEigenvectorPE`, random sign flips
+            in training), ``'graph_bridge'`` (:class:`pyg_grf.nn.encoders.GraphBridge`, SAMSA
+            paper Sec. 4.3: nodes *and* edges become tokens, with Gaussian-noise PEs; needs an
+            attention over plain tokens and ``local_mp=None``) or :obj:`None`
+            (default: :obj:`None`).
+        pe_dim (int, optional): size of the stored PE (walk length / number of eigenvectors;
+            the width of each noise set for Graph-Bridge) (default: :obj:`16`).
+        node_encoder (str, optional): ``'linear'`` (dense features), ``'atom'`` (OGB
+            :class:`AtomEncoder`, categorical ``x [N, 9]``), ``'embedding'`` (one categorical
+            column) or :obj:`None` (graphs without features: one learned vector)
+            (default: :obj:`'linear'`).
+        edge_encoder (str, optional): ``'linear'``, ``'bond'`` (OGB :class:`BondEncoder`),
+            ``'embedding'`` or :obj:`None` (default: :obj:`None`).
+        edge_dim (int, optional): edge feature size for ``edge_encoder='linear'`` (categories
+            for ``'embedding'``) (default: :obj:`None`).
+        pooling (str, optional): ``'mean'``, ``'add'``, ``'max'``, or :obj:`None` for node-level
+            outputs (default: :obj:`'mean'`).
+        dropout (float, optional): dropout of the residual branches and the head
+            (default: :obj:`0.`).
+        attn_dropout (float, optional): dropout inside the attention (default: :obj:`0.`).
+        ffn_ratio (float, optional): FFN hidden size / ``hidden_channels`` (default: :obj:`2.`).
+        act (str, optional): activation (default: :obj:`'gelu'`).
+        norm (str, optional): ``'layer_norm'``, ``'batch_norm'``, ``'rms_norm'`` or :obj:`None`
+            (default: :obj:`'layer_norm'`).
+        head_layers (int, optional): layers of the output MLP, ``1`` = linear
+            (default: :obj:`2`).
+
+    Shapes:
+        - **input:** a :class:`~torch_geometric.data.Data` or
+          :class:`~torch_geometric.data.Batch` with ``x`` :math:`(|\mathcal{V}|, F_{in})`,
+          ``edge_index`` :math:`(2, |\mathcal{E}|)`, optional ``edge_attr``, ``batch`` and the
+          fields the attention needs (e.g. ``grf_index``, ``grf_length``, ``grf_load``).
+        - **output:** :math:`(B, F_{out})` with pooling, :math:`(|\mathcal{V}|, F_{out})`
+          without.
+    """
+
+    def __init__(
+        self,
+        in_channels: Optional[int],
+        hidden_channels: int,
+        out_channels: int,
+        num_layers: int,
+        heads: int = 1,
+        attention: Optional[str] = 'grf',
+        attention_kwargs: Optional[Dict[str, Any]] = None,
+        local_mp: Optional[str] = None,
+        pe: Optional[str] = None,
+        pe_dim: int = 16,
+        node_encoder: Optional[str] = 'linear',
+        edge_encoder: Optional[str] = None,
+        edge_dim: Optional[int] = None,
+        pooling: Optional[str] = 'mean',
+        dropout: float = 0.,
+        attn_dropout: float = 0.,
+        ffn_ratio: float = 2.,
+        act: str = 'gelu',
+        norm: Optional[str] = 'layer_norm',
+        head_layers: int = 2,
+    ):
+        super().__init__()
+        self.in_channels = in_channels
+        self.hidden_channels = hidden_channels
+        self.out_channels = out_channels
+        self.num_layers = num_layers
+        self.heads = heads
+        self.attention = attention
+        self.attention_kwargs = dict(attention_kwargs or {})
+        self.local_mp = local_mp
+        self.pe = pe
+        self.pe_dim = pe_dim
+        self.node_encoder_kind = node_encoder
+        self.edge_encoder_kind = edge_encoder
+        self.edge_dim = edge_dim
+        self.pooling = pooling
+        self.dropout = dropout
+        self.attn_dropout = attn_dropout
+        self.ffn_ratio = ffn_ratio
+        self.act = act
+        self.norm = norm
+        self.head_layers = head_layers
+
+        C = hidden_channels
+        # Check the string options up front, with the allowed values in the message.
+        if isinstance(attention, str) and attention not in ATTENTIONS:
+            raise ValueError(f"attention must be one of {sorted(ATTENTIONS)} (or None, or an "
+                             f"AttentionAdapter subclass), got '{attention}'")
+        if local_mp is not None and local_mp not in LOCAL_MPS:
+            raise ValueError(f"local_mp must be one of {LOCAL_MPS} or None, got '{local_mp}'")
+        if pe is not None and pe not in PES:
+            raise ValueError(f"pe must be one of {PES} or None, got '{pe}'")
+        if pooling is not None and pooling not in POOLINGS:
+            raise ValueError(f"pooling must be one of {sorted(POOLINGS)} or None, "
+                             f"got '{pooling}'")
+        if node_encoder not in NODE_ENCODERS:
+            raise ValueError(f"node_encoder must be one of {NODE_ENCODERS}, got '{node_encoder}'")
+        if edge_encoder not in EDGE_ENCODERS:
+            raise ValueError(f"edge_encoder must be one of {EDGE_ENCODERS}, got '{edge_encoder}'")
+        if pe == 'graph_bridge' and (local_mp is not None or attention not in GRAPH_BRIDGE_OK):
+            raise ValueError(f"pe='graph_bridge' turns nodes and edges into tokens, so it needs an "
+                             f"attention over plain tokens {GRAPH_BRIDGE_OK} and local_mp=None, "
+                             f"got attention={attention!r}, local_mp={local_mp!r}")
+        if attention is None and local_mp is None:
+            raise ValueError("attention and local_mp cannot both be None (the model would ignore "
+                             "the graph)")
+        if local_mp == 'gine' and edge_encoder is None:
+            raise ValueError("local_mp='gine' needs edge features: set edge_encoder ('linear' "
+                             "with edge_dim, 'bond' or 'embedding')")
+        if edge_encoder in ('linear', 'embedding') and edge_dim is None:
+            raise ValueError(f"edge_encoder='{edge_encoder}' needs edge_dim")
+        if node_encoder in ('linear', 'embedding') and in_channels is None:
+            raise ValueError(f"node_encoder='{node_encoder}' needs in_channels")
+
+        # Node encoder.
+        self.node_emb = None
+        if node_encoder == 'linear':
+            self.node_encoder = Linear(in_channels, C)
+        elif node_encoder == 'embedding':
+            self.node_encoder = torch.nn.Embedding(in_channels, C)
+        elif node_encoder == 'atom':
+            from ogb.graphproppred.mol_encoder import AtomEncoder
+            self.node_encoder = AtomEncoder(C)
+        else:
+            self.node_encoder = None
+            self.node_emb = torch.nn.Parameter(torch.empty(1, C))
+
+        # Edge encoder (only read by the local message passing).
+        if edge_encoder == 'linear':
+            self.edge_encoder = Linear(edge_dim, C)
+        elif edge_encoder == 'embedding':
+            self.edge_encoder = torch.nn.Embedding(edge_dim, C)
+        elif edge_encoder == 'bond':
+            from ogb.graphproppred.mol_encoder import BondEncoder
+            self.edge_encoder = BondEncoder(C)
+        else:
+            self.edge_encoder = None
+
+        # Positional encoding.
+        if pe in ('rwpe', 'lappe'):
+            self.pe_encoder = Linear(pe_dim, C)
+        elif pe == 'graph_bridge':
+            from pyg_grf.nn.encoders.graph_bridge import GraphBridge
+            self.pe_encoder = GraphBridge(C, C, edge_channels=C if edge_encoder else None,
+                                          pe_channels=pe_dim)
+        else:
+            self.pe_encoder = None
+
+        # Blocks.
+        if attention is None:
+            self.attention_cls = None
+        elif isinstance(attention, str):
+            self.attention_cls = ATTENTIONS[attention]
+        elif isinstance(attention, type) and issubclass(attention, AttentionAdapter):
+            self.attention_cls = attention
+        else:
+            raise ValueError(f"attention must be a name, an AttentionAdapter subclass or None, "
+                             f"got {attention!r}")
+        self.blocks = torch.nn.ModuleList()
+        for _ in range(num_layers):
+            attn = None
+            if self.attention_cls is not None:
+                try:
+                    attn = self.attention_cls(C, heads=heads, dropout=attn_dropout,
+                                              **self.attention_kwargs)
+                except TypeError as exc:  # e.g. a misspelt attention_kwargs key
+                    raise TypeError(f"attention={attention!r} with attention_kwargs="
+                                    f"{self.attention_kwargs}: {exc}") from exc
+            self.blocks.append(
+                GraphTransformerBlock(C, attn, self._make_local_mp(local_mp, C, heads),
+                                      local_mp, ffn_ratio=ffn_ratio, dropout=dropout, act=act,
+                                      norm=norm))
+        self.final_norm = _norm(norm, C)
+
+        # Head.
+        if head_layers == 1:
+            self.head = Linear(C, out_channels)
+        elif head_layers == 2:
+            self.head = _mlp(C, C, out_channels, act, dropout)
+        else:
+            raise ValueError(f"head_layers must be 1 or 2, got {head_layers}")
+
+        self.reset_parameters()
+
+    def _make_local_mp(self, kind: Optional[str], C: int, heads: int):
+        if kind is None:
+            return None
+        if kind == 'gine':
+            return GINEConv(_mlp(C, C, C, self.act), edge_dim=C)
+        if kind == 'gin':
+            return GINConv(_mlp(C, C, C, self.act))
+        if C % heads != 0:
+            raise ValueError(f"local_mp='gat' needs hidden_channels ({C}) divisible by heads "
+                             f"({heads})")
+        return GATConv(C, C // heads, heads=heads,
+                       edge_dim=C if self.edge_encoder_kind is not None else None)
+
+    def reset_parameters(self):
+        r"""Resets all learnable parameters of the module."""
+        for module in (self.node_encoder, self.edge_encoder, self.pe_encoder, self.final_norm):
+            if module is not None and hasattr(module, 'reset_parameters'):
+                module.reset_parameters()
+        if self.node_emb is not None:
+            torch.nn.init.normal_(self.node_emb, std=1.0)
+        for block in self.blocks:
+            block.reset_parameters()
+        for module in self.head.modules():
+            if isinstance(module, Linear):
+                module.reset_parameters()
+
+    @property
+    def _uses_edge_attr(self) -> bool:
+        return self.edge_encoder is not None and (self.local_mp is not None
+                                                  or self.pe == 'graph_bridge')
+
+    @property
+    def requires(self) -> Tuple[str, ...]:
+        r"""The batch attributes this model reads besides ``x``, ``edge_index``, ``batch``."""
+        req = list(self.attention_cls.requires if self.attention_cls is not None else ())
+        if self.pe == 'rwpe':
+            req.append('random_walk_pe')
+        elif self.pe == 'lappe':
+            req.append('laplacian_eigenvector_pe')
+        if self._uses_edge_attr:
+            req.append('edge_attr')
+        return tuple(dict.fromkeys(req))
+
+    def _check(self, data) -> None:
+        missing = [name for name in self.requires if getattr(data, name, None) is None]
+        if missing:
+            hint = getattr(self.attention_cls, 'hint', '')
+            hints = {
+                'random_walk_pe': f'add torch_geometric.transforms.AddRandomWalkPE('
+                f'walk_length={self.pe_dim}, attr_name="random_walk_pe")',
+                'laplacian_eigenvector_pe': f'add torch_geometric.transforms.'
+                f'AddLaplacianEigenvectorPE(k={self.pe_dim}, attr_name="laplacian_eigenvector_pe")',
+                'edge_attr': 'use a dataset with edge features or set edge_encoder=None',
+            }
+            extra = '; '.join(hints.get(name, hint) for name in missing if hints.get(name, hint))
+            raise ValueError(f"{self.__class__.__name__}(attention={self.attention!r}, "
+                             f"pe={self.pe!r}) needs the batch attributes {missing}, which the "
+                             f"input lacks" + (f": {extra}" if extra else ''))
+
+    def encode(self, data) -> Tensor:
+        r"""Node embeddings before the blocks, ``[N, hidden_channels]``."""
+        x = data.x
+        if self.node_encoder is None:
+            N = data.num_nodes
+            h = self.node_emb.expand(N, -1)
+        else:
+            if x is None:
+                raise ValueError(f"node_encoder='{self.node_encoder_kind}' needs data.x; for "
+                                 f"graphs without node features use node_encoder=None")
+            if self.node_encoder_kind == 'linear':
+                if x.dim() == 1:
+                    x = x.unsqueeze(-1)
+                if x.size(-1) != self.in_channels:
+                    raise ValueError(f"expected data.x with {self.in_channels} features "
+                                     f"(in_channels), got shape {tuple(x.shape)}")
+                h = self.node_encoder(x.float())
+            elif self.node_encoder_kind == 'embedding':
+                h = self.node_encoder(x.view(-1).long() if x.dim() == 1 or x.size(-1) == 1
+                                      else x.argmax(-1))
+            else:  # atom
+                h = self.node_encoder(x.long())
+
+        if self.pe in ('rwpe', 'lappe'):
+            pe = data.random_walk_pe if self.pe == 'rwpe' else data.laplacian_eigenvector_pe
+            if pe.size(-1) != self.pe_dim:
+                raise ValueError(f"expected a positional encoding of size pe_dim={self.pe_dim}, "
+                                 f"got shape {tuple(pe.shape)}")
+            if self.pe == 'lappe' and self.training:
+                # Eigenvectors are defined up to sign: flip at random in training.
+                sign = torch.randint(0, 2, (1, pe.size(-1)), device=pe.device) * 2 - 1
+                pe = pe * sign
+            h = h + self.pe_encoder(pe.float())
+        return h
+
+    def forward(self, data) -> Tensor:
+        r"""Runs the model on a :class:`~torch_geometric.data.Data` or
+        :class:`~torch_geometric.data.Batch` (never modified)."""
+        self._check(data)
+        edge_index = data.edge_index
+        N = data.num_nodes
+        batch = getattr(data, 'batch', None)
+        if batch is None:
+            batch = edge_index.new_zeros(N)
+        num_graphs = int(getattr(data, 'num_graphs', 1) or 1)
+
+        # Encoders.
+        x = self.encode(data)
+        edge_attr = None
+        if self._uses_edge_attr:
+            edge_attr = data.edge_attr
+            if self.edge_encoder_kind == 'linear':
+                if edge_attr.dim() == 1:
+                    edge_attr = edge_attr.unsqueeze(-1)
+                edge_attr = self.edge_encoder(edge_attr.float())
+            elif self.edge_encoder_kind == 'embedding':
+                edge_attr = self.edge_encoder(edge_attr.view(-1).long() if edge_attr.dim() == 1
+                                              or edge_attr.size(-1) == 1 else
+                                              edge_attr.argmax(-1))
+            else:
+                edge_attr = self.edge_encoder(edge_attr.long())
+
+        # Graph-Bridge: nodes and edges become tokens (SAMSA paper, Sec. 4.3).
+        token_type = None
+        if self.pe == 'graph_bridge':
+            x, batch, token_type = self.pe_encoder(x, edge_index, edge_attr, batch,
+                                                   token_type=getattr(data, 'token_type', None))
+
+        # Fields the attention reads, plus a per-forward cache shared by the layers.
+        fields: Dict[str, Any] = {}
+        if self.attention_cls is not None:
+            fields = {name: data[name] for name in self.attention_cls.requires}
+
+        # Blocks.
+        for block in self.blocks:
+            x = block(x, edge_index, edge_attr, batch, num_graphs, fields)
+        x = self.final_norm(x)
+
+        # Readout.
+        if self.pooling is None and token_type is not None:
+            x = x[token_type == 0]  # node tokens, in node order
+        if self.pooling is not None:
+            x = POOLINGS[self.pooling](x, batch, size=num_graphs)
+        return self.head(x)
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}({self.in_channels}, {self.hidden_channels}, '
+                f'{self.out_channels}, num_layers={self.num_layers}, heads={self.heads}, '
+                f'attention={self.attention!r}, local_mp={self.local_mp!r}, pe={self.pe!r}, '
+                f'pooling={self.pooling!r})')

@@ -1,0 +1,43 @@
+r"""Shared tiny settings of the Lightning tests (fast on 2 CPU cores)."""
+import yaml
+
+
+def tiny_config(root_dir, attention='grf', num_graphs=48, max_epochs=1, **trainer):
+    r"""A complete `pyg-grf fit` config: a 1-layer GRF transformer on a small motif task."""
+    trainer_cfg = dict(max_epochs=max_epochs, accelerator='cpu', devices=1,
+                       default_root_dir=str(root_dir), enable_progress_bar=False,
+                       enable_model_summary=False, num_sanity_val_steps=0)
+    trainer_cfg.update(trainer)
+    model = dict(in_channels=5, hidden_channels=8, out_channels=2, num_layers=1, heads=1,
+                 attention=attention)
+    if attention == 'grf':
+        model['attention_kwargs'] = {'max_length': 2}
+    return {
+        'seed_everything': 0,
+        'trainer': trainer_cfg,
+        'model': {
+            'class_path': 'pyg_grf.lightning.tasks.GraphLevelTask',
+            'init_args': {
+                'task': 'multiclass', 'num_classes': 2, 'lr': 0.01,
+                'model': {'class_path': 'pyg_grf.nn.models.graph_transformer.GraphTransformer',
+                          'init_args': model},
+            },
+        },
+        'data': {
+            'class_path': 'pyg_grf.lightning.datamodules.SyntheticDataModule',
+            'init_args': {
+                'task': 'motifs', 'num_graphs': num_graphs, 'cache': False, 'batch_size': 8,
+                'dataset_kwargs': {'num_nodes': 10, 'motif': 'grid'},
+                'pre_transform': {
+                    'class_path': 'pyg_grf.transforms.AddGraphRandomFeatures',
+                    'init_args': {'num_walks': 4, 'p_halt': 0.5, 'max_length': 2, 'seed': 0},
+                },
+            },
+        },
+    }
+
+
+def write_config(path, config):
+    with open(path, 'w') as f:
+        yaml.safe_dump(config, f)
+    return str(path)

@@ -1,0 +1,78 @@
+import pytest
+
+from pyg_grf.lightning.cli import cv_table, main, run_cv
+from tests.lightning.helpers import tiny_config, write_config
+
+# LightningCLI warns when args= is used while pytest has its own sys.argv.
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
+
+
+
+def test_fit_fast_dev_run(tmp_path):
+    config = write_config(tmp_path / 'tiny.yaml', tiny_config(tmp_path / 'run'))
+    cli = main(['fit', '--config', config, '--trainer.fast_dev_run=true'])
+    assert cli.trainer.state.finished
+    assert cli.model.model.blocks[0].attn.attn.__class__.__name__ == 'GRFAttention'
+    assert cli.trainer.gradient_clip_val == 2.0  # package default
+    assert 'train/loss' in cli.trainer.callback_metrics
+
+
+def test_fit_resume_and_load_from_checkpoint(tmp_path):
+    from pyg_grf.lightning.tasks import GraphLevelTask
+    config = write_config(tmp_path / 'tiny.yaml',
+                          tiny_config(tmp_path / 'run', limit_train_batches=2,
+                                      limit_val_batches=1, log_every_n_steps=1))
+    cli = main(['fit', '--config', config, '--test_after_fit=true'])
+    assert 'test/acc' in cli.trainer.callback_metrics
+    last = cli.trainer.checkpoint_callback.last_model_path
+    # The model spec is a hyperparameter: no arguments needed to rebuild the task.
+    task = GraphLevelTask.load_from_checkpoint(last)
+    assert task.model.attention == 'grf' and task.model.hidden_channels == 8
+    # Resume for one more epoch.
+    cli = main(['fit', '--config', config, '--trainer.max_epochs=2', f'--ckpt_path={last}'])
+    assert cli.trainer.current_epoch == 2
+
+
+def test_bad_key_and_value_errors(tmp_path, capsys):
+    base = tiny_config(tmp_path / 'run')
+    # A misspelt model key (nested inside the task) is rejected before anything runs.
+    bad = tiny_config(tmp_path / 'run')
+    bad['model']['init_args']['model']['init_args']['hiden_channels'] = 8
+    with pytest.raises(SystemExit):
+        main(['fit', '--config', write_config(tmp_path / 'bad_key.yaml', bad)])
+    assert 'hiden_channels' in capsys.readouterr().err
+    # A value of the wrong type.
+    with pytest.raises(SystemExit):
+        main(['fit', '--config', write_config(tmp_path / 'base.yaml', base),
+              '--model.init_args.lr=fast'])
+    assert 'lr' in capsys.readouterr().err
+    # An unknown top-level section.
+    with pytest.raises(SystemExit):
+        main(['fit', '--config', str(tmp_path / 'base.yaml'), '--trainr.max_epochs=1'])
+    assert 'trainr' in capsys.readouterr().err
+
+
+def test_cv_table():
+    table = cv_table([{'fold': 0, 'test/acc': 0.5}, {'fold': 1, 'test/acc': 0.7}])
+    assert '| 0 | 0.5000 |' in table
+    assert '| mean ± std | 0.6000 ± 0.1000 |' in table
+
+
+def test_cv_needs_folds(tmp_path):
+    config = write_config(tmp_path / 'tiny.yaml', tiny_config(tmp_path / 'run'))
+    with pytest.raises(ValueError, match="needs a data module with 'fold'"):
+        run_cv(['--config', config])
+
+
+@pytest.mark.data
+def test_cv_on_mutag(mirror, tmp_path):
+    cfg = tiny_config(tmp_path / 'run', max_epochs=1, limit_train_batches=2)
+    cfg['model']['init_args']['model']['init_args']['in_channels'] = 7
+    cfg['data'] = {'class_path': 'pyg_grf.lightning.datamodules.TUDataModule',
+                   'init_args': {'name': 'MUTAG', 'num_folds': 3, 'batch_size': 16,
+                                 'pre_transform': cfg['data']['init_args']['pre_transform']}}
+    config = write_config(tmp_path / 'mutag.yaml', cfg)
+    results = run_cv(['--config', config, '--folds', '0,2', '--out', str(tmp_path / 'cv')])
+    assert [r['fold'] for r in results] == [0, 2]
+    table = (tmp_path / 'cv' / 'cv_results.md').read_text()
+    assert 'mean ± std' in table and 'test/acc' in table

@@ -1,0 +1,56 @@
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+from pyg_grf.lightning.datamodules import SyntheticDataModule
+from pyg_grf.lightning.tasks import GraphLevelTask
+
+
+class StepRecorder(Callback):
+    def __init__(self):
+        self.steps = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        # (epoch, global step, batch index, the graphs' labels: identifies the batch)
+        self.steps.append((trainer.current_epoch, trainer.global_step, batch_idx,
+                           tuple(batch.y.tolist())))
+
+
+def _run(root, max_epochs, ckpt_path=None):
+    from pyg_grf.transforms import AddGraphRandomFeatures
+    pl.seed_everything(0)
+    dm = SyntheticDataModule(num_graphs=32, split=(0.75, 0.25, 0.0), cache=False, batch_size=8,
+                             dataset_kwargs={'num_nodes': 8, 'motif': 'grid'},
+                             pre_transform=AddGraphRandomFeatures(num_walks=4, p_halt=0.5,
+                                                                  max_length=2, seed=0))
+    # Dropout on: the random state must resume too (saved in the checkpoint by the task).
+    task = GraphLevelTask(dict(in_channels=5, hidden_channels=8, out_channels=2, num_layers=1,
+                               attention='grf', attention_kwargs={'max_length': 2},
+                               dropout=0.2),
+                          task='multiclass', num_classes=2, lr=0.01, warmup_epochs=1,
+                          max_epochs=4)
+    recorder = StepRecorder()
+    trainer = pl.Trainer(max_epochs=max_epochs, accelerator='cpu', default_root_dir=root,
+                         callbacks=[recorder, ModelCheckpoint(dirpath=root / 'ckpt',
+                                                              save_last=True)],
+                         logger=False, enable_progress_bar=False, enable_model_summary=False,
+                         num_sanity_val_steps=0, gradient_clip_val=2.0, deterministic=True)
+    trainer.fit(task, dm, ckpt_path=ckpt_path)
+    return recorder.steps, task.state_dict(), trainer
+
+
+@pytest.mark.slow
+def test_resume_from_last_checkpoint(tmp_path):
+    straight_steps, straight_state, _ = _run(tmp_path / 'straight', 4)
+    first_steps, _, _ = _run(tmp_path / 'resumed', 2)
+    assert (tmp_path / 'resumed' / 'ckpt' / 'last.ckpt').exists()
+    second_steps, resumed_state, trainer = _run(tmp_path / 'resumed', 4, ckpt_path='last')
+    assert trainer.current_epoch == 4
+    # No lost or repeated epochs / steps, and the same batches in the same order.
+    assert [s[:3] for s in first_steps + second_steps] == [s[:3] for s in straight_steps]
+    assert first_steps + second_steps == straight_steps
+    # The same final weights.
+    assert straight_state.keys() == resumed_state.keys()
+    for key in straight_state:
+        assert torch.allclose(straight_state[key], resumed_state[key], atol=1e-6), key

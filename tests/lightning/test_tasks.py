@@ -1,0 +1,103 @@
+import math
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch_geometric.data import Batch, Data
+
+from pyg_grf.lightning.tasks import GraphLevelTask, NodeLevelTask
+from pyg_grf.nn.models.graph_transformer import GraphTransformer
+
+
+def _batch(y):
+    graphs = []
+    for i, n in enumerate((4, 6, 3)):
+        edge_index = torch.stack([torch.arange(n - 1), torch.arange(1, n)])
+        edge_index = torch.cat([edge_index, edge_index.flip(0)], 1)
+        graphs.append(Data(x=torch.randn(n, 3), edge_index=edge_index, y=y[i:i + 1]))
+    return Batch.from_data_list(graphs)
+
+
+MODEL = dict(in_channels=3, hidden_channels=8, num_layers=1, attention='linear')
+
+
+@pytest.mark.parametrize('task,out,y,metric', [
+    ('binary', 1, torch.tensor([0., 1., 1.]), 'acc'),
+    ('multiclass', 3, torch.tensor([0, 2, 1]), 'acc'),
+    ('multilabel', 2, torch.tensor([[0., 1.], [float('nan'), 0.], [1., 1.]]), 'ap'),
+    ('regression', 1, torch.tensor([0.5, -1., 2.]), 'mae'),
+])
+def test_graph_level_steps(task, out, y, metric):
+    module = GraphLevelTask(dict(MODEL, out_channels=out), task=task, num_classes=3,
+                            num_labels=2)
+    assert isinstance(module.model, GraphTransformer)
+    assert module.hparams.task == task and module.hparams.model['out_channels'] == out
+    batch = _batch(y)
+    logged = {}
+    module.log = lambda name, value, **kw: logged.setdefault(name, (value, kw))
+    loss = module.training_step(batch, 0)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    loss.backward()
+    module.validation_step(batch, 0)
+    assert logged['val/loss'][1]['batch_size'] == 3
+    assert logged['val/loss'][1]['sync_dist'] is True
+    assert f'val/{metric}' in logged
+    value = module.metrics['val_metric'].compute()
+    assert torch.isfinite(value)
+
+
+def test_model_object_and_errors():
+    model = GraphTransformer(out_channels=2, **MODEL)
+    module = GraphLevelTask(model, task='multiclass', num_classes=2)
+    assert module.model is model and 'model' not in module.hparams
+    with pytest.raises(ValueError, match='num_classes'):
+        GraphLevelTask(model, task='multiclass')
+    with pytest.raises(ValueError, match="task must be one of"):
+        GraphLevelTask(model, task='ranking')
+    module = GraphLevelTask(model, task='multiclass', num_classes=3)
+    with pytest.raises(ValueError, match=r'num_classes=3.*\(3, 2\)'):
+        module.training_step(_batch(torch.tensor([0, 1, 1])), 0)
+
+
+def test_warmup_cosine_schedule():
+    module = GraphLevelTask(dict(MODEL, out_channels=2), num_classes=2, lr=1.0,
+                            warmup_epochs=2, min_lr_ratio=0.1)
+
+    class _Trainer:  # 10 epochs of 5 steps
+        estimated_stepping_batches = 50
+        max_epochs = 10
+
+    module._trainer = _Trainer()
+    config = module.configure_optimizers()
+    opt, sched = config['optimizer'], config['lr_scheduler']['scheduler']
+    assert config['lr_scheduler']['interval'] == 'step'
+    lrs = []
+    for _ in range(50):
+        lrs.append(opt.param_groups[0]['lr'])
+        opt.step()
+        sched.step()
+    assert lrs[0] == pytest.approx(1 / 11)  # linear warm-up over 10 steps
+    assert max(lrs) == pytest.approx(1.0) and lrs.index(1.0) == 10
+    assert lrs[-1] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 39 / 40)))
+    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # cosine decay
+    # No weight decay on biases / norms.
+    assert opt.param_groups[1]['weight_decay'] == 0.0
+
+
+def test_node_level_task(tmp_path):
+    n = 12
+    edge_index = torch.stack([torch.arange(n - 1), torch.arange(1, n)])
+    data = Data(x=torch.randn(n, 3), edge_index=torch.cat([edge_index, edge_index.flip(0)], 1),
+                y=torch.arange(n) % 2, train_mask=torch.arange(n) < 6,
+                val_mask=(torch.arange(n) >= 6) & (torch.arange(n) < 9),
+                test_mask=torch.arange(n) >= 9)
+    module = NodeLevelTask(dict(MODEL, out_channels=2, pooling=None), task='multiclass',
+                           num_classes=2)
+    from torch_geometric.loader import DataLoader
+    loader = DataLoader([data], batch_size=1)
+    trainer = pl.Trainer(max_epochs=2, accelerator='cpu', default_root_dir=tmp_path,
+                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False)
+    trainer.fit(module, loader, loader)
+    metrics = trainer.test(module, loader, verbose=False)[0]
+    assert 0.0 <= metrics['test/acc'] <= 1.0 and 'test/loss' in metrics

@@ -1,0 +1,166 @@
+import pytest
+import torch
+from torch_geometric.data import Batch, Data
+from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE
+from torch_geometric.utils import erdos_renyi_graph, to_undirected
+
+from pyg_grf.nn.models.graph_transformer import ATTENTIONS, AttentionAdapter, GraphTransformer
+
+KWARGS = {
+    'grf': {'max_length': 3},
+    'samsa': {'num_samples': 4},
+}
+
+
+def _graphs():
+    from pyg_grf.transforms import AddGraphRandomFeatures, AddRWGNKFeatures
+    grf = AddGraphRandomFeatures(num_walks=8, p_halt=0.3, max_length=3, seed=0)
+    rwgnk = AddRWGNKFeatures(num_walks=8, lam=0.5, alpha=1.0, max_length=3, seed=0)
+    gen = torch.Generator().manual_seed(0)
+    graphs = []
+    for n in (5, 9, 3):  # different sizes
+        edge_index = to_undirected(erdos_renyi_graph(n, 0.5))
+        data = Data(x=torch.randn(n, 4, generator=gen), edge_index=edge_index,
+                    edge_attr=torch.randn(edge_index.size(1), 3, generator=gen),
+                    y=torch.tensor([n % 2]))
+        graphs.append(rwgnk(grf(data)))
+    return graphs
+
+
+@pytest.fixture(scope='module')
+def graphs():
+    return _graphs()
+
+
+@pytest.mark.parametrize('attention', sorted(ATTENTIONS))
+@pytest.mark.parametrize('local_mp', [None, 'gine'])
+def test_attention_kinds_batch_equals_per_graph(graphs, attention, local_mp):
+    torch.manual_seed(0)
+    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attention=attention,
+                             attention_kwargs=KWARGS.get(attention), local_mp=local_mp,
+                             edge_encoder='linear', edge_dim=3).eval()
+    batch = Batch.from_data_list(graphs)
+    out = model(batch)
+    assert out.shape == (3, 3)
+    assert torch.isfinite(out).all()
+    if attention != 'samsa':  # SAMSA's own batch/per-graph equivalence is tested with SAMSA
+        per_graph = torch.cat([model(Batch.from_data_list([g])) for g in graphs])
+        assert torch.allclose(out, per_graph, atol=1e-5)
+    model.train()
+    model(batch).sum().backward()
+
+
+@pytest.mark.parametrize('attention', ['grf', 'linear', 'softmax'])
+def test_node_level(graphs, attention):
+    model = GraphTransformer(4, 16, 5, num_layers=1, attention=attention,
+                             attention_kwargs=KWARGS.get(attention), pooling=None).eval()
+    batch = Batch.from_data_list(graphs)
+    out = model(batch)
+    assert out.shape == (batch.num_nodes, 5)
+    per_graph = torch.cat([model(g) for g in graphs])  # plain Data works too
+    assert torch.allclose(out, per_graph, atol=1e-5)
+
+
+def test_attention_never_crosses_graphs(graphs):
+    # Changing one graph's features leaves the other graphs' outputs unchanged.
+    model = GraphTransformer(4, 16, 2, num_layers=2, attention='grf',
+                             attention_kwargs={'max_length': 3}, pooling=None).eval()
+    batch = Batch.from_data_list(graphs)
+    out = model(batch)
+    other = batch.clone()
+    other.x = other.x.clone()
+    other.x[batch.batch == 1] += 1.0
+    out2 = model(other)
+    keep = batch.batch != 1
+    assert torch.allclose(out[keep], out2[keep], atol=1e-6)
+    assert not torch.allclose(out[~keep], out2[~keep])
+
+
+@pytest.mark.parametrize('local_mp', ['gin', 'gat', 'gine'])
+def test_local_mp_and_no_attention(graphs, local_mp):
+    batch = Batch.from_data_list(graphs)
+    model = GraphTransformer(4, 16, 2, num_layers=2, heads=2, attention=None, local_mp=local_mp,
+                             edge_encoder='linear', edge_dim=3, pooling='add')
+    assert model(batch).shape == (3, 2)
+
+
+@pytest.mark.parametrize('pe', ['rwpe', 'lappe'])
+def test_positional_encodings(graphs, pe):
+    t = (AddRandomWalkPE(4, attr_name='random_walk_pe') if pe == 'rwpe' else
+         AddLaplacianEigenvectorPE(2, attr_name='laplacian_eigenvector_pe'))
+    batch = Batch.from_data_list([t(g.clone()) for g in graphs if g.num_nodes > 3])
+    model = GraphTransformer(4, 16, 2, num_layers=1, attention='linear', pe=pe,
+                             pe_dim=4 if pe == 'rwpe' else 2)
+    assert model(batch).shape == (2, 2)
+    with pytest.raises(ValueError, match='pe_dim=3'):
+        GraphTransformer(4, 16, 2, num_layers=1, attention='linear', pe=pe, pe_dim=3)(batch)
+
+
+@pytest.mark.parametrize('pooling', ['mean', None])
+def test_graph_bridge(graphs, pooling):
+    batch = Batch.from_data_list(graphs)
+    model = GraphTransformer(4, 16, 2, num_layers=1, attention='linear', pe='graph_bridge',
+                             pe_dim=4, edge_encoder='linear', edge_dim=3, pooling=pooling).eval()
+    out = model(batch)
+    assert out.shape == ((3, 2) if pooling else (batch.num_nodes, 2))
+    with pytest.raises(ValueError, match="pe='graph_bridge'"):
+        GraphTransformer(4, 16, 2, num_layers=1, attention='grf', pe='graph_bridge')
+
+
+def test_categorical_encoders():
+    # OGB atom / bond features (9 and 3 categorical columns).
+    edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    data = Data(x=torch.zeros(3, 9, dtype=torch.long), edge_index=edge_index,
+                edge_attr=torch.zeros(4, 3, dtype=torch.long))
+    model = GraphTransformer(None, 16, 10, num_layers=1, attention='linear', local_mp='gine',
+                             node_encoder='atom', edge_encoder='bond')
+    assert model(Batch.from_data_list([data, data])).shape == (2, 10)
+    # Graphs without features.
+    model = GraphTransformer(None, 16, 2, num_layers=1, attention='linear', node_encoder=None)
+    assert model(Batch.from_data_list([Data(edge_index=edge_index, num_nodes=3)])).shape == (1, 2)
+
+
+def test_forward_does_not_mutate(graphs):
+    batch = Batch.from_data_list(graphs)
+    before = {k: v.clone() for k, v in batch.items() if torch.is_tensor(v)}
+    model = GraphTransformer(4, 16, 2, num_layers=2, attention='grf',
+                             attention_kwargs={'max_length': 3}, local_mp='gine',
+                             edge_encoder='linear', edge_dim=3)
+    model(batch)
+    after = {k: v for k, v in batch.items() if torch.is_tensor(v)}
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_repr_and_errors(graphs):
+    model = GraphTransformer(4, 16, 2, num_layers=2, heads=2, attention='linear')
+    assert str(model) == ("GraphTransformer(4, 16, 2, num_layers=2, heads=2, attention='linear', "
+                          "local_mp=None, pe=None, pooling='mean')")
+    with pytest.raises(ValueError, match="attention must be one of"):
+        GraphTransformer(4, 16, 2, num_layers=1, attention='full')
+    with pytest.raises(ValueError, match="local_mp must be one of"):
+        GraphTransformer(4, 16, 2, num_layers=1, local_mp='gcn')
+    with pytest.raises(ValueError, match="needs edge features"):
+        GraphTransformer(4, 16, 2, num_layers=1, local_mp='gine')
+    with pytest.raises(ValueError, match="cannot both be None"):
+        GraphTransformer(4, 16, 2, num_layers=1, attention=None)
+    # Missing GRF fields: says which and how to add them.
+    plain = Data(x=torch.randn(3, 4), edge_index=torch.tensor([[0, 1], [1, 0]]))
+    model = GraphTransformer(4, 16, 2, num_layers=1, attention='grf')
+    with pytest.raises(ValueError, match="grf_index.*AddGraphRandomFeatures"):
+        model(plain)
+    with pytest.raises(ValueError, match="expected data.x with 5 features"):
+        GraphTransformer(5, 16, 2, num_layers=1, attention='linear')(plain)
+
+
+def test_custom_adapter(graphs):
+    class MeanAdapter(AttentionAdapter):  # attention = mean of the graph's nodes
+        def build(self, channels, heads, dropout, **kwargs):
+            return torch.nn.Linear(channels, channels)
+
+        def forward(self, x, batch, num_graphs, fields):
+            from torch_geometric.nn import global_mean_pool
+            return self.attn(global_mean_pool(x, batch, num_graphs)[batch])
+
+    model = GraphTransformer(4, 8, 2, num_layers=1, attention=MeanAdapter)
+    assert model(Batch.from_data_list(graphs)).shape == (3, 2)
