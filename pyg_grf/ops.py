@@ -121,11 +121,13 @@ class _SpMM(torch.autograd.Function):
             grad_x = pattern.to_csr(values.to(x.dtype), not transpose) @ grad_out
         if ctx.needs_input_grad[0]:
             # Y = A X: dL/dA_rc = <dY_r, X_c>;  Y = A^T X: dL/dA_rc = <X_r, dY_c>.
-            row, col = pattern.row, pattern.col  # sorted order
-            if transpose:
-                g = (x[row] * grad_out[col]).sum(-1)
-            else:
-                g = (grad_out[row] * x[col]).sum(-1)
+            # SDDMM: <dY_r, X_c> (or <X_r, dY_c>) at the nonzeros only, in row-major order,
+            # without an [nnz, C] temporary.
+            a, b = (x, grad_out) if transpose else (grad_out, x)
+            holder = torch.sparse_csr_tensor(pattern.crow, pattern.col,
+                                             a.new_zeros(pattern.nnz), size=pattern.size,
+                                             check_invariants=False)
+            g = torch.sparse.sampled_addmm(holder, a, b.t(), beta=0.0).values()
             if pattern.perm is not None:
                 g = torch.empty_like(g).index_copy_(0, pattern.perm, g)
             grad_values = g.to(values.dtype)
