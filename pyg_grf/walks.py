@@ -208,11 +208,12 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
 
     # 2) Order walkers by decreasing length, so that the walkers still moving at step t are a
     #    prefix (no compaction). The sort is stable: start-node order, hence locality, is kept.
-    #    Counting sort over the L + 1 length classes (a loop over lengths, not walkers).
+    #    The key L - hops is sorted as uint8 when it fits (radix sort on one byte).
     if L == 0 or fixed_length:
         order = torch.arange(W, device=device)
     else:
-        order = torch.cat([(hops == c).nonzero().view(-1) for c in range(L, -1, -1)])
+        key = (L - hops).to(torch.uint8 if L < 256 else torch.int32)
+        order = torch.sort(key, stable=True)[1]
     alive_count = torch.bincount(hops, minlength=L + 1).flip(0).cumsum(0).flip(0)  # [L + 1]
     alive_count = alive_count.tolist()  # alive_count[t]: walkers with hops >= t
 

@@ -156,10 +156,19 @@ class GRFMask(MaskOperator):
         return self.query.pattern
 
     def _matmul(self, x: Tensor) -> Tensor:
-        if self.asymmetric:
-            return self.query.mm(x, transpose=False)
-        k = self.key if self.key is not None else self.query
-        return self.query.mm(k.mm(x, transpose=True), transpose=False)
+        k = None if self.asymmetric else (self.key if self.key is not None else self.query)
+        if self.num_heads is None or x.dim() == 2:
+            y = x if k is None else k.mm(x, transpose=True)
+            return self.query.mm(y, transpose=False)
+        # Per-head values: go head-major once ([H, N, C] contiguous), chain both sparse products
+        # per head on contiguous blocks, and interleave the heads back once at the end
+        # (instead of a strided gather and a stack around each product).
+        outs = []
+        for h, xh in enumerate(x.transpose(0, 1).contiguous().unbind(0)):  # loop over heads
+            if k is not None:
+                xh = spmm(k.pattern, k.values[h], xh, True)
+            outs.append(spmm(self.query.pattern, self.query.values[h], xh, False))
+        return torch.stack(outs, dim=1)
 
     def to_dense(self) -> Tensor:
         q = self.query.to_dense()

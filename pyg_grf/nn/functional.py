@@ -59,8 +59,9 @@ def masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
         if mask.num_nodes != N:
             raise ValueError(f"the mask covers {mask.num_nodes} nodes but the inputs have {N} rows")
         mx = mask.matmul(x)
-    num = torch.einsum('nhm,nhmd->nhd', phi_q, mx[..., :m * d].reshape(N, H, m, d))
-    den = torch.einsum('nhm,nhm->nh', phi_q, mx[..., m * d:])
+    mkv, mk = mx.split([m * d, m], dim=-1)
+    num = torch.einsum('nhm,nhmd->nhd', phi_q, mkv.reshape(N, H, m, d))
+    den = torch.einsum('nhm,nhm->nh', phi_q, mk)
     return num / (den.unsqueeze(-1) + eps)
 
 
