@@ -110,6 +110,13 @@ def _md5(path: str) -> str:
     return h.hexdigest()
 
 
+def _processed_name(pre_transform: Optional[Callable], pre_filter: Optional[Callable]) -> str:
+    if pre_transform is None and pre_filter is None:
+        return 'processed'
+    text = f'{pre_transform!r}|{pre_filter!r}'
+    return 'processed_' + hashlib.sha1(text.encode()).hexdigest()[:10]
+
+
 class PeptidesFunctional(InMemoryDataset):
     r"""The Peptides-func dataset of the `"Long Range Graph Benchmark"
     <https://arxiv.org/abs/2206.08164>`_ (LRGB): 15,535 peptides as molecular graphs, each with 10
@@ -120,7 +127,9 @@ class PeptidesFunctional(InMemoryDataset):
     against the LRGB md5 sums. The SMILES become graphs through :func:`ogb.utils.smiles2graph`
     (needs :obj:`rdkit`): :obj:`x` long [N, 9] OGB atom features, :obj:`edge_attr` long [E, 3] OGB
     bond features, :obj:`edge_index` with both directions, :obj:`y` float [1, 10]. Processing all
-    molecules takes a few minutes once; the three splits are then cached under ``processed/``.
+    molecules takes a few minutes once; the three splits are then cached under ``processed/``
+    (``processed_<hash>/`` for each ``pre_transform``, so different feature settings keep
+    separate caches).
 
     Files are looked up in ``root/peptides-functional/`` (CSV in ``raw/``, the pickle beside
     ``raw/`` as in the LRGB release), copied there from the offline mirror
@@ -198,7 +207,11 @@ class PeptidesFunctional(InMemoryDataset):
 
     @property
     def processed_dir(self) -> str:
-        return osp.join(self.root, self.folder, 'processed')
+        # One cache per pre_transform / pre_filter (keyed by their reprs, which show every
+        # setting): runs with different GRF, RWGNK or Graph-Bridge settings keep their own
+        # features and never overwrite each other's, even when they run at the same time.
+        return osp.join(self.root, self.folder, _processed_name(
+            getattr(self, 'pre_transform', None), getattr(self, 'pre_filter', None)))
 
     @property
     def raw_file_names(self) -> List[str]:

@@ -104,3 +104,22 @@ def test_peptides_functional(offline_mirror, tmp_path):
     num_edges = sum(d._data.edge_index.size(1) for d in (train, val, test))  # both directions
     assert abs(num_nodes / 15535 - 150.94) < 0.01 and abs(num_edges / 15535 - 307.30) < 0.01
     print(f'Peptides-func processed in {elapsed:.1f}s')
+
+
+def test_peptides_cache_per_pre_transform(tmp_path):
+    # The processed folder is keyed by the pre_transform's repr: different feature settings get
+    # different caches (no silent reuse of stale features, no clobbering between runs).
+    from pyg_grf.transforms import AddGraphRandomFeatures, AddRWGNKFeatures
+
+    def folder(pre_transform):
+        ds = PeptidesFunctional.__new__(PeptidesFunctional)
+        ds.root, ds.pre_transform, ds.pre_filter = str(tmp_path), pre_transform, None
+        return ds.processed_dir
+
+    plain = folder(None)
+    assert plain == str(tmp_path / 'peptides-functional' / 'processed')
+    grf4 = folder(AddGraphRandomFeatures(num_walks=4, seed=0))
+    names = {plain, grf4, folder(AddGraphRandomFeatures(num_walks=8, seed=0)),
+             folder(AddRWGNKFeatures(4, 0.5, 1.0, 3))}
+    assert len(names) == 4
+    assert folder(AddGraphRandomFeatures(num_walks=4, seed=0)) == grf4  # deterministic
