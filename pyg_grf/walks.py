@@ -234,8 +234,9 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
     else:
         ext_deg, ext_rowptr, ext_col = deg, rowptr, col
         ext_pos = None
-    # One packed gather per step gives both the CSR offset and the degree of the current node.
-    table = torch.stack([ext_rowptr[:-1], ext_deg], dim=1)
+    # One packed gather per step gives the CSR offset, the degree and the degree - 1 of the
+    # current node.
+    table = torch.stack([ext_rowptr[:-1], ext_deg, ext_deg - 1], dim=1)
 
     # Step-major hop records, written in place (sizes are known from alive_count).
     counts = alive_count[1:] if L > 0 else []
@@ -247,19 +248,27 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
         ptr.append(ptr[-1] + A)
     step_ptr = torch.tensor(ptr, dtype=torch.long, device=device)
     cur = walker_start.index_select(0, order)
+    # Scratch buffers reused by every step (the step loop allocates nothing).
+    A0 = counts[0] if L > 0 else 0
+    rd_buf = torch.empty(A0, 3, dtype=torch.long, device=device)
+    r_buf = torch.empty(A0, device=device)
+    k_buf = torch.empty(A0, dtype=torch.long, device=device)
     for t in range(L):
         A = counts[t]  # walkers that take hop t + 1
         if A == 0:
             break
         cur = cur[:A]
-        rd = table.index_select(0, cur)
-        base, d = rd[:, 0], rd[:, 1]
+        rd = torch.index_select(table, 0, cur, out=rd_buf[:A])
+        base, d, d_last = rd[:, 0], rd[:, 1], rd[:, 2]
         if walker == 'repelling':
             r = _stratified_uniforms(order[:A] // n * (num_nodes + 1) + cur, generator)
         else:
-            r = torch.rand(A, generator=generator, device=device)
+            r = torch.rand(A, generator=generator, device=device, out=r_buf[:A])
+        r.mul_(d)                            # uniform in [0, d)
+        k = k_buf[:A].copy_(r)               # truncation to the neighbour's rank
+        k.clamp_max_(d_last)                 # guards float rounding up to d
         p = pos[ptr[t]:ptr[t + 1]]
-        torch.add(base, (r * d).long().clamp_max_(d - 1), out=p)
+        torch.add(base, k, out=p)
         cur = torch.index_select(ext_col, 0, p, out=node[ptr[t]:ptr[t + 1]])
     if has_sinks:
         dead = node == num_nodes
