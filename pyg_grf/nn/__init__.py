@@ -1,6 +1,7 @@
 r"""Neural-network modules: attention layers, encoders, models."""
 from pyg_grf.nn.attention.gkat import GKATAttention
 from pyg_grf.nn.attention.grf import GRFAttention
+from pyg_grf.nn.attention.masked import MaskedLinearAttention
 from pyg_grf.nn.attention.samsa import SAMSAAttention
 from pyg_grf.nn.encoders.graph_bridge import GraphBridge
 from pyg_grf.nn.attention.reference import (LinearAttention, PowerSeriesAttention,
@@ -10,6 +11,7 @@ from pyg_grf.nn.models.graph_transformer import GraphTransformer
 
 __all__ = [
     'GRFAttention',
+    'MaskedLinearAttention',
     'LinearAttention',
     'PowerSeriesAttention',
     'SoftmaxAttention',

@@ -1,0 +1,133 @@
+r"""Multi-head linear attention with any :class:`~pyg_grf.masks.MaskOperator` (FTFI paper, Sec. 2,
+Lemma 2.1 and Algorithm 1): the layer form of
+:func:`~pyg_grf.nn.functional.masked_linear_attention`."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+from torch import Tensor, nn
+
+from pyg_grf.masks.base import MaskOperator
+from pyg_grf.masks.packing import PackingMask
+from pyg_grf.nn.attention.base import QKVAttention
+from pyg_grf.nn.functional import masked_linear_attention
+
+
+class MaskedLinearAttention(QKVAttention):
+    r"""Multi-head linear attention masked by any mask with a fast product :math:`MX`
+    (causal, Toeplitz / grid RPE, tree, diffusion-kernel, GRF, RWGNK, packing, low-rank, dense):
+
+    .. math::
+        \mathbf{x}'_i = \mathbf{W}_o\,\Big\Vert_{h=1}^{H}
+        \frac{\phi(\mathbf{q}^{(h)}_i)^\top \sum_j M^{(h)}_{ij}\,\phi(\mathbf{k}^{(h)}_j)
+              \mathbf{v}^{(h)\top}_j}
+             {\phi(\mathbf{q}^{(h)}_i)^\top \sum_j M^{(h)}_{ij}\,\phi(\mathbf{k}^{(h)}_j)}
+
+    at the cost of one product :math:`MX` on an :math:`N \times H(md + m)` matrix (FTFI paper,
+    Algorithm 1). A shared mask (``mask.num_heads is None``) applies to every head; a per-head
+    mask needs ``num_heads == heads``.
+
+    The mask comes either with every call (``forward(x, mask)``, e.g. a fixed
+    :class:`~pyg_grf.masks.CausalMask`), or from a *mask module* given to the constructor: an
+    :class:`torch.nn.Module` that returns a :class:`~pyg_grf.masks.MaskOperator` from the
+    keyword arguments of :meth:`forward`. Its parameters (e.g. learnable Toeplitz weights, tree
+    decay ``a``, diffusion time ``lam``) are then parameters of this layer and are trained with
+    it. With neither, every graph of the batch attends to itself only
+    (:class:`~pyg_grf.masks.PackingMask`, plain linear attention per graph).
+
+    Args:
+        channels (int): input and output size.
+        heads (int, optional): number of heads :math:`H` (default: :obj:`1`).
+        head_channels (int, optional): size per head (default: ``channels // heads``).
+        feature_map (str or FeatureMap, optional): :math:`\phi`: ``'relu'``, ``'elu'`` or
+            ``'favor+'`` (default: ``'elu'``). The mask should be non-negative when
+            :math:`\phi` is, so that the normaliser stays positive.
+        feature_map_kwargs (dict, optional): arguments of the feature map.
+        mask_module (torch.nn.Module, optional): builds the mask from the keyword arguments of
+            :meth:`forward` (default: :obj:`None`).
+        dropout (float, optional): dropout on the attention output (default: :obj:`0.`).
+        bias (bool, optional): biases in the projections (default: :obj:`True`).
+        eps (float, optional): added to the normaliser (default: :obj:`1e-6`).
+
+    Shapes:
+        - **input:** node (token) features :math:`(N, F)`, a mask over :math:`N` nodes
+        - **output:** :math:`(N, F)`
+
+    Example::
+
+        import torch
+        from pyg_grf.masks import ToeplitzMask
+        from pyg_grf.nn.attention.masked import MaskedLinearAttention
+
+        class RPE(torch.nn.Module):      # learnable 1-D relative positions, one f per head
+            def __init__(self, max_len, heads):
+                super().__init__()
+                self.w = torch.nn.Parameter(torch.zeros(heads, 2 * max_len - 1))
+            def forward(self, length):
+                L = self.w.size(1) // 2 + 1
+                return ToeplitzMask(self.w[:, L - length:L + length - 1].exp())
+
+        attn = MaskedLinearAttention(64, heads=4, mask_module=RPE(512, 4))
+        out = attn(torch.randn(300, 64), length=300)   # O(N log N), gradients reach RPE.w
+    """
+
+    def __init__(self, channels: int, heads: int = 1, head_channels: Optional[int] = None,
+                 feature_map: Any = 'elu', feature_map_kwargs: Optional[Dict[str, Any]] = None,
+                 mask_module: Optional[nn.Module] = None, dropout: float = 0.0,
+                 bias: bool = True, eps: float = 1e-6):
+        super().__init__(channels, heads, head_channels, feature_map, feature_map_kwargs,
+                         dropout, bias)
+        if mask_module is not None and not isinstance(mask_module, nn.Module):
+            raise TypeError(f"'mask_module' must be a torch.nn.Module that returns a "
+                            f"MaskOperator, got {type(mask_module).__name__}")
+        self.mask_module = mask_module
+        self.eps = eps
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        super().reset_parameters()
+        if getattr(self, 'mask_module', None) is not None and \
+                hasattr(self.mask_module, 'reset_parameters'):
+            self.mask_module.reset_parameters()
+
+    def forward(self, x: Tensor, mask: Optional[MaskOperator] = None,
+                batch: Optional[Tensor] = None, **mask_kwargs: Any) -> Tensor:
+        r"""
+        Args:
+            x (Tensor): ``[N, channels]``.
+            mask (MaskOperator, optional): the mask; overrides the mask module.
+            batch (Tensor, optional): ``[N]`` graph ids, used only when there is no mask at all
+                (per-graph unmasked attention).
+            **mask_kwargs: passed to the mask module.
+        """
+        N = x.size(0) if x.dim() == 2 else -1
+        if mask is None and self.mask_module is not None:
+            mask = self.mask_module(**mask_kwargs)
+            if not isinstance(mask, MaskOperator):
+                raise TypeError(f"the mask module {self.mask_module.__class__.__name__} must "
+                                f"return a MaskOperator, got {type(mask).__name__}")
+        elif mask_kwargs:
+            raise TypeError(f"unexpected keyword arguments {sorted(mask_kwargs)}: they are "
+                            f"passed to the mask module, and this layer has none")
+        if mask is None:
+            if batch is not None and batch.shape != (N,):
+                raise ValueError(f"'batch' must have shape [{N}] (one graph id per node), got "
+                                 f"{tuple(batch.shape)}")
+            mask = PackingMask(batch if batch is not None else x.new_zeros(max(N, 0)).long())
+        elif not isinstance(mask, MaskOperator):
+            raise TypeError(f"'mask' must be a pyg_grf.masks.MaskOperator, got "
+                            f"{type(mask).__name__}")
+        q, k, v = self.project(x)
+        if mask.num_nodes != N:
+            raise ValueError(f"the mask covers {mask.num_nodes} nodes but 'x' has {N} rows")
+        if mask.num_heads is not None and mask.num_heads != self.heads:
+            raise ValueError(f"the mask has {mask.num_heads} heads but the layer has "
+                             f"{self.heads}")
+        phi_q, phi_k = self.features(q, k)
+        out = masked_linear_attention(phi_q, phi_k, v, mask, eps=self.eps)
+        return self.finish(out)
+
+    def _extra_repr(self) -> str:
+        if self.mask_module is None:
+            return ''
+        return f', mask_module={self.mask_module.__class__.__name__}'
