@@ -39,6 +39,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 # Imported so that short class names (``class_path: GraphLevelTask``) resolve too.
 from pyg_grf.lightning import datamodules as _datamodules  # noqa: F401
 from pyg_grf.lightning import tasks as _tasks  # noqa: F401
+from pyg_grf.utils import tune_malloc
 
 TRAINER_DEFAULTS: Dict[str, Any] = {
     'gradient_clip_val': 2.0,
@@ -180,7 +181,9 @@ def _run_folds(opts: argparse.Namespace, rest: List[str]) -> List[Dict[str, Any]
 
 
 def main(args: Optional[Sequence[str]] = None):
-    r"""Entry point of the ``pyg-grf`` console script."""
+    r"""Entry point of the ``pyg-grf`` console script. Keeps freed tensor memory in the process
+    (:func:`pyg_grf.utils.tune_malloc`; ``PYG_GRF_MALLOC=default`` turns that off)."""
+    tune_malloc()
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] == 'cv':
         return run_cv(argv[1:])
