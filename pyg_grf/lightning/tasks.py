@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics import Accuracy, MeanAbsoluteError, Metric
+from torchmetrics import Accuracy, F1Score, MeanAbsoluteError, Metric
 
 from pyg_grf.lightning.metrics import MultilabelAveragePrecision
 
@@ -32,6 +32,14 @@ _DEFAULT_LOSS = {
     'regression': 'l1',
 }
 SPLITS = ('train', 'val', 'test')
+#: Metrics per task (the first is the default): accuracy, LRGB macro average precision, mean
+#: absolute error, macro F1 (LRGB PascalVOC-SP / COCO-SP).
+METRICS = {
+    'binary': ('acc',),
+    'multiclass': ('acc', 'macro_f1'),
+    'multilabel': ('ap',),
+    'regression': ('mae',),
+}
 
 
 def _build_model(model: Union[torch.nn.Module, Dict[str, Any]]) -> torch.nn.Module:
@@ -98,10 +106,14 @@ class _Task(pl.LightningModule):
         max_epochs: Optional[int] = None,
         min_lr_ratio: float = 0.,
         betas: tuple = (0.9, 0.999),
+        metric: Optional[str] = None,
     ):
         super().__init__()
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got '{task}'")
+        if metric is not None and metric not in METRICS[task]:
+            raise ValueError(f"metric for task='{task}' must be one of {METRICS[task]}, got "
+                             f"'{metric}'")
         if task == 'multiclass' and num_classes is None:
             raise ValueError("task='multiclass' needs num_classes")
         if task == 'multilabel' and num_labels is None:
@@ -131,8 +143,7 @@ class _Task(pl.LightningModule):
         self.min_lr_ratio = min_lr_ratio
         self.betas = tuple(betas)
         # One metric object per split.
-        self.metric_name = {'binary': 'acc', 'multiclass': 'acc', 'multilabel': 'ap',
-                            'regression': 'mae'}[task]
+        self.metric_name = metric or METRICS[task][0]
         # (ModuleDict keys must not shadow nn.Module attributes such as `train`.)
         self.metrics = torch.nn.ModuleDict({f'{split}_metric': self._make_metric()
                                             for split in SPLITS})
@@ -140,6 +151,8 @@ class _Task(pl.LightningModule):
     def _make_metric(self) -> Metric:
         if self.task == 'binary':
             return Accuracy(task='binary')
+        if self.task == 'multiclass' and self.metric_name == 'macro_f1':
+            return F1Score(task='multiclass', num_classes=self.num_classes, average='macro')
         if self.task == 'multiclass':
             return Accuracy(task='multiclass', num_classes=self.num_classes)
         if self.task == 'multilabel':
@@ -266,8 +279,15 @@ class GraphLevelTask(_Task):
             trainer's ``max_epochs``).
         min_lr_ratio (float, optional): final learning rate / ``lr`` (default: :obj:`0.`).
         betas (tuple, optional): AdamW betas (default: :obj:`(0.9, 0.999)`).
+        metric (str, optional): the metric, one of :data:`METRICS` for the task: ``'acc'``
+            (binary, multiclass), ``'macro_f1'`` (multiclass; LRGB PascalVOC-SP / COCO-SP),
+            ``'ap'`` (multilabel), ``'mae'`` (regression) (default: the first for the task).
 
-    Logs ``{train,val,test}/loss`` and ``{train,val,test}/{acc,ap,mae}``.
+    Node-level targets on mini-batches of graphs (LRGB PascalVOC-SP / COCO-SP: ``y [N]``, one
+    class per node) work the same way with a model that does not pool
+    (``GraphTransformer(pooling=None)``): every node is one example.
+
+    Logs ``{train,val,test}/loss`` and ``{train,val,test}/{acc,ap,mae,macro_f1}``.
     """
 
     def _step(self, batch, split: str) -> Tensor:

@@ -101,3 +101,33 @@ def test_node_level_task(tmp_path):
     trainer.fit(module, loader, loader)
     metrics = trainer.test(module, loader, verbose=False)[0]
     assert 0.0 <= metrics['test/acc'] <= 1.0 and 'test/loss' in metrics
+
+
+def test_macro_f1_metric_equals_sklearn_over_node_batches():
+    # The superpixel LRGB metric: macro F1 over classes, accumulated over batches of nodes,
+    # against sklearn on the concatenated predictions.
+    sk = pytest.importorskip('sklearn.metrics')
+    from pyg_grf.lightning.tasks import GraphLevelTask
+    task = GraphLevelTask(torch.nn.Identity(), task='multiclass', num_classes=5,
+                          metric='macro_f1')
+    assert task.metric_name == 'macro_f1'
+    gen = torch.Generator().manual_seed(0)
+    outs, ys = [], []
+    for n in (30, 17, 41):
+        out, y = torch.randn(n, 5, generator=gen), torch.randint(0, 5, (n,), generator=gen)
+        out[y == 2, 2] += 1.5  # some signal, so that F1 differs across classes
+        task._update_metric('val', *task._prepare(out, y))
+        outs.append(out)
+        ys.append(y)
+    got = float(task.metrics['val_metric'].compute())
+    pred = torch.cat(outs).argmax(-1).numpy()
+    expected = sk.f1_score(torch.cat(ys).numpy(), pred, average='macro')
+    assert got == pytest.approx(expected, abs=1e-6)
+
+
+def test_metric_must_fit_the_task():
+    from pyg_grf.lightning.tasks import GraphLevelTask
+    with pytest.raises(ValueError, match=r"metric for task='regression' must be one of \('mae',\)"):
+        GraphLevelTask(torch.nn.Identity(), task='regression', metric='macro_f1')
+    with pytest.raises(ValueError, match="must be one of"):
+        GraphLevelTask(torch.nn.Identity(), task='multilabel', num_labels=3, metric='acc')
