@@ -194,8 +194,28 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
     #    a node without out-edges). P(len >= k) = (1 - p_halt)^k for every scheme.
     if fixed_length or L == 0:
         hops = torch.full((W,), L, dtype=torch.long, device=device)
+    elif walker == 'antithetic' and float(p_halt) <= 0.5:
+        # Per step, walkers (2j, 2j+1) halt on u < p and on (u + 1/2) mod 1 < p: for p <= 1/2
+        # the two events are disjoint, so each step has three outcomes (first halts, second
+        # halts, neither) with probabilities p, p, 1 - 2p, independently across steps. Sampled
+        # in closed form per pair instead of per step: the first step T at which either halts is
+        # geometric with 2p, a fair coin says which one, and the other one halts after a further
+        # geometric number of steps with p. Same law as the per-step draws, O(1) per pair.
+        P = (n + 1) // 2
+        u = torch.rand((3, S, P), generator=generator, device=device).clamp_min_(1e-12)
+        p = float(p_halt)
+        if p >= 0.5:
+            first = torch.zeros((S, P), dtype=torch.long, device=device)
+        else:
+            first = torch.floor(torch.log(u[0]) / math.log1p(-2.0 * p)).long()
+        other = first + 1 + torch.floor(torch.log(u[1]) / math.log1p(-p)).long()
+        swap = u[2] < 0.5
+        pair = torch.stack([torch.where(swap, other, first), torch.where(swap, first, other)],
+                           dim=2)  # [S, P, 2]
+        hops = pair.view(S, 2 * P)[:, :n].reshape(W).clamp_max_(L)
     elif walker == 'antithetic':
-        # Per step, walkers (2j, 2j+1) use uniforms u and (u + 1/2) mod 1.
+        # Per step, walkers (2j, 2j+1) use uniforms u and (u + 1/2) mod 1 (p > 1/2: both may
+        # halt at the same step).
         P = (n + 1) // 2
         u = torch.rand((S, P, L), generator=generator, device=device)
         u = torch.stack([u, torch.remainder(u + 0.5, 1.0)], dim=2).view(S, 2 * P, L)[:, :n]

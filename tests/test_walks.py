@@ -33,7 +33,7 @@ def test_walks_follow_edges_and_are_reproducible(walker):
 
 
 @pytest.mark.parametrize('walker', ['iid', 'antithetic', 'repelling'])
-@pytest.mark.parametrize('p_halt', [0.2, 0.5])
+@pytest.mark.parametrize('p_halt', [0.2, 0.5, 0.7])
 def test_length_distribution_is_truncated_geometric(walker, p_halt):
     # On a graph without sinks, P(len >= k) = (1 - p)^k for k <= L for every scheme.
     ei = grid_graph(10, 10)
@@ -54,6 +54,38 @@ def test_antithetic_pairs_never_halt_together():
     lengths = rw.length.view(36, 2, 2)  # [start, pair, member]
     # with p_halt = 1/2 exactly one walker of an active pair halts at each step
     assert bool((lengths[..., 0] != lengths[..., 1]).all())
+
+
+@pytest.mark.parametrize('p_halt', [0.3, 0.5])
+def test_antithetic_joint_law_of_pairs(p_halt):
+    # Exact joint law of the lengths (a, b) of an antithetic pair under per-step coupled
+    # uniforms u, (u + 1/2) mod 1 with p <= 1/2: before either halts, each step has outcomes
+    # (first halts, second halts, neither) with probabilities (p, p, 1 - 2p); afterwards the
+    # survivor halts with p per step; both truncated at L.
+    L, n, S = 5, 8, 400
+    p, q = p_halt, 1 - 2 * p_halt
+
+    def exact(a, b):
+        if a == b:
+            return q ** L if a == L else 0.0
+        lo, hi = min(a, b), max(a, b)
+        tail = (1 - p) ** (hi - lo - 1) * (p if hi < L else 1.0)
+        return q ** lo * p * tail
+
+    ei = grid_graph(20, 20)
+    rw = sample_walks(ei, S, n, p_halt, L, walker='antithetic', generator=gen(4))
+    pairs = rw.length.view(S, n // 2, 2).reshape(-1, 2)
+    M = pairs.size(0)
+    counts = torch.zeros(L + 1, L + 1)
+    counts.index_put_((pairs[:, 0], pairs[:, 1]), torch.ones(M), accumulate=True)
+    total = 0.0
+    for a in range(L + 1):
+        for b in range(L + 1):
+            pr = exact(a, b)
+            total += pr
+            se = math.sqrt(max(pr * (1 - pr), 1e-12) / M)
+            assert abs(counts[a, b].item() / M - pr) < 5 * se + 1e-9, (a, b, counts[a, b] / M, pr)
+    assert total == pytest.approx(1.0)
 
 
 def test_repelling_walkers_take_distinct_neighbours():
