@@ -451,6 +451,8 @@ def run_benchmark(args) -> dict:
         _side(N)
     repeats = args.repeats if args.repeats is not None else (1 if args.quick else 3)
     methods = args.methods.split(',') if args.methods else list(METHODS)
+    if args.sampler_only:
+        methods = []
     cache = tempfile.TemporaryDirectory(prefix='bench_grf_')
     common = dict(threads=args.threads, channels=args.channels, heads=args.heads,
                   num_walks=args.num_walks, p_halt=args.p_halt, max_length=args.max_length,
@@ -479,7 +481,7 @@ def run_benchmark(args) -> dict:
                 sampler.append(dict(N=N, status=res['status']))
 
     profile = None
-    if not args.no_profile:
+    if not args.no_profile and not args.sampler_only:
         pN = args.profile_n or (16384 if args.quick else 65536)
         log(f'[{time.time() - started:6.1f}s] profile GRF (symmetric) N={pN} ...')
         profile = spawn(dict(common, kind='profile', method='grf_sym', N=pN), args.timeout)
@@ -723,6 +725,9 @@ def to_markdown(R: dict) -> str:
         L.append('walker-steps/s = hops actually taken (records with node >= 0) / wall time of '
                  'one `sample_walks` call (median), including its setup (halting draws, sort, '
                  'CSR). walks/s = walkers (N * n) / the same time.\n')
+        if meta.get('sampler_command'):
+            L.append(f"Sampler rows from a later run: `{meta['sampler_command']}` at commit "
+                     f"{meta.get('sampler_commit')}.\n")
         L.append('| N | walker | p_halt | hops | time (ms) | walker-steps/s (M) | walks/s (M) |')
         L.append('|---|---|---:|---:|---:|---:|---:|')
         for r in R['sampler']:
@@ -813,6 +818,11 @@ def main(argv=None) -> None:
     ap.add_argument('--profile-n', type=int, default=None,
                     help='N for the profile (default 65536; quick: 16384)')
     ap.add_argument('--no-sampler', action='store_true')
+    ap.add_argument('--sampler-only', action='store_true',
+                    help='only the walk sampler; with --merge-sampler-into, its rows replace '
+                         'the sampler rows of a saved JSON, re-rendered')
+    ap.add_argument('--merge-sampler-into', type=str, default=None,
+                    help='a bench_grf JSON whose sampler rows this run replaces')
     ap.add_argument('--no-profile', action='store_true')
     ap.add_argument('--malloc-tuned', action='store_true',
                     help='run workers with ' + ' '.join(f'{k}={v}' for k, v in MALLOC_TUNED_ENV.items())
@@ -833,6 +843,12 @@ def main(argv=None) -> None:
         R = json.loads(Path(args.from_json).read_text())
     else:
         R = run_benchmark(args)
+        if args.merge_sampler_into:
+            base = json.loads(Path(args.merge_sampler_into).read_text())
+            base['sampler'] = R['sampler']
+            base['meta']['sampler_command'] = R['meta']['command']
+            base['meta']['sampler_commit'] = R['meta'].get('git_commit')
+            R = base
     if args.notes_file:
         R['notes'] = Path(args.notes_file).read_text()
     md = to_markdown(R)
