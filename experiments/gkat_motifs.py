@@ -24,6 +24,8 @@ up to 500 with early stopping, patience 80). Results: experiments/results/gkat_m
 from __future__ import annotations
 
 import argparse
+import glob
+import json
 import os
 import os.path as osp
 import statistics
@@ -43,6 +45,8 @@ from pyg_grf.nn import GKATAttention  # noqa: E402
 from pyg_grf.transforms import AddRWGNKFeatures  # noqa: E402
 
 TABLE = osp.join(REPO, 'experiments', 'results', 'gkat_motifs.md')
+NOTES = osp.join(REPO, 'experiments', 'results', 'gkat_motifs_notes.md')
+RUNS = osp.join(REPO, 'experiments', 'results', 'runs', 'gkat_motifs')
 
 
 class Net(torch.nn.Module):
@@ -66,12 +70,15 @@ class Net(torch.nn.Module):
         self.head = torch.nn.Linear(out, 2)
 
     def forward(self, data):
+        kw = {}
         if self.kind == 'gkat':
             args = (data.rwgnk_index, data.rwgnk_value)
+            if getattr(data, 'rwgnk_kernel_index', None) is not None:  # pairs stored once
+                kw['kernel'] = (data.rwgnk_kernel_index, data.rwgnk_kernel_value)
         else:
             args = (data.edge_index,)
-        x = F.elu(self.conv1(data.x, *args))
-        x = F.elu(self.conv2(x, *args))
+        x = F.elu(self.conv1(data.x, *args, **kw))
+        x = F.elu(self.conv2(x, *args, **kw))
         return self.head(global_mean_pool(x, data.batch))
 
 
@@ -133,6 +140,7 @@ def main(argv=None):
     p.add_argument('--lam', type=float, default=0.8)
     p.add_argument('--alpha', type=float, default=1.0)
     p.add_argument('--threads', type=int, default=1)
+    p.add_argument('--tag', default='', help='name of the saved run (default: the motifs)')
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
 
@@ -147,8 +155,11 @@ def main(argv=None):
 
     rows = []
     for motif in args.motifs:
+        # Softmax mode: the kernel pairs are stored with the dataset too (not recomputed by every
+        # layer in every step).
         pre = AddRWGNKFeatures(num_walks=args.num_walks, lam=args.lam, alpha=args.alpha,
-                               max_length=args.walk_length, seed=0)
+                               max_length=args.walk_length, seed=0,
+                               kernel_threshold=args.threshold if args.mode == 'softmax' else None)
         ds = MotifDataset(motif=motif, num_graphs=args.num_graphs, seed=0, pre_transform=pre)
         perm = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0))
         split = int(0.75 * len(ds))
@@ -168,30 +179,45 @@ def main(argv=None):
             rows.append((motif, kind, params[kind], statistics.mean(accs), std,
                          statistics.mean(secs), statistics.mean(eps)))
 
-    lines = [
-        '# Motif detection: GKAT vs GAT vs GCN (FTFI paper, Sec. 5.1.1)',
-        '',
-        f'MotifDataset, {args.num_graphs} graphs per motif (paper: 4096), 75/25 train/val split, '
-        f'at most {args.epochs} epochs with early stopping after {args.patience} epochs without '
-        f'a better validation accuracy (paper: 500 and 80), Adam lr {args.lr}, '
-        f'batch {args.batch_size}; '
-        f'best validation accuracy (%) over epochs, mean ± std over {args.seeds} seeds. '
-        f'2 layers each + mean pooling + linear classifier. GKAT: mode={args.mode!r}, 2 heads x '
-        f'{args.hidden}, RWGNK tau={args.walk_length}, n={args.num_walks}, lam={args.lam}, '
-        f'alpha={args.alpha}, threshold={args.threshold}. Hidden sizes of GAT (2 heads) and GCN '
-        f'chosen to match the GKAT parameter count: '
-        + ', '.join(f'{k.upper()} hidden {hidden[k]} ({params[k]} params)' for k in hidden)
-        + f'. CPU, {args.threads} thread(s) per run.',
-        '',
-        '| motif | model | params | val acc | epochs (mean) | s / epoch |',
-        '|---|---|---|---|---|---|',
-    ]
-    for motif, kind, n, mean, std, sec, ep in rows:
-        lines.append(f'| {motif} | {kind.upper()} | {n} | {mean:.1f} ± {std:.1f} | {ep:.0f} | '
-                     f'{sec:.2f} |')
-    cmd = 'nice -n 10 python experiments/gkat_motifs.py ' + ' '.join(
+    cmd = 'python experiments/gkat_motifs.py ' + ' '.join(
         argv if argv is not None else sys.argv[1:])
-    lines += ['', 'Command:', '', '```', cmd, '```', '']
+    header = (
+        f'MotifDataset, {args.num_graphs} graphs per motif (paper: 4096), 75/25 train/val '
+        f'split, at most {args.epochs} epochs with early stopping after {args.patience} epochs '
+        f'without a better validation accuracy (paper: 500 and 80), Adam lr {args.lr}, '
+        f'batch {args.batch_size}; best validation accuracy (%) over epochs, mean ± std over '
+        f'{args.seeds} seeds. 2 layers each + mean pooling + linear classifier. GKAT: '
+        f'mode={args.mode!r}, 2 heads x {args.hidden}, RWGNK tau={args.walk_length}, '
+        f'n={args.num_walks}, lam={args.lam}, alpha={args.alpha}, threshold={args.threshold}. '
+        f'Hidden sizes of GAT (2 heads) and GCN chosen to match the GKAT parameter count: '
+        + ', '.join(f'{k.upper()} hidden {hidden[k]} ({params[k]} params)' for k in hidden)
+        + f'. CPU, {args.threads} thread(s) per run.')
+    os.makedirs(RUNS, exist_ok=True)
+    name = args.tag or '_'.join(args.motifs)
+    with open(osp.join(RUNS, name + '.json'), 'w') as f:
+        json.dump({'header': header, 'rows': rows, 'command': cmd}, f, indent=1)
+    write_table()
+
+
+def write_table():
+    r"""Rebuilds the markdown table from every saved run (one per motif group)."""
+    runs = []
+    for path in sorted(glob.glob(osp.join(RUNS, '*.json'))):
+        with open(path) as f:
+            runs.append(json.load(f))
+    lines = ['# Motif detection: GKAT vs GAT vs GCN (FTFI paper, Sec. 5.1.1)', '']
+    for header in dict.fromkeys(r['header'] for r in runs):
+        lines += [header, '']
+    lines += ['| motif | model | params | val acc | epochs (mean) | s / epoch |',
+              '|---|---|---|---|---|---|']
+    for r in runs:
+        for motif, kind, n, mean, std, sec, ep in r['rows']:
+            lines.append(f'| {motif} | {kind.upper()} | {n} | {mean:.1f} ± {std:.1f} | '
+                         f'{ep:.0f} | {sec:.2f} |')
+    if osp.exists(NOTES):
+        with open(NOTES) as f:
+            lines += ['', f.read().rstrip()]
+    lines += ['', 'Commands:', '', '```'] + [r['command'] for r in runs] + ['```', '']
     os.makedirs(osp.dirname(TABLE), exist_ok=True)
     with open(TABLE, 'w') as f:
         f.write('\n'.join(lines))

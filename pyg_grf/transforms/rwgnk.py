@@ -24,7 +24,15 @@ class AddRWGNKFeatures(BaseTransform):
       block-diagonal stack of the per-graph features.
     * ``rwgnk_value`` ``[nnz]``: :math:`\Psi_{hi}`.
 
-    GKAT layers (:class:`~pyg_grf.nn.GKATAttention`) read both. As a ``pre_transform`` the walks
+    With ``kernel_threshold`` set, it also stores the pairs of the kernel
+    :math:`\mathcal{K} = \Psi\Psi^\top` above that threshold (see
+    :func:`~pyg_grf.nn.attention.gkat.rwgnk_kernel`), so that ``GKATAttention(mode='softmax')``
+    on mini-batches does not recompute the sparse product in every layer and every step:
+
+    * ``rwgnk_kernel_index`` ``[2, P]`` (batched like ``rwgnk_index``) and
+      ``rwgnk_kernel_value`` ``[P]``.
+
+    GKAT layers (:class:`~pyg_grf.nn.GKATAttention`) read them. As a ``pre_transform`` the walks
     are sampled once and cached with the dataset; as a ``transform`` they are re-sampled every time
     a graph is loaded (fresh walks every epoch). With a ``seed`` the sequence of draws is
     reproducible (one generator, created from the seed, advances over the calls).
@@ -40,6 +48,9 @@ class AddRWGNKFeatures(BaseTransform):
         walker (str): ``'iid'``, ``'antithetic'`` or ``'repelling'`` (default: ``'iid'``).
         seed (int, optional): seed of the random walks (default: :obj:`None`, torch's global
             generator).
+        kernel_threshold (float, optional): also store the kernel pairs with
+            :math:`|\mathcal{K}_{ij}| >` ``kernel_threshold`` (``0.``: every nonzero); :obj:`None`
+            stores none (default: :obj:`None`).
 
     Example:
         >>> transform = AddRWGNKFeatures(num_walks=32, lam=0.8, alpha=1.0, max_length=3, seed=0)
@@ -49,8 +60,11 @@ class AddRWGNKFeatures(BaseTransform):
 
     def __init__(self, num_walks: int, lam: float, alpha: float, max_length: int,
                  p_halt: Optional[float] = None, walker: str = 'iid',
-                 seed: Optional[int] = None) -> None:
+                 seed: Optional[int] = None, kernel_threshold: Optional[float] = None) -> None:
         _check_rwgnk_args(lam, alpha)
+        if kernel_threshold is not None and not kernel_threshold >= 0:
+            raise ValueError(f"'kernel_threshold' must be None or >= 0, got {kernel_threshold!r}")
+        self.kernel_threshold = kernel_threshold
         _check_args(num_walks, p_halt, max_length, walker, p_halt is None)
         self.num_walks = num_walks
         self.lam = lam
@@ -74,9 +88,17 @@ class AddRWGNKFeatures(BaseTransform):
                              walker=self.walker, generator=self.generator)
         data.rwgnk_index = psi.indices().to(data.edge_index.device)
         data.rwgnk_value = psi.values().to(data.edge_index.device)
+        if self.kernel_threshold is not None:
+            from pyg_grf.nn.attention.gkat import rwgnk_kernel
+            k_index, k_value = rwgnk_kernel(psi.indices(), psi.values(), num_nodes,
+                                            self.kernel_threshold)
+            data.rwgnk_kernel_index = k_index.to(data.edge_index.device)
+            data.rwgnk_kernel_value = k_value.to(data.edge_index.device)
         return data
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}(num_walks={self.num_walks}, lam={self.lam}, '
                 f'alpha={self.alpha}, max_length={self.max_length}, p_halt={self.p_halt}, '
-                f'walker={self.walker!r}, seed={self.seed})')
+                f'walker={self.walker!r}, seed={self.seed}'
+                + (f', kernel_threshold={self.kernel_threshold}'
+                   if self.kernel_threshold is not None else '') + ')')

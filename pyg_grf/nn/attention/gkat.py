@@ -194,7 +194,8 @@ class GKATAttention(torch.nn.Module):
         self._cache = None
 
     def forward(self, x: Tensor, rwgnk_index: Tensor, rwgnk_value: Tensor,
-                batch: OptTensor = None) -> Tensor:
+                batch: OptTensor = None, kernel: Optional[Tuple[Tensor, Tensor]] = None
+                ) -> Tensor:
         r"""Runs the layer.
 
         Args:
@@ -231,7 +232,17 @@ class GKATAttention(torch.nn.Module):
             out = masked_linear_attention(phi_q, phi_k, v, mask, eps=self.eps)
         elif self.mode == 'softmax':
             # Pairs (i, j) with K_ij != 0 from the sparse product Psi Psi^T.
-            if self.cached and self._cache is not None:
+            if kernel is not None:
+                k_index, k_value = kernel
+                if k_index.dim() != 2 or k_index.size(0) != 2 or \
+                        k_value.shape != (k_index.size(1),):
+                    raise ValueError(f"'kernel' must be (index [2, P], value [P]), got shapes "
+                                     f"{tuple(k_index.shape)} and {tuple(k_value.shape)}")
+                if self.threshold > 0:
+                    keep = k_value.abs() > self.threshold
+                    k_index, k_value = k_index[:, keep], k_value[keep]
+                pattern = SparsePattern(k_index, (N, N))
+            elif self.cached and self._cache is not None:
                 k_index, k_value, pattern = self._cache
             else:
                 k_index, k_value = rwgnk_kernel(rwgnk_index, rwgnk_value, N, self.threshold)

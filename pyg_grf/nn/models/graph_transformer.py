@@ -61,6 +61,8 @@ class AttentionAdapter(torch.nn.Module):
 
     #: Batch attributes this attention reads.
     requires: Tuple[str, ...] = ()
+    #: Batch attributes this attention reads when they are there.
+    optional: Tuple[str, ...] = ()
     #: How to provide them (shown in the error when they are missing).
     hint: str = ''
 
@@ -172,6 +174,7 @@ class GKATAdapter(AttentionAdapter):
     (FTFI paper, Sec. 4.2). Needs :class:`~pyg_grf.transforms.AddRWGNKFeatures`."""
 
     requires = ('rwgnk_index', 'rwgnk_value')
+    optional = ('rwgnk_kernel_index', 'rwgnk_kernel_value')
     hint = "add the transform pyg_grf.transforms.AddRWGNKFeatures (best as pre_transform)"
 
     def build(self, channels, heads, dropout, **kwargs):
@@ -179,7 +182,10 @@ class GKATAdapter(AttentionAdapter):
         return GKATAttention(channels, heads=heads, dropout=dropout, **kwargs)
 
     def forward(self, x, batch, num_graphs, fields):
-        return self.attn(x, fields['rwgnk_index'], fields['rwgnk_value'], batch)
+        kernel = None
+        if 'rwgnk_kernel_index' in fields and 'rwgnk_kernel_value' in fields:
+            kernel = (fields['rwgnk_kernel_index'], fields['rwgnk_kernel_value'])
+        return self.attn(x, fields['rwgnk_index'], fields['rwgnk_value'], batch, kernel=kernel)
 
 
 class SAMSAAdapter(AttentionAdapter):
@@ -626,6 +632,9 @@ class GraphTransformer(torch.nn.Module):
         fields: Dict[str, Any] = {}
         if self.attention_cls is not None:
             fields = {name: data[name] for name in self.attention_cls.requires}
+            for name in self.attention_cls.optional:
+                if getattr(data, name, None) is not None:
+                    fields[name] = data[name]
 
         # Blocks.
         for block in self.blocks:

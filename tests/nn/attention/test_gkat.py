@@ -166,3 +166,36 @@ def test_threshold_drops_small_kernel_entries(mode):
     assert 'threshold=0.2' in str(layer)
     with pytest.raises(ValueError, match="'threshold' must be >= 0"):
         GKATAttention(8, mode=mode, threshold=-1.0)
+
+
+@pytest.mark.parametrize('stored,layer_threshold', [(0.0, 0.0), (0.1, 0.0), (0.0, 0.2)])
+def test_precomputed_kernel_pairs(stored, layer_threshold):
+    # AddRWGNKFeatures(kernel_threshold=...) stores the pairs of K = Psi Psi^T above it; batched,
+    # they are the block-diagonal dense K, and the softmax layer fed with them equals the dense
+    # reference with K thresholded at the larger of the two thresholds.
+    torch.manual_seed(0)
+    graphs = []
+    for n, edges in [(5, [[0, 1, 2, 3], [1, 2, 3, 4]]), (6, [[0, 0, 1, 3, 4, 2], [1, 2, 3, 4, 5, 5]])]:
+        ei = to_undirected(torch.tensor(edges), num_nodes=n)
+        graphs.append(Data(x=torch.randn(n, 8, dtype=torch.float64), edge_index=ei, num_nodes=n))
+    transform = AddRWGNKFeatures(num_walks=4, lam=0.7, alpha=1.0, max_length=3, seed=3,
+                                 kernel_threshold=stored)
+    assert f'kernel_threshold={stored}' in repr(transform)
+    batch = Batch.from_data_list([transform(g) for g in graphs])
+    batch.rwgnk_value = batch.rwgnk_value.double()
+    kernel = dense_kernel(batch)
+    stored_dense = torch.zeros_like(kernel)
+    stored_dense[tuple(batch.rwgnk_kernel_index)] = batch.rwgnk_kernel_value.double()
+    expected = torch.where(kernel > stored, kernel, torch.zeros_like(kernel))
+    assert torch.allclose(stored_dense, expected, atol=1e-6)
+    layer = GKATAttention(8, heads=2, mode='softmax', threshold=layer_threshold).double()
+    out = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value.double(), batch.batch,
+                kernel=(batch.rwgnk_kernel_index, batch.rwgnk_kernel_value.double()))
+    cut = max(stored, layer_threshold)
+    ref_kernel = torch.where(kernel > cut, kernel, torch.zeros_like(kernel))
+    assert torch.allclose(out, reference(layer, batch.x, ref_kernel), atol=1e-6)
+    with pytest.raises(ValueError, match=r"'kernel' must be \(index \[2, P\], value \[P\]\)"):
+        layer(batch.x, batch.rwgnk_index, batch.rwgnk_value.double(),
+              kernel=(batch.rwgnk_kernel_index, batch.rwgnk_kernel_value[:-1]))
+    with pytest.raises(ValueError, match="'kernel_threshold' must be None or >= 0"):
+        AddRWGNKFeatures(num_walks=4, lam=0.7, alpha=1.0, max_length=3, kernel_threshold=-1.0)

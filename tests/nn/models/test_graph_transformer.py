@@ -163,3 +163,25 @@ def test_custom_adapter(graphs):
 
     model = GraphTransformer(4, 8, 2, num_layers=1, attention=MeanAdapter)
     assert model(Batch.from_data_list(graphs)).shape == (3, 2)
+
+
+def test_gkat_reads_stored_kernel_pairs(graphs):
+    # With the kernel pairs stored by AddRWGNKFeatures(kernel_threshold=0.) the 'gkat' softmax
+    # transformer gives the same outputs as when each layer recomputes Psi Psi^T.
+    from pyg_grf.nn.attention.gkat import rwgnk_kernel
+    with_kernel = []
+    for d in graphs:
+        d = d.clone()
+        d.rwgnk_kernel_index, d.rwgnk_kernel_value = rwgnk_kernel(d.rwgnk_index, d.rwgnk_value,
+                                                                  d.num_nodes)
+        with_kernel.append(d)
+    torch.manual_seed(0)
+    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attention='gkat',
+                             attention_kwargs={'mode': 'softmax'}).eval()
+    a = model(Batch.from_data_list(graphs))
+    b = model(Batch.from_data_list(with_kernel))
+    assert torch.allclose(a, b, atol=1e-6)
+    # And the stored pairs are used: corrupting them changes the output.
+    bad = Batch.from_data_list(with_kernel)
+    bad.rwgnk_kernel_value = bad.rwgnk_kernel_value * torch.rand_like(bad.rwgnk_kernel_value)
+    assert not torch.allclose(a, model(bad), atol=1e-4)
