@@ -18,10 +18,9 @@ cite() {  # dataset, then options
 gkat_variants() {  # dataset
   cite $1 --model gat
   cite $1 --model gkat --mode softmax --walk-length 3 --num-walks 16 --lam 0.8 --threshold 0.05
-  cite $1 --model gkat --mode softmax --walk-length 2 --num-walks 16 --lam 0.8 --threshold 0.05 --tag tau2
 }
 motifs() {  # motif
-  python experiments/gkat_motifs.py --motifs $1 --num-graphs 1024 --epochs 100 --patience 25 \
+  python experiments/gkat_motifs.py --motifs $1 --num-graphs 1024 --epochs 60 --patience 20 \
     --seeds 2 --mode softmax --threshold 0.05 --threads 1 --tag $1
 }
 if [ "$stream" = a ]; then
