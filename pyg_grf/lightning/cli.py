@@ -190,5 +190,13 @@ def main(args: Optional[Sequence[str]] = None):
     return GRFLightningCLI(args=args)  # None: LightningCLI reads sys.argv itself
 
 
-if __name__ == '__main__':  # pragma: no cover
+def console_main() -> int:
+    r"""The ``pyg-grf`` console script: runs :func:`main` and exits with status 0 on success
+    (``main`` returns the CLI object or the CV results, which the console-script wrapper would
+    print and turn into exit status 1)."""
     main()
+    return 0
+
+
+if __name__ == '__main__':  # pragma: no cover
+    sys.exit(console_main())

@@ -1,6 +1,7 @@
 import pytest
 
 from pyg_grf.lightning.cli import cv_table, main, run_cv
+from tests.conftest import REPO
 from tests.lightning.helpers import tiny_config, write_config
 
 # LightningCLI warns when args= is used while pytest has its own sys.argv.
@@ -76,3 +77,24 @@ def test_cv_on_mutag(mirror, tmp_path):
     assert [r['fold'] for r in results] == [0, 2]
     table = (tmp_path / 'cv' / 'cv_results.md').read_text()
     assert 'mean ± std' in table and 'test/acc' in table
+
+
+def test_console_script_exits_zero(tmp_path):
+    # The installed `pyg-grf` must exit with status 0 after a successful run (a console script
+    # returning a non-None object exits with 1).
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+
+    from pyg_grf.lightning.cli import console_main
+    (ep,) = [e for e in entry_points(group='console_scripts') if e.name == 'pyg-grf']
+    assert ep.load() is console_main
+    config = REPO / 'experiments' / 'configs' / 'motifs_grf.yaml'
+    proc = subprocess.run(
+        [sys.executable, '-m', 'pyg_grf.lightning.cli', 'fit', '--config', str(config),
+         f'--trainer.default_root_dir={tmp_path}', '--trainer.fast_dev_run=true',
+         '--trainer.enable_progress_bar=false', '--data.init_args.num_graphs=64',
+         f'--data.init_args.root={tmp_path / "data"}'],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 'test/acc' in proc.stdout
