@@ -846,6 +846,8 @@ def main(argv=None) -> None:
         if args.merge_sampler_into:
             base = json.loads(Path(args.merge_sampler_into).read_text())
             base['sampler'] = R['sampler']
+            if 'sampler' in R.get('targets', {}):
+                base.setdefault('targets', {})['sampler'] = R['targets']['sampler']
             base['meta']['sampler_command'] = R['meta']['command']
             base['meta']['sampler_commit'] = R['meta'].get('git_commit')
             R = base
