@@ -19,7 +19,7 @@ where the value gradient is a gather over the nonzeros (an SDDMM), :math:`O(\mat
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Tuple
 
 import warnings
 
@@ -42,12 +42,12 @@ class SparsePattern:
         size (tuple): ``(R, S)``.
     """
 
-    def __init__(self, index: Tensor, size: Tuple[int, int]):
+    def __init__(self, index: Tensor, size: Tuple[int, int], _trusted: bool = False):
         if index.dim() != 2 or index.size(0) != 2:
             raise ValueError(f"'index' must have shape [2, nnz], got {tuple(index.shape)}")
         R, S = int(size[0]), int(size[1])
         index = index.long()
-        if index.numel() > 0:
+        if index.numel() > 0 and not _trusted:
             if int(index[0].min()) < 0 or int(index[0].max()) >= R:
                 raise ValueError(f"row indices must lie in [0, {R}), got range "
                                  f"[{int(index[0].min())}, {int(index[0].max())}]")
@@ -58,7 +58,7 @@ class SparsePattern:
         self.nnz = index.size(1)
         self.device = index.device
         key = index[0] * S + index[1]
-        if self.nnz < 2 or bool((key[1:] >= key[:-1]).all()):
+        if self.nnz < 2 or _trusted or bool((key[1:] >= key[:-1]).all()):
             self.perm = None  # already in row-major order: no sort
             row, col = index[0], index[1]
         else:
@@ -67,6 +67,21 @@ class SparsePattern:
         self.row, self.col = row, col
         self.crow = torch.ops.aten._convert_indices_from_coo_to_csr(row, R)
         self._t = None
+        self._repeats = {}
+
+    def repeat(self, heads: int) -> 'SparsePattern':
+        r"""The pattern of the block-diagonal ``[heads * R, heads * S]`` matrix with this pattern in
+        every diagonal block (cached): one CSR product then serves all heads at once, with the
+        values of head ``h`` at ``[h * nnz, (h + 1) * nnz)`` and the operand head-major."""
+        if heads == 1:
+            return self
+        if heads not in self._repeats:
+            R, S = self.size
+            off = torch.arange(heads, device=self.row.device).view(-1, 1)
+            index = torch.stack([(self.row.view(1, -1) + off * R).view(-1),
+                                 (self.col.view(1, -1) + off * S).view(-1)])
+            self._repeats[heads] = SparsePattern(index, (heads * R, heads * S), _trusted=True)
+        return self._repeats[heads]
 
     def _transpose(self):
         # Column-major order of the nonzeros, computed on first use and cached.
@@ -103,7 +118,9 @@ class _SpMM(torch.autograd.Function):
         if pattern.nnz == 0:
             R = pattern.size[1] if transpose else pattern.size[0]
             return x.new_zeros((R, x.size(1)))
-        return pattern.to_csr(values.to(x.dtype), transpose) @ x
+        dt = _compute_dtype(x)
+        with _no_autocast(x):
+            return (pattern.to_csr(values.to(dt), transpose) @ x.to(dt)).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_out: Tensor):
@@ -116,22 +133,80 @@ class _SpMM(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 grad_x = torch.zeros_like(x)
             return grad_values, grad_x, None, None
-        grad_out = grad_out.contiguous()
-        if ctx.needs_input_grad[1]:
-            grad_x = pattern.to_csr(values.to(x.dtype), not transpose) @ grad_out
-        if ctx.needs_input_grad[0]:
-            # Y = A X: dL/dA_rc = <dY_r, X_c>;  Y = A^T X: dL/dA_rc = <X_r, dY_c>.
-            # SDDMM: <dY_r, X_c> (or <X_r, dY_c>) at the nonzeros only, in row-major order,
-            # without an [nnz, C] temporary.
-            a, b = (x, grad_out) if transpose else (grad_out, x)
-            holder = torch.sparse_csr_tensor(pattern.crow, pattern.col,
-                                             a.new_zeros(pattern.nnz), size=pattern.size,
-                                             check_invariants=False)
-            g = torch.sparse.sampled_addmm(holder, a, b.t(), beta=0.0).values()
-            if pattern.perm is not None:
-                g = torch.empty_like(g).index_copy_(0, pattern.perm, g)
-            grad_values = g.to(values.dtype)
+        dt = _compute_dtype(x)
+        grad_out = grad_out.to(dt).contiguous()
+        with _no_autocast(x):
+            if ctx.needs_input_grad[1]:
+                grad_x = (pattern.to_csr(values.to(dt), not transpose) @ grad_out).to(x.dtype)
+            if ctx.needs_input_grad[0]:
+                # Y = A X: dL/dA_rc = <dY_r, X_c>;  Y = A^T X: dL/dA_rc = <X_r, dY_c>.
+                a, b = (x, grad_out) if transpose else (grad_out, x)
+                grad_values = _sddmm(pattern, a.to(dt), b.to(dt)).to(values.dtype)
         return grad_values, grad_x, None, None
+
+
+def _no_autocast(x: Tensor):
+    # the sparse kernels run in the dtype chosen by _compute_dtype, whatever autocast says
+    return torch.autocast(x.device.type, enabled=False)
+
+
+def _compute_dtype(x: Tensor) -> torch.dtype:
+    # torch's CPU CSR kernels (MKL) have no half-precision version: run those in float32.
+    if x.dtype in (torch.float16, torch.bfloat16) and x.device.type == 'cpu':
+        return torch.float32
+    return x.dtype
+
+
+def _sddmm(pattern: SparsePattern, a: Tensor, b: Tensor) -> Tensor:
+    # <a_r, b_c> at the nonzeros only, in the order of the pattern's input index, without an
+    # [nnz, C] temporary.
+    holder = torch.sparse_csr_tensor(pattern.crow, pattern.col, a.new_zeros(pattern.nnz),
+                                     size=pattern.size, check_invariants=False)
+    g = torch.sparse.sampled_addmm(holder, a.contiguous(), b.t(), beta=0.0).values()
+    if pattern.perm is not None:
+        g = torch.empty_like(g).index_copy_(0, pattern.perm, g)
+    return g
+
+
+class _SDDMM(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, pattern: SparsePattern):
+        ctx.pattern = pattern
+        ctx.save_for_backward(a, b)
+        if pattern.nnz == 0:
+            return a.new_zeros(0)
+        dt = _compute_dtype(a)
+        with _no_autocast(a):
+            return _sddmm(pattern, a.to(dt), b.to(dt)).to(a.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        a, b = ctx.saved_tensors
+        pattern = ctx.pattern
+        if pattern.nnz == 0:
+            return torch.zeros_like(a), torch.zeros_like(b), None
+        grad_a = grad_b = None
+        dt = _compute_dtype(a)
+        with _no_autocast(a):
+            if ctx.needs_input_grad[0]:
+                grad_a = (pattern.to_csr(grad.to(dt)) @ b.to(dt)).to(a.dtype)
+            if ctx.needs_input_grad[1]:
+                grad_b = (pattern.to_csr(grad.to(dt), True) @ a.to(dt)).to(b.dtype)
+        return grad_a, grad_b, None
+
+
+def sddmm(pattern: SparsePattern, a: Tensor, b: Tensor) -> Tensor:
+    r"""Sampled dense-dense product: :math:`\langle a_r, b_c \rangle` for every nonzero
+    :math:`(r, c)` of ``pattern`` (``[nnz]``, in the order of the index the pattern was built
+    from), differentiable in ``a`` (``[R, C]``) and ``b`` (``[S, C]``). Costs
+    :math:`O(\mathrm{nnz}\cdot C)`; the gradients are two CSR products."""
+    if a.dim() != 2 or b.dim() != 2 or a.size(1) != b.size(1):
+        raise ValueError(f"'a' and 'b' must be [R, C] and [S, C], got {tuple(a.shape)} and "
+                         f"{tuple(b.shape)}")
+    if a.size(0) != pattern.size[0] or b.size(0) != pattern.size[1]:
+        raise ValueError(f"the pattern is {pattern.size} but 'a' has {a.size(0)} rows and 'b' "
+                         f"{b.size(0)}")
+    return _SDDMM.apply(a, b.contiguous(), pattern)
 
 
 def spmm(pattern: SparsePattern, values: Tensor, x: Tensor, transpose: bool = False) -> Tensor:
@@ -155,17 +230,3 @@ def spmm(pattern: SparsePattern, values: Tensor, x: Tensor, transpose: bool = Fa
         x = x.unsqueeze(-1)
     out = _SpMM.apply(values, x.contiguous(), pattern, transpose)
     return out.squeeze(-1) if squeeze else out
-
-
-def coalesce_index(index: Tensor, num_cols: int, extra: Optional[Tensor] = None,
-                   num_extra: int = 1) -> Tuple[Tensor, Tensor]:
-    r"""Maps coordinates ``(row, col[, extra])`` to unique ids.
-
-    Returns ``(unique_keys, inverse)`` where ``inverse[e]`` is the id of entry ``e``; keys are
-    ``(row * num_cols + col) * num_extra + extra``.
-    """
-    key = index[0] * num_cols + index[1]
-    if extra is not None:
-        key = key * num_extra + extra
-    uniq, inverse = torch.unique(key, sorted=True, return_inverse=True)
-    return uniq, inverse

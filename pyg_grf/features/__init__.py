@@ -3,9 +3,11 @@ from pyg_grf.features.exact import dense_adjacency, power_series_kernel
 from pyg_grf.features.grf import (deconvolve, graph_random_features, grf_constant, grf_loads,
                                   grf_tail_bound, grf_values, normalized_adjacency,
                                   required_walks, self_convolution, sparsity_bound)
+from pyg_grf.features.loads import GRFLoads
 from pyg_grf.features.rwgnk import rwgnk_expected_features, rwgnk_features
 
 __all__ = [
+    'GRFLoads',
     'normalized_adjacency',
     'grf_loads',
     'grf_values',

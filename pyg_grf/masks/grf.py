@@ -7,23 +7,9 @@ from typing import List, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
+from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.base import MaskOperator
 from pyg_grf.ops import SparsePattern, spmm
-
-
-def _pair_ids(index: Tensor, num_nodes: int):
-    r"""For entries sorted by (row, col) (possibly repeated, e.g. once per hop count), the id of
-    each entry's (row, col) pair and the pairs' coordinates, without sorting."""
-    key = index[0] * num_nodes + index[1]
-    if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):
-        uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
-    else:
-        new = torch.ones_like(key, dtype=torch.bool)
-        if key.numel() > 1:
-            new[1:] = key[1:] != key[:-1]
-        inv = torch.cumsum(new, 0) - 1
-        uniq = key[new]
-    return inv, torch.stack([uniq // num_nodes, uniq % num_nodes])
 
 
 class _Features:
@@ -43,9 +29,16 @@ class _Features:
                 return spmm(self.pattern, self.values, x, transpose)
             N, H, C = x.shape
             return spmm(self.pattern, self.values, x.reshape(N, H * C), transpose).view(N, H, C)
-        # One product per head (H is small; the loop is over heads, not graph elements).
-        return torch.stack([spmm(self.pattern, self.values[h], x[:, h], transpose)
-                            for h in range(self.values.size(0))], dim=1)
+        N, H, C = x.shape
+        y = self.mm_heads(x.transpose(0, 1).reshape(H * N, C), transpose)
+        return y.view(H, N, C).transpose(0, 1)
+
+    def mm_heads(self, x: Tensor, transpose: bool) -> Tensor:
+        # x: [H * N, C] head-major; one block-diagonal product for all heads.
+        values = self.values
+        if self.pattern.perm is not None:  # the repeated pattern is in row-major order
+            values = values[:, self.pattern.perm]
+        return spmm(self.pattern.repeat(values.size(0)), values.reshape(-1), x, transpose)
 
     def to_dense(self) -> Tensor:
         if self.values.dim() == 1:
@@ -129,24 +122,38 @@ class GRFMask(MaskOperator):
         self.num_heads = q.num_heads
 
     @classmethod
-    def from_loads(cls, grf_index: Tensor, grf_length: Tensor, grf_load: Tensor, f: Tensor,
-                   num_nodes: int, asymmetric: bool = False,
+    def from_loads(cls, grf_index: Union[Tensor, GRFLoads], grf_length: Optional[Tensor] = None,
+                   grf_load: Optional[Tensor] = None, f: Optional[Tensor] = None,
+                   num_nodes: Optional[int] = None, asymmetric: bool = False,
                    key_loads: Optional[Sequence[Tensor]] = None,
                    pattern: Optional[SparsePattern] = None) -> 'GRFMask':
         r"""Builds the mask from the loads stored by
-        :class:`~pyg_grf.transforms.AddGraphRandomFeatures` (or :func:`~pyg_grf.features.grf_loads`)
-        and a (learnable) ``f`` of shape ``[L + 1]`` or ``[H, L + 1]``; the values
+        :class:`~pyg_grf.transforms.AddGraphRandomFeatures` (a
+        :class:`~pyg_grf.features.GRFLoads`, or the three tensors and ``num_nodes``) and a
+        (learnable) ``f`` of shape ``[L + 1]`` or ``[H, L + 1]``; the values
         :math:`\sum_l f_l\,\mathrm{load}(i, q, l)` are differentiable in ``f``.
 
         Args:
-            key_loads (tuple, optional): ``(index, length, load)`` of independent key-side walks.
-            pattern (SparsePattern, optional): a pattern built earlier for the same ``grf_index``
-                (e.g. shared by the layers of a model), to skip rebuilding it.
+            key_loads (tuple, optional): ``(index, length, load)`` of independent key-side walks
+                (a :class:`~pyg_grf.features.GRFLoads` carries them as ``key``).
+            pattern: ignored (the pattern is cached on the :class:`GRFLoads`).
         """
-        q = _features_from_loads(grf_index, grf_length, grf_load, f, num_nodes, pattern)
+        if f is None:
+            raise ValueError("'f' (the coefficients, [L + 1] or [H, L + 1]) is required")
+        if isinstance(grf_index, GRFLoads):
+            grf = grf_index
+            if key_loads is not None:
+                raise ValueError("pass the key-side loads as GRFLoads(..., key=...), not "
+                                 "'key_loads'")
+        else:
+            if num_nodes is None:
+                raise ValueError("'num_nodes' is required with the three-tensor form")
+            key = None if key_loads is None else GRFLoads(*key_loads, num_nodes)
+            grf = GRFLoads(grf_index, grf_length, grf_load, num_nodes, key=key)
+        q = _Features(grf.pairs()[1], grf.values(f))
         k = None
-        if key_loads is not None:
-            k = _features_from_loads(*key_loads, f, num_nodes, None)
+        if grf.key is not None:
+            k = _Features(grf.key.pairs()[1], grf.key.values(f))
         self = cls.__new__(cls)
         self._init(q, k, asymmetric)
         return self
@@ -160,15 +167,12 @@ class GRFMask(MaskOperator):
         if self.num_heads is None or x.dim() == 2:
             y = x if k is None else k.mm(x, transpose=True)
             return self.query.mm(y, transpose=False)
-        # Per-head values: go head-major once ([H, N, C] contiguous), chain both sparse products
-        # per head on contiguous blocks, and interleave the heads back once at the end
-        # (instead of a strided gather and a stack around each product).
-        outs = []
-        for h, xh in enumerate(x.transpose(0, 1).contiguous().unbind(0)):  # loop over heads
-            if k is not None:
-                xh = spmm(k.pattern, k.values[h], xh, True)
-            outs.append(spmm(self.query.pattern, self.query.values[h], xh, False))
-        return torch.stack(outs, dim=1)
+        # Per-head values: all heads in one block-diagonal product on the head-major input.
+        N, H, C = x.shape
+        y = x.transpose(0, 1).reshape(H * N, C)
+        if k is not None:
+            y = k.mm_heads(y, transpose=True)
+        return self.query.mm_heads(y, transpose=False).view(H, N, C).transpose(0, 1)
 
     def to_dense(self) -> Tensor:
         q = self.query.to_dense()
@@ -183,29 +187,3 @@ class GRFMask(MaskOperator):
             'independent_keys' if self.key is not None else 'symmetric')
         return (f'GRFMask(num_nodes={self.num_nodes}, nnz={self.pattern.nnz}{heads}, '
                 f'mode={kind})')
-
-
-def _features_from_loads(index: Tensor, length: Tensor, load: Tensor, f: Tensor, num_nodes: int,
-                         pattern: Optional[SparsePattern]) -> _Features:
-    if index.dim() != 2 or index.size(0) != 2:
-        raise ValueError(f"'grf_index' must have shape [2, nnz], got {tuple(index.shape)}")
-    if length.shape != (index.size(1),) or load.shape != (index.size(1),):
-        raise ValueError(f"'grf_length' and 'grf_load' must have shape [{index.size(1)}] (one per "
-                         f"entry of 'grf_index'), got {tuple(length.shape)} and {tuple(load.shape)}")
-    if f.dim() not in (1, 2):
-        raise ValueError(f"'f' must have shape [L + 1] or [H, L + 1], got {tuple(f.shape)}")
-    if index.numel() > 0 and int(index.max()) >= num_nodes:
-        raise ValueError(f"'grf_index' refers to node {int(index.max())} but there are only "
-                         f"{num_nodes} nodes")
-    inv, pairs = _pair_ids(index.long(), num_nodes)
-    K = f.size(-1)
-    inside = (length < K).to(f.dtype)
-    v = f[..., length.clamp_max(K - 1)] * (load.to(f.dtype) * inside)
-    P = pairs.size(1)
-    if f.dim() == 1:
-        vals = v.new_zeros(P).index_add(0, inv, v)
-    else:
-        vals = v.new_zeros(f.size(0), P).index_add(1, inv, v)
-    if pattern is None or pattern.nnz != P:
-        pattern = SparsePattern(pairs, (num_nodes, num_nodes))
-    return _Features(pattern, vals)

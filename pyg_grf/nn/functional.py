@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from pyg_grf.masks.base import MaskOperator
+from pyg_grf.ops import SparsePattern, sddmm, spmm
 
 
 def masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
@@ -79,3 +80,170 @@ def dense_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
         a = a * (mask if mask.dim() == 3 else mask.unsqueeze(0)).to(a.dtype)
     out = torch.einsum('hij,jhd->ihd', a, v)
     return out / (a.sum(-1).t().unsqueeze(-1) + eps)
+
+
+# Dense-block execution over the graphs of a batch ##################################################
+
+
+def to_blocks(x: Tensor, layout) -> Tensor:
+    r"""``[N, H, C]`` node tensor to ``[B, H, n, C]`` padded per-graph blocks (zeros in the
+    padding) for a :class:`~pyg_grf.features.loads.BlockLayout`."""
+    N, H, C = x.shape
+    B, n = layout.num_graphs, layout.n
+    out = x.new_zeros(B * n, H, C).index_copy(0, layout.pos, x)
+    return out.view(B, n, H, C).transpose(1, 2)
+
+
+def block_padding(layout) -> Tensor:
+    r"""``[B, 1, n, 1]``: 1 on the padded rows of a block layout, 0 on real nodes."""
+    B, n = layout.num_graphs, layout.n
+    pad = torch.ones(B * n, device=layout.pos.device).index_fill(0, layout.pos, 0.0)
+    return pad.view(B, 1, n, 1)
+
+
+def from_blocks(y: Tensor, layout) -> Tensor:
+    r"""Inverse of :func:`to_blocks`: ``[B, H, n, C]`` to ``[N, H, C]``."""
+    B, H, n, C = y.shape
+    return y.transpose(1, 2).reshape(B * n, H, C)[layout.pos]
+
+
+def block_mask(terms, coef: Tensor, layout) -> Tensor:
+    r"""Dense ``[B, H, n, n]`` mask blocks from f-independent statistics
+    (:class:`~pyg_grf.features.loads.BlockTerms`) and per-head coefficients ``coef``
+    ``[H, num_coef]``: one ``[P, K] x [K, H]`` product and a scatter, differentiable in
+    ``coef``."""
+    B, n = layout.num_graphs, layout.n
+    H = coef.size(0)
+    vals = terms.stats @ coef.t()  # [P, H]
+    out = vals.new_zeros(B, n * n, H)
+    out = out.index_put((terms.cell // (n * n), terms.cell % (n * n)), vals)
+    return out.permute(0, 2, 1).reshape(B, H, n, n)
+
+
+def block_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, mask: Tensor,
+                                  eps: float = 1e-6, padding: Optional[Tensor] = None) -> Tensor:
+    r""":func:`masked_linear_attention` on padded per-graph blocks with the attention matrix
+    formed per graph, :math:`A = (\phi(Q)\phi(K)^\top) \odot M`: :math:`O(\sum n^2)` instead of
+    :math:`O(\mathrm{nnz}\,md)`, cheaper for small graphs.
+
+    Args:
+        phi_q, phi_k (Tensor): ``[B, H, n, m]``; v (Tensor): ``[B, H, n, d]``;
+        mask (Tensor): ``[B, H, n, n]`` (zero in the padding).
+        padding (Tensor, optional): ``[B, 1, n, 1]``, 1 on padded rows (their normaliser is
+            set to 1 so that no NaN reaches the gradients).
+    """
+    a = (phi_q @ phi_k.transpose(-1, -2)) * mask
+    den = a.sum(-1, keepdim=True) + eps
+    if padding is not None:
+        den = den + padding.to(den.dtype)
+    return (a @ v) / den
+
+
+def block_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor,
+                                     support: Tensor, dropout: float = 0.0,
+                                     training: bool = False) -> Tensor:
+    r"""Softmax attention restricted to ``support`` and weighted by ``weight`` on padded
+    per-graph blocks, :math:`a_{ij} \propto w_{ij} \exp(\mathbf{q}_i^\top\mathbf{k}_j/\sqrt{C})`
+    for :math:`(i, j)` in the support (GRF paper, App. D).
+
+    Args:
+        q, k, v (Tensor): ``[B, H, n, C]``; weight (Tensor): ``[B, H, n, n]``;
+        support (Tensor): ``[B, n, n]`` boolean.
+    """
+    s = (q @ k.transpose(-1, -2)) * q.size(-1) ** -0.5
+    s = s.masked_fill(~support.unsqueeze(1), float('-inf'))
+    smax = s.detach().amax(-1, keepdim=True)
+    smax = torch.where(torch.isfinite(smax), smax, torch.zeros_like(smax))  # padded rows
+    e = torch.exp(s - smax) * weight
+    a = e / (e.sum(-1, keepdim=True) + 1e-16)
+    a = torch.nn.functional.dropout(a, p=dropout, training=training)
+    return a @ v
+
+
+# Explicit mask entries on their sparse support, and the low-rank route ##############################
+
+
+def _head_major(x: Tensor) -> Tensor:
+    # [N, H, C] -> [H * N, C]
+    N, H, C = x.shape
+    return x.transpose(0, 1).reshape(H * N, C)
+
+
+def _ordered(pattern: SparsePattern, values: Tensor) -> Tensor:
+    # values [H, P] in the pattern's input order -> its row-major order, flattened head-major
+    if pattern.perm is not None:
+        values = values[:, pattern.perm]
+    return values.reshape(-1)
+
+
+def pair_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
+                                 pattern: SparsePattern, mask_values: Tensor,
+                                 eps: float = 1e-6) -> Tensor:
+    r""":func:`masked_linear_attention` with the mask given explicitly on its sparse support:
+    :math:`a_{ij} = M_{ij}\,\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` for the nonzeros
+    :math:`(i, j)` of ``pattern`` (one sampled product), then one sparse product with
+    :math:`[\mathbf{v}, 1]` for the numerator and the normaliser. :math:`O(\mathrm{nnz}(M)(m + d))`,
+    all heads in one block-diagonal product.
+
+    Args:
+        phi_q, phi_k (Tensor): ``[N, H, m]``; v (Tensor): ``[N, H, d]``.
+        pattern (SparsePattern): ``[N, N]`` support of the mask.
+        mask_values (Tensor): ``[H, nnz]`` mask values on the support.
+    """
+    N, H, _ = phi_q.shape
+    d = v.size(-1)
+    pat = pattern.repeat(H)
+    a = sddmm(pat, _head_major(phi_q), _head_major(phi_k)) * _ordered(pattern, mask_values)
+    v1 = torch.cat([v, v.new_ones(N, H, 1)], dim=-1)
+    o = spmm(pat, a, _head_major(v1)).view(H, N, d + 1)
+    return (o[..., :d] / (o[..., d:] + eps)).transpose(0, 1)
+
+
+def pair_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern,
+                                    weight: Tensor, dropout: float = 0.0,
+                                    training: bool = False) -> Tensor:
+    r"""Softmax attention on the nonzeros of ``pattern``, weighted by ``weight``:
+    :math:`a_{ij} = w_{ij} e^{s_{ij}} / \sum_{j'} w_{ij'} e^{s_{ij'}}` with
+    :math:`s_{ij} = \mathbf{q}_i^\top\mathbf{k}_j/\sqrt{C}` (GRF paper, App. D);
+    :math:`O(\mathrm{nnz}\cdot C)`.
+
+    Args:
+        q, k, v (Tensor): ``[N, H, C]``; pattern (SparsePattern): ``[N, N]``;
+        weight (Tensor): ``[H, nnz]``.
+    """
+    N, H, C = q.shape
+    pat = pattern.repeat(H)
+    s = sddmm(pat, _head_major(q), _head_major(k)) * C ** -0.5
+    row = pat.row
+    smax = s.detach().new_full((H * N,), float('-inf')).scatter_reduce(
+        0, row, s.detach(), 'amax', include_self=True)
+    e = torch.exp(s - smax[row]) * _ordered(pattern, weight)
+    den = e.new_zeros(H * N).index_add(0, row, e)
+    a = e / (den[row] + 1e-16)
+    a = torch.nn.functional.dropout(a, p=dropout, training=training)
+    return spmm(pat, a, _head_major(v)).view(H, N, -1).transpose(0, 1)
+
+
+def low_rank_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
+                                     pattern: SparsePattern, values: Tensor,
+                                     key_pattern: Optional[SparsePattern] = None,
+                                     key_values: Optional[Tensor] = None,
+                                     eps: float = 1e-6) -> Tensor:
+    r""":func:`masked_linear_attention` for a per-head GRF mask
+    :math:`M = \widehat\Phi_Q\widehat\Phi_K^\top` (or :math:`M = \widehat\Phi_Q` when no key
+    side is given) without forming :math:`M`: two (one) block-diagonal CSR products over the
+    head-major ``[H N, m (d + 1)]`` tensor :math:`\phi(\mathbf{k}_j) \otimes [\mathbf{v}_j, 1]`.
+
+    Args:
+        pattern, values: :math:`\widehat\Phi_Q` (``[N, N]`` pattern, ``[H, nnz]`` values).
+        key_pattern, key_values: :math:`\widehat\Phi_K` (omit both for the asymmetric mask).
+    """
+    N, H, m = phi_q.shape
+    d = v.size(-1)
+    v1 = torch.cat([v, v.new_ones(N, H, 1)], dim=-1).transpose(0, 1)  # [H, N, d + 1]
+    x = (phi_k.transpose(0, 1).unsqueeze(-1) * v1.unsqueeze(-2)).reshape(H * N, m * (d + 1))
+    if key_pattern is not None:
+        x = spmm(key_pattern.repeat(H), _ordered(key_pattern, key_values), x, transpose=True)
+    y = spmm(pattern.repeat(H), _ordered(pattern, values), x).view(H, N, m, d + 1)
+    o = torch.matmul(phi_q.transpose(0, 1).unsqueeze(-2), y).squeeze(-2)  # [H, N, d + 1]
+    return (o[..., :d] / (o[..., d:] + eps)).transpose(0, 1)

@@ -37,12 +37,13 @@ def test_from_loads_symmetric_asymmetric_per_head(loads):
         assert torch.allclose(asym.matmul(x)[:, h], phis[h] @ x[:, h])
 
 
-def test_shorter_f_drops_long_hops(loads):
+def test_shorter_f_than_the_loads_raises(loads):
+    # Entries with hop counts beyond f would silently vanish from the mask: refuse instead.
     index, length, load, N = loads
     f = torch.tensor([1.0, 0.5], dtype=D)
-    mask = GRFMask.from_loads(index, length, load, f, N)
-    phi = dense_phi(index, length, load, f, N)
-    assert torch.allclose(mask.to_dense(), phi @ phi.T)
+    with pytest.raises(ValueError, match='hop counts up to 4 but f has coefficients only up '
+                                         'to hop 1'):
+        GRFMask.from_loads(index, length, load, f, N)
 
 
 def test_from_sparse_and_independent_keys(loads):
@@ -80,7 +81,7 @@ def test_bad_input(loads):
     f = torch.ones(5)
     with pytest.raises(ValueError, match='one per entry'):
         GRFMask.from_loads(index, length[:-1], load, f, N)
-    with pytest.raises(ValueError, match='only 3 nodes'):
+    with pytest.raises(ValueError, match=r'node ids in \[0, 3\), got ids in \[0, 14\]'):
         GRFMask.from_loads(index, length, load, f, 3)
     with pytest.raises(ValueError, match='square'):
         GRFMask(torch.zeros(3, 4).to_sparse())

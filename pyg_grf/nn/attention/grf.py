@@ -1,17 +1,19 @@
 r"""GRF-masked linear attention (GRF paper, Sec. 3, Algorithm 1; App. D)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
+from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.grf import GRFMask
+from pyg_grf.nn import functional as F
 from pyg_grf.nn.attention.base import QKVAttention
-from pyg_grf.nn.functional import masked_linear_attention
 from pyg_grf.ops import SparsePattern
 
 MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
+BACKENDS = ('auto', 'sparse', 'pairs', 'dense')
 
 
 class GRFAttention(QKVAttention):
@@ -74,9 +76,11 @@ class GRFAttention(QKVAttention):
                  head_channels: Optional[int] = None, feature_map: Any = 'relu',
                  feature_map_kwargs: Optional[Dict[str, Any]] = None, mode: str = 'symmetric',
                  f_init: float = 0.5, learn_f: bool = True, dropout: float = 0.0,
-                 bias: bool = True, eps: float = 1e-6):
+                 bias: bool = True, eps: float = 1e-6, backend: str = 'auto'):
         if mode not in MODES:
             raise ValueError(f"'mode' must be one of {MODES}, got {mode!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"'backend' must be one of {BACKENDS}, got {backend!r}")
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
             raise ValueError(f"'max_length' must be an integer >= 0, got {max_length!r}")
         super().__init__(channels, heads, head_channels,
@@ -87,6 +91,7 @@ class GRFAttention(QKVAttention):
         self.f_init = f_init
         self.learn_f = learn_f
         self.eps = eps
+        self.backend = backend
         self.f = nn.Parameter(torch.empty(heads, max_length + 1), requires_grad=learn_f)
         self.reset_parameters()
 
@@ -96,49 +101,172 @@ class GRFAttention(QKVAttention):
             self.f.copy_(self.f_init ** torch.arange(self.max_length + 1, dtype=torch.float)
                          .expand(self.heads, -1))
 
-    def mask(self, grf_index: Tensor, grf_length: Tensor, grf_load: Tensor, num_nodes: int,
+    def mask(self, grf_index: Union[Tensor, GRFLoads], grf_length: Optional[Tensor] = None,
+             grf_load: Optional[Tensor] = None, num_nodes: Optional[int] = None,
              pattern: Optional[SparsePattern] = None) -> GRFMask:
-        r"""The layer's current :class:`~pyg_grf.masks.GRFMask` (one mask per head)."""
-        return GRFMask.from_loads(grf_index, grf_length, grf_load, self.f, num_nodes,
-                                  asymmetric=self.mode != 'symmetric', pattern=pattern)
+        r"""The layer's current :class:`~pyg_grf.masks.GRFMask` (one mask per head), from a
+        :class:`~pyg_grf.features.GRFLoads` or the three tensors and ``num_nodes``."""
+        grf = _as_loads(grf_index, grf_length, grf_load, num_nodes, None)
+        return GRFMask.from_loads(grf, f=self.f, asymmetric=self.mode != 'symmetric')
 
-    def forward(self, x: Tensor, grf_index: Tensor, grf_length: Tensor, grf_load: Tensor,
-                batch: Optional[Tensor] = None,
-                pattern: Optional[SparsePattern] = None) -> Tensor:
+    def forward(self, x: Tensor, grf_index: Union[Tensor, GRFLoads, None] = None,
+                grf_length: Optional[Tensor] = None, grf_load: Optional[Tensor] = None,
+                batch: Optional[Tensor] = None, pattern: Optional[SparsePattern] = None, *,
+                grf: Optional[GRFLoads] = None) -> Tensor:
         r"""
         Args:
-            pattern (SparsePattern, optional): sparsity pattern of the GRFs built by an earlier
-                layer on the same batch (``layer.mask(...).pattern``); saves rebuilding it.
+            x (Tensor): ``[N, channels]`` node features.
+            grf_index, grf_length, grf_load (Tensor): the transform's loads; or pass
+                ``grf=GRFLoads.from_data(batch)`` instead (also accepted in place of
+                ``grf_index``), which validates them once and shares the per-batch
+                precomputation between all layers.
+            batch (Tensor, optional): ``[N]`` graph ids (sorted, as in PyG batches); needed by
+                the dense-block backend when ``grf`` does not carry it.
+            pattern: ignored (kept for compatibility: the shared structure now lives on
+                :class:`~pyg_grf.features.GRFLoads`).
         """
-        N = x.size(0)
+        if isinstance(grf_index, GRFLoads):
+            grf, grf_index = grf_index, None
+        grf = _as_loads(grf_index, grf_length, grf_load, x.size(0), batch, grf)
+        if grf.num_nodes != x.size(0):
+            raise ValueError(f"the GRF loads cover {grf.num_nodes} nodes but 'x' has {x.size(0)} "
+                             f"rows")
+        grf.check_coefficients(self.max_length, f'{self.__class__.__name__}(max_length='
+                                                f'{self.max_length})')
         q, k, v = self.project(x)
-        M = self.mask(grf_index, grf_length, grf_load, N, pattern)
-        if self.mode == 'sparse_softmax':
-            out = _sparse_masked_softmax(q, k, v, M, self.training, self.dropout)
-        else:
-            # phi(q), phi(k): [N, H, m]; masked sums through two sparse products per head.
-            phi_q, phi_k = self.features(q, k)
-            out = masked_linear_attention(phi_q, phi_k, v, M, eps=self.eps)
+        H, C = self.heads, self.head_channels
+        m = C if self.feature_map is None else self.feature_map.output_dim(C)
+        backend = self.backend
+        if backend == 'auto':
+            backend = choose_backend(grf, self.mode, H, m, C, batch)
+        out = self._attend(grf, q, k, v, backend, batch)
         return self.finish(out)
 
+    def _attend(self, grf: GRFLoads, q: Tensor, k: Tensor, v: Tensor, backend: str,
+                batch: Optional[Tensor]) -> Tensor:
+        f = self.f
+        symmetric = self.mode == 'symmetric'
+        if backend == 'dense':
+            lay = grf.layout(batch)
+            terms = grf.block_terms(symmetric, batch, f.dtype)
+            K = grf.max_hop + 1 if not symmetric else int(terms.num_coef ** 0.5 + 0.5)
+            coef = f[:, :K]
+            if symmetric:
+                coef = (coef.unsqueeze(-1) * coef.unsqueeze(-2)).reshape(self.heads, K * K)
+            M = F.block_mask(terms, coef, lay)
+            if self.mode == 'sparse_softmax':
+                out = F.block_weighted_softmax_attention(
+                    F.to_blocks(q, lay), F.to_blocks(k, lay), F.to_blocks(v, lay), M,
+                    grf.block_support(batch), self.dropout, self.training)
+            else:
+                phi_q, phi_k = self.features(q, k)
+                out = F.block_masked_linear_attention(
+                    F.to_blocks(phi_q, lay), F.to_blocks(phi_k, lay), F.to_blocks(v, lay), M,
+                    self.eps, grf.block_padding(batch))
+            return F.from_blocks(out, lay)
+        if self.mode == 'sparse_softmax':  # the sparse and pair backends coincide
+            _, pat = grf.pairs()
+            return F.pair_weighted_softmax_attention(q, k, v, pat, grf.values(f), self.dropout,
+                                                     self.training)
+        phi_q, phi_k = self.features(q, k)
+        if backend == 'pairs':
+            if symmetric:
+                terms = grf.block_terms(True, batch, f.dtype)
+                K = int(terms.num_coef ** 0.5 + 0.5)
+                coef = f[:, :K]
+                coef = (coef.unsqueeze(-1) * coef.unsqueeze(-2)).reshape(self.heads, K * K)
+                vals = coef @ terms.stats.t()
+                return F.pair_masked_linear_attention(phi_q, phi_k, v, grf.mask_pattern(batch),
+                                                      vals, self.eps)
+            _, pat = grf.pairs()
+            return F.pair_masked_linear_attention(phi_q, phi_k, v, pat, grf.values(f), self.eps)
+        _, pat = grf.pairs()
+        vals = grf.values(f)
+        if not symmetric:
+            return F.low_rank_masked_linear_attention(phi_q, phi_k, v, pat, vals, eps=self.eps)
+        key = grf if grf.key is None else grf.key
+        _, kpat = key.pairs()
+        kvals = vals if grf.key is None else key.values(f)
+        return F.low_rank_masked_linear_attention(phi_q, phi_k, v, pat, vals, kpat, kvals,
+                                                  eps=self.eps)
+
     def _extra_repr(self) -> str:
-        return f', max_length={self.max_length}, mode={self.mode!r}'
+        return f', max_length={self.max_length}, mode={self.mode!r}, backend={self.backend!r}'
 
 
-def _sparse_masked_softmax(q: Tensor, k: Tensor, v: Tensor, M: GRFMask, training: bool,
-                           dropout: float) -> Tensor:
-    r"""Softmax over the nonzeros of the asymmetric GRF :math:`\widehat\Phi`, weighted by its
-    values: :math:`o_i = \sum_j \Phi_{ij} e^{s_{ij}} v_j / \sum_j \Phi_{ij} e^{s_{ij}}`."""
-    pat, vals = M.query.pattern, M.query.values  # vals [H, P], rows sorted
-    row, col = pat.row, pat.col
-    if pat.perm is not None:
-        vals = vals[:, pat.perm]
-    N, H, C = q.shape
-    s = (q[row] * k[col]).sum(-1) * C ** -0.5  # [P, H]
-    smax = s.new_full((N, H), float('-inf')).scatter_reduce(
-        0, row.view(-1, 1).expand(-1, H), s, 'amax', include_self=True)
-    e = torch.exp(s - smax[row].detach()) * vals.t()
-    den = e.new_zeros(N, H).index_add(0, row, e)
-    a = e / (den[row] + 1e-16)
-    a = nn.functional.dropout(a, p=dropout, training=training)
-    return v.new_zeros(N, H, v.size(-1)).index_add(0, row, a.unsqueeze(-1) * v[col])
+def _as_loads(index: Optional[Tensor], length: Optional[Tensor], load: Optional[Tensor],
+              num_nodes: Optional[int], batch: Optional[Tensor],
+              grf: Optional[GRFLoads] = None) -> GRFLoads:
+    if grf is not None:
+        if index is not None or length is not None or load is not None:
+            raise ValueError("pass either 'grf' or the three tensors (grf_index, grf_length, "
+                             "grf_load), not both")
+        if not isinstance(grf, GRFLoads):
+            raise TypeError(f"'grf' must be a pyg_grf.features.GRFLoads, got "
+                            f"{type(grf).__name__}")
+        return grf
+    if index is None or length is None or load is None:
+        raise ValueError("GRF attention needs the loads: pass grf=GRFLoads.from_data(batch) or "
+                         "the three tensors grf_index, grf_length, grf_load")
+    return GRFLoads(index, length, load, num_nodes, batch=batch)
+
+
+def choose_backend(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
+                   batch: Optional[Tensor] = None) -> str:
+    r"""The backend :obj:`'auto'` picks: the cheapest by :func:`backend_costs`."""
+    costs = backend_costs(grf, mode, heads, m, d, batch)
+    return min(costs, key=costs.get)
+
+
+def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
+                  batch: Optional[Tensor] = None) -> Dict[str, float]:
+    r"""Estimated seconds of one layer (forward + backward) per backend, from the batch's
+    sizes (cached on ``grf`` per setting). The model, with :math:`H` heads, feature size
+    :math:`m`, value size :math:`d`, :math:`P_\Phi` the nonzeros of :math:`\widehat\Phi`,
+    :math:`P_M` those of the symmetric mask and :math:`B n_{max}^2` the padded block cells:
+
+    * ``'sparse'`` (low rank): :math:`c_1 P_\Phi H m (d + 1)` per CSR product (2 symmetric,
+      1 asymmetric) plus :math:`c_2 N H m (d + 1)` to form and contract the outer products;
+    * ``'pairs'`` (explicit mask on its support): :math:`c_3 P H (m + d + 1)`, with
+      :math:`P = P_M` (symmetric; bounded by the join size before the join is run) or
+      :math:`P_\Phi`;
+    * ``'dense'`` (padded blocks): :math:`c_4 B n_{max}^2 H (m + d + 1) + c_5 B n_{max}^2 H`.
+
+    The constants were fitted on a 2-core x86 CPU with ``bench/bench_batch.py``; the join behind
+    the symmetric mask is only run when its size makes the pair or dense backend competitive."""
+    key = ('costs', mode, heads, m, d, None if batch is None else batch.data_ptr())
+
+    def compute():
+        N = grf.num_nodes
+        _, pat = grf.pairs()
+        P_phi = pat.nnz
+        symmetric = mode == 'symmetric'
+        width = heads * m * (d + 1)
+        costs = {}
+        if mode != 'sparse_softmax':
+            costs['sparse'] = ((2 if symmetric else 1) * P_phi * width * _C_SPMM
+                               + N * width * _C_OUTER)
+        lay = grf.layout(batch)
+        cells = lay.num_cells * heads
+        costs['dense'] = cells * ((m + d + 1) * _C_BMM + _C_CELL)
+        if symmetric:
+            T = grf.num_join_terms()
+            best = min(costs.values())
+            # the join costs ~ T; P_M <= T. Run it only if it can pay off.
+            if T * _C_JOIN < best:
+                P = grf.mask_pattern(batch).nnz
+                costs['dense'] += T * _C_JOIN
+                costs['pairs'] = P * heads * (m + d + 1) * _C_PAIR + T * _C_JOIN
+        else:
+            costs['pairs'] = P_phi * heads * (m + d + 1) * _C_PAIR
+        return costs
+    return grf._cached(key, compute)
+
+
+# Cost constants (seconds per unit; bench/bench_batch.py --calibrate on 2 cores).
+_C_SPMM = 1.5e-10
+_C_OUTER = 1.5e-9
+_C_PAIR = 1.0e-9
+_C_JOIN = 2.0e-8
+_C_BMM = 1.0e-10
+_C_CELL = 2.0e-9

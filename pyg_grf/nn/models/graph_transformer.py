@@ -37,6 +37,8 @@ from torch_geometric.nn import (
 )
 from torch_geometric.nn.resolver import activation_resolver
 
+from pyg_grf.features.loads import GRFLoads
+
 
 
 # Attention adapters ########################################################################
@@ -152,7 +154,9 @@ class GRFAdapter(AttentionAdapter):
     r"""Linear attention masked by graph random features,
     :class:`pyg_grf.nn.attention.grf.GRFAttention` (GRF paper, Algorithm 1). Needs the
     :class:`~pyg_grf.transforms.AddGraphRandomFeatures` transform (as ``pre_transform``). The
-    sparsity pattern of the features is built once per batch and shared by all layers."""
+    loads are validated and their per-batch structures (sparsity patterns, mask statistics,
+    block layout) built once per batch, as one :class:`~pyg_grf.features.GRFLoads` shared by all
+    layers."""
 
     requires = ('grf_index', 'grf_length', 'grf_load')
     hint = ("add the transform pyg_grf.transforms.AddGraphRandomFeatures (best as the dataset's "
@@ -163,10 +167,10 @@ class GRFAdapter(AttentionAdapter):
         return GRFAttention(channels, heads=heads, dropout=dropout, **kwargs)
 
     def forward(self, x, batch, num_graphs, fields):
-        args = (fields['grf_index'], fields['grf_length'], fields['grf_load'])
-        if '_grf_pattern' not in fields:
-            fields['_grf_pattern'] = self.attn.mask(*args, x.size(0)).pattern
-        return self.attn(x, *args, batch=batch, pattern=fields['_grf_pattern'])
+        if '_grf' not in fields:  # validated and precomputed once per batch, for all layers
+            fields['_grf'] = GRFLoads(fields['grf_index'], fields['grf_length'],
+                                      fields['grf_load'], x.size(0), batch=batch)
+        return self.attn(x, grf=fields['_grf'], batch=batch)
 
 
 class GKATAdapter(AttentionAdapter):

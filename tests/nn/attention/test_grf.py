@@ -124,14 +124,14 @@ def test_linear_and_softmax_references_are_per_graph():
 
 def test_repr_and_reset():
     layer = GRFAttention(16, heads=4, max_length=5)
-    assert str(layer) == "GRFAttention(16, heads=4, feature_map='relu', max_length=5, mode='symmetric')"
+    assert str(layer) == "GRFAttention(16, heads=4, feature_map='relu', max_length=5, mode='symmetric', backend='auto')"
     assert torch.allclose(layer.f[0], 0.5 ** torch.arange(6.0))
     with torch.no_grad():
         layer.f.zero_()
     layer.reset_parameters()
     assert layer.f[3, 2].item() == 0.25
     assert str(GRFAttention(8, heads=2, mode='asymmetric', feature_map='elu')) == \
-        "GRFAttention(8, heads=2, feature_map='elu', max_length=4, mode='asymmetric')"
+        "GRFAttention(8, heads=2, feature_map='elu', max_length=4, mode='asymmetric', backend='auto')"
 
 
 def test_favor_plus_feature_map_and_redraw():
@@ -185,7 +185,7 @@ def test_bad_forward_input():
     layer = GRFAttention(8, heads=2, max_length=3).double()
     with pytest.raises(ValueError, match=r'\[N, 8\]'):
         layer(b.x[:, :4], b.grf_index, b.grf_length, b.grf_load)
-    with pytest.raises(ValueError, match='only 10 nodes'):
+    with pytest.raises(ValueError, match=r'node ids in \[0, 10\), got ids in \[0, 24\]'):
         layer(b.x[:10], b.grf_index, b.grf_length, b.grf_load)
     with pytest.raises(ValueError, match='one per entry'):
         layer(b.x, b.grf_index, b.grf_length[1:], b.grf_load)

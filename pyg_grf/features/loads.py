@@ -1,0 +1,417 @@
+r"""The typed GRF payload of a graph or a mini-batch, and everything computed from it once per
+batch.
+
+:class:`GRFLoads` holds the importance-weighted loads that
+:class:`~pyg_grf.transforms.AddGraphRandomFeatures` stores on a ``Data`` object (GRF paper,
+Eq. 10): entry :math:`e` is a (start node :math:`i`, visited node :math:`q`, hop count :math:`l`)
+with :math:`\mathrm{load}(i, q, l)`, and a layer with coefficients :math:`f` turns them into
+
+.. math::
+    \widehat\Phi_{iq} = \sum_l f_l\,\mathrm{load}(i, q, l).
+
+Everything that depends on the loads but not on :math:`f` is computed on first use and cached on
+the object, so that all layers of a model share it (build one ``GRFLoads`` per batch and pass it
+to every layer):
+
+* :meth:`pairs`: the distinct :math:`(i, q)` pairs and the pair id of every entry, and the sparse
+  pattern of :math:`\widehat\Phi` (sparse backend);
+* :meth:`layout`: the dense-block layout of the batch (graph sizes, padded positions);
+* :meth:`block_terms`: the mask entries as f-independent terms (dense-block backend). For the
+  symmetric mask :math:`M = \widehat\Phi_Q\widehat\Phi_K^\top`,
+
+  .. math::
+      M_{ij} = \sum_{l, l'} f_l f_{l'}\, S_{ij}^{l l'}, \qquad
+      S_{ij}^{l l'} = \sum_q \mathrm{load}_Q(i, q, l)\,\mathrm{load}_K(j, q, l'),
+
+  so each term is one product of a query-side and a key-side entry that share their visited node
+  :math:`q` (a join on :math:`q`, computed once), and the mask of a layer is a scatter of
+  :math:`(f \otimes f)_{l l'}` times the term values into the graphs' dense blocks. For the
+  asymmetric mask :math:`M = \widehat\Phi` the terms are the entries themselves.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, NamedTuple, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from pyg_grf.ops import SparsePattern
+
+
+class BlockLayout(NamedTuple):
+    r"""Dense-block layout of a batch of graphs: graph ``b`` occupies rows ``ptr[b]:ptr[b+1]``
+    and is padded to ``n`` nodes.
+
+    Attributes:
+        num_graphs (int): :math:`B`.
+        n (int): the largest graph size :math:`n_{max}`.
+        pos (Tensor): ``[N]`` position of every node in the padded ``[B * n]`` layout.
+        sizes (Tensor): ``[B]`` graph sizes (CPU).
+        ptr (Tensor): ``[B]`` first node of every graph.
+    """
+    num_graphs: int
+    n: int
+    pos: Tensor
+    sizes: Tensor
+    ptr: Tensor
+
+    @property
+    def num_cells(self) -> int:
+        return self.num_graphs * self.n * self.n
+
+    @property
+    def sum_sq(self) -> int:
+        r""":math:`\sum_b n_b^2`, the number of real (unpadded) cells."""
+        return int((self.sizes.long() ** 2).sum())
+
+
+class BlockTerms(NamedTuple):
+    r"""Mask entries as f-independent statistics in the dense-block layout: the mask values of
+    a layer are ``stats @ coef`` on the cells ``cell``, with ``coef`` the outer product
+    :math:`f \otimes f` flattened (symmetric, id :math:`l K + l'`) or :math:`f` itself
+    (asymmetric, id :math:`l`).
+
+    Attributes:
+        cell (Tensor): ``[P]`` distinct flat cells in ``[B, n, n]`` holding a mask entry.
+        stats (Tensor): ``[P, num_coef]`` summed load products per coefficient id.
+    """
+    cell: Tensor
+    stats: Tensor
+
+    @property
+    def num_coef(self) -> int:
+        return self.stats.size(1)
+
+
+def _check_tensor(name: str, t: Any, dim: int) -> Tensor:
+    if not isinstance(t, Tensor):
+        raise TypeError(f"'{name}' must be a tensor, got {type(t).__name__}")
+    if t.dim() != dim:
+        raise ValueError(f"'{name}' must be {dim}-D, got shape {tuple(t.shape)}")
+    return t
+
+
+class GRFLoads:
+    r"""Graph random feature loads of a graph or a PyG mini-batch, with the per-batch
+    precomputation shared by all GRF layers of a model (module docstring).
+
+    Build it with :meth:`from_data` from the attributes that
+    :class:`~pyg_grf.transforms.AddGraphRandomFeatures` stores, and pass it to every layer as
+    ``grf=``. The inputs are validated once here (index range, hop counts, finite loads), not in
+    every layer.
+
+    Args:
+        index (Tensor): ``[2, nnz]`` (start node, visited node) of every entry.
+        hop (Tensor): ``[nnz]`` hop count :math:`l \ge 0` of every entry.
+        load (Tensor): ``[nnz]`` load of every entry.
+        num_nodes (int): :math:`N`.
+        batch (Tensor, optional): ``[N]`` graph id of every node, sorted (a PyG batch). :obj:`None`
+            for a single graph.
+        max_length (int, optional): the transform's :math:`L` (hop counts must not exceed it).
+            Defaults to the largest hop count present.
+        key (GRFLoads, optional): loads of independent key-side walks on the same nodes
+            (unbiased diagonal, GRF paper Sec. 3.3): the symmetric mask becomes
+            :math:`\widehat\Phi_Q\widehat\Phi_K^\top`.
+    """
+
+    def __init__(self, index: Tensor, hop: Tensor, load: Tensor, num_nodes: int,
+                 batch: Optional[Tensor] = None, max_length: Optional[int] = None,
+                 key: Optional['GRFLoads'] = None):
+        _check_tensor('grf_index', index, 2)
+        if index.size(0) != 2:
+            raise ValueError(f"'grf_index' must have shape [2, nnz], got {tuple(index.shape)}")
+        _check_tensor('grf_length', hop, 1)
+        _check_tensor('grf_load', load, 1)
+        nnz = index.size(1)
+        if hop.numel() != nnz or load.numel() != nnz:
+            raise ValueError(f"'grf_length' and 'grf_load' must have shape [{nnz}] (one per entry "
+                             f"of 'grf_index'), got {tuple(hop.shape)} and {tuple(load.shape)}")
+        if index.is_floating_point() or hop.is_floating_point():
+            raise TypeError(f"'grf_index' and 'grf_length' must be integer tensors, got "
+                            f"{index.dtype} and {hop.dtype}")
+        if not load.is_floating_point():
+            raise TypeError(f"'grf_load' must be a floating-point tensor, got {load.dtype}")
+        num_nodes = int(num_nodes)
+        if nnz > 0:
+            # One host sync per batch (PyG's pattern), not one per layer.
+            lo, hi = torch.aminmax(index)
+            lo, hi = int(lo), int(hi)
+            if lo < 0 or hi >= num_nodes:
+                raise ValueError(f"'grf_index' must hold node ids in [0, {num_nodes}), got ids in "
+                                 f"[{lo}, {hi}]")
+            hlo, hhi = torch.aminmax(hop)
+            self.max_hop = int(hhi)
+            if int(hlo) < 0:
+                raise ValueError(f"'grf_length' (hop counts) must be >= 0, got {int(hlo)}")
+            if not bool(torch.isfinite(load).all()):
+                raise ValueError("'grf_load' holds non-finite values (the loads overflowed: use "
+                                 "normalization='sym' or 'rw', or shorter walks)")
+        else:
+            self.max_hop = 0
+        if max_length is not None:
+            if self.max_hop > max_length:
+                raise ValueError(f"the loads have hop counts up to {self.max_hop} but "
+                                 f"'max_length' is {max_length}")
+        if batch is not None:
+            _check_tensor('batch', batch, 1)
+            if batch.numel() != num_nodes:
+                raise ValueError(f"'batch' must have one entry per node ({num_nodes}), got "
+                                 f"{batch.numel()}")
+        if key is not None:
+            if not isinstance(key, GRFLoads):
+                raise TypeError(f"'key' must be a GRFLoads, got {type(key).__name__}")
+            if key.num_nodes != num_nodes:
+                raise ValueError(f"'key' covers {key.num_nodes} nodes but the query side covers "
+                                 f"{num_nodes}")
+        self.index, self.hop, self.load = index, hop, load
+        self.num_nodes = num_nodes
+        self.batch = batch
+        self.max_length = max_length
+        self.key = key
+        self._cache: Dict[Any, Any] = {}
+
+    # Construction ##################################################################################
+
+    @classmethod
+    def from_data(cls, data: Any, prefix: str = 'grf', key_prefix: Optional[str] = None,
+                  max_length: Optional[int] = None) -> 'GRFLoads':
+        r"""The loads stored on a ``Data`` object or a PyG ``Batch`` under
+        ``{prefix}_index``, ``{prefix}_length`` and ``{prefix}_load``.
+
+        Args:
+            data (Data or Batch): the graph or mini-batch.
+            prefix (str): attribute prefix used by the transform (default: ``'grf'``).
+            key_prefix (str, optional): prefix of independent key-side loads (e.g.
+                ``'grf_key'``, from a second transform with ``attr_prefix='grf_key'``).
+            max_length (int, optional): the transform's :math:`L`, checked against the data.
+        """
+        missing = [f'{prefix}_{s}' for s in ('index', 'length', 'load')
+                   if getattr(data, f'{prefix}_{s}', None) is None]
+        if missing:
+            raise ValueError(f"the data has no GRF loads {missing}: add the transform "
+                             f"AddGraphRandomFeatures(attr_prefix={prefix!r}) (best as the "
+                             f"dataset's pre_transform)")
+        batch = getattr(data, 'batch', None)
+        key = None
+        if key_prefix is not None:
+            key = cls.from_data(data, key_prefix, max_length=max_length)
+        return cls(data[f'{prefix}_index'], data[f'{prefix}_length'], data[f'{prefix}_load'],
+                   data.num_nodes, batch=batch, max_length=max_length, key=key)
+
+    @property
+    def nnz(self) -> int:
+        return self.index.size(1)
+
+    @property
+    def device(self) -> torch.device:
+        return self.index.device
+
+    def __repr__(self) -> str:
+        key = '' if self.key is None else ', key=True'
+        return (f'GRFLoads(num_nodes={self.num_nodes}, nnz={self.nnz}, max_hop={self.max_hop}'
+                f'{key})')
+
+    def _cached(self, name: Any, fn):
+        if name not in self._cache:
+            self._cache[name] = fn()
+        return self._cache[name]
+
+    # Sparse backend ################################################################################
+
+    def pairs(self) -> Tuple[Tensor, SparsePattern]:
+        r"""The pair id of every entry (``[nnz]``) and the :class:`~pyg_grf.ops.SparsePattern`
+        of the distinct (start, visited) pairs, sorted row-major."""
+        return self._cached('pairs', self._build_pairs)
+
+    def _build_pairs(self):
+        N = self.num_nodes
+        key = self.index[0].long() * N + self.index[1].long()
+        if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):
+            uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
+        else:  # the transform's order: consecutive duplicates only, no sort needed
+            new = torch.ones_like(key, dtype=torch.bool)
+            if key.numel() > 1:
+                new[1:] = key[1:] != key[:-1]
+            inv = torch.cumsum(new, 0) - 1
+            uniq = key[new]
+        return inv, SparsePattern(torch.stack([uniq // N, uniq % N]), (N, N))
+
+    def values(self, f: Tensor) -> Tensor:
+        r"""Values of :math:`\widehat\Phi` on :meth:`pairs` for coefficients ``f`` (``[L + 1]``
+        or ``[H, L + 1]``): ``[P]`` or ``[H, P]``, differentiable in ``f``."""
+        inv, pattern = self.pairs()
+        v = self.entry_values(f)
+        if f.dim() == 1:
+            return v.new_zeros(pattern.nnz).index_add(0, inv, v)
+        return v.new_zeros(f.size(0), pattern.nnz).index_add(1, inv, v)
+
+    def entry_values(self, f: Tensor) -> Tensor:
+        r""":math:`f_{l_e}\,\mathrm{load}_e` per entry (``[nnz]`` or ``[H, nnz]``)."""
+        if f.dim() not in (1, 2):
+            raise ValueError(f"'f' must have shape [L + 1] or [H, L + 1], got {tuple(f.shape)}")
+        self.check_coefficients(f.size(-1) - 1)
+        hop = self._cached('hop_long', lambda: self.hop.long())
+        return f[..., hop] * self.load.to(f.dtype)
+
+    def check_coefficients(self, max_length: int, who: str = 'f'):
+        r"""Raises if the loads have hop counts beyond ``max_length`` (their entries would get
+        no coefficient and silently vanish from the mask)."""
+        if self.max_hop > max_length:
+            raise ValueError(f"the GRF loads have hop counts up to {self.max_hop} but {who} has "
+                             f"coefficients only up to hop {max_length}: use max_length >= "
+                             f"{self.max_hop} (the transform's max_length)")
+
+    # Dense-block backend ###########################################################################
+
+    def layout(self, batch: Optional[Tensor] = None) -> BlockLayout:
+        r"""The :class:`BlockLayout` of the batch (``batch`` overrides the stored one)."""
+        if batch is None:
+            batch = self.batch
+        key = ('layout', None if batch is None else (batch.data_ptr(), batch.numel()))
+        return self._cached(key, lambda: block_layout(batch, self.num_nodes))
+
+    def block_terms(self, symmetric: bool, batch: Optional[Tensor] = None,
+                    dtype: Optional[torch.dtype] = None) -> BlockTerms:
+        r"""The f-independent mask statistics in the dense-block layout (module docstring):
+        ``symmetric`` for :math:`\widehat\Phi_Q\widehat\Phi_K^\top`, else :math:`\widehat\Phi`.
+        Terms that fall on the same cell are summed per coefficient id, so that the mask values
+        of a layer are one small matrix product ``stats @ coef``."""
+        lay = self.layout(batch)
+        key = ('terms', symmetric, lay.pos.data_ptr())
+        terms = self._cached(key, lambda: self._build_terms(symmetric, lay))
+        if dtype is None or dtype == terms.stats.dtype:
+            return terms
+        # statistics are summed in float64; one cast per dtype, shared by the layers
+        return self._cached(key + (dtype,), lambda: terms._replace(stats=terms.stats.to(dtype)))
+
+    def _build_terms(self, symmetric: bool, lay: BlockLayout) -> BlockTerms:
+        K = self.max_hop + 1
+        row, col = self.index[0].long(), self.index[1].long()
+        hop, load = self.hop.long(), self.load.double()
+        pos, n = lay.pos, lay.n
+        if not symmetric:
+            return _coalesce_terms(_cell(pos, row, col, n), hop, load, K, lay.num_cells)
+        other = self if self.key is None else self.key
+        K = max(K, other.max_hop + 1)
+        # Join query entries (i, q, l) with key entries (j, q, l') on the visited node q.
+        krow, kcol = other.index[0].long(), other.index[1].long()
+        khop, kload = other.hop.long(), other.load.double()
+        order = torch.argsort(kcol, stable=True)
+        count = torch.bincount(kcol, minlength=self.num_nodes)
+        start = torch.cumsum(count, 0) - count
+        reps = count[col]  # partners of each query entry
+        T = int(reps.sum())
+        e = torch.repeat_interleave(torch.arange(row.numel(), device=row.device), reps,
+                                    output_size=T)
+        first = torch.cumsum(reps, 0) - reps
+        partner = order[start[col][e] + torch.arange(T, device=row.device) - first[e]]
+        cell = _cell(pos, row[e], krow[partner], n)
+        return _coalesce_terms(cell, hop[e] * K + khop[partner], load[e] * kload[partner],
+                               K * K, lay.num_cells)
+
+    def block_support(self, batch: Optional[Tensor] = None) -> Tensor:
+        r"""``[B, n, n]`` boolean: the cells holding an entry of :math:`\widehat\Phi`."""
+        lay = self.layout(batch)
+
+        def build():
+            sup = torch.zeros(lay.num_cells, dtype=torch.bool, device=self.device)
+            sup[self.block_terms(False, batch).cell] = True
+            return sup.view(lay.num_graphs, lay.n, lay.n)
+        return self._cached(('support', lay.pos.data_ptr()), build)
+
+    def block_padding(self, batch: Optional[Tensor] = None) -> Tensor:
+        r"""``[B, 1, n, 1]``: 1 on the padded rows of the block layout."""
+        from pyg_grf.nn.functional import block_padding
+        lay = self.layout(batch)
+        return self._cached(('padding', lay.pos.data_ptr()), lambda: block_padding(lay))
+
+    def num_join_terms(self) -> int:
+        r"""Number of query/key entry pairs that share a visited node: the size of the join
+        behind the symmetric mask statistics (known before the join is run)."""
+        def count():
+            other = self if self.key is None else self.key
+            cnt = torch.bincount(other.index[1].long(), minlength=self.num_nodes)
+            return int(cnt[self.index[1].long()].sum())
+        return self._cached('num_join_terms', count)
+
+    def mask_pattern(self, batch: Optional[Tensor] = None) -> SparsePattern:
+        r"""Sparsity pattern (global node ids, row-major) of the symmetric mask
+        :math:`\widehat\Phi_Q\widehat\Phi_K^\top`, in the order of
+        ``block_terms(True).cell``."""
+        lay = self.layout(batch)
+
+        def build():
+            cell = self.block_terms(True, batch).cell
+            n = lay.n
+            b, rc = cell // (n * n), cell % (n * n)
+            start = lay.ptr[b]
+            index = torch.stack([start + rc // n, start + rc % n])
+            return SparsePattern(index, (self.num_nodes, self.num_nodes), _trusted=True)
+        return self._cached(('mask_pattern', lay.pos.data_ptr()), build)
+
+def _coalesce_terms(cell: Tensor, kid: Tensor, value: Tensor, num_coef: int,
+                    num_cells: int) -> BlockTerms:
+    if num_cells <= max(8 * cell.numel(), 1 << 24):
+        # Distinct cells by a mark-and-count over the (bounded) cell range: no sort.
+        mark = torch.zeros(num_cells, dtype=torch.bool, device=cell.device)
+        mark[cell] = True
+        cells = mark.nonzero().view(-1)
+        slot = (torch.cumsum(mark, 0) - 1)[cell]
+    else:  # one big graph: the cell range is N^2
+        cells, slot = torch.unique(cell, sorted=True, return_inverse=True)
+    flat = slot * num_coef + kid
+    stats = value.new_zeros(cells.numel() * num_coef).index_add_(0, flat, value)
+    return BlockTerms(cells, stats.view(-1, num_coef))
+
+
+def _cell(pos: Tensor, row: Tensor, col: Tensor, n: int) -> Tensor:
+    # Both ends of an entry lie in the same graph b: cell = (b * n + r) * n + c with
+    # pos = b * n + local id.
+    prow, pcol = pos[row], pos[col]
+    if prow.numel() > 0 and not bool((prow // n == pcol // n).all()):
+        raise ValueError("the GRF loads connect nodes of different graphs of the batch: the "
+                         "'batch' vector does not match the loads (walks never leave a graph)")
+    return prow * n + pcol % n
+
+
+def block_layout(batch: Optional[Tensor], num_nodes: int) -> BlockLayout:
+    r"""Dense-block layout of a batch vector (graphs must be contiguous, as in PyG batches)."""
+    if batch is None or num_nodes == 0:
+        pos = torch.arange(num_nodes, device=batch.device if batch is not None else None)
+        return BlockLayout(1, max(num_nodes, 1), pos, torch.tensor([num_nodes]),
+                           torch.zeros(1, dtype=torch.long, device=pos.device))
+    batch = batch.long()
+    if batch.numel() > 1 and not bool((batch[1:] >= batch[:-1]).all()):
+        raise ValueError("'batch' must be sorted (the nodes of each graph contiguous, as in a "
+                         "PyG mini-batch)")
+    sizes = torch.bincount(batch)
+    B = sizes.numel()
+    n = int(sizes.max())
+    ptr = torch.cumsum(sizes, 0) - sizes
+    pos = batch * n + (torch.arange(num_nodes, device=batch.device) - ptr[batch])
+    return BlockLayout(B, max(n, 1), pos, sizes.cpu(), ptr)
+
+
+def dense_block_cost(layout: BlockLayout, num_terms: int, heads: int, m: int, d: int) -> float:
+    r"""Relative cost of one dense-block GRF layer (forward + backward), see
+    :func:`sparse_cost`. Calibrated on a 2-core x86 CPU (``bench/bench_batch.py``)."""
+    cells = layout.num_cells * heads
+    return cells * (2.0 * (m + d + 1) * _C_BMM + _C_CELL) + num_terms * heads * _C_TERM
+
+
+def sparse_cost(num_nodes: int, pattern_nnz: int, heads: int, m: int, d: int,
+                symmetric: bool) -> float:
+    r"""Relative cost of one sparse-backend GRF layer (forward + backward): CSR products over the
+    ``[N, H, m (d + 1)]`` outer-product tensor (two products if ``symmetric``, one if not) plus
+    its formation and contraction."""
+    width = heads * m * (d + 1)
+    products = 2 if symmetric else 1
+    return products * pattern_nnz * width * _C_SPMM + num_nodes * width * _C_DENSE
+
+
+# Cost constants (seconds per unit, measured with bench/bench_batch.py --calibrate on 2 cores).
+_C_BMM = 1.0e-11
+_C_CELL = 2.0e-9
+_C_TERM = 1.0e-8
+_C_SPMM = 1.5e-10
+_C_DENSE = 1.5e-9

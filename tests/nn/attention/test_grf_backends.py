@@ -1,0 +1,241 @@
+"""The execution backends of GRFAttention ('sparse', 'pairs', 'dense', 'auto') against an
+independent dense O(N^2) re-implementation and against each other, and the typed payload
+GRFLoads that carries the per-batch precomputation."""
+import pytest
+import torch
+from torch_geometric.data import Batch, Data
+
+from pyg_grf.features import GRFLoads
+from pyg_grf.nn import GRFAttention
+from pyg_grf.nn.attention.grf import backend_costs
+from pyg_grf.transforms import AddGraphRandomFeatures
+from tests.utils import er_graph, grid_graph, path_graph
+
+D = torch.float64
+MODES = ['symmetric', 'asymmetric', 'sparse_softmax']
+BACKENDS = ['sparse', 'pairs', 'dense', 'auto']
+
+
+def make_batch(channels=8, seed=0, key=False):
+    torch.manual_seed(seed)
+    t = AddGraphRandomFeatures(num_walks=5, p_halt=0.4, max_length=3, seed=seed)
+    tk = AddGraphRandomFeatures(num_walks=4, p_halt=0.4, max_length=3, seed=seed + 100,
+                                attr_prefix='grf_key')
+    graphs = [Data(x=torch.randn(n, channels, dtype=D), edge_index=ei)
+              for n, ei in [(9, grid_graph(3, 3)), (5, path_graph(5)),
+                            (11, er_graph(11, 0.3, seed=2)), (1, torch.empty(2, 0).long())]]
+    graphs = [t(g) for g in graphs]
+    if key:
+        graphs = [tk(g) for g in graphs]
+    return Batch.from_data_list(graphs)
+
+
+def dense_phi(index, length, load, f, N):
+    return torch.zeros(N, N, dtype=D).index_put((index[0], index[1]), f[length] * load.to(D),
+                                                accumulate=True)
+
+
+def dense_reference(layer, b, key=False):
+    """O(N^2) GRF attention from the layer's weights, every mask formed explicitly."""
+    x = b.x
+    N, H, C = x.size(0), layer.heads, layer.head_channels
+    q = (x @ layer.to_q.weight.T + layer.to_q.bias).view(N, H, C)
+    k = (x @ layer.to_k.weight.T + layer.to_k.bias).view(N, H, C)
+    v = (x @ layer.to_v.weight.T + layer.to_v.bias).view(N, H, C)
+    outs = []
+    for h in range(H):
+        f = layer.f[h]
+        phi = dense_phi(b.grf_index, b.grf_length, b.grf_load, f, N)
+        if layer.mode == 'sparse_softmax':
+            s = q[:, h] @ k[:, h].T / C ** 0.5
+            s = s.masked_fill(phi == 0, float('-inf'))
+            e = torch.exp(s - s.max(1, keepdim=True).values) * phi
+            a = e / e.sum(1, keepdim=True)
+        else:
+            if layer.mode == 'symmetric':
+                phik = phi if not key else dense_phi(b.grf_key_index, b.grf_key_length,
+                                                     b.grf_key_load, f, N)
+                M = phi @ phik.T
+            else:
+                M = phi
+            a = (layer.feature_map(q[:, h]) @ layer.feature_map(k[:, h]).T) * M
+            a = a / a.sum(1, keepdim=True)
+        outs.append(a @ v[:, h])
+    return torch.cat(outs, dim=1) @ layer.to_out.weight.T + layer.to_out.bias
+
+
+def make_layer(mode, backend, seed=0):
+    torch.manual_seed(seed)
+    layer = GRFAttention(8, heads=2, max_length=3, mode=mode, eps=0.0, feature_map='elu',
+                         backend=backend).double()
+    with torch.no_grad():
+        layer.f.copy_(torch.rand(2, 4) + 0.1)
+    return layer
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('mode', MODES)
+def test_every_backend_equals_dense_reference(mode, backend):
+    b = make_batch()
+    layer = make_layer(mode, backend)
+    ref = dense_reference(layer, b)
+    out = layer(b.x, grf=GRFLoads.from_data(b))
+    assert out.shape == (26, 8)
+    assert torch.allclose(out, ref, atol=1e-9, rtol=0)
+    # the three-tensor form (with the batch vector) is the same computation
+    out3 = layer(b.x, b.grf_index, b.grf_length, b.grf_load, b.batch)
+    assert torch.allclose(out3, ref, atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+def test_independent_keys_every_backend(backend):
+    b = make_batch(key=True)
+    layer = make_layer('symmetric', backend)
+    grf = GRFLoads.from_data(b, key_prefix='grf_key')
+    assert torch.allclose(layer(b.x, grf=grf), dense_reference(layer, b, key=True), atol=1e-9)
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_backends_have_equal_gradients(mode):
+    b = make_batch()
+    grads = {}
+    for backend in ['sparse', 'pairs', 'dense']:
+        layer = make_layer(mode, backend)
+        x = b.x.clone().requires_grad_()
+        out = layer(x, grf=GRFLoads.from_data(b))
+        (out * torch.linspace(-1, 1, out.numel(), dtype=D).view_as(out)).sum().backward()
+        grads[backend] = [x.grad] + [p.grad for p in layer.parameters()]
+    for backend in ['pairs', 'dense']:
+        for g_ref, g in zip(grads['sparse'], grads[backend]):
+            assert torch.allclose(g, g_ref, atol=1e-9, rtol=1e-7)
+    assert float(grads['dense'][0].abs().sum()) > 0
+
+
+@pytest.mark.parametrize('backend', ['pairs', 'dense'])
+@pytest.mark.parametrize('mode', MODES)
+def test_gradcheck_new_backends(mode, backend):
+    b = make_batch(channels=4)
+    torch.manual_seed(1)
+    layer = GRFAttention(4, heads=2, max_length=3, mode=mode, feature_map='elu',
+                         backend=backend).double()
+    grf = GRFLoads.from_data(b)
+
+    def fn(f, x):
+        return torch.func.functional_call(layer, {'f': f}, (x,), {'grf': grf})
+
+    f = (torch.rand(2, 4, dtype=D) + 0.1).requires_grad_()
+    assert torch.autograd.gradcheck(fn, (f, b.x.clone().requires_grad_()), atol=1e-6)
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+def test_single_graph_without_batch_vector(backend):
+    b = make_batch()
+    d = b.get_example(0)
+    layer = make_layer('symmetric', backend)
+    out = layer(d.x, grf=GRFLoads.from_data(d))
+    full = layer(b.x, grf=GRFLoads.from_data(b))
+    assert torch.allclose(out, full[b.batch == 0], atol=1e-10)
+
+
+def test_grf_loads_caches_per_batch_work_for_all_layers():
+    b = make_batch()
+    grf = GRFLoads.from_data(b)
+    l1, l2 = make_layer('symmetric', 'dense'), make_layer('symmetric', 'dense', seed=1)
+    l1(b.x, grf=grf)
+    terms = grf.block_terms(True)
+    l2(b.x, grf=grf)
+    assert grf.block_terms(True) is terms  # built once, shared
+    p1 = grf.pairs()[1]
+    make_layer('asymmetric', 'sparse')(b.x, grf=grf)
+    assert grf.pairs()[1] is p1
+
+
+def test_auto_cost_model_prefers_dense_blocks_for_small_dense_graphs_and_sparse_for_big():
+    # small complete-ish graphs with long walks: the mask fills the blocks
+    t = AddGraphRandomFeatures(num_walks=8, p_halt=0.2, max_length=4, seed=0)
+    small = Batch.from_data_list([t(Data(edge_index=er_graph(20, 0.4, seed=s), num_nodes=20))
+                                  for s in range(16)])
+    costs = backend_costs(GRFLoads.from_data(small), 'symmetric', 4, 16, 16)
+    assert min(costs, key=costs.get) == 'dense'
+    # one big grid: padded blocks would be N^2
+    big = t(Data(edge_index=grid_graph(60, 60), num_nodes=3600))
+    costs = backend_costs(GRFLoads.from_data(big), 'symmetric', 4, 16, 16)
+    assert min(costs, key=costs.get) != 'dense'
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('mode', MODES)
+def test_bfloat16_autocast_and_bf16_modules(mode, backend):
+    b = make_batch()
+    layer = make_layer(mode, backend).float()
+    x = b.x.float()
+    grf = GRFLoads.from_data(b)
+    ref = layer(x, grf=grf)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = layer(x, grf=grf)
+    out.float().sum().backward()
+    assert bool(torch.isfinite(out.float()).all())
+    # bf16 has 8 bits of mantissa: relative error ~1e-2 after a few products
+    assert torch.allclose(out.float(), ref, atol=0.1 * float(ref.abs().max()), rtol=0.05)
+    out16 = layer.to(torch.bfloat16)(x.bfloat16(), grf=grf)
+    assert out16.dtype == torch.bfloat16
+    assert torch.allclose(out16.float(), ref, atol=0.1 * float(ref.abs().max()), rtol=0.05)
+
+
+def test_grf_loads_validation():
+    b = make_batch()
+    idx, hop, load, N = b.grf_index, b.grf_length, b.grf_load, b.num_nodes
+    bad = idx.clone()
+    bad[1, 3] = -1
+    with pytest.raises(ValueError, match=r'node ids in \[0, 26\), got ids in \[-1, 25\]'):
+        GRFLoads(bad, hop, load, N)
+    with pytest.raises(ValueError, match=r'\(hop counts\) must be >= 0, got -1'):
+        GRFLoads(idx, hop - 1, load, N)
+    inf = load.clone()
+    inf[0] = float('inf')
+    with pytest.raises(ValueError, match='non-finite'):
+        GRFLoads(idx, hop, inf, N)
+    with pytest.raises(TypeError, match='integer'):
+        GRFLoads(idx.float(), hop, load, N)
+    with pytest.raises(ValueError, match="'batch' must have one entry per node"):
+        GRFLoads(idx, hop, load, N, batch=b.batch[:-1])
+    with pytest.raises(ValueError, match="hop counts up to 3 but 'max_length' is 2"):
+        GRFLoads(idx, hop, load, N, max_length=2)
+    with pytest.raises(ValueError, match='no GRF loads'):
+        GRFLoads.from_data(Data(num_nodes=3))
+    # a layer shorter than the transform refuses instead of dropping hops silently
+    layer = GRFAttention(8, heads=2, max_length=2).double()
+    with pytest.raises(ValueError, match=r'hop counts up to 3 but GRFAttention\(max_length=2\)'):
+        layer(b.x, grf=GRFLoads.from_data(b))
+    with pytest.raises(ValueError, match='either'):
+        make_layer('symmetric', 'sparse')(b.x, b.grf_index, grf=GRFLoads.from_data(b))
+    with pytest.raises(ValueError, match='backend'):
+        GRFAttention(8, backend='gpu')
+
+
+def test_dense_backend_rejects_unsorted_or_mismatched_batch():
+    b = make_batch()
+    layer = make_layer('symmetric', 'dense')
+    perm_batch = b.batch.flip(0)
+    with pytest.raises(ValueError, match='sorted'):
+        layer(b.x, grf=GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes,
+                                batch=perm_batch))
+    wrong = torch.zeros_like(b.batch)
+    wrong[12:] = 1  # splits the first graphs' nodes differently from the loads
+    with pytest.raises(ValueError, match='different graphs'):
+        layer(b.x, grf=GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes,
+                                batch=wrong))
+
+
+def test_grf_mask_operator_per_head_equals_dense():
+    from pyg_grf.masks import GRFMask
+    b = make_batch(key=True)
+    f = torch.rand(3, 4, dtype=D) + 0.1
+    grf = GRFLoads.from_data(b, key_prefix='grf_key')
+    M = GRFMask.from_loads(grf, f=f)
+    x = torch.randn(b.num_nodes, 3, 5, dtype=D)
+    dense = torch.stack([dense_phi(b.grf_index, b.grf_length, b.grf_load, f[h], b.num_nodes)
+                         @ dense_phi(b.grf_key_index, b.grf_key_length, b.grf_key_load, f[h],
+                                     b.num_nodes).T for h in range(3)])
+    assert torch.allclose(M.to_dense(), dense)
+    assert torch.allclose(M.matmul(x), torch.einsum('hij,jhc->ihc', dense, x))
