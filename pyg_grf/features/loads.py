@@ -285,29 +285,38 @@ class GRFLoads:
         return self._cached(key + (dtype,), lambda: terms._replace(stats=terms.stats.to(dtype)))
 
     def _build_terms(self, symmetric: bool, lay: BlockLayout) -> BlockTerms:
+        n = lay.n
         K = self.max_hop + 1
-        row, col = self.index[0].long(), self.index[1].long()
+        # Per entry (cheap, nnz-sized): the padded row offset (b * n + r) * n and the local column.
+        prow, pcol = _block_coords(lay, self.index)
         hop, load = self.hop.long(), self.load.double()
-        pos, n = lay.pos, lay.n
         if not symmetric:
-            return _coalesce_terms(_cell(pos, row, col, n), hop, load, K, lay.num_cells)
+            return _coalesce_terms(prow * n + pcol, hop, load, K, lay.num_cells)
         other = self if self.key is None else self.key
         K = max(K, other.max_hop + 1)
-        # Join query entries (i, q, l) with key entries (j, q, l') on the visited node q.
-        krow, kcol = other.index[0].long(), other.index[1].long()
-        khop, kload = other.hop.long(), other.load.double()
+        # local id of the key entries' start node j
+        krow_local = (prow if other is self else _block_coords(lay, other.index)[0]) % n
+        # Join query entries (i, q, l) with key entries (j, q, l') on the visited node q: the
+        # partners of a query entry are the key entries of column q, contiguous in the key
+        # entries sorted by column.
+        kcol = other.index[1].long()
         order = torch.argsort(kcol, stable=True)
         count = torch.bincount(kcol, minlength=self.num_nodes)
-        start = torch.cumsum(count, 0) - count
-        reps = count[col]  # partners of each query entry
+        col = self.index[1].long()
+        reps = count[col]
         T = int(reps.sum())
-        e = torch.repeat_interleave(torch.arange(row.numel(), device=row.device), reps,
-                                    output_size=T)
         first = torch.cumsum(reps, 0) - reps
-        partner = order[start[col][e] + torch.arange(T, device=row.device) - first[e]]
-        cell = _cell(pos, row[e], krow[partner], n)
-        return _coalesce_terms(cell, hop[e] * K + khop[partner], load[e] * kload[partner],
-                               K * K, lay.num_cells)
+        base = (torch.cumsum(count, 0) - count)[col] - first  # partner slot = base[e] + t
+        # cell * K^2 + kid = [(prow n) K^2 + l K][e] + [j_local K^2 + l'][partner]
+        KK = K * K
+        qkey = torch.repeat_interleave(prow * (n * KK) + hop * K, reps, output_size=T)
+        partner = order[torch.repeat_interleave(base, reps, output_size=T)
+                        + torch.arange(T, device=col.device)]
+        ckey = qkey + (krow_local * KK + other.hop.long())[partner]
+        value = (torch.repeat_interleave(load, reps, output_size=T)
+                 * other.load.double()[partner])
+        cell, kid = ckey // KK, ckey % KK
+        return _coalesce_terms(cell, kid, value, KK, lay.num_cells)
 
     def block_support(self, batch: Optional[Tensor] = None) -> Tensor:
         r"""``[B, n, n]`` boolean: the cells holding an entry of :math:`\widehat\Phi`."""
@@ -364,14 +373,15 @@ def _coalesce_terms(cell: Tensor, kid: Tensor, value: Tensor, num_coef: int,
     return BlockTerms(cells, stats.view(-1, num_coef))
 
 
-def _cell(pos: Tensor, row: Tensor, col: Tensor, n: int) -> Tensor:
-    # Both ends of an entry lie in the same graph b: cell = (b * n + r) * n + c with
-    # pos = b * n + local id.
-    prow, pcol = pos[row], pos[col]
-    if prow.numel() > 0 and not bool((prow // n == pcol // n).all()):
+def _block_coords(lay: BlockLayout, index: Tensor) -> Tuple[Tensor, Tensor]:
+    r"""Padded row ``b * n + r`` and local column ``c`` of entries ``(i, q)``; both ends must lie
+    in the same graph ``b`` (walks never leave a graph), checked here once per batch."""
+    n = lay.n
+    prow, pq = lay.pos[index[0].long()], lay.pos[index[1].long()]
+    if prow.numel() > 0 and not bool((prow // n == pq // n).all()):
         raise ValueError("the GRF loads connect nodes of different graphs of the batch: the "
                          "'batch' vector does not match the loads (walks never leave a graph)")
-    return prow * n + pcol % n
+    return prow, pq % n
 
 
 def block_layout(batch: Optional[Tensor], num_nodes: int) -> BlockLayout:

@@ -220,53 +220,61 @@ def choose_backend(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
 
 def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
                   batch: Optional[Tensor] = None) -> Dict[str, float]:
-    r"""Estimated seconds of one layer (forward + backward) per backend, from the batch's
-    sizes (cached on ``grf`` per setting). The model, with :math:`H` heads, feature size
+    r"""Estimated seconds (on one CPU core) of one layer, forward + backward, per backend, from
+    the batch's sizes; cached on ``grf`` per setting. With :math:`H` heads, feature size
     :math:`m`, value size :math:`d`, :math:`P_\Phi` the nonzeros of :math:`\widehat\Phi`,
-    :math:`P_M` those of the symmetric mask and :math:`B n_{max}^2` the padded block cells:
+    :math:`P_M` those of the symmetric mask, :math:`T` the size of the join that builds its
+    statistics and :math:`B n_{max}^2` the padded block cells:
 
-    * ``'sparse'`` (low rank): :math:`c_1 P_\Phi H m (d + 1)` per CSR product (2 symmetric,
-      1 asymmetric) plus :math:`c_2 N H m (d + 1)` to form and contract the outer products;
-    * ``'pairs'`` (explicit mask on its support): :math:`c_3 P H (m + d + 1)`, with
-      :math:`P = P_M` (symmetric; bounded by the join size before the join is run) or
-      :math:`P_\Phi`;
-    * ``'dense'`` (padded blocks): :math:`c_4 B n_{max}^2 H (m + d + 1) + c_5 B n_{max}^2 H`.
+    * ``'sparse'`` (low rank, never forms the mask): :math:`c_1 P_\Phi H m (d + 1)` per CSR
+      product (2 symmetric, 1 asymmetric) plus :math:`c_2 N H m (d + 1)` to form and contract
+      the outer products;
+    * ``'pairs'`` (the mask on its support): :math:`c_3 P H (m + d + 1)` with :math:`P = P_M`
+      (symmetric) or :math:`P_\Phi`;
+    * ``'dense'`` (padded blocks): :math:`c_4 B n_{max}^2 H (m + d + 1)(1 + n_{max} / 256)`
+      (larger blocks fall out of cache), times 1.6 for the softmax mode;
+    * the join (symmetric mask, pair and dense backends), once per batch: :math:`c_6 T`, counted
+      as spread over two layers. It is only run when that share is below the sparse estimate
+      (:math:`T` is known beforehand; hub nodes make it large).
 
-    The constants were fitted on a 2-core x86 CPU with ``bench/bench_batch.py``; the join behind
-    the symmetric mask is only run when its size makes the pair or dense backend competitive."""
+    Measured per layer on one core (LRGB-sized batch / TU-sized batch / 16k grid, symmetric):
+    sparse 355 / 83 / 631 ms, pairs 51 / 26 / 111 ms, dense 160 / 19 / (not run) ms.
+
+    The constants were fitted with ``python bench/bench_batch.py --calibrate --threads 1`` on the
+    2-core x86 CPU of our CI; only their ratios matter for the choice."""
     key = ('costs', mode, heads, m, d, None if batch is None else batch.data_ptr())
 
     def compute():
         N = grf.num_nodes
-        _, pat = grf.pairs()
-        P_phi = pat.nnz
+        P_phi = grf.pairs()[1].nnz
         symmetric = mode == 'symmetric'
-        width = heads * m * (d + 1)
         costs = {}
+        width = heads * m * (d + 1)
         if mode != 'sparse_softmax':
             costs['sparse'] = ((2 if symmetric else 1) * P_phi * width * _C_SPMM
                                + N * width * _C_OUTER)
         lay = grf.layout(batch)
-        cells = lay.num_cells * heads
-        costs['dense'] = cells * ((m + d + 1) * _C_BMM + _C_CELL)
-        if symmetric:
-            T = grf.num_join_terms()
-            best = min(costs.values())
-            # the join costs ~ T; P_M <= T. Run it only if it can pay off.
-            if T * _C_JOIN < best:
-                P = grf.mask_pattern(batch).nnz
-                costs['dense'] += T * _C_JOIN
-                costs['pairs'] = P * heads * (m + d + 1) * _C_PAIR + T * _C_JOIN
-        else:
+        # per cell: a few elementwise passes plus the two block products; larger blocks fall
+        # out of cache (fitted on the LRGB- and TU-sized batches: n = 180 and n = 40)
+        dense = (lay.num_cells * heads * (m + d + 1) / 33 * _C_CELL * (1 + lay.n / 256))
+        if mode == 'sparse_softmax':
+            dense *= 1.6
+        if not symmetric:
             costs['pairs'] = P_phi * heads * (m + d + 1) * _C_PAIR
+            costs['dense'] = dense
+            return costs
+        join = grf.num_join_terms() * _C_JOIN / 2
+        if join < costs['sparse']:
+            P = grf.mask_pattern(batch).nnz
+            costs['pairs'] = P * heads * (m + d + 1) * _C_PAIR + join
+            costs['dense'] = dense + join
         return costs
     return grf._cached(key, compute)
 
 
-# Cost constants (seconds per unit; bench/bench_batch.py --calibrate on 2 cores).
-_C_SPMM = 1.5e-10
-_C_OUTER = 1.5e-9
-_C_PAIR = 1.0e-9
-_C_JOIN = 2.0e-8
-_C_BMM = 1.0e-10
-_C_CELL = 2.0e-9
+# Cost constants: seconds on one core (bench/bench_batch.py --calibrate --threads 1).
+_C_SPMM = 2.4e-9
+_C_OUTER = 9.8e-9
+_C_PAIR = 1.8e-9
+_C_CELL = 9.6e-9
+_C_JOIN = 7.0e-8

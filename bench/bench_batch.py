@@ -1,0 +1,334 @@
+r"""GRF attention against the layers a PyG user already has, side by side in one process
+(a script, not a test).
+
+Forward + backward of one layer at 64 channels and 4 heads (16 channels per head), median of
+``--repeats`` runs after a warm-up, on
+
+* ``lrgb``: a batch of 64 tree-like graphs (random trees plus ring closures, like molecules) of
+  120-180 nodes, about 9.5k nodes (LRGB-sized);
+* ``tu``: a batch of 128 such graphs of 20-40 nodes (TU-sized);
+* ``grid``: one 2-D grid of 4k, 16k and 65k nodes (and 262k with ``--big``, for the slope).
+
+Baselines: PyG ``GINEConv`` and ``GATConv`` (local message passing), PyG ``PerformerAttention``
+and ``torch.nn.MultiheadAttention`` padded per graph with ``to_dense_batch`` exactly as
+``GPSConv`` runs them (``Performer 4x64`` is ``GPSConv``'s default ``head_channels=64``,
+``Performer 4x16`` the same width as ours). GRF: ``GRFAttention`` in the three modes with every
+backend (``sparse``, ``pairs``, ``dense``, ``auto``); the GRF loads are a ``pre_transform``
+(``AddGraphRandomFeatures(num_walks=16, p_halt=0.5, max_length=4)``) and the per-batch
+:class:`~pyg_grf.features.GRFLoads` (validation, patterns, mask statistics) is built once per
+batch and shared by all layers: its cost is reported separately (``prep``), and ``2 layers``
+adds it to two layer passes.
+
+Usage::
+
+    python bench/bench_batch.py                       # writes experiments/results/bench_batch.*
+    python bench/bench_batch.py --quick               # fewer repeats, no 65k grid
+    python bench/bench_batch.py --big                 # adds the 262k grid (slope 16k..262k)
+    python bench/bench_batch.py --calibrate           # prints the cost model's inputs and times
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from torch_geometric.data import Batch, Data  # noqa: E402
+from torch_geometric.nn import GATConv, GINEConv  # noqa: E402
+from torch_geometric.nn.attention import PerformerAttention  # noqa: E402
+from torch_geometric.utils import to_dense_batch, to_undirected  # noqa: E402
+
+from pyg_grf.features import GRFLoads  # noqa: E402
+from pyg_grf.nn import GRFAttention  # noqa: E402
+from pyg_grf.nn.attention.grf import backend_costs, choose_backend  # noqa: E402
+from pyg_grf.transforms import AddGraphRandomFeatures  # noqa: E402
+
+C, H = 64, 4
+MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
+BACKENDS = ('sparse', 'pairs', 'dense', 'auto')
+TRANSFORM = AddGraphRandomFeatures(num_walks=16, p_halt=0.5, max_length=4, seed=0)
+
+
+# Workloads ########################################################################################
+
+
+def molecule_like(n: int, gen: torch.Generator) -> torch.Tensor:
+    r"""A random tree on ``n`` nodes plus ``n // 20`` ring closures, undirected."""
+    parent = (torch.rand(n - 1, generator=gen) * torch.arange(1, n)).long()
+    ei = torch.stack([torch.arange(1, n), parent])
+    a = torch.randint(0, n, (n // 20,), generator=gen)
+    b = torch.randint(0, n, (n // 20,), generator=gen)
+    ei = torch.cat([ei, torch.stack([a[a != b], b[a != b]])], 1)
+    return to_undirected(ei, num_nodes=n)
+
+
+def grid_edges(side: int) -> torch.Tensor:
+    idx = torch.arange(side * side).view(side, side)
+    right = torch.stack([idx[:, :-1].reshape(-1), idx[:, 1:].reshape(-1)])
+    down = torch.stack([idx[:-1].reshape(-1), idx[1:].reshape(-1)])
+    return to_undirected(torch.cat([right, down], 1), num_nodes=side * side)
+
+
+def make_batch(num_graphs: int, lo: int, hi: int, seed: int = 0) -> Batch:
+    gen = torch.Generator().manual_seed(seed)
+    graphs = []
+    for _ in range(num_graphs):
+        n = int(torch.randint(lo, hi + 1, (1,), generator=gen))
+        graphs.append(TRANSFORM(Data(edge_index=molecule_like(n, gen), num_nodes=n)))
+    return Batch.from_data_list(graphs)
+
+
+def make_grid(N: int) -> Batch:
+    side = int(round(math.sqrt(N)))
+    return Batch.from_data_list([TRANSFORM(Data(edge_index=grid_edges(side),
+                                                num_nodes=side * side))])
+
+
+# Timing ###########################################################################################
+
+
+def timeit(fn, repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+def fwd_bwd(module, call, x):
+    def run():
+        module.zero_grad(set_to_none=True)
+        x.grad = None
+        call(module, x).sum().backward()
+    return run
+
+
+def baselines(b: Batch, x: torch.Tensor, repeats: int, is_batch: bool) -> dict:
+    E = b.edge_index.size(1)
+    out = {}
+    gine = GINEConv(torch.nn.Sequential(torch.nn.Linear(C, C), torch.nn.ReLU(),
+                                        torch.nn.Linear(C, C)), edge_dim=C)
+    ea = torch.randn(E, C)
+    out['GINEConv'] = timeit(fwd_bwd(gine, lambda m, x: m(x, b.edge_index, ea), x), repeats)
+    gat = GATConv(C, C // H, heads=H)
+    out['GATConv'] = timeit(fwd_bwd(gat, lambda m, x: m(x, b.edge_index), x), repeats)
+
+    def padded(m, x, multihead=False):
+        h, mask = to_dense_batch(x, b.batch)
+        if multihead:
+            h, _ = m(h, h, h, key_padding_mask=~mask, need_weights=False)
+        else:
+            h = m(h, mask=mask)
+        return h[mask]
+
+    for hc in (64, 16):
+        perf = PerformerAttention(C, H, head_channels=hc)
+        out[f'Performer {H}x{hc}'] = timeit(fwd_bwd(perf, padded, x), repeats)
+    if b.num_graphs > 1 or b.num_nodes <= 16384:
+        mha = torch.nn.MultiheadAttention(C, H, batch_first=True)
+        out['MultiheadAttention'] = timeit(
+            fwd_bwd(mha, lambda m, x: padded(m, x, multihead=True), x), repeats)
+    return out
+
+
+def grf_rows(b: Batch, x: torch.Tensor, repeats: int, backends=BACKENDS, modes=MODES) -> dict:
+    rows = {}
+    for mode in modes:
+        for backend in backends:
+            if mode == 'sparse_softmax' and backend == 'pairs':
+                continue  # the same computation as 'sparse' in this mode
+            layer = GRFAttention(C, heads=H, max_length=4, mode=mode, backend=backend)
+            grf = GRFLoads.from_data(b)
+            if backend == 'dense' and grf.layout().num_cells * H > 2 ** 28:
+                rows[(mode, backend)] = {'layer': None, 'prep': None, 'note': 'padded blocks > 1 GiB'}
+                continue
+            run = fwd_bwd(layer, lambda m, x: m(x, grf=grf), x)
+            run()  # builds the per-batch structures this backend needs
+
+            def prep(layer=layer):
+                g = GRFLoads.from_data(b)
+                with torch.no_grad():
+                    layer(x, grf=g)  # structures are built on first use
+                return g
+
+            t_fwd_once = timeit(lambda: layer(x.detach(), grf=grf), max(1, repeats // 2))
+            t_prep_fwd = timeit(prep, max(1, repeats // 2))
+            rows[(mode, backend)] = {
+                'layer': timeit(run, repeats),
+                'prep': max(t_prep_fwd - t_fwd_once, 0.0),
+                'chosen': (choose_backend(grf, mode, H, C // H, C // H)
+                           if backend == 'auto' else backend),
+            }
+    return rows
+
+
+def sparse_products_only(b: Batch, repeats: int) -> float:
+    r"""The two block-diagonal CSR products of the symmetric sparse backend alone
+    (forward + backward), on the ``[H N, m (d + 1)]`` operand: its roofline."""
+    from pyg_grf.ops import spmm
+    grf = GRFLoads.from_data(b)
+    f = torch.rand(H, 5, requires_grad=True)
+    _, pat = grf.pairs()
+    m = d = C // H
+    X = torch.randn(H * b.num_nodes, m * (d + 1), requires_grad=True)
+    patH = pat.repeat(H)
+
+    def run():
+        vals = grf.values(f).reshape(-1)
+        y = spmm(patH, vals, spmm(patH, vals, X, transpose=True))
+        y.sum().backward()
+    return timeit(run, repeats)
+
+
+def calibrate(b: Batch, x: torch.Tensor, repeats: int, name: str):
+    grf = GRFLoads.from_data(b)
+    m = d = C // H
+    for mode in MODES:
+        costs = backend_costs(grf, mode, H, m, d)
+        line = [f'{name} {mode}:']
+        for backend, est in sorted(costs.items()):
+            if est > 2.0:
+                line.append(f'{backend} est {est * 1e3:.1f} ms / not run')
+                continue
+            layer = GRFAttention(C, heads=H, max_length=4, mode=mode, backend=backend)
+            t = timeit(fwd_bwd(layer, lambda mm, xx: mm(xx, grf=grf), x), repeats)
+            line.append(f'{backend} est {est * 1e3:.1f} ms / measured {t * 1e3:.1f} ms')
+        print('  '.join(line), flush=True)
+
+
+# Report ###########################################################################################
+
+
+def ms(t):
+    return '—' if t is None else f'{t * 1e3:.1f}'
+
+
+def to_markdown(R: dict) -> str:
+    lines = [
+        '# GRF attention vs the layers a PyG user already has',
+        '',
+        f"Forward + backward of one layer, {C} channels, {H} heads, median of "
+        f"{R['repeats']} runs, {R['threads']} threads, {R['machine']}. Loads: "
+        f"`{R['transform']}`. Command: `{R['command']}`.",
+        '',
+        '`prep` is the per-batch work on the `GRFLoads` object (validation, sparsity patterns, '
+        'mask statistics, block layout), done once per batch and shared by all layers; '
+        '`2 layers` = 2 x layer + prep, the cost inside a 2-layer model. Ratios are against '
+        '`Performer 4x64` (PyG `PerformerAttention` with `GPSConv`\'s default head size, padded '
+        'with `to_dense_batch` as `GPSConv` runs it) and padded `MultiheadAttention`, measured in '
+        'the same run.',
+        '',
+    ]
+    for w in R['workloads']:
+        base = w['baselines']
+        lines += [f"## {w['name']}: {w['desc']}", '',
+                  '| baseline | fwd+bwd ms |', '|---|---|']
+        lines += [f'| {k} | {ms(v)} |' for k, v in base.items()]
+        perf = base.get('Performer 4x64')
+        mha = base.get('MultiheadAttention')
+        lines += ['', '| GRF mode | backend | layer ms | prep ms | 2 layers ms | layer / Performer '
+                  '| layer / MHA | 2 layers / (2 x Performer) |', '|---|---|---|---|---|---|---|---|']
+        for row in w['grf']:
+            t, p = row['layer'], row['prep']
+            if t is None:
+                lines.append(f"| {row['mode']} | {row['backend']} | — ({row.get('note', '')}) "
+                             f"| | | | | |")
+                continue
+            two = 2 * t + p
+            backend = row['backend'] + (f" → {row['chosen']}" if row['backend'] == 'auto' else '')
+            lines.append(
+                f"| {row['mode']} | {backend} | {ms(t)} | {ms(p)} | {ms(two)} | "
+                f"{t / perf:.2f} | {'—' if mha is None else f'{t / mha:.2f}'} | "
+                f"{two / (2 * perf):.2f} |")
+        if 'products_only' in w:
+            lines += ['', f"Sparse backend, the two CSR products alone (symmetric, fwd+bwd): "
+                          f"{ms(w['products_only'])} ms."]
+        lines.append('')
+    if R.get('slope'):
+        lines += [f"Log-log slope of the GRF symmetric layer (auto) from 16k to the largest grid: "
+                  f"{R['slope']:.2f}.", '']
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('--repeats', type=int, default=7)
+    p.add_argument('--threads', type=int, default=2)
+    p.add_argument('--quick', action='store_true')
+    p.add_argument('--big', action='store_true', help='add the 262k grid')
+    p.add_argument('--calibrate', action='store_true')
+    p.add_argument('--out', default=str(ROOT / 'experiments' / 'results' / 'bench_batch'))
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    repeats = 2 if args.quick else args.repeats
+    work = [('lrgb', '64 tree-like graphs of 120-180 nodes', lambda: make_batch(64, 120, 180)),
+            ('tu', '128 tree-like graphs of 20-40 nodes', lambda: make_batch(128, 20, 40, seed=1))]
+    sizes = [4096, 16384] + ([] if args.quick else [65536]) + ([262144] if args.big else [])
+    for N in sizes:
+        work.append((f'grid{N // 1024}k', f'one 2-D grid of {N} nodes',
+                     lambda N=N: make_grid(N)))
+    if args.calibrate:
+        for name, _, make in work:
+            b = make()
+            calibrate(b, torch.randn(b.num_nodes, C, requires_grad=True), repeats, name)
+        return
+    R = {'repeats': repeats, 'threads': args.threads, 'transform': repr(TRANSFORM),
+         'machine': f'{platform.processor() or platform.machine()}, torch {torch.__version__}',
+         'command': 'python bench/bench_batch.py ' + ' '.join(argv if argv is not None
+                                                               else sys.argv[1:]),
+         'workloads': []}
+    grid_times = {}
+    for name, desc, make in work:
+        b = make()
+        x = torch.randn(b.num_nodes, C, requires_grad=True)
+        is_batch = b.num_graphs > 1
+        big = b.num_nodes > 70000
+        print(f'{name}: {b.num_nodes} nodes, {b.num_graphs} graphs, {b.grf_index.size(1)} GRF '
+              f'entries', flush=True)
+        base = {} if big else baselines(b, x, repeats, is_batch)
+        rows = grf_rows(b, x, repeats if not big else 2,
+                        backends=('auto',) if big else BACKENDS,
+                        modes=('symmetric',) if big else MODES)
+        entry = {'name': name, 'desc': desc, 'num_nodes': b.num_nodes,
+                 'baselines': base,
+                 'grf': [dict(mode=m, backend=bk, **v) for (m, bk), v in rows.items()]}
+        if not is_batch:
+            entry['products_only'] = sparse_products_only(b, repeats if not big else 2)
+            grid_times[b.num_nodes] = rows[('symmetric', 'auto')]['layer']
+        R['workloads'].append(entry)
+        for k, v in base.items():
+            print(f'  {k:22s} {ms(v):>8s} ms', flush=True)
+        for (m, bk), v in rows.items():
+            print(f"  GRF {m:14s} {bk:6s} {ms(v['layer']):>8s} ms  prep {ms(v['prep'])} ms  "
+                  f"{v.get('chosen', '')}", flush=True)
+    pts = sorted((n, t) for n, t in grid_times.items() if n >= 16384)
+    if len(pts) >= 2:
+        xs = [math.log(n) for n, _ in pts]
+        ys = [math.log(t) for _, t in pts]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        R['slope'] = (sum((a - mx) * (c - my) for a, c in zip(xs, ys))
+                      / sum((a - mx) ** 2 for a in xs))
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.with_suffix('.json').write_text(json.dumps(R, indent=1))
+    out.with_suffix('.md').write_text(to_markdown(R))
+    print(to_markdown(R))
+
+
+if __name__ == '__main__':
+    os.environ.setdefault('PYG_GRF_MALLOC', 'default')
+    main()
