@@ -13,15 +13,25 @@ from pyg_grf.features.grf import NORMALIZATIONS, grf_loads
 from pyg_grf.walks import WALKERS, _check_args
 
 
+def _index_dtype(num_nodes: int) -> torch.dtype:
+    # int32 leaves room for PyG batches of up to 2^31 - 1 nodes
+    return torch.int32 if num_nodes < 2 ** 30 else torch.int64
+
+
 @functional_transform('add_graph_random_features')
 class AddGraphRandomFeatures(BaseTransform):
     r"""Samples random walks on a graph and stores the importance-weighted loads of its graph
     random features (GRF paper, Eq. 10, Algorithm 1), from which
     :class:`~pyg_grf.nn.GRFAttention` builds :math:`\widehat\Phi` for any learnable :math:`f`:
 
-    * ``grf_index`` ``[2, nnz]``: (start node, visited node), sorted; PyG batching offsets it;
-    * ``grf_length`` ``[nnz]``: hop count :math:`l`;
-    * ``grf_load`` ``[nnz]``: :math:`\mathrm{load}(i, q, l)`, duplicates summed.
+    * ``grf_index`` ``[2, nnz]``: (start node, visited node), sorted; PyG batching offsets it
+      (``int32``: 8 bytes per entry instead of 16);
+    * ``grf_length`` ``[nnz]``: hop count :math:`l` (``int8``, or ``int16`` if
+      ``max_length >= 128``);
+    * ``grf_load`` ``[nnz]``: :math:`\mathrm{load}(i, q, l)`, duplicates summed (``float32``).
+
+    Pass the three to a layer as one :class:`~pyg_grf.features.GRFLoads`
+    (``GRFLoads.from_data(batch)``).
 
     As a ``pre_transform`` the walks are drawn once and cached with the dataset; as a
     ``transform`` fresh walks are drawn at every access (a new mask sample every epoch).
@@ -81,8 +91,14 @@ class AddGraphRandomFeatures(BaseTransform):
             edge_index, N, self.num_walks, self.p_halt, self.max_length,
             edge_weight=edge_weight, normalization=self.normalization, walker=self.walker,
             importance=self.importance, fixed_length=self.fixed_length, generator=gen)
-        data[f'{self.attr_prefix}_index'] = index
-        data[f'{self.attr_prefix}_length'] = length
+        if not bool(torch.isfinite(load).all()):
+            raise ValueError(f"the GRF loads overflowed float32 (normalization="
+                             f"{self.normalization!r}, max_length={self.max_length}): use "
+                             f"normalization='sym' or 'rw', or a smaller max_length")
+        # Compact storage (cached with the dataset): node ids in int32, hop counts in int8.
+        data[f'{self.attr_prefix}_index'] = index.to(_index_dtype(N))
+        data[f'{self.attr_prefix}_length'] = length.to(
+            torch.int8 if self.max_length < 128 else torch.int16)
         data[f'{self.attr_prefix}_load'] = load
         return data
 

@@ -100,3 +100,25 @@ def test_edge_weights_and_isolated_nodes():
 def test_bad_settings(kwargs, match):
     with pytest.raises(ValueError, match=match):
         AddGraphRandomFeatures(**kwargs)
+
+
+def test_compact_storage_dtypes_and_same_values():
+    d = graphs()[2]
+    out = AddGraphRandomFeatures(num_walks=5, max_length=3, seed=1)(d)
+    assert out.grf_index.dtype == torch.int32
+    assert out.grf_length.dtype == torch.int8
+    assert out.grf_load.dtype == torch.float32
+    ref = grf_loads(d.edge_index, 13, 5, 0.5, 3, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(out.grf_index.long(), ref[0])
+    assert torch.equal(out.grf_length.long(), ref[1])
+    long = AddGraphRandomFeatures(num_walks=2, max_length=130, seed=0)(d)
+    assert long.grf_length.dtype == torch.int16
+
+
+def test_overflowing_loads_raise_a_clear_error():
+    # unnormalised weights on a dense graph: the importance weights grow like (deg / (1-p))^l
+    d = Data(edge_index=er_graph(60, 0.9, seed=0), num_nodes=60)
+    t = AddGraphRandomFeatures(num_walks=4, p_halt=0.01, max_length=60, normalization=None,
+                               seed=0)
+    with pytest.raises(ValueError, match='overflowed float32'):
+        t(d)

@@ -32,7 +32,7 @@ def dense_grf_attention(layer, x, index, length, load):
         f = layer.f[h]
         keep = length < f.numel()
         phi = torch.zeros(N, N, dtype=D).index_put(
-            (index[0, keep], index[1, keep]), f[length[keep]] * load[keep].to(D), accumulate=True)
+            (index[0, keep], index[1, keep]), f[length[keep].long()] * load[keep].to(D), accumulate=True)
         if layer.mode == 'sparse_softmax':
             s = torch.exp(q[:, h] @ k[:, h].T / C ** 0.5) * phi
         else:

@@ -31,7 +31,7 @@ def make_batch(channels=8, seed=0, key=False):
 
 
 def dense_phi(index, length, load, f, N):
-    return torch.zeros(N, N, dtype=D).index_put((index[0], index[1]), f[length] * load.to(D),
+    return torch.zeros(N, N, dtype=D).index_put((index[0].long(), index[1].long()), f[length.long()] * load.to(D),
                                                 accumulate=True)
 
 
