@@ -5,7 +5,6 @@ import hashlib
 import json
 import os
 import os.path as osp
-import pickle
 import subprocess
 import sys
 import textwrap
@@ -158,3 +157,158 @@ def test_11_reader_waits_for_writer(tmp_path):
             pass
     out, _ = reader.communicate(timeout=60)
     assert reader.returncode == 0 and out.decode().strip() == '8'
+
+
+# ---------------------------------------------------------------------------------------------
+# 14. Checkpoints build models only from allow-listed packages
+
+
+def _evil_checkpoint(path, class_path, init_args, instantiator=False):
+    hparams = {'model': {'class_path': class_path, 'init_args': init_args},
+               'task': 'multiclass', 'num_classes': 2}
+    if instantiator:  # the LightningCLI form
+        hparams = {'_class_path': 'pyg_grf.lightning.tasks.GraphLevelTask',
+                   '_instantiator': 'lightning.pytorch.cli.instantiate_module', **hparams}
+    torch.save({'state_dict': {}, 'hyper_parameters': hparams,
+                'pytorch-lightning_version': '2.6.0'}, path)
+
+
+@pytest.mark.parametrize('instantiator', [False, True])
+def test_14_checkpoint_cannot_run_code(tmp_path, instantiator):
+    from pyg_grf.lightning.tasks import GraphLevelTask, UntrustedClassError
+    marker = tmp_path / 'pwned'
+    ckpt = tmp_path / 'evil.ckpt'
+    _evil_checkpoint(ckpt, 'os.system', {'command': f'touch {marker}'}, instantiator)
+    torch.load(ckpt, weights_only=True)  # plain dicts and strings: passes weights_only
+    with pytest.raises(UntrustedClassError, match=r"Refusing to build .* 'os\.system'.*only "
+                                                  r"torch\.nn\.Module subclasses"):
+        GraphLevelTask.load_from_checkpoint(ckpt)
+    assert not marker.exists()
+
+
+def test_14_allow_list_refuses_non_modules(tmp_path):
+    from pyg_grf.lightning.tasks import GraphLevelTask, UntrustedClassError, _build_model
+    with pytest.raises(UntrustedClassError, match='is not a torch.nn.Module subclass'):
+        _build_model({'class_path': 'torch.hub.load', 'init_args': {'repo_or_dir': 'x'}})
+    with pytest.raises(UntrustedClassError, match='must be a dotted name'):
+        _build_model({'class_path': 'torch.nn.Linear; import os'})
+    # Allowed: a torch / pyg_grf module from a checkpoint of plain data.
+    assert isinstance(_build_model({'class_path': 'torch.nn.Linear',
+                                    'init_args': {'in_features': 2, 'out_features': 3}}),
+                      torch.nn.Linear)
+    ckpt = tmp_path / 'ok.ckpt'
+    _evil_checkpoint(ckpt, 'torch.nn.Linear', {'in_features': 2, 'out_features': 2})
+    task = GraphLevelTask.load_from_checkpoint(ckpt, strict=False)
+    assert isinstance(task.model, torch.nn.Linear)
+
+
+# ---------------------------------------------------------------------------------------------
+# 15-16. The mirror: never copies processed caches, verifies SHA256SUMS
+
+
+def test_15_mirror_never_copies_processed_caches(tmp_path, monkeypatch):
+    mirror = _toy_mirror(tmp_path, monkeypatch, checksums=False)
+    evil = mirror / 'TUDataset' / 'TOY' / 'processed_0123456789abcdef'
+    evil.mkdir()
+    (evil / 'pre_transform.pt').write_bytes(b'pickle that runs code')
+    write_checksums(str(mirror))
+    # Even when the mirror's SHA256SUMS lists it, a processed* folder is not copied.
+    with open(mirror / 'SHA256SUMS', 'a') as f:
+        f.write(f"{hashlib.sha256(b'pickle that runs code').hexdigest()}  "
+                f"TUDataset/TOY/processed_0123456789abcdef/pre_transform.pt\n")
+    dest = tmp_path / 'data' / 'TUDataset' / 'TOY'
+    copied = fetch_from_mirror('TUDataset/TOY')
+    assert len(copied) == 3
+    assert not any(p.name.startswith('processed') for p in dest.iterdir())
+
+
+def test_16_mirror_tampered_file_is_refused(tmp_path, monkeypatch):
+    mirror = _toy_mirror(tmp_path, monkeypatch)
+    (mirror / 'TUDataset' / 'TOY' / 'raw' / 'TOY_A.txt').write_text('1, 2\n2, 1\n3, 4\n')
+    with pytest.raises(MirrorIntegrityError, match=r"'TUDataset/TOY/raw/TOY_A\.txt' .* has "
+                                                   r"SHA-256 .* but SHA256SUMS lists"):
+        load_tu('TOY')
+    assert not (tmp_path / 'data' / 'TUDataset' / 'TOY' / 'raw' / 'TOY_A.txt').exists()
+
+
+def test_16_mirror_unlisted_file_and_symlink(tmp_path, monkeypatch):
+    mirror = _toy_mirror(tmp_path, monkeypatch)
+    raw = mirror / 'TUDataset' / 'TOY' / 'raw'
+    (raw / 'TOY_node_labels.txt').write_text('0\n0\n1\n1\n')  # not in SHA256SUMS
+    with pytest.raises(MirrorIntegrityError, match='not in its SHA256SUMS'):
+        fetch_from_mirror('TUDataset/TOY')
+    (raw / 'TOY_node_labels.txt').unlink()
+    # A symlink whose target changed: its content is checked, not the link.
+    outside = tmp_path / 'outside.txt'
+    outside.write_text('1\n1\n2\n2\n')
+    (raw / 'TOY_graph_indicator.txt').unlink()
+    (raw / 'TOY_graph_indicator.txt').symlink_to(raw / 'TOY_graph_labels.txt')
+    with pytest.raises(MirrorIntegrityError, match='TOY_graph_indicator.txt.*SHA-256'):
+        fetch_from_mirror('TUDataset/TOY', str(tmp_path / 'dest1'))
+    (raw / 'TOY_graph_indicator.txt').unlink()
+    (raw / 'TOY_graph_indicator.txt').symlink_to(outside)
+    with pytest.raises(MirrorIntegrityError, match='outside the mirror'):
+        fetch_from_mirror('TUDataset/TOY', str(tmp_path / 'dest2'))
+
+
+def test_16_mirror_without_checksums(tmp_path, monkeypatch):
+    _toy_mirror(tmp_path, monkeypatch, checksums=False)
+    with pytest.raises(MirrorIntegrityError, match=r'has no SHA256SUMS.*write_checksums.*'
+                                                   r'PYG_GRF_MIRROR_UNVERIFIED=1'):
+        load_tu('TOY')
+    monkeypatch.setenv('PYG_GRF_MIRROR_UNVERIFIED', '1')
+    with pytest.warns(UserWarning, match='unverified'):
+        assert len(load_tu('TOY')) == 2
+
+
+def test_16_shared_mirror_ships_checksums():
+    from tests.conftest import mirror_path
+    from pyg_grf.datasets.mirror import read_checksums
+    if not mirror_path().is_dir():
+        pytest.skip('no dataset mirror')
+    sums = read_checksums(str(mirror_path()))
+    assert sums and 'TUDataset/MUTAG/raw/MUTAG_A.txt' in sums
+
+
+def test_16_edited_split_file_is_refused(tmp_path):
+    from pyg_grf.datasets.splits import errica_splits
+    y = torch.arange(40) % 2
+    path = str(tmp_path / 'splits.json')
+    folds = errica_splits(y, num_folds=4, path=path)
+    stored = json.load(open(path))
+    # Move a test graph of fold 0 into its training set too (a leak).
+    leak = stored['folds'][0]['test'][0]
+    stored['folds'][0]['train'] = sorted(stored['folds'][0]['train'] + [leak])
+    json.dump(stored, open(path, 'w'))
+    with pytest.raises(ValueError, match=rf"Fold 0 .* graph {leak} appears more than once .*"
+                                         rf"disjoint"):
+        errica_splits(y, num_folds=4, path=path)
+    # A consistent-looking edit (swap a train and a test graph) is caught by the folds' hash.
+    stored['folds'][0]['train'].remove(leak)
+    t0, tr0 = stored['folds'][0]['test'][0], stored['folds'][0]['train'][0]
+    stored['folds'][0]['test'][0], stored['folds'][0]['train'][0] = tr0, t0
+    json.dump(stored, open(path, 'w'))
+    with pytest.raises(ValueError, match='Graph .* test set of|do not match their stored SHA'):
+        errica_splits(y, num_folds=4, path=path)
+    os.remove(path)
+    assert all(torch.equal(a['test'], b['test'])
+               for a, b in zip(folds, errica_splits(y, num_folds=4, path=path)))
+
+
+# ---------------------------------------------------------------------------------------------
+# 17. Dataset names cannot leave the data root or the mirror
+
+
+@pytest.mark.parametrize('name', ['../../escape_pyg', '../TOY', '/tmp/x', 'A/B', '..', ''])
+def test_17_tu_name_is_sanitised(tmp_path, monkeypatch, name):
+    _toy_mirror(tmp_path, monkeypatch)
+    before = sorted(p for p in tmp_path.rglob('*'))
+    with pytest.raises(ValueError, match='Expected a TU dataset name such as'):
+        load_tu(name)
+    assert sorted(p for p in tmp_path.rglob('*')) == before
+
+
+def test_17_fetch_refuses_escaping_paths(tmp_path, monkeypatch):
+    _toy_mirror(tmp_path, monkeypatch)
+    with pytest.raises(ValueError, match="without '..'"):
+        fetch_from_mirror('TUDataset/../../outside')
