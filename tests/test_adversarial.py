@@ -312,3 +312,51 @@ def test_17_fetch_refuses_escaping_paths(tmp_path, monkeypatch):
     _toy_mirror(tmp_path, monkeypatch)
     with pytest.raises(ValueError, match="without '..'"):
         fetch_from_mirror('TUDataset/../../outside')
+
+
+# ---------------------------------------------------------------------------------------------
+# 1. Negative ids in rwgnk_index
+
+
+def _rwgnk_inputs(N=5):
+    from pyg_grf.transforms import AddRWGNKFeatures
+    from torch_geometric.data import Data
+    ei = torch.tensor([[0, 1, 1, 2, 2, 3, 3, 4], [1, 0, 2, 1, 3, 2, 4, 3]])
+    data = AddRWGNKFeatures(4, 0.8, 1.0, 3, seed=0)(Data(edge_index=ei, num_nodes=N))
+    return torch.randn(N, 8), data.rwgnk_index, data.rwgnk_value
+
+
+@pytest.mark.parametrize('mode', ['linear', 'softmax', 'dense'])
+@pytest.mark.parametrize('bad', [-1, 5])
+def test_01_rwgnk_index_out_of_range(mode, bad):
+    from pyg_grf.nn import GKATAttention
+    x, index, value = _rwgnk_inputs()
+    index = index.clone()
+    index[1, 0] = bad  # used to abort the process ('softmax') or wrap to node 4 ('dense')
+    layer = GKATAttention(8, heads=2, mode=mode)
+    with pytest.raises(ValueError, match=rf"'rwgnk_index' must hold node ids in \[0, 5\).*refers "
+                                         rf"to node {bad}"):
+        layer(x, index, value)
+
+
+def test_01_rwgnk_kernel_validates_its_input():
+    from pyg_grf.nn.attention.gkat import rwgnk_kernel
+    with pytest.raises(ValueError, match=r"must hold node ids in \[0, 3\).*node -2"):
+        rwgnk_kernel(torch.tensor([[0, 1], [-2, 1]]), torch.ones(2), 3)
+
+
+def test_01_index_checked_once_per_batch_tensor(monkeypatch):
+    # The range check (a reduction + host read) runs once per index tensor, not in every layer.
+    from pyg_grf import _validation
+    from pyg_grf.nn import GKATAttention
+    calls = []
+    orig = _validation.torch_aminmax
+    monkeypatch.setattr(_validation, 'torch_aminmax', lambda t: calls.append(1) or orig(t))
+    x, index, value = _rwgnk_inputs()
+    layers = [GKATAttention(8, heads=2, mode=m) for m in ('linear', 'softmax', 'softmax')]
+    for layer in layers:
+        layer(x, index, value)
+    assert len(calls) == 1
+    index.add_(0)  # modified in place: checked again
+    layers[0](x, index, value)
+    assert len(calls) == 2

@@ -14,6 +14,7 @@ from torch_geometric.nn.inits import glorot, zeros
 from torch_geometric.typing import OptTensor
 from torch_geometric.utils import softmax
 
+from pyg_grf._validation import check_index_range
 from pyg_grf.masks.rwgnk import RWGNKMask
 from pyg_grf.nn.feature_maps import feature_map_resolver
 from pyg_grf.nn.functional import masked_linear_attention
@@ -39,6 +40,12 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
         ``(kernel_index [2, P], kernel_value [P])``: the pairs :math:`(i, j)` with
         :math:`|\mathcal{K}_{ij}| >` ``threshold``, sorted by :math:`i`, and their values.
     """
+    if rwgnk_index.dim() != 2 or rwgnk_index.size(0) != 2:
+        raise ValueError(f"'rwgnk_index' must have shape [2, nnz], got "
+                         f"{tuple(rwgnk_index.shape)}")
+    # Validated once per tensor (free when the layer has checked it already): the COO tensor
+    # below skips its own invariant checks, and an id outside [0, N) would corrupt memory.
+    check_index_range(rwgnk_index, num_nodes, "'rwgnk_index'", 'num_nodes')
     psi = torch.sparse_coo_tensor(rwgnk_index, rwgnk_value, (num_nodes, num_nodes),
                                   check_invariants=False).coalesce()
     kernel = torch.sparse.mm(psi, psi.t()).coalesce()
@@ -215,9 +222,10 @@ class GKATAttention(torch.nn.Module):
             raise ValueError(f"'rwgnk_value' must have shape [{rwgnk_index.size(1)}] to match "
                              f"'rwgnk_index', got {tuple(rwgnk_value.shape)}")
         N, H, C = x.size(0), self.heads, self.out_channels
-        if rwgnk_index.numel() > 0 and int(rwgnk_index.max()) >= N:
-            raise ValueError(f"'rwgnk_index' refers to node {int(rwgnk_index.max())} but 'x' has "
-                             f"{N} rows")
+        # Ids in [0, N): checked once per batch tensor, not in every layer (see
+        # pyg_grf._validation); a negative id used to wrap around ('dense') or abort the
+        # process ('softmax').
+        check_index_range(rwgnk_index, N, "'rwgnk_index'")
         rwgnk_value = rwgnk_value.to(x.dtype)
 
         # Values, one set per head: [N, H, C].
