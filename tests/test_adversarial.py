@@ -360,3 +360,30 @@ def test_01_index_checked_once_per_batch_tensor(monkeypatch):
     index.add_(0)  # modified in place: checked again
     layers[0](x, index, value)
     assert len(calls) == 2
+
+
+# ---------------------------------------------------------------------------------------------
+# 3. SAMSA with an unsorted batch vector
+
+
+@pytest.mark.parametrize('batch', [[0, 1, 0, 1, 2, 0], [2, 2, 0, 1, 1, 0], [1, 0, 1, 0, 1, 0]])
+def test_03_samsa_unsorted_batch(batch):
+    from pyg_grf.nn import SAMSAAttention
+    torch.manual_seed(0)
+    layer = SAMSAAttention(8, heads=2, num_samples=2).eval()
+    x = torch.randn(6, 8)
+    batch = torch.tensor(batch)
+    out, index = layer(x, batch, return_index=True)
+    assert out.shape == (6, 8)  # was 5, 3 or 4 rows
+    # Independent reference: every graph on its own.
+    for g in batch.unique():
+        rows = (batch == g).nonzero().view(-1)
+        ref, ref_index = layer(x[rows], return_index=True)
+        assert torch.allclose(out[rows], ref, atol=1e-6)
+        # The selected tokens are reported as rows of the input (support tokens as N + s).
+        got = index[int(g)]
+        want = torch.where((ref_index >= 0) & (ref_index < rows.numel()),
+                           rows[ref_index.clamp(0, rows.numel() - 1)],
+                           torch.where(ref_index >= rows.numel(), ref_index - rows.numel() + 6,
+                                       ref_index))
+        assert torch.equal(got, want[0])
