@@ -387,3 +387,71 @@ def test_03_samsa_unsorted_batch(batch):
                            torch.where(ref_index >= rows.numel(), ref_index - rows.numel() + 6,
                                        ref_index))
         assert torch.equal(got, want[0])
+
+
+# ---------------------------------------------------------------------------------------------
+# 4. FAVOR+ never couples the graphs of a batch
+
+
+def _two_graph_batch():
+    from pyg_grf.transforms import AddRWGNKFeatures
+    from torch_geometric.data import Batch, Data
+    ei = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])
+    t = AddRWGNKFeatures(8, 0.8, 1.0, 3, seed=0)
+    torch.manual_seed(0)
+    a = t(Data(x=torch.randn(4, 128), edge_index=ei))
+    b = t(Data(x=torch.randn(4, 128), edge_index=ei))
+    return a, b
+
+
+def _layers_favor():
+    from pyg_grf.nn import GKATAttention
+    from pyg_grf.nn.attention.masked import MaskedLinearAttention
+    from pyg_grf.nn.attention.reference import LinearAttention
+    torch.manual_seed(0)
+    return {
+        'gkat': GKATAttention(128, heads=2, mode='linear', feature_map='favor+'),
+        'performer': LinearAttention(128, heads=2, feature_map='favor+'),
+        'masked': MaskedLinearAttention(128, heads=2, feature_map='favor+'),
+    }
+
+
+@pytest.mark.parametrize('kind', ['gkat', 'performer', 'masked'])
+def test_04_favor_output_independent_of_other_graphs(kind):
+    from torch_geometric.data import Batch
+    a, b = _two_graph_batch()
+    layer = _layers_favor()[kind]
+    # Graph B's keys sit on FAVOR+ projection directions: the largest logits a key can have
+    # (|w|^2 / 2, ~32 here), far above graph A's.
+    fm = layer.feature_map
+    lin_k = layer.lin_k if kind == 'gkat' else layer.to_k
+    C = fm.dim
+    target = (C ** 0.25 * fm.projection[:4]).repeat(1, 2)  # [4, H * C]
+    b.x = torch.linalg.lstsq(lin_k.weight, (target - (lin_k.bias if getattr(
+        lin_k, 'bias', None) is not None else 0)).t()).solution.t().detach()
+    batch = Batch.from_data_list([a, b])
+    if kind == 'gkat':
+        alone = layer(a.x, a.rwgnk_index, a.rwgnk_value)
+        together = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value, batch=batch.batch)
+    else:
+        alone = layer(a.x)
+        together = layer(batch.x, batch=batch.batch)
+    # The keys used to be shifted by the batch's maximum: graph A's key features fell far below
+    # the normaliser's eps and its output collapsed (changed by 9.15 of 9.2 in the report).
+    assert torch.allclose(together[:4], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_04_favor_key_features_per_graph():
+    from pyg_grf.nn.feature_maps import FAVORPlus
+    torch.manual_seed(0)
+    fm = FAVORPlus(8, num_features=16).double()
+    k_a = torch.randn(5, 2, 8, dtype=torch.float64)
+    k_b = 30 * torch.randn(5, 2, 8, dtype=torch.float64)
+    batch = torch.tensor([0] * 5 + [1] * 5)
+    x = k_a * 8 ** -0.25
+    exact = torch.exp(x @ fm.projection.t() - 0.5 * x.pow(2).sum(-1, keepdim=True)) / 4
+    phi = fm(torch.cat([k_a, k_b]), batch=batch)[:5]
+    # Graph A's key features are the exact ones up to one factor per head, the same as alone.
+    ratio = phi / exact
+    assert torch.allclose(ratio, ratio[:1, :, :1].expand_as(ratio), rtol=1e-10)
+    assert torch.allclose(phi, fm(k_a), rtol=1e-12)

@@ -16,7 +16,7 @@ from torch_geometric.utils import softmax
 
 from pyg_grf._validation import check_index_range
 from pyg_grf.masks.rwgnk import RWGNKMask
-from pyg_grf.nn.feature_maps import feature_map_resolver
+from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
 from pyg_grf.nn.functional import masked_linear_attention
 from pyg_grf.ops import SparsePattern, spmm
 
@@ -211,7 +211,8 @@ class GKATAttention(torch.nn.Module):
             rwgnk_value (Tensor): ``[nnz]`` values of :math:`\Psi`.
             batch (Tensor, optional): ``[N]`` graph ids. Not needed for the result (the kernel
                 is block-diagonal already); ``'dense'`` mode uses it to mask cross-graph pairs
-                explicitly.
+                explicitly, and FAVOR+ (``'linear'``) to stabilise the keys of each graph by
+                their own maximum.
         """
         if x.dim() != 2 or x.size(-1) != self.channels:
             raise ValueError(f"'x' must have shape [N, {self.channels}], got {tuple(x.shape)}")
@@ -235,7 +236,9 @@ class GKATAttention(torch.nn.Module):
             # Low-rank masked attention: phi(q_i)^T sum_j K_ij phi(k_j) v_j^T / (...), with
             # K X = Psi (Psi^T X) (FTFI Sec. 4.2, Algorithm 1).
             phi_q = self.feature_map(self.lin_q(x).view(N, H, C), is_query=True)
-            phi_k = self.feature_map(self.lin_k(x).view(N, H, C))
+            # Keys are stabilised per graph (never by a quantity of other graphs).
+            phi_k = apply_feature_map(self.feature_map, self.lin_k(x).view(N, H, C),
+                                      batch=batch)
             mask = RWGNKMask.from_index(rwgnk_index, rwgnk_value, N)
             out = masked_linear_attention(phi_q, phi_k, v, mask, eps=self.eps)
         elif self.mode == 'softmax':
