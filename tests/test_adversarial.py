@@ -491,3 +491,92 @@ def test_05_tree_mask_branching_tree_per_head():
     out = mask.matmul(x)
     ref = torch.einsum('hij,jhc->ihc', mask.to_dense(), x)
     assert ((out - ref).abs() / ref.abs()).max().item() < 1e-10
+
+
+# ---------------------------------------------------------------------------------------------
+# 12. Resume: last.ckpt after every epoch, one run folder, 'best' from a new process
+
+
+def _monitored_config(tmp_path, max_epochs, **trainer):
+    from tests.lightning.helpers import tiny_config, write_config
+    cfg = tiny_config(tmp_path / 'run', max_epochs=max_epochs, limit_train_batches=3,
+                      limit_val_batches=2, log_every_n_steps=1, **trainer)
+    cfg['checkpoint'] = {'monitor': 'val/acc', 'mode': 'max', 'save_last': True}
+    return write_config(tmp_path / 'c.yaml', cfg), cfg
+
+
+def test_12_last_ckpt_every_epoch_and_test_best(tmp_path):
+    from pyg_grf.lightning.cli import main
+    config, _ = _monitored_config(tmp_path, 3)
+    cli = main(['fit', '--config', config])
+    last = cli.trainer.checkpoint_callback.dirpath + '/last.ckpt'
+    state = torch.load(last, weights_only=True)
+    # Lightning's save_last only refreshed last.ckpt when val/acc improved (epoch 0 here).
+    assert (state['epoch'], state['global_step']) == (2, 9)
+    best = cli.trainer.checkpoint_callback.best_model_path
+    # `pyg-grf test --ckpt_path best` in a new process (as the config headers say).
+    cli = main(['test', '--config', config, '--ckpt_path', 'best'])
+    assert 'test/acc' in cli.trainer.callback_metrics
+    from pyg_grf.lightning.cli import best_checkpoint_of
+    assert best_checkpoint_of(last) == best
+
+
+def test_12_test_best_without_monitor_fails_clearly(tmp_path):
+    from pyg_grf.lightning.cli import main
+    from tests.lightning.helpers import tiny_config, write_config
+    config = write_config(tmp_path / 'c.yaml', tiny_config(tmp_path / 'run',
+                                                           limit_train_batches=1,
+                                                           limit_val_batches=1))
+    main(['fit', '--config', config])
+    with pytest.raises(FileNotFoundError, match=r"--ckpt_path best: no best checkpoint found.*"
+                                                r"checkpoint\.monitor"):
+        main(['test', '--config', config, '--ckpt_path', 'best'])
+
+
+def _fit_subprocess(config, root, kill=None, resume=False):
+    env = dict(os.environ, PYTHONPATH=REPO, OMP_NUM_THREADS='1',
+               PYG_GRF_TEST_KILL=kill or 'never')
+    args = [sys.executable, '-m', 'pyg_grf.lightning.cli', 'fit', '--config', config,
+            f'--trainer.default_root_dir={root}']
+    if resume:
+        args.append('--ckpt_path=last')
+    proc = subprocess.run(args, env=env, capture_output=True, text=True)
+    assert proc.returncode == (-9 if kill else 0), proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_12_kill_9_and_resume_equals_uninterrupted_run(tmp_path):
+    import yaml
+    _, cfg = _monitored_config(tmp_path, 5)
+    cfg['trainer']['callbacks'] = [{'class_path': 'tests.lightning.helpers.KillAt'}]
+    config = str(tmp_path / 'kill.yaml')
+    yaml.safe_dump(cfg, open(config, 'w'))
+
+    straight = tmp_path / 'straight'
+    _fit_subprocess(config, straight)
+    resumed = tmp_path / 'resumed'
+    # Killed: inside epoch 1, after epoch 2's training (before its checkpoint), at the end of
+    # epoch 3's validation; each time resumed with --ckpt_path=last.
+    _fit_subprocess(config, resumed, kill='batch:1:1')
+    _fit_subprocess(config, resumed, kill='trainend:2', resume=True)
+    _fit_subprocess(config, resumed, kill='valend:3', resume=True)
+    _fit_subprocess(config, resumed, resume=True)
+
+    def run_dir(root):
+        versions = sorted(os.listdir(root / 'lightning_logs'))
+        assert versions == ['version_0']  # one folder: best tracking continues
+        return root / 'lightning_logs' / 'version_0'
+
+    a, b = run_dir(straight), run_dir(resumed)
+    rows_a = [json.loads(line) for line in open(a / 'epoch_metrics.jsonl')]
+    rows_b = [json.loads(line) for line in open(b / 'epoch_metrics.jsonl')]
+    assert [r['epoch'] for r in rows_b] == [0, 1, 2, 3, 4]  # none lost, none repeated
+    assert rows_a == rows_b  # the same metrics, epoch by epoch
+    assert sorted(os.listdir(a / 'checkpoints')) == sorted(os.listdir(b / 'checkpoints'))
+    last_a = torch.load(a / 'checkpoints' / 'last.ckpt', weights_only=True)
+    last_b = torch.load(b / 'checkpoints' / 'last.ckpt', weights_only=True)
+    key = next(k for k in last_a['callbacks'] if k.startswith('AtomicModelCheckpoint'))
+    assert last_a['callbacks'][key]['best_model_score'] == \
+        last_b['callbacks'][key]['best_model_score']
+    for name, value in last_a['state_dict'].items():
+        assert torch.allclose(value, last_b['state_dict'][name], atol=1e-6), name
