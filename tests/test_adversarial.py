@@ -580,3 +580,56 @@ def test_12_kill_9_and_resume_equals_uninterrupted_run(tmp_path):
         last_b['callbacks'][key]['best_model_score']
     for name, value in last_a['state_dict'].items():
         assert torch.allclose(value, last_b['state_dict'][name], atol=1e-6), name
+
+
+# ---------------------------------------------------------------------------------------------
+# 13. Memory estimate before a huge allocation
+
+
+def _big_graph(N=100_000):
+    # A ring (2 N edges): only its size matters, nothing large is allocated when refused.
+    i = torch.arange(N)
+    return torch.stack([torch.cat([i, (i + 1) % N]), torch.cat([(i + 1) % N, i])])
+
+
+def test_13_sample_walks_refuses_with_estimate(monkeypatch):
+    from pyg_grf import walks
+    monkeypatch.delenv('PYG_GRF_MEMORY_LIMIT', raising=False)
+    monkeypatch.setattr(walks, 'available_memory', lambda device=None: 16 * 2**30)
+    ei = _big_graph()
+    with pytest.raises(walks.WalkMemoryError, match=r"num_walks=10000 = 1000000000 walkers.* "
+                                                    r"about \d+\.\d GiB, more than 90% of the "
+                                                    r"available memory.*Lower 'num_walks'.*"
+                                                    r"memory_limit=float\('inf'\).*"
+                                                    r"PYG_GRF_MEMORY_LIMIT=off"):
+        walks.sample_walks(ei, 100_000, 10_000, 0.5, 4)
+    # The transform goes through sample_walks and refuses the same way (was an OOM kill).
+    from torch_geometric.data import Data
+    from pyg_grf.transforms import AddRWGNKFeatures
+    with pytest.raises(walks.WalkMemoryError):
+        AddRWGNKFeatures(10_000, 0.8, 1.0, 4, p_halt=0.5)(Data(edge_index=ei, num_nodes=100_000))
+
+
+def test_13_memory_limit_override(monkeypatch):
+    from pyg_grf import walks
+    ei = _big_graph(1000)
+    with pytest.raises(walks.WalkMemoryError, match='more than memory_limit'):
+        walks.sample_walks(ei, 1000, 8, 0.5, 4, memory_limit=1e5)
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '100K')
+    with pytest.raises(walks.WalkMemoryError, match=r'more than \$PYG_GRF_MEMORY_LIMIT'):
+        walks.sample_walks(ei, 1000, 8, 0.5, 4)
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', 'off')
+    assert walks.sample_walks(ei, 1000, 8, 0.5, 4).num_walkers == 8000
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', 'lots')
+    with pytest.raises(ValueError, match="PYG_GRF_MEMORY_LIMIT must be a size such as '64G'"):
+        walks.sample_walks(ei, 1000, 8, 0.5, 4)
+
+
+def test_13_estimate_bounds_the_outputs():
+    # The estimate is at least what the returned walks hold (independent: their tensor sizes).
+    from pyg_grf.walks import estimate_walk_memory, sample_walks
+    ei = _big_graph(5000)
+    w = sample_walks(ei, 5000, 16, 0.2, 6, generator=torch.Generator().manual_seed(0))
+    held = sum(t.numel() * t.element_size() for t in (w.start, w.length, w.order, w.node, w.edge))
+    est = estimate_walk_memory(5000, 16, 6, 0.2, num_edges=ei.size(1), num_nodes=5000)
+    assert held <= est <= 6 * held
