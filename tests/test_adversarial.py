@@ -633,3 +633,29 @@ def test_13_estimate_bounds_the_outputs():
     held = sum(t.numel() * t.element_size() for t in (w.start, w.length, w.order, w.node, w.edge))
     est = estimate_walk_memory(5000, 16, 6, 0.2, num_edges=ei.size(1), num_nodes=5000)
     assert held <= est <= 6 * held
+
+
+# ---------------------------------------------------------------------------------------------
+# 7. The sampler picks a neighbour with probability exactly 1/d
+
+
+def test_07_neighbour_choice_unbiased_at_high_degree():
+    from pyg_grf.walks import sample_walks
+    d = 3 * 2**19 + 1  # 1,572,865 leaves of one node
+    # Reference, independent of the sampler: how often a float32 uniform (2^24 values j / 2^24)
+    # times d lands on each leaf. About 2/3 of the leaves get 11 values, 1/3 get 10, so with
+    # float32 those leaves are chosen with probability 11 / 2^24 instead of 1 / d.
+    u = torch.arange(2**24, dtype=torch.float32) * 2.0**-24
+    hits = torch.bincount((u * d).long().clamp_max_(d - 1), minlength=d)
+    favoured = hits > hits.min()
+    del u, hits
+    leaves = torch.arange(1, d + 1)
+    ei = torch.stack([torch.zeros(d, dtype=torch.long), leaves])
+    n = 200_000
+    walks = sample_walks(ei, d + 1, n, None, 1, fixed_length=True, start=torch.tensor([0]),
+                         generator=torch.Generator().manual_seed(0))
+    got = favoured[walks.node - 1].double().mean().item()
+    exact = favoured.double().mean().item()  # a uniform choice
+    sigma = (exact * (1 - exact) / n) ** 0.5
+    # float32: ~0.69, about 20 sigma from the exact fraction; now within 5 sigma.
+    assert abs(got - exact) < 5 * sigma, (got, exact, sigma)
