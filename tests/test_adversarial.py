@@ -726,3 +726,45 @@ def test_09_transform_rng_helper():
                        torch.rand(4, generator=copy.deepcopy(rng).generator()))
     with pytest.raises(ValueError, match="'seed' must be an integer or None"):
         TransformRNG('7')
+
+
+# ---------------------------------------------------------------------------------------------
+# 6. Directed graphs: 'sym' normalisation and the kernel claim
+
+
+def test_06_sym_normalisation_of_an_edge_into_a_sink():
+    from pyg_grf.features import normalized_adjacency
+    ei = torch.tensor([[0, 0, 1], [1, 2, 2]])  # 2 is a sink
+    w = normalized_adjacency(ei, 3, normalization='sym')
+    # D_out^-1/2 A D_in^-1/2: out-degrees (2, 1, 0), in-degrees (0, 1, 2).
+    ref = torch.tensor([1 / (2 * 1) ** 0.5, 1 / (2 * 2) ** 0.5, 1 / (1 * 2) ** 0.5])
+    assert torch.allclose(w, ref)  # the edges into the sink used to get weight 0
+
+
+def test_06_directed_graph_warns_and_estimates_F():
+    from pyg_grf.features import DirectedGraphWarning, graph_random_features
+    from pyg_grf.features.exact import dense_adjacency
+    ei = torch.tensor([[0, 0, 1, 2, 3, 1], [1, 2, 2, 3, 1, 3]])  # directed, no sinks
+    f = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
+    with pytest.warns(DirectedGraphWarning, match=r'not symmetric .* estimates F F\^T, not the '
+                                                  r'power-series kernel'):
+        phi = graph_random_features(ei, 4, f, 20000, 0.3, 2,
+                                    generator=torch.Generator().manual_seed(0)).to_dense()
+    W = dense_adjacency(ei, 4, normalization='sym').double()
+    F = f[0] * torch.eye(4, dtype=torch.float64) + f[1] * W + f[2] * W @ W
+    assert torch.allclose(phi, F, atol=0.03)  # unbiased for F = sum_l f_l W^l
+    # ... and Phi Phi^T is near F F^T, far from sum_k (f*f)_k W^k, which the docs claimed.
+    ff = torch.tensor([1.0, 1.0, 0.75, 0.25, 0.0625], dtype=torch.float64)
+    series = sum(c * torch.linalg.matrix_power(W, k) for k, c in enumerate(ff))
+    gram = phi @ phi.t()
+    off = ~torch.eye(4, dtype=torch.bool)
+    assert (gram - F @ F.t())[off].abs().max() < 0.05 < (gram - series)[off].abs().max()
+
+
+def test_06_symmetric_graph_does_not_warn():
+    import warnings as _w
+    from pyg_grf.features import graph_random_features
+    ei = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    with _w.catch_warnings():
+        _w.simplefilter('error')
+        graph_random_features(ei, 3, [1.0, 0.5], 4, 0.5, 1)

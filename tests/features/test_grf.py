@@ -27,7 +27,9 @@ def test_normalized_adjacency_matches_dense_formula():
     A = torch.zeros(N, N, dtype=torch.float64).index_put((ei[0], ei[1]), w, accumulate=True)
     d = A.sum(1)
     dinv = torch.where(d > 0, d.pow(-0.5), torch.zeros_like(d))
-    ref = dinv[:, None] * A * dinv[None, :]
+    d_in = A.sum(0)  # 'sym' is D_out^-1/2 A D_in^-1/2 (the weights here differ per direction)
+    dinv_in = torch.where(d_in > 0, d_in.pow(-0.5), torch.zeros_like(d_in))
+    ref = dinv[:, None] * A * dinv_in[None, :]
     assert torch.allclose(dense_adjacency(ei, N, w, 'sym'), ref)
     rinv = torch.where(d > 0, 1 / d, torch.zeros_like(d))
     assert torch.allclose(dense_adjacency(ei, N, w, 'rw'), rinv[:, None] * A)
