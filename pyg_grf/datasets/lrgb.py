@@ -279,6 +279,14 @@ class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
         return f'{self.__class__.__name__}({len(self)}, split={self.split!r})'
 
 
+class SafeLRGBDataset(SafeCacheMixin, LRGBDataset):
+    r"""PyG's :class:`~torch_geometric.datasets.LRGBDataset` with the crash-safe, verified cache
+    of :class:`~pyg_grf.datasets.cache.SafeCacheMixin` (``root/<name>/processed_<hash>``)."""
+
+    def cache_key(self):
+        return dict(super().cache_key(), name=self.name)
+
+
 def load_lrgb(
     name: str,
     split: str = 'train',
@@ -317,8 +325,8 @@ def load_lrgb(
             'datasets need the PyG-format files or network access.')
     missing = ensure_raw_files(f'LRGB/{info.pyg_name}', folder, raw_paths, name, hint)
     try:
-        dataset = LRGBDataset(root, info.pyg_name, split, transform, pre_transform, pre_filter,
-                              force_reload=force_reload)
+        dataset = SafeLRGBDataset(root, info.pyg_name, split, transform, pre_transform,
+                                  pre_filter, force_reload=force_reload)
     except Exception as exc:
         if missing and missing_files(raw_paths):
             raise download_failed(exc, f'LRGB/{info.pyg_name}', folder, missing, name,
