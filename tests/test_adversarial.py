@@ -134,6 +134,7 @@ def test_11_kill_during_write_leaves_no_partial_cache(tmp_path, point):
     assert leftovers == []
 
 
+@pytest.mark.slow
 def test_11_reader_waits_for_writer(tmp_path):
     # A process that opens the root while another one holds the writer's lock waits for it and
     # then reads the finished cache (it used to fail on the half-written file).
@@ -145,16 +146,15 @@ def test_11_reader_waits_for_writer(tmp_path):
         None, None
     lock = ds.processed_dir + '.lock'
     os.makedirs(osp.dirname(lock), exist_ok=True)
-    script = ('import sys; from pyg_grf.datasets import MotifDataset; '
+    script = ('import sys; from pyg_grf.datasets import MotifDataset; print("ready", flush=True); '
               'print(len(MotifDataset(sys.argv[1], num_graphs=8)))')
     with file_lock(lock):
         reader = subprocess.Popen([sys.executable, '-c', script, str(tmp_path)],
                                   env=dict(os.environ, PYTHONPATH=REPO), stdout=subprocess.PIPE)
-        try:
-            reader.wait(timeout=3)
-            pytest.fail('the reader did not wait for the lock')
-        except subprocess.TimeoutExpired:
-            pass
+        assert reader.stdout.readline().decode().strip() == 'ready'
+        import time
+        time.sleep(1.0)
+        assert reader.poll() is None, 'the reader did not wait for the writer'
     out, _ = reader.communicate(timeout=60)
     assert reader.returncode == 0 and out.decode().strip() == '8'
 
