@@ -21,6 +21,7 @@ import torch
 from torch_geometric.data import Data, InMemoryDataset, download_url
 from torch_geometric.datasets import LRGBDataset
 
+from pyg_grf.datasets.cache import SafeCacheMixin
 from pyg_grf.datasets.mirror import (
     DatasetNotFoundError,
     data_root,
@@ -110,14 +111,7 @@ def _md5(path: str) -> str:
     return h.hexdigest()
 
 
-def _processed_name(pre_transform: Optional[Callable], pre_filter: Optional[Callable]) -> str:
-    if pre_transform is None and pre_filter is None:
-        return 'processed'
-    text = f'{pre_transform!r}|{pre_filter!r}'
-    return 'processed_' + hashlib.sha1(text.encode()).hexdigest()[:10]
-
-
-class PeptidesFunctional(InMemoryDataset):
+class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
     r"""The Peptides-func dataset of the `"Long Range Graph Benchmark"
     <https://arxiv.org/abs/2206.08164>`_ (LRGB): 15,535 peptides as molecular graphs, each with 10
     binary function labels (multi-label classification, metric: average precision).
@@ -206,12 +200,11 @@ class PeptidesFunctional(InMemoryDataset):
         return osp.join(self.root, self.folder, 'raw')
 
     @property
-    def processed_dir(self) -> str:
-        # One cache per pre_transform / pre_filter (keyed by their reprs, which show every
-        # setting): runs with different GRF, RWGNK or Graph-Bridge settings keep their own
-        # features and never overwrite each other's, even when they run at the same time.
-        return osp.join(self.root, self.folder, _processed_name(
-            getattr(self, 'pre_transform', None), getattr(self, 'pre_filter', None)))
+    def cache_parent(self) -> str:
+        # One cache per pre_transform / pre_filter (``processed_<hash>`` keyed by their reprs,
+        # which show every setting; see SafeCacheMixin): runs with different GRF, RWGNK or
+        # Graph-Bridge settings keep their own features and never overwrite each other's.
+        return osp.join(self.root, self.folder)
 
     @property
     def raw_file_names(self) -> List[str]:
@@ -286,6 +279,14 @@ class PeptidesFunctional(InMemoryDataset):
         return f'{self.__class__.__name__}({len(self)}, split={self.split!r})'
 
 
+class SafeLRGBDataset(SafeCacheMixin, LRGBDataset):
+    r"""PyG's :class:`~torch_geometric.datasets.LRGBDataset` with the crash-safe, verified cache
+    of :class:`~pyg_grf.datasets.cache.SafeCacheMixin` (``root/<name>/processed_<hash>``)."""
+
+    def cache_key(self):
+        return dict(super().cache_key(), name=self.name)
+
+
 def load_lrgb(
     name: str,
     split: str = 'train',
@@ -324,8 +325,8 @@ def load_lrgb(
             'datasets need the PyG-format files or network access.')
     missing = ensure_raw_files(f'LRGB/{info.pyg_name}', folder, raw_paths, name, hint)
     try:
-        dataset = LRGBDataset(root, info.pyg_name, split, transform, pre_transform, pre_filter,
-                              force_reload=force_reload)
+        dataset = SafeLRGBDataset(root, info.pyg_name, split, transform, pre_transform,
+                                  pre_filter, force_reload=force_reload)
     except Exception as exc:
         if missing and missing_files(raw_paths):
             raise download_failed(exc, f'LRGB/{info.pyg_name}', folder, missing, name,

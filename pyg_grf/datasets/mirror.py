@@ -12,21 +12,121 @@ PyG's own roots (``TUDataset/<NAME>/raw``, ``Planetoid/<Name>/raw``,
 * :func:`is_offline`: ``$PYG_GRF_OFFLINE`` set to ``1``/``true``/``yes``; then a dataset missing
   from both the data root and the mirror raises :class:`DatasetNotFoundError` at once instead of
   trying to download.
+
+Mirror integrity: the mirror ships ``SHA256SUMS`` (``sha256sum -c`` format, paths relative to the
+mirror). Every file copied from the mirror (a symlink: its target's content) must be listed there
+with the same SHA-256, checked on the bytes actually copied; an unlisted or mismatching file raises
+:class:`MirrorIntegrityError` and nothing is left behind. A mirror without ``SHA256SUMS`` is refused
+unless ``$PYG_GRF_MIRROR_UNVERIFIED=1`` (:func:`write_checksums` creates the file for a mirror of
+your own). Folders named ``processed*`` (PyG caches, which PyG may unpickle) are never copied.
 """
+import hashlib
 import os
 import os.path as osp
-import shutil
+import re
 import uuid
-from typing import Iterable, List, Optional, Sequence
+import warnings
+from typing import Dict, Iterable, List, Optional, Sequence
 
 DATA_ENV = 'PYG_GRF_DATA'
 MIRROR_ENV = 'PYG_GRF_MIRROR'
 OFFLINE_ENV = 'PYG_GRF_OFFLINE'
+UNVERIFIED_ENV = 'PYG_GRF_MIRROR_UNVERIFIED'
+CHECKSUM_FILE = 'SHA256SUMS'
+_CHUNK = 1 << 20
 
 
 class DatasetNotFoundError(FileNotFoundError):
     r"""Raised when a dataset is neither in the data root nor in the mirror, and cannot (or may
     not) be downloaded."""
+
+
+class MirrorIntegrityError(RuntimeError):
+    r"""Raised when a mirror file is missing from, or does not match, the mirror's
+    ``SHA256SUMS``, or when the mirror has no ``SHA256SUMS``."""
+
+
+def safe_relpath(rel: str, what: str = 'path') -> str:
+    r"""Checks that :obj:`rel` is a relative path that stays inside the folder it is joined to
+    (no absolute path, no ``..`` component, no empty or hidden-dot component) and returns it
+    normalised with ``/`` separators.
+
+    Raises:
+        ValueError: otherwise.
+    """
+    if not isinstance(rel, str) or not rel:
+        raise ValueError(f"Expected a non-empty relative {what} (got {rel!r})")
+    parts = rel.replace('\\', '/').split('/')
+    if osp.isabs(rel) or rel.startswith(('/', '\\')) or any(
+            p in ('', '.', '..') for p in parts) or '\0' in rel:
+        raise ValueError(f"Expected a relative {what} without '..', '.', empty or absolute "
+                         f"components, e.g. 'TUDataset/MUTAG' (got {rel!r})")
+    return '/'.join(parts)
+
+
+def _sha256_file(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b''):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+_SUM_LINE = re.compile(r'^([0-9a-fA-F]{64}) [ *](.+)$')
+
+
+def read_checksums(mirror: str) -> Optional[Dict[str, str]]:
+    r"""The ``SHA256SUMS`` of :obj:`mirror` as ``{relative path: sha256}``, or :obj:`None` when
+    the mirror has no such file.
+
+    Raises:
+        MirrorIntegrityError: if a line is not ``<64 hex digits>  <relative path>``.
+    """
+    path = osp.join(mirror, CHECKSUM_FILE)
+    if not osp.isfile(path):
+        return None
+    sums: Dict[str, str] = {}
+    with open(path, encoding='utf-8') as f:
+        for lineno, line in enumerate(f, 1):
+            line = line.rstrip('\n').rstrip('\r')
+            if not line.strip() or line.startswith('#'):
+                continue
+            match = _SUM_LINE.match(line)
+            if match is None:
+                raise MirrorIntegrityError(
+                    f"'{path}' line {lineno} is not '<sha256>  <relative path>' (got {line!r})")
+            rel = match.group(2)
+            rel = rel[2:] if rel.startswith('./') else rel
+            try:
+                rel = safe_relpath(rel, 'path in SHA256SUMS')
+            except ValueError as exc:
+                raise MirrorIntegrityError(f"'{path}' line {lineno}: {exc}") from None
+            sums[rel] = match.group(1).lower()
+    return sums
+
+
+def write_checksums(mirror: str) -> str:
+    r"""Writes ``<mirror>/SHA256SUMS`` for every file under :obj:`mirror` (except
+    ``SHA256SUMS`` itself and ``processed*`` folders), for a mirror of your own. Returns the
+    path written."""
+    lines = []
+    for dirpath, dirnames, filenames in os.walk(mirror):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith('processed'))
+        for name in sorted(filenames):
+            full = osp.join(dirpath, name)
+            rel = osp.relpath(full, mirror).replace(os.sep, '/')
+            if rel != CHECKSUM_FILE:
+                lines.append(f'{_sha256_file(full)}  {rel}\n')
+    out = osp.join(mirror, CHECKSUM_FILE)
+    tmp = f'{out}.{uuid.uuid4().hex}.part'
+    with open(tmp, 'w', encoding='utf-8') as f:
+        f.writelines(lines)
+    os.replace(tmp, out)
+    return out
+
+
+def _allow_unverified() -> bool:
+    return os.environ.get(UNVERIFIED_ENV, '').strip().lower() in {'1', 'true', 'yes', 'on'}
 
 
 def data_root() -> str:
@@ -73,44 +173,87 @@ def check_not_in_mirror(path: str) -> None:
 
 
 def fetch_from_mirror(rel_dir: str, dest_dir: Optional[str] = None) -> Optional[List[str]]:
-    r"""Copies the files of ``<mirror>/<rel_dir>`` (recursively) into :obj:`dest_dir`.
+    r"""Copies the files of ``<mirror>/<rel_dir>`` (recursively) into :obj:`dest_dir`, verifying
+    each against the mirror's ``SHA256SUMS``.
 
-    Files already present in :obj:`dest_dir` are kept (not overwritten); ``processed/`` folders in
-    the mirror are skipped. Each file is copied to a temporary name and renamed, so an interrupted
-    copy never leaves a truncated raw file. The mirror is only read.
+    Files already present in :obj:`dest_dir` are kept (not overwritten); folders whose name starts
+    with ``processed`` (PyG caches) are never copied. Each file is copied to a temporary name,
+    hashed while copying, and renamed only when its SHA-256 matches, so an interrupted copy or a
+    tampered file never leaves a raw file behind. The mirror is only read.
 
     Args:
         rel_dir (str): The folder relative to the mirror (and to the data root), e.g.
-            :obj:`"TUDataset/MUTAG"`.
+            :obj:`"TUDataset/MUTAG"`; absolute paths and ``..`` are refused.
         dest_dir (str, optional): Where to copy to. (default: ``<data_root()>/<rel_dir>``)
 
     Returns:
         The list of files copied (possibly empty), or :obj:`None` when no mirror is set or the
         mirror has no :obj:`rel_dir`.
+
+    Raises:
+        MirrorIntegrityError: if the mirror has no ``SHA256SUMS`` (and
+            ``$PYG_GRF_MIRROR_UNVERIFIED`` is not set), or a file to copy is not listed there
+            or does not match, or a symlink points outside the mirror.
     """
+    rel_dir = safe_relpath(rel_dir, 'dataset folder')
     mirror = mirror_root()
     if dest_dir is None:
         dest_dir = osp.join(data_root(), rel_dir)
     if mirror is None:
         return None
     src_dir = osp.join(mirror, rel_dir)
-    if not osp.isdir(src_dir):
+    if not osp.isdir(src_dir) or not _is_within(src_dir, mirror):
         return None
     check_not_in_mirror(dest_dir)
+    sums = read_checksums(mirror)
+    if sums is None:
+        if not _allow_unverified():
+            raise MirrorIntegrityError(
+                f"The mirror '{mirror}' (${MIRROR_ENV}) has no {CHECKSUM_FILE}, so its files "
+                f"cannot be verified; expected '{osp.join(mirror, CHECKSUM_FILE)}' in "
+                f"'sha256sum' format. Create it with "
+                f"pyg_grf.datasets.mirror.write_checksums('{mirror}') if you trust the mirror, "
+                f"or set ${UNVERIFIED_ENV}=1 to copy unverified files.")
+        warnings.warn(f"Copying unverified files from the mirror '{mirror}' "
+                      f"(${UNVERIFIED_ENV} is set and it has no {CHECKSUM_FILE})", stacklevel=2)
 
     copied = []
     for dirpath, dirnames, filenames in os.walk(src_dir):
-        dirnames[:] = sorted(d for d in dirnames if d != 'processed')
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith('processed'))
         rel = osp.relpath(dirpath, src_dir)
         out_dir = osp.normpath(osp.join(dest_dir, rel))
         for filename in sorted(filenames):
             dst = osp.join(out_dir, filename)
             if osp.exists(dst):
                 continue
+            src = osp.join(dirpath, filename)
+            key = osp.relpath(src, mirror).replace(os.sep, '/')
+            if not _is_within(src, mirror):
+                raise MirrorIntegrityError(
+                    f"'{src}' is a link to '{osp.realpath(src)}', outside the mirror "
+                    f"'{mirror}'; refusing to copy it")
+            expected = None
+            if sums is not None:
+                expected = sums.get(key)
+                if expected is None:
+                    raise MirrorIntegrityError(
+                        f"'{key}' is in the mirror '{mirror}' but not in its {CHECKSUM_FILE}; "
+                        f"refusing to copy an unverified file. Add its checksum "
+                        f"(sha256sum {key} >> {CHECKSUM_FILE}, in the mirror) or remove it.")
             os.makedirs(out_dir, exist_ok=True)
             tmp = f'{dst}.{uuid.uuid4().hex}.part'
             try:
-                shutil.copyfile(osp.join(dirpath, filename), tmp)
+                h = hashlib.sha256()
+                with open(src, 'rb') as fin, open(tmp, 'wb') as fout:
+                    for chunk in iter(lambda: fin.read(_CHUNK), b''):
+                        h.update(chunk)
+                        fout.write(chunk)
+                got = h.hexdigest()
+                if expected is not None and got != expected:
+                    raise MirrorIntegrityError(
+                        f"'{key}' in the mirror '{mirror}' has SHA-256 {got}, but "
+                        f"{CHECKSUM_FILE} lists {expected}: the file is corrupt or was modified. "
+                        f"Restore it from the original source; nothing was copied.")
                 os.replace(tmp, dst)
             finally:
                 if osp.exists(tmp):
@@ -183,6 +326,10 @@ def download_failed(exc: BaseException, rel_dir: str, dest_dir: str, missing: Se
 
 __all__ = [
     'DatasetNotFoundError',
+    'MirrorIntegrityError',
+    'read_checksums',
+    'write_checksums',
+    'safe_relpath',
     'data_root',
     'mirror_root',
     'is_offline',

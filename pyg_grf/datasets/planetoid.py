@@ -5,6 +5,7 @@ from typing import Callable, Optional
 
 from torch_geometric.datasets import Planetoid
 
+from pyg_grf.datasets.cache import SafeCacheMixin
 from pyg_grf.datasets.mirror import (
     data_root,
     download_failed,
@@ -14,6 +15,14 @@ from pyg_grf.datasets.mirror import (
 
 PLANETOID_DATASETS = ('Cora', 'CiteSeer', 'PubMed')
 _RAW = ('x', 'tx', 'allx', 'y', 'ty', 'ally', 'graph', 'test.index')
+
+
+class SafePlanetoid(SafeCacheMixin, Planetoid):
+    r"""PyG's :class:`~torch_geometric.datasets.Planetoid` with the crash-safe, verified cache
+    of :class:`~pyg_grf.datasets.cache.SafeCacheMixin` (``root/<Name>/processed_<hash>``)."""
+
+    def cache_key(self):
+        return dict(super().cache_key(), name=self.name, split=self.split)
 
 
 def load_planetoid(
@@ -66,7 +75,7 @@ def load_planetoid(
     missing = ensure_raw_files(f'Planetoid/{name}', folder, raw_paths, name, hint)
 
     try:
-        return Planetoid(root, name, split=split, transform=transform,
+        return SafePlanetoid(root, name, split=split, transform=transform,
                          pre_transform=pre_transform, force_reload=force_reload, **kwargs)
     except Exception as exc:
         if missing and any(not osp.exists(p) for p in raw_paths):
@@ -74,4 +83,4 @@ def load_planetoid(
         raise
 
 
-__all__ = ['load_planetoid', 'PLANETOID_DATASETS']
+__all__ = ['load_planetoid', 'PLANETOID_DATASETS', 'SafePlanetoid']

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from pyg_grf.datasets.mirror import data_root
 
-SPLITS_VERSION = 1
+SPLITS_VERSION = 2
 
 
 def _labels(dataset) -> np.ndarray:
@@ -33,6 +33,53 @@ def _labels(dataset) -> np.ndarray:
         raise ValueError(f"Expected one integer class label per graph (got labels of shape "
                          f"{tuple(y.shape)} and dtype {y.dtype})")
     return y.cpu().numpy().astype(np.int64)
+
+
+def _folds_digest(folds) -> str:
+    return hashlib.sha256(json.dumps(folds, sort_keys=True).encode()).hexdigest()
+
+
+def check_folds(folds, num_graphs: int, path: str = '<splits>') -> None:
+    r"""Checks cross-validation folds: every index an integer in ``[0, num_graphs)``, no
+    duplicates, ``train``, ``val`` and ``test`` pairwise disjoint and covering every graph in each
+    fold, and the test sets of the folds a partition of the graphs.
+
+    Raises:
+        ValueError: naming the first violation (fold, split, index).
+    """
+    hint = f"Delete '{path}' to recompute the splits."
+    if not isinstance(folds, list) or not folds:
+        raise ValueError(f"Expected a non-empty list of folds in '{path}'. {hint}")
+    tested = np.zeros(num_graphs, dtype=np.int64)
+    for i, fold in enumerate(folds):
+        seen = np.zeros(num_graphs, dtype=np.int64)
+        for split in ('train', 'val', 'test'):
+            idx = fold.get(split) if isinstance(fold, dict) else None
+            if not isinstance(idx, list) or not all(
+                    isinstance(j, int) and not isinstance(j, bool) for j in idx):
+                raise ValueError(f"Fold {i} of '{path}': expected '{split}' to be a list of "
+                                 f"integers. {hint}")
+            arr = np.asarray(idx, dtype=np.int64)
+            bad = arr[(arr < 0) | (arr >= num_graphs)]
+            if bad.size:
+                raise ValueError(f"Fold {i} of '{path}': '{split}' holds index {int(bad[0])}, "
+                                 f"outside [0, {num_graphs}). {hint}")
+            np.add.at(seen, arr, 1)
+            if split == 'test':
+                np.add.at(tested, arr, 1)
+        if (seen > 1).any():
+            j = int(np.flatnonzero(seen > 1)[0])
+            where = [s for s in ('train', 'val', 'test') if j in set(fold[s])]
+            raise ValueError(f"Fold {i} of '{path}': graph {j} appears more than once (in "
+                             f"{where}); train, val and test must be disjoint. {hint}")
+        if (seen == 0).any():
+            j = int(np.flatnonzero(seen == 0)[0])
+            raise ValueError(f"Fold {i} of '{path}': graph {j} is in none of train, val and "
+                             f"test. {hint}")
+    if (tested != 1).any():
+        j = int(np.flatnonzero(tested != 1)[0])
+        raise ValueError(f"Graph {j} is in the test set of {int(tested[j])} folds of '{path}' "
+                         f"(expected exactly 1: the test sets partition the dataset). {hint}")
 
 
 def default_splits_path(name: str, num_folds: int, inner_holdout: float, seed: int) -> str:
@@ -58,8 +105,10 @@ def errica_splits(
 
     The splits are saved as JSON and reloaded when the file exists, so that runs (and the models
     compared) share the same folds. A stored file is checked against the dataset (size and a
-    hash of the labels) and the arguments, and a mismatch raises an error instead of silently
-    using foreign splits.
+    hash of the labels) and the arguments, its folds against their stored SHA-256 and for
+    consistency (:func:`check_folds`: indices in range, train / val / test disjoint and covering,
+    test sets partitioning the dataset); a mismatch raises an error instead of silently using
+    foreign or edited splits (test graphs leaking into training).
 
     Args:
         dataset (Dataset or Tensor): A graph-classification dataset whose graphs carry one integer
@@ -104,8 +153,16 @@ def errica_splits(
             raise ValueError(
                 f"The splits stored at '{path}' do not match this dataset/arguments "
                 f"(field: (stored, expected)): {diff}. Delete the file or pass another 'path'.")
+        folds = stored.get('folds')
+        check_folds(folds, int(y.size), path)
+        if len(folds) != num_folds:
+            raise ValueError(f"'{path}' holds {len(folds)} folds, expected {num_folds}. Delete "
+                             f"'{path}' to recompute the splits.")
+        if stored.get('folds_sha256') != _folds_digest(folds):
+            raise ValueError(f"The folds in '{path}' do not match their stored SHA-256: the file "
+                             f"was edited. Delete '{path}' to recompute the splits.")
         return [{k: torch.tensor(fold[k], dtype=torch.long) for k in ('train', 'val', 'test')}
-                for fold in stored['folds']]
+                for fold in folds]
 
     outer = StratifiedKFold(n_splits=num_folds, shuffle=True, random_state=seed)
     folds = []
@@ -118,10 +175,10 @@ def errica_splits(
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     tmp = f'{path}.{os.getpid()}.tmp'
     with open(tmp, 'w') as f:
-        json.dump(dict(meta, folds=folds), f)
+        json.dump(dict(meta, folds=folds, folds_sha256=_folds_digest(folds)), f)
     os.replace(tmp, path)
     return [{k: torch.tensor(fold[k], dtype=torch.long) for k in ('train', 'val', 'test')}
             for fold in folds]
 
 
-__all__ = ['errica_splits', 'default_splits_path']
+__all__ = ['errica_splits', 'default_splits_path', 'check_folds']

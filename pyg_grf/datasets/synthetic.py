@@ -17,6 +17,8 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, InMemoryDataset
 
+from pyg_grf.datasets.cache import SafeCacheMixin
+
 #: Number of neighbour degrees in the ``'neighbor_degrees'`` node features (GKAT Sec. 5.1.1).
 NUM_NEIGHBOR_DEGREES = 5
 FEATURES = ('neighbor_degrees', 'degree', 'constant')
@@ -114,10 +116,12 @@ def _check_root(root) -> None:
                         f"{root!r}); pass the other settings by keyword")
 
 
-class GeneratedDataset(InMemoryDataset):
+class GeneratedDataset(SafeCacheMixin, InMemoryDataset):
     r"""Base class of datasets generated in memory by :meth:`generate`: without :obj:`root` they
     live only in memory; with a :obj:`root` they are cached to
-    ``root/<folder>/processed/<tag>.pt`` like any PyG dataset."""
+    ``root/<folder>/processed_<hash>/<tag>.pt``, the hash covering the settings (:obj:`tag`) and
+    the reprs of :obj:`pre_transform` and :obj:`pre_filter`; the cache is written atomically and
+    checked against its SHA-256 manifest on load (:mod:`pyg_grf.datasets.cache`)."""
     folder: str = 'generated'
 
     def __init__(
@@ -153,8 +157,11 @@ class GeneratedDataset(InMemoryDataset):
         return []
 
     @property
-    def processed_dir(self) -> str:
-        return osp.join(self.root, self.folder, 'processed')
+    def cache_parent(self) -> str:
+        return osp.join(self.root, self.folder)
+
+    def cache_key(self):
+        return dict(super().cache_key(), tag=self.tag)
 
     @property
     def processed_file_names(self) -> List[str]:

@@ -1,6 +1,7 @@
 r"""TU graph-classification benchmarks (PyG :class:`~torch_geometric.datasets.TUDataset`) through
 the offline mirror, with degree features for the datasets that have no node features."""
 import os.path as osp
+import re
 from typing import Callable, Optional
 
 import torch
@@ -8,7 +9,11 @@ from torch_geometric.datasets import TUDataset
 from torch_geometric.transforms import Compose, OneHotDegree
 from torch_geometric.utils import degree
 
+from pyg_grf.datasets.cache import SafeCacheMixin
 from pyg_grf.datasets.mirror import data_root, download_failed, ensure_raw_files, missing_files
+
+#: TU dataset names: letters, digits, '_' and '-' (no path separators, no '..').
+_TU_NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$')
 
 #: The TU datasets of the GKAT paper (Choromanski et al., 2022, Sec. 5.2) plus MUTAG; the
 #: ``x`` column says whether the dataset ships node features (labels or attributes).
@@ -24,6 +29,15 @@ TU_DATASETS = {
     'REDDIT-MULTI-5K': dict(x=False),
     'COLLAB': dict(x=False),
 }
+
+
+class SafeTUDataset(SafeCacheMixin, TUDataset):
+    r"""PyG's :class:`~torch_geometric.datasets.TUDataset` with the crash-safe, verified cache
+    of :class:`~pyg_grf.datasets.cache.SafeCacheMixin`: ``root/<NAME>/processed_<hash>``, keyed
+    by the name and the reprs of ``pre_transform`` and ``pre_filter``."""
+
+    def cache_key(self):
+        return dict(super().cache_key(), name=self.name, cleaned=self.cleaned)
 
 
 def max_degree(dataset) -> int:
@@ -81,8 +95,9 @@ def load_tu(
             (:obj:`use_node_attr`, :obj:`use_edge_attr`, :obj:`pre_filter`).
     """
     canonical = {k.lower(): k for k in TU_DATASETS}
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"Expected a TU dataset name such as 'MUTAG' (got {name!r})")
+    if not isinstance(name, str) or not _TU_NAME.match(name):
+        raise ValueError(f"Expected a TU dataset name such as 'MUTAG' or 'IMDB-BINARY' (letters, "
+                         f"digits, '_' and '-' only; no path separators or '..') (got {name!r})")
     name = canonical.get(name.lower(), name)
     if kwargs.get('cleaned', False):
         raise ValueError("'cleaned=True' TU datasets are not supported by the mirror loader")
@@ -95,7 +110,7 @@ def load_tu(
     missing = ensure_raw_files(f'TUDataset/{name}', folder, raw_paths, name, hint)
 
     try:
-        dataset = TUDataset(root, name, transform=transform, pre_transform=pre_transform,
+        dataset = SafeTUDataset(root, name, transform=transform, pre_transform=pre_transform,
                             force_reload=force_reload, **kwargs)
     except Exception as exc:
         if missing and missing_files(raw_paths):  # the download failed
@@ -109,4 +124,4 @@ def load_tu(
     return dataset
 
 
-__all__ = ['load_tu', 'max_degree', 'TU_DATASETS']
+__all__ = ['load_tu', 'max_degree', 'TU_DATASETS', 'SafeTUDataset']

@@ -14,10 +14,20 @@ The estimator splits into a part that needs the walks and a part that needs :mat
 with :math:`p(u \to u') = (1 - p_{halt})/d_u` the probability of the hop given the walk so far
 (:math:`1/d_u` for fixed-length walks). :func:`grf_loads` computes the loads once (walks frozen);
 :func:`graph_random_features` and :class:`~pyg_grf.masks.GRFMask` apply any (learnable) :math:`f`.
+
+**Directed graphs.** The estimator is unbiased for :math:`\Phi = F = \sum_l f_l W^l` with any
+:math:`W`. The kernel claim :math:`\mathbb{E}[\widehat\Phi\widehat\Phi'^\top] = \sum_k
+(f * f)_k W^k` (off the diagonal for :math:`\widehat\Phi' = \widehat\Phi`) uses
+:math:`W^\top = W`: for a non-symmetric :math:`W` (a directed ``edge_index``, or weights that
+differ between the two directions) the product estimates :math:`F F^\top =
+(\sum_l f_l W^l)(\sum_l f_l W^l)^\top` instead, and :func:`grf_loads` warns
+(:class:`DirectedGraphWarning`). Symmetrise the graph (e.g.
+:func:`torch_geometric.utils.to_undirected`) to get the power-series kernel.
 """
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -28,12 +38,63 @@ from pyg_grf.walks import RandomWalks, check_edge_index, sample_walks
 NORMALIZATIONS = ('sym', 'rw', None)
 
 
+class DirectedGraphWarning(UserWarning):
+    r"""Warned when GRFs are computed on a non-symmetric :math:`W`: the Gram matrix of the
+    features then estimates :math:`F F^\top`, not the power series :math:`\sum_k (f*f)_k W^k`
+    (see the module docstring)."""
+
+
+def symmetry_defect(edge_index: Tensor, num_nodes: int,
+                    edge_weight: Optional[Tensor] = None) -> Tuple[int, int]:
+    r"""``(asymmetric, sinks)``: the number of edges :math:`(u, v)` whose reverse
+    :math:`(v, u)` is missing or has another total weight, and the number of nodes with
+    in-edges but no out-edges (sinks, where walks end)."""
+    if edge_index.numel() == 0:
+        return 0, 0
+    src, dst = edge_index[0].long(), edge_index[1].long()
+    w = torch.ones(src.numel(), dtype=torch.float64, device=src.device) if edge_weight is None \
+        else edge_weight.detach().to(torch.float64)
+    N = num_nodes
+    fwd, inv_f = torch.unique(src * N + dst, return_inverse=True)
+    w_f = torch.zeros(fwd.numel(), dtype=torch.float64, device=src.device).index_add_(0, inv_f, w)
+    rev = (fwd % N) * N + fwd // N
+    pos = torch.searchsorted(fwd, rev).clamp_max_(fwd.numel() - 1)
+    found = fwd[pos] == rev
+    ok = found & torch.isclose(w_f[pos], w_f, rtol=1e-6, atol=0.0)
+    out_deg = torch.bincount(src, minlength=N)
+    in_deg = torch.bincount(dst, minlength=N)
+    asym = int((~ok).sum())
+    sinks = int(((out_deg == 0) & (in_deg > 0)).sum())
+    return asym, sinks
+
+
+def warn_if_directed(edge_index: Tensor, num_nodes: int,
+                     edge_weight: Optional[Tensor] = None, stacklevel: int = 3) -> bool:
+    r"""Warns (:class:`DirectedGraphWarning`) and returns :obj:`True` if the weighted graph is
+    not symmetric."""
+    asym, sinks = symmetry_defect(edge_index, num_nodes, edge_weight)
+    if asym == 0:
+        return False
+    warnings.warn(
+        f"The graph is not symmetric ({asym} of {edge_index.size(1)} edges have no reverse edge "
+        f"of the same weight; {sinks} sink node(s) without out-edges, where walks end). GRFs "
+        f"still estimate F = sum_l f_l W^l, but Phi Phi^T then estimates F F^T, not the "
+        f"power-series kernel sum_k (f*f)_k W^k. Symmetrise the graph (e.g. "
+        f"torch_geometric.utils.to_undirected) if you want that kernel.",
+        DirectedGraphWarning, stacklevel=stacklevel)
+    return True
+
+
 def normalized_adjacency(edge_index: Tensor, num_nodes: int, edge_weight: Optional[Tensor] = None,
                          normalization: Optional[str] = 'sym') -> Tensor:
     r"""The weights :math:`W_{uv}` of the edges of ``edge_index`` (``[E]``).
 
-    * ``'sym'``: :math:`W_{uv} = a_{uv} / \sqrt{d_u d_v}` (GRF paper, Sec. 3.1), with :math:`a` the
-      edge weights (default 1) and :math:`d` the weighted out-degree.
+    * ``'sym'``: :math:`W_{uv} = a_{uv} / \sqrt{d^{out}_u d^{in}_v}` (GRF paper, Sec. 3.1), with
+      :math:`a` the edge weights (default 1) and :math:`d^{out}`, :math:`d^{in}` the weighted out-
+      and in-degrees, i.e. :math:`D_{out}^{-1/2} A D_{in}^{-1/2}`. For an undirected graph (both
+      directions stored with the same weight) both degrees are the degree, as in the paper; for a
+      directed graph an edge into a sink keeps its weight (it got 0 with the out-degree at both
+      ends).
     * ``'rw'``: :math:`W_{uv} = a_{uv} / d_u` (row-stochastic).
     * :obj:`None`: :math:`W_{uv} = a_{uv}`.
 
@@ -65,8 +126,10 @@ def normalized_adjacency(edge_index: Tensor, num_nodes: int, edge_weight: Option
     src, dst = edge_index[0].long(), edge_index[1].long()
     deg = edge_weight.new_zeros(num_nodes).index_add_(0, src, edge_weight)
     if normalization == 'sym':
+        deg_in = edge_weight.new_zeros(num_nodes).index_add_(0, dst, edge_weight)
         inv = deg.pow(-0.5).masked_fill_(deg == 0, 0.0)
-        return inv[src] * edge_weight * inv[dst]
+        inv_in = deg_in.pow(-0.5).masked_fill_(deg_in == 0, 0.0)
+        return inv[src] * edge_weight * inv_in[dst]
     inv = deg.reciprocal().masked_fill_(deg == 0, 0.0)
     return inv[src] * edge_weight
 
@@ -104,7 +167,16 @@ def grf_loads(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Option
 
     Returns:
         ``(index [2, nnz], length [nnz], load [nnz])``, sorted by (start, visited, length).
+
+    Warns:
+        DirectedGraphWarning: if the weighted graph is not symmetric (see the module docstring:
+        the features still estimate :math:`\sum_l f_l W^l`, their Gram matrix does not estimate
+        the power-series kernel).
     """
+    if importance:  # validates the weights before anything is sampled
+        w = normalized_adjacency(edge_index, num_nodes, edge_weight, normalization).to(dtype)
+        if max_length > 0:
+            warn_if_directed(edge_index, num_nodes, edge_weight)
     if walks is None:
         walks = sample_walks(edge_index, num_nodes, num_walks, p_halt, max_length, walker=walker,
                              fixed_length=fixed_length, generator=generator)
@@ -117,7 +189,6 @@ def grf_loads(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Option
 
     # Weight of every hop record: W_e / p(hop) = W_e * d_u / (1 - p_halt).
     if importance:
-        w = normalized_adjacency(edge_index, num_nodes, edge_weight, normalization).to(dtype)
         deg = torch.bincount(edge_index[0].long(), minlength=num_nodes).to(dtype)
         cont = 1.0 if fixed_length else 1.0 - float(p_halt)
         valid = walks.edge >= 0

@@ -16,7 +16,8 @@ e.g. :class:`~pyg_grf.lightning.tasks.GraphLevelTask` and
 key or a value of the wrong type stops with an error that names it.
 
 Defaults: seed 0, the logger Lightning picks (TensorBoard if installed, else CSV), a
-:class:`~lightning.pytorch.callbacks.ModelCheckpoint` that keeps ``last.ckpt`` (configure it under
+:class:`~pyg_grf.lightning.callbacks.AtomicModelCheckpoint` that rewrites ``last.ckpt`` after every
+epoch, atomically (configure it under
 ``checkpoint:``, e.g. ``monitor: val/acc``, ``mode: max`` to also keep the best), the progress
 bar, gradient clipping at norm 2.0 (SAMSA paper, App. B), and ``test_after_fit: false`` (set it to
 test the best checkpoint right after ``fit``, in the same process).
@@ -24,17 +25,22 @@ test the best checkpoint right after ``fit``, in the same process).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import math
 import os
 import os.path as osp
+import re
 import sys
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
 
 import lightning.pytorch as pl
-from lightning.pytorch.callbacks import ModelCheckpoint
+import torch
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
+
+from pyg_grf.lightning.callbacks import AtomicModelCheckpoint, EpochMetricsLog
 
 # Imported so that short class names (``class_path: GraphLevelTask``) resolve too.
 from pyg_grf.lightning import datamodules as _datamodules  # noqa: F401
@@ -66,11 +72,24 @@ class GRFLightningCLI(LightningCLI):
                          args=None if args is None else list(args), run=run, **kwargs)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
-        parser.add_lightning_class_args(ModelCheckpoint, 'checkpoint')
+        parser.add_lightning_class_args(AtomicModelCheckpoint, 'checkpoint')
         parser.set_defaults({'checkpoint.save_last': True})
         parser.add_argument('--test_after_fit', type=bool, default=False,
                             help='after `fit`, run `test` with the best checkpoint (when '
                             'checkpoint.monitor is set) or the last weights')
+
+    def _instantiate_trainer(self, config: Dict[str, Any], callbacks: List[Callback]):
+        # Per-epoch metrics that stay consistent with the checkpoint a run resumes from.
+        return super()._instantiate_trainer(config, list(callbacks) + [EpochMetricsLog()])
+
+    def _prepare_subcommand_kwargs(self, subcommand: str) -> Dict[str, Any]:
+        kwargs = super()._prepare_subcommand_kwargs(subcommand)
+        ckpt_path = kwargs.get('ckpt_path')
+        if ckpt_path is not None:
+            kwargs['ckpt_path'] = resolve_ckpt_path(self.trainer, ckpt_path, subcommand)
+            if subcommand == 'fit':
+                reuse_log_version(self.trainer, kwargs['ckpt_path'])
+        return kwargs
 
     def after_fit(self) -> None:
         if not self.config[self.subcommand].get('test_after_fit'):
@@ -80,6 +99,94 @@ class GRFLightningCLI(LightningCLI):
                 and not self.trainer.fast_dev_run)
         self.trainer.test(self.model, datamodule=self.datamodule,
                           ckpt_path='best' if best else None)
+
+
+# Resuming and testing from saved runs ------------------------------------------------------
+
+
+def _log_root(trainer: pl.Trainer) -> str:
+    logger = trainer.logger
+    if logger is not None and getattr(logger, 'save_dir', None) is not None:
+        name = getattr(logger, 'name', None) or ''
+        return osp.join(logger.save_dir, name)
+    return osp.join(trainer.default_root_dir, 'lightning_logs')
+
+
+def _version_number(path: str) -> int:
+    match = re.search(r'version_(\d+)', path)
+    return int(match.group(1)) if match else -1
+
+
+def find_last_checkpoint(trainer: pl.Trainer) -> Optional[str]:
+    r"""The ``last.ckpt`` of the newest run (highest ``version_<N>``) under the trainer's log
+    folder, or of the checkpoint callback's fixed ``dirpath``; :obj:`None` if there is none."""
+    ckpt = trainer.checkpoint_callback
+    if ckpt is not None and ckpt.dirpath is not None:
+        path = osp.join(ckpt.dirpath, 'last.ckpt')
+        return path if osp.isfile(path) else None
+    found = glob.glob(osp.join(_log_root(trainer), 'version_*', 'checkpoints', 'last.ckpt'))
+    return max(found, key=_version_number) if found else None
+
+
+def best_checkpoint_of(last: str) -> Optional[str]:
+    r"""The best checkpoint recorded in the checkpoint :obj:`last` by a monitored
+    :class:`ModelCheckpoint` (read with ``weights_only=True``), or :obj:`None`."""
+    state = torch.load(last, map_location='cpu', weights_only=True)
+    for key, value in (state.get('callbacks') or {}).items():
+        if not isinstance(value, dict):
+            continue
+        path = value.get('best_model_path')
+        if value.get('monitor') and path and osp.isfile(path):
+            return path
+    return None
+
+
+def resolve_ckpt_path(trainer: pl.Trainer, ckpt_path: str, subcommand: str) -> Optional[str]:
+    r"""Resolves ``ckpt_path='last'`` to the ``last.ckpt`` of the newest run and
+    ``ckpt_path='best'`` (in a process that has not trained: ``pyg-grf test --ckpt_path best``)
+    to the best checkpoint recorded in it. Other values are returned unchanged.
+
+    Raises:
+        FileNotFoundError: for ``'best'`` when no run with a monitored checkpoint is found.
+    """
+    ckpt = trainer.checkpoint_callback
+    if ckpt_path == 'last':
+        last = find_last_checkpoint(trainer)
+        return last if last is not None else ckpt_path  # Lightning warns and starts fresh
+    if ckpt_path == 'best' and subcommand != 'fit':
+        if ckpt is not None and ckpt.best_model_path:
+            return ckpt_path  # trained in this process
+        last = find_last_checkpoint(trainer)
+        best = best_checkpoint_of(last) if last is not None else None
+        if best is None:
+            where = last or osp.join(_log_root(trainer), 'version_*', 'checkpoints', 'last.ckpt')
+            raise FileNotFoundError(
+                f"--ckpt_path best: no best checkpoint found (looked in '{where}'). 'best' needs "
+                f"a finished `pyg-grf fit` with the same config and `checkpoint.monitor` set "
+                f"(e.g. monitor: val/acc, mode: max); or pass a checkpoint file.")
+        return best
+    return ckpt_path
+
+
+def reuse_log_version(trainer: pl.Trainer, ckpt_path: Optional[str]) -> None:
+    r"""When resuming from ``<log root>/version_<N>/checkpoints/*.ckpt``, makes the loggers write
+    to ``version_<N>`` again, so the checkpoints (and the best-model tracking restored from the
+    checkpoint) stay in one folder instead of restarting in a new version."""
+    if not ckpt_path or ckpt_path in ('last', 'best', 'hpc') or not osp.isfile(ckpt_path):
+        return
+    run_dir = osp.dirname(osp.dirname(osp.abspath(ckpt_path)))
+    if osp.basename(osp.dirname(osp.abspath(ckpt_path))) != 'checkpoints':
+        return
+    if osp.realpath(osp.dirname(run_dir)) != osp.realpath(_log_root(trainer)):
+        return
+    version = _version_number(osp.basename(run_dir))
+    if version < 0:
+        return
+    for logger in trainer.loggers:
+        if hasattr(logger, '_version') and getattr(logger, '_version', None) is None:
+            logger._version = version
+            if hasattr(logger, '_experiment'):
+                logger._experiment = None
 
 
 # Cross-validation ---------------------------------------------------------------------------

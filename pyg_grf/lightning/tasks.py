@@ -42,16 +42,77 @@ METRICS = {
 }
 
 
+#: Packages whose :class:`torch.nn.Module` subclasses a model spec (``class_path``) may name,
+#: in a config or a checkpoint's hyperparameters. Anything else is refused before it is imported.
+ALLOWED_MODEL_PACKAGES = ('pyg_grf', 'torch_geometric', 'torch')
+
+
+class UntrustedClassError(ValueError):
+    r"""Raised when a model spec (from a config or a checkpoint) names a class outside
+    :data:`ALLOWED_MODEL_PACKAGES` or something that is not a :class:`torch.nn.Module`
+    subclass."""
+
+
+def _check_class_path(class_path: Any, where: str = 'model') -> str:
+    r"""Refuses a ``class_path`` outside :data:`ALLOWED_MODEL_PACKAGES` *before* importing it."""
+    if not isinstance(class_path, str) or not all(
+            part.isidentifier() for part in class_path.split('.')) or '.' not in class_path:
+        raise UntrustedClassError(f"'{where}.class_path' must be a dotted name such as "
+                                  f"'pyg_grf.nn.models.GraphTransformer' (got {class_path!r})")
+    root = class_path.split('.', 1)[0]
+    if root not in ALLOWED_MODEL_PACKAGES:
+        raise UntrustedClassError(
+            f"Refusing to build '{where}' from class_path {class_path!r}: only torch.nn.Module "
+            f"subclasses from the packages {list(ALLOWED_MODEL_PACKAGES)} may be named in a "
+            f"config or checkpoint (a checkpoint that names other code could run it). Build the "
+            f"model yourself and pass it: GraphLevelTask.load_from_checkpoint(path, "
+            f"model=my_model).")
+    return class_path
+
+
+def _resolve_model_class(class_path: str, where: str = 'model') -> type:
+    import importlib
+    _check_class_path(class_path, where)
+    module, name = class_path.rsplit('.', 1)
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise UntrustedClassError(f"'{where}.class_path' {class_path!r} does not name an "
+                                  f"importable class ({exc})") from None
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise UntrustedClassError(f"'{where}.class_path' {class_path!r} is not a "
+                                  f"torch.nn.Module subclass (got {cls!r})")
+    return cls
+
+
+def check_hparams_class_paths(hparams: Any, where: str = 'hparams') -> None:
+    r"""Walks a (checkpoint's) hyperparameters and refuses every ``class_path`` /
+    ``_class_path`` outside :data:`ALLOWED_MODEL_PACKAGES` (the task class itself may come from
+    :obj:`pyg_grf` only)."""
+    if isinstance(hparams, dict):
+        for key, value in hparams.items():
+            if key in ('class_path', '_class_path'):
+                _check_class_path(value, where)
+            else:
+                check_hparams_class_paths(value, f'{where}.{key}')
+    elif isinstance(hparams, (list, tuple)):
+        for i, value in enumerate(hparams):
+            check_hparams_class_paths(value, f'{where}[{i}]')
+
+
 def _build_model(model: Union[torch.nn.Module, Dict[str, Any]]) -> torch.nn.Module:
     if isinstance(model, torch.nn.Module):
         return model
     if isinstance(model, dict):
         model = dict(model)
         if 'class_path' in model:  # a jsonargparse-style spec
-            import importlib
-            module, name = model['class_path'].rsplit('.', 1)
-            cls = getattr(importlib.import_module(module), name)
-            return cls(**model.get('init_args', {}))
+            cls = _resolve_model_class(model['class_path'])
+            init_args = model.get('init_args', {}) or {}
+            if not isinstance(init_args, dict):
+                raise UntrustedClassError(f"'model.init_args' must be a dict (got "
+                                          f"{type(init_args).__name__})")
+            check_hparams_class_paths(init_args, 'model.init_args')
+            return cls(**init_args)
         from pyg_grf.nn.models.graph_transformer import GraphTransformer
         return GraphTransformer(**model)
     raise TypeError(f"'model' must be a torch.nn.Module or a dict of GraphTransformer arguments, "
@@ -244,6 +305,36 @@ class _Task(pl.LightningModule):
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
         return {'optimizer': optimizer,
                 'lr_scheduler': {'scheduler': scheduler, 'interval': 'step'}}
+
+    # Loading ---------------------------------------------------------------------------------
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None,
+                             strict=None, weights_only=True, **kwargs):
+        r"""Lightning's :meth:`~lightning.pytorch.LightningModule.load_from_checkpoint`, after
+        checking the checkpoint's hyperparameters: every ``class_path`` in them must name a
+        class from :data:`ALLOWED_MODEL_PACKAGES`, otherwise :class:`UntrustedClassError` is
+        raised before anything is imported or built. The checkpoint is read with
+        ``torch.load(weights_only=True)``. Pass ``model=...`` to use a model built yourself."""
+        from lightning.fabric.utilities.cloud_io import _load as pl_load
+        if 'model' not in kwargs:
+            if isinstance(checkpoint_path, (str, bytes)) or hasattr(checkpoint_path, '__fspath__'):
+                ckpt = pl_load(checkpoint_path, map_location='cpu', weights_only=True)
+            else:  # a file object: read it once, then rewind for Lightning
+                pos = checkpoint_path.tell()
+                ckpt = torch.load(checkpoint_path, map_location='cpu', weights_only=True)
+                checkpoint_path.seek(pos)
+            hparams = ckpt.get(cls.CHECKPOINT_HYPER_PARAMS_KEY, {}) if isinstance(ckpt, dict) \
+                else {}
+            check_hparams_class_paths(hparams, 'hparams')
+            del ckpt
+            if hparams_file is not None:
+                import yaml
+                with open(hparams_file) as f:
+                    check_hparams_class_paths(yaml.safe_load(f), 'hparams_file')
+        return super().load_from_checkpoint(checkpoint_path, map_location=map_location,
+                                            hparams_file=hparams_file, strict=strict,
+                                            weights_only=weights_only, **kwargs)
 
     # Resumable randomness (dropout, PE sign flips) -------------------------------------------
 

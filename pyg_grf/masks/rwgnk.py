@@ -6,6 +6,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from pyg_grf._validation import check_index_range
 from pyg_grf.masks.base import MaskOperator
 from pyg_grf.ops import SparsePattern, spmm
 
@@ -59,8 +60,14 @@ class RWGNKMask(MaskOperator):
         if value.dim() != 1 or value.numel() != index.size(1):
             raise ValueError(f"'value' must have shape [{index.size(1)}] to match 'index', got "
                              f"{tuple(value.shape)}")
+        num_cols = num_nodes if num_cols is None else num_cols
+        if num_cols == num_nodes:  # one cached check of the whole tensor
+            check_index_range(index, num_nodes, "'index'", 'num_nodes')
+        else:
+            check_index_range(index[0], num_nodes, "'index' (row)", 'num_nodes')
+            check_index_range(index[1], num_cols, "'index' (column)", 'num_cols')
         self = cls.__new__(cls)
-        self._init(index.long(), value, (num_nodes, num_nodes if num_cols is None else num_cols))
+        self._init(index.long(), value, (num_nodes, num_cols))
         return self
 
     def _matmul(self, x: Tensor) -> Tensor:

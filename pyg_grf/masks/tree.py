@@ -3,7 +3,7 @@ Lemma 3.5 and App. A.8 for :math:`f = \exp(a\,\cdot + b)`; Sec. 6, Lemma 6.2 and
 an arbitrary :math:`f` of the hop distance)."""
 from __future__ import annotations
 
-from typing import List, Optional, Union
+from typing import List, Optional, Tuple, Union
 
 import numpy as np
 import scipy.sparse as sp
@@ -39,9 +39,11 @@ class TreeMask(MaskOperator):
       roots) gathers the subtree sums
       :math:`s_i = e^b x_i + \sum_{c \in \mathrm{ch}(i)} e^{a w_{ic}} s_c`; the downward pass
       (roots to leaves) sets :math:`y_r = s_r` at a root and
-      :math:`y_i = e^{a w_{ip}} y_p + (1 - e^{2 a w_{ip}}) s_i` for a node :math:`i` with parent
-      :math:`p` (everything outside the subtree of :math:`i` is reached through :math:`p`, and the
-      contribution :math:`e^{a w_{ip}} s_i` of that subtree to :math:`y_p` is removed);
+      :math:`y_i = o_i + s_i` for a node :math:`i` with parent :math:`p`, where
+      :math:`o_i = e^{a w_{ip}}(o_p + e^b x_p + \sum_{j \in \mathrm{sib}(i)} e^{a w_{jp}} s_j)`
+      sums over the nodes outside the subtree of :math:`i` (all reached through :math:`p`;
+      :math:`o_r = 0`). This equals the lemma's :math:`e^{a w_{ip}} y_p + (1 - e^{2 a w_{ip}}) s_i`
+      but never subtracts, so it stays accurate for :math:`a > 0`;
 
     * an arbitrary function of the *hop* distance (Lemma 6.2, App. A.11.2),
       :math:`M_{ij} = f[\mathrm{dist}(i, j)]`, in :math:`O(NC \cdot \mathrm{diam})` time and memory:
@@ -60,9 +62,11 @@ class TreeMask(MaskOperator):
     (``index_add`` / gather over all nodes of a level) per tree level, so its Python overhead is
     proportional to the largest tree height (a path graph of :math:`N` nodes has :math:`N` levels).
     The result is differentiable in ``a``, ``b``, ``f`` (and ``edge_weight``). The downward pass
-    subtracts a subtree's share from its parent's total; this is accurate for decaying masks
-    (:math:`a \le 0`, the usual choice) and loses relative accuracy for large positive
-    :math:`a \cdot \mathrm{dist}` (where the mask itself grows exponentially).
+    of the exponential mask never subtracts a subtree's share from its parent's total: it
+    carries the sum over the nodes *outside* each subtree,
+    :math:`o_i = e^{a w_{ip}}(o_p + e^b x_p + \sum_{j \in \mathrm{sib}(i)} e^{a w_{jp}} s_j)`,
+    with the siblings' sums from segmented scans, so it keeps full relative accuracy for any
+    sign of :math:`a` (``a`` is learnable and may become positive).
 
     Args:
         edge_index (Tensor): ``[2, E]`` edges of a forest, in one or both directions; duplicates
@@ -234,9 +238,23 @@ class TreeMask(MaskOperator):
         self.level_offsets = offsets
         self.parent_local: List[Optional[Tensor]] = [None]
         self.parent_edge_level: List[Optional[Tensor]] = [None]
+        # Per level: position of every node among its siblings, counted from the first and from
+        # the last sibling, and the largest sibling group (for the sibling scans of the exact
+        # downward pass). Breadth-first order keeps the children of a parent contiguous.
+        self.sibling_pos: List[Optional[Tuple[Tensor, Tensor, int, Tensor, int]]] = [None]
         for lv, off in zip(levels[1:], offsets[:-2]):
-            self.parent_local.append(self.inv_perm[parent[lv]] - off)
+            pl = self.inv_perm[parent[lv]] - off
+            self.parent_local.append(pl)
             self.parent_edge_level.append(parent_edge[lv])
+            if pl.numel() > 1 and not bool((pl[1:] >= pl[:-1]).all()):  # pragma: no cover
+                raise RuntimeError('TreeMask: children of a parent are not contiguous')
+            first = torch.searchsorted(pl, pl, right=False)
+            last = torch.searchsorted(pl, pl, right=True) - 1
+            idx = torch.arange(pl.numel(), device=device)
+            pos, rpos = idx - first, last - idx
+            group_id = torch.unique_consecutive(pl, return_inverse=True)[1]
+            self.sibling_pos.append((pos, rpos, int((last - first).max()) + 1, group_id,
+                                     int(group_id[-1]) + 1 if pl.numel() else 0))
         self.parent = parent
         self.parent_edge = parent_edge
         self.edge_length = w  # [M] or None (unit lengths)
@@ -305,15 +323,65 @@ class TreeMask(MaskOperator):
         coef = [None] + [torch.exp(a * self._edge_len(l, x.dtype).view((-1, ) + extra))
                          for l in range(1, len(xs))]
         # Upward pass: subtree sums s_i.
-        s = [eb * xl for xl in xs]
+        own = [eb * xl for xl in xs]
+        s = list(own)
         for lvl in range(len(xs) - 1, 0, -1):
             s[lvl - 1] = s[lvl - 1].index_add(0, self.parent_local[lvl], coef[lvl] * s[lvl])
-        # Downward pass: full sums y_i.
+        if self.a.device.type == 'cpu' and bool((self.a.detach() <= 0).all()):
+            # Decaying mask (no device sync on the CPU): the lemma's update
+            # y_i = c y_p + (1 - c^2) s_i adds two non-negative multiples (c <= 1) and is
+            # accurate; it is cheaper than the sibling scans below.
+            y = [s[0]]
+            for lvl in range(1, len(xs)):
+                c = coef[lvl]
+                y.append(c * y[lvl - 1][self.parent_local[lvl]] + (1 - c * c) * s[lvl])
+            return torch.cat(y, dim=0)[self.inv_perm]
+        # Downward pass: sums o_i over the nodes outside the subtree of i, reached through the
+        # parent p: o_i = c_i (o_p + e^b x_p + sum over the siblings j of i of c_j s_j), and
+        # y_i = o_i + s_i. The siblings' sum comes from scans, never from subtracting i's own
+        # share from p's total (which cancels catastrophically when a > 0: relative error
+        # ~ eps * exp(2 a depth) before).
+        o_prev = torch.zeros_like(s[0])
         y = [s[0]]
         for lvl in range(1, len(xs)):
-            c = coef[lvl]
-            y.append(c * y[lvl - 1][self.parent_local[lvl]] + (1 - c * c) * s[lvl])
+            c, pl = coef[lvl], self.parent_local[lvl]
+            siblings = self._sibling_sums(c * s[lvl], lvl)
+            o_prev = c * ((o_prev + own[lvl - 1])[pl] + siblings)
+            y.append(o_prev + s[lvl])
         return torch.cat(y, dim=0)[self.inv_perm]
+
+    def _sibling_sums(self, t: Tensor, lvl: int) -> Tensor:
+        r"""For every node of level :obj:`lvl`, the sum of :obj:`t` over its siblings (same
+        parent, itself excluded), without subtraction: exclusive prefix plus exclusive suffix
+        sums inside each sibling group, by cumulative sums over a ``[groups, largest group]``
+        layout (or segmented Hillis-Steele scans when that layout would be much larger than
+        the level)."""
+        pos, rpos, group, group_id, num_groups = self.sibling_pos[lvl]
+        if group <= 1:
+            return torch.zeros_like(t)
+        n = t.size(0)
+        if num_groups * group <= 2 * n:
+            padded = t.new_zeros((num_groups, group + 1) + tuple(t.shape[1:]))
+            padded[group_id, pos + 1] = t  # column 0 stays zero: exclusive sums
+            before = padded.cumsum(1)[group_id, pos]
+            padded.zero_()
+            padded[group_id, group - 1 - rpos] = t
+            after = padded.flip(1).cumsum(1)[group_id, rpos]
+            return before + after
+        shape = (-1, ) + (1, ) * (t.dim() - 1)
+        idx = torch.arange(n, device=t.device)
+
+        def scan(z: Tensor, p: Tensor, step: int) -> Tensor:
+            # Inclusive segmented scan: z_j += z_{j - step * d} while inside the group.
+            d = 1
+            while d < group:
+                keep = (p >= d).to(z.dtype).view(shape)
+                z = z + z.index_select(0, (idx - step * d).clamp_(0, n - 1)) * keep
+                d *= 2
+            keep = (p >= 1).to(z.dtype).view(shape)  # exclusive: the neighbour's inclusive sum
+            return z.index_select(0, (idx - step).clamp_(0, n - 1)) * keep
+
+        return scan(t, pos, 1) + scan(t, rpos, -1)
 
     def _matmul_hops(self, x: Tensor) -> Tensor:
         D1 = self.diameter + 1

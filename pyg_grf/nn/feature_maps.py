@@ -13,7 +13,17 @@ from torch import Tensor, nn
 
 class FeatureMap(nn.Module):
     r"""Base class: maps ``[..., d]`` to ``[..., m]`` with non-negative entries.
-    ``forward(x, is_query=False)``."""
+    ``forward(x, is_query=False)``; maps that set :attr:`uses_batch` also take
+    ``batch=None`` (the ``[N]`` graph ids of the rows of ``x``), see
+    :func:`apply_feature_map`.
+
+    A feature map must treat every graph of a batch on its own: the features of one row may
+    depend on that row, and on other rows of the *same graph* only through a factor common to
+    the rows that one query attends to (it cancels in attention's normalisation).
+    """
+
+    #: Whether ``forward`` accepts ``batch`` (graph ids of the rows).
+    uses_batch: bool = False
 
     def output_dim(self, dim: int) -> int:
         return dim
@@ -25,7 +35,7 @@ class FeatureMap(nn.Module):
 class ReLUFeatureMap(FeatureMap):
     r""":math:`\phi(\mathbf{x}) = \mathrm{ReLU}(\mathbf{x})` (the GRF paper's choice, Table 2)."""
 
-    def forward(self, x: Tensor, is_query: bool = False) -> Tensor:
+    def forward(self, x: Tensor, is_query: bool = False, batch: Optional[Tensor] = None) -> Tensor:
         return F.relu(x)
 
     def __repr__(self) -> str:
@@ -35,7 +45,7 @@ class ReLUFeatureMap(FeatureMap):
 class ELUFeatureMap(FeatureMap):
     r""":math:`\phi(\mathbf{x}) = \mathrm{ELU}(\mathbf{x}) + 1` (Katharopoulos et al., 2020)."""
 
-    def forward(self, x: Tensor, is_query: bool = False) -> Tensor:
+    def forward(self, x: Tensor, is_query: bool = False, batch: Optional[Tensor] = None) -> Tensor:
         return F.elu(x) + 1.0
 
     def __repr__(self) -> str:
@@ -59,9 +69,16 @@ class FAVORPlus(FeatureMap):
         dim (int): input dimension :math:`d`.
         num_features (int, optional): :math:`m` (default: :math:`d`).
         orthogonal (bool): orthogonal random features (default: :obj:`True`).
-        stabilize (bool): subtract the running maximum inside the exponential, a positive
-            factor that cancels in attention's normalisation (default: :obj:`True`).
+        stabilize (bool): subtract a shift inside the exponential, a positive factor that
+            cancels in attention's normalisation (default: :obj:`True`): for queries the row's
+            maximum; for keys the maximum over the keys of the same graph (and head), given
+            by ``batch`` (the ``[N]`` graph ids; :obj:`None`: all rows are one graph). Keys of
+            one graph are never shifted by a quantity of another graph, so a graph's output does
+            not depend on the graphs batched with it (the layers of this package pass
+            ``batch``; a caller that batches graphs must pass it too).
     """
+
+    uses_batch = True
 
     def __init__(self, dim: int, num_features: Optional[int] = None, orthogonal: bool = True,
                  stabilize: bool = True):
@@ -95,19 +112,49 @@ class FAVORPlus(FeatureMap):
             w = w * norms
         self.projection.copy_(w)
 
-    def forward(self, x: Tensor, is_query: bool = False) -> Tensor:
+    def forward(self, x: Tensor, is_query: bool = False, batch: Optional[Tensor] = None) -> Tensor:
         x = x * self.dim ** -0.25
-        proj = x @ self.projection.t().to(x.dtype)
+        w = self.projection.to(x.dtype)
+        proj = x @ w.t()
         logits = proj - 0.5 * (x * x).sum(-1, keepdim=True)
         if self.stabilize:
-            # A per-query factor (row max) and one global key factor cancel in attention's
-            # normalisation.
-            shift = logits.amax(-1, keepdim=True) if is_query else logits.amax()
+            if is_query:
+                # One factor per query row: cancels in that query's normalisation.
+                shift = logits.amax(-1, keepdim=True)
+            else:
+                # One factor per graph (and head): the keys a query attends to share it.
+                # Without 'batch' the rows are one graph.
+                N = logits.size(0)
+                row_max = logits.detach().amax(-1).reshape(N, -1)  # [N, heads...]
+                if batch is None:
+                    graph_max = row_max.amax(0, keepdim=True).expand_as(row_max)
+                else:
+                    index = batch.view(-1, 1).expand_as(row_max)
+                    graph_max = row_max.new_full(row_max.shape, float('-inf')).scatter_reduce(
+                        0, index, row_max, 'amax', include_self=True)[batch]
+                shift = graph_max.reshape(logits.shape[:-1]).unsqueeze(-1)
             logits = logits - shift.detach()
         return torch.exp(logits) / math.sqrt(self.num_features)
 
     def __repr__(self) -> str:
         return f'FAVORPlus({self.dim}, num_features={self.num_features})'
+
+
+def apply_feature_map(feature_map: nn.Module, x: Tensor, is_query: bool = False,
+                      batch: Optional[Tensor] = None) -> Tensor:
+    r"""Calls :obj:`feature_map` on :obj:`x`, passing :obj:`batch` (the ``[N]`` graph ids of the
+    rows) to maps that use it (:attr:`FeatureMap.uses_batch`, e.g. :class:`FAVORPlus`, which then
+    stabilises keys per graph) and not to others."""
+    if batch is not None and getattr(feature_map, 'uses_batch', False):
+        return feature_map(x, is_query=is_query, batch=batch)
+    return feature_map(x, is_query=is_query)
+
+
+def qk_features(feature_map: nn.Module, q: Tensor, k: Tensor,
+                batch: Optional[Tensor] = None):
+    r"""``(phi(q), phi(k))`` with the keys stabilised per graph (see :func:`apply_feature_map`)."""
+    return (feature_map(q, is_query=True),
+            apply_feature_map(feature_map, k, is_query=False, batch=batch))
 
 
 def feature_map_resolver(name: Any, dim: int, **kwargs) -> FeatureMap:

@@ -10,6 +10,7 @@ from torch_geometric.data.datapipes import functional_transform
 from torch_geometric.transforms import BaseTransform
 
 from pyg_grf.features.rwgnk import _check_rwgnk_args, rwgnk_features
+from pyg_grf.transforms._seeding import TransformRNG
 from pyg_grf.walks import _check_args
 
 
@@ -34,8 +35,10 @@ class AddRWGNKFeatures(BaseTransform):
 
     GKAT layers (:class:`~pyg_grf.nn.GKATAttention`) read them. As a ``pre_transform`` the walks
     are sampled once and cached with the dataset; as a ``transform`` they are re-sampled every time
-    a graph is loaded (fresh walks every epoch). With a ``seed`` the sequence of draws is
-    reproducible (one generator, created from the seed, advances over the calls).
+    a graph is loaded (fresh walks every epoch). With a ``seed`` the draws are reproducible: one
+    private generator per process advances over the calls, re-seeded from the seed and the worker
+    seed in every DataLoader worker, so workers never repeat each other's walks (see
+    :mod:`pyg_grf.transforms._seeding`).
 
     Args:
         num_walks (int): walks per node :math:`n`.
@@ -46,8 +49,8 @@ class AddRWGNKFeatures(BaseTransform):
         p_halt (float, optional): halting probability; :obj:`None` for walks of fixed length
             ``max_length``, as in the paper's experiments (default: :obj:`None`).
         walker (str): ``'iid'``, ``'antithetic'`` or ``'repelling'`` (default: ``'iid'``).
-        seed (int, optional): seed of the random walks (default: :obj:`None`, torch's global
-            generator).
+        seed (int, optional): seed of the random walks, see above (default: :obj:`None`,
+            torch's global generator).
         kernel_threshold (float, optional): also store the kernel pairs with
             :math:`|\mathcal{K}_{ij}| >` ``kernel_threshold`` (``0.``: every nonzero); :obj:`None`
             stores none (default: :obj:`None`).
@@ -73,7 +76,7 @@ class AddRWGNKFeatures(BaseTransform):
         self.p_halt = p_halt
         self.walker = walker
         self.seed = seed
-        self.generator = None if seed is None else torch.Generator().manual_seed(int(seed))
+        self.rng = TransformRNG(seed)
 
     def forward(self, data: Data) -> Data:
         if data.edge_index is None:
@@ -81,11 +84,12 @@ class AddRWGNKFeatures(BaseTransform):
         data = copy.copy(data)
         edge_index = data.edge_index
         num_nodes = data.num_nodes
-        if self.generator is not None:  # the seeded generator lives on the CPU
+        generator = self.rng.generator()
+        if generator is not None:  # the seeded generator lives on the CPU
             edge_index = edge_index.cpu()
         psi = rwgnk_features(edge_index, num_nodes, self.num_walks, lam=self.lam,
                              alpha=self.alpha, p_halt=self.p_halt, max_length=self.max_length,
-                             walker=self.walker, generator=self.generator)
+                             walker=self.walker, generator=generator)
         data.rwgnk_index = psi.indices().to(data.edge_index.device)
         data.rwgnk_value = psi.values().to(data.edge_index.device)
         if self.kernel_threshold is not None:

@@ -11,7 +11,7 @@ from pyg_grf.datasets import (
     load_tu,
     mirror_root,
 )
-from pyg_grf.datasets.mirror import check_not_in_mirror, ensure_raw_files
+from pyg_grf.datasets.mirror import check_not_in_mirror, ensure_raw_files, write_checksums
 from tests.datasets.conftest import listing
 
 
@@ -24,6 +24,9 @@ def fake_mirror(tmp_path, monkeypatch):
     (raw / 'TOY_graph_indicator.txt').write_text('1\n1\n')
     (mirror / 'TUDataset' / 'TOY' / 'processed').mkdir()
     (mirror / 'TUDataset' / 'TOY' / 'processed' / 'junk.pt').write_text('x')
+    (mirror / 'TUDataset' / 'TOY' / 'processed_0123abcd').mkdir()
+    (mirror / 'TUDataset' / 'TOY' / 'processed_0123abcd' / 'pre_transform.pt').write_text('x')
+    write_checksums(str(mirror))
     monkeypatch.setenv('PYG_GRF_MIRROR', str(mirror))
     monkeypatch.setenv('PYG_GRF_DATA', str(tmp_path / 'data'))
     monkeypatch.setenv('PYG_GRF_OFFLINE', '1')
@@ -47,6 +50,7 @@ def test_fetch_copies_and_skips(fake_mirror, tmp_path):
     assert sorted(osp.relpath(p, dest) for p in copied) == [
         osp.join('raw', 'TOY_A.txt'), osp.join('raw', 'TOY_graph_indicator.txt')]
     assert not (dest / 'processed').exists()  # the mirror's processed/ is never copied
+    assert not (dest / 'processed_0123abcd').exists()  # nor any processed_<hash>/
     assert (dest / 'raw' / 'TOY_A.txt').read_text() == '1, 2\n2, 1\n'
 
     # Files already present are kept, not overwritten.
@@ -103,5 +107,5 @@ def test_load_tu_from_fake_mirror(fake_mirror, tmp_path):
     # No node features: one-hot degree features with the largest degree (1) are added.
     assert dataset[0].x.tolist() == [[0.0, 1.0], [0.0, 1.0]]
     assert load_tu('TOY', use_degree_features=False)[0].x is None
-    assert (tmp_path / 'data' / 'TUDataset' / 'TOY' / 'processed').is_dir()
+    assert len(list((tmp_path / 'data' / 'TUDataset' / 'TOY').glob('processed_*/MANIFEST.json'))) == 1
     assert listing(fake_mirror) == before

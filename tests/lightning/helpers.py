@@ -1,5 +1,9 @@
 r"""Shared tiny settings of the Lightning tests (fast on 2 CPU cores)."""
+import os
+import signal
+
 import yaml
+from lightning.pytorch.callbacks import Callback
 
 
 def tiny_config(root_dir, attention='grf', num_graphs=48, max_epochs=1, **trainer):
@@ -41,3 +45,23 @@ def write_config(path, config):
     with open(path, 'w') as f:
         yaml.safe_dump(config, f)
     return str(path)
+
+
+
+class KillAt(Callback):
+    """Kills its own process with SIGKILL at the point named by $PYG_GRF_TEST_KILL:
+    'batch:E:B' (start of batch B of epoch E), 'valend:E' (end of validation in epoch E) or
+    'trainend:E' (end of training epoch E, before that epoch's checkpoint is written)."""
+
+    def _kill(self, point):
+        if os.environ.get('PYG_GRF_TEST_KILL') == point:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self._kill(f'batch:{trainer.current_epoch}:{batch_idx}')
+
+    def on_validation_end(self, trainer, pl_module):
+        self._kill(f'valend:{trainer.current_epoch}')
+
+    def on_train_epoch_end(self, trainer, pl_module):
+        self._kill(f'trainend:{trainer.current_epoch}')

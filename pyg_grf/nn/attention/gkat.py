@@ -14,8 +14,9 @@ from torch_geometric.nn.inits import glorot, zeros
 from torch_geometric.typing import OptTensor
 from torch_geometric.utils import softmax
 
+from pyg_grf._validation import check_index_range
 from pyg_grf.masks.rwgnk import RWGNKMask
-from pyg_grf.nn.feature_maps import feature_map_resolver
+from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
 from pyg_grf.nn.functional import masked_linear_attention
 from pyg_grf.ops import SparsePattern, spmm
 
@@ -39,6 +40,12 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
         ``(kernel_index [2, P], kernel_value [P])``: the pairs :math:`(i, j)` with
         :math:`|\mathcal{K}_{ij}| >` ``threshold``, sorted by :math:`i`, and their values.
     """
+    if rwgnk_index.dim() != 2 or rwgnk_index.size(0) != 2:
+        raise ValueError(f"'rwgnk_index' must have shape [2, nnz], got "
+                         f"{tuple(rwgnk_index.shape)}")
+    # Validated once per tensor (free when the layer has checked it already): the COO tensor
+    # below skips its own invariant checks, and an id outside [0, N) would corrupt memory.
+    check_index_range(rwgnk_index, num_nodes, "'rwgnk_index'", 'num_nodes')
     psi = torch.sparse_coo_tensor(rwgnk_index, rwgnk_value, (num_nodes, num_nodes),
                                   check_invariants=False).coalesce()
     kernel = torch.sparse.mm(psi, psi.t()).coalesce()
@@ -204,7 +211,8 @@ class GKATAttention(torch.nn.Module):
             rwgnk_value (Tensor): ``[nnz]`` values of :math:`\Psi`.
             batch (Tensor, optional): ``[N]`` graph ids. Not needed for the result (the kernel
                 is block-diagonal already); ``'dense'`` mode uses it to mask cross-graph pairs
-                explicitly.
+                explicitly, and FAVOR+ (``'linear'``) to stabilise the keys of each graph by
+                their own maximum.
         """
         if x.dim() != 2 or x.size(-1) != self.channels:
             raise ValueError(f"'x' must have shape [N, {self.channels}], got {tuple(x.shape)}")
@@ -215,9 +223,10 @@ class GKATAttention(torch.nn.Module):
             raise ValueError(f"'rwgnk_value' must have shape [{rwgnk_index.size(1)}] to match "
                              f"'rwgnk_index', got {tuple(rwgnk_value.shape)}")
         N, H, C = x.size(0), self.heads, self.out_channels
-        if rwgnk_index.numel() > 0 and int(rwgnk_index.max()) >= N:
-            raise ValueError(f"'rwgnk_index' refers to node {int(rwgnk_index.max())} but 'x' has "
-                             f"{N} rows")
+        # Ids in [0, N): checked once per batch tensor, not in every layer (see
+        # pyg_grf._validation); a negative id used to wrap around ('dense') or abort the
+        # process ('softmax').
+        check_index_range(rwgnk_index, N, "'rwgnk_index'")
         rwgnk_value = rwgnk_value.to(x.dtype)
 
         # Values, one set per head: [N, H, C].
@@ -227,7 +236,9 @@ class GKATAttention(torch.nn.Module):
             # Low-rank masked attention: phi(q_i)^T sum_j K_ij phi(k_j) v_j^T / (...), with
             # K X = Psi (Psi^T X) (FTFI Sec. 4.2, Algorithm 1).
             phi_q = self.feature_map(self.lin_q(x).view(N, H, C), is_query=True)
-            phi_k = self.feature_map(self.lin_k(x).view(N, H, C))
+            # Keys are stabilised per graph (never by a quantity of other graphs).
+            phi_k = apply_feature_map(self.feature_map, self.lin_k(x).view(N, H, C),
+                                      batch=batch)
             mask = RWGNKMask.from_index(rwgnk_index, rwgnk_value, N)
             out = masked_linear_attention(phi_q, phi_k, v, mask, eps=self.eps)
         elif self.mode == 'softmax':

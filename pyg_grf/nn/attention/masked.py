@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional
 
 from torch import Tensor, nn
 
+from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.masks.base import MaskOperator
 from pyg_grf.masks.packing import PackingMask
 from pyg_grf.nn.attention.base import QKVAttention
@@ -123,7 +124,7 @@ class MaskedLinearAttention(QKVAttention):
         if mask.num_heads is not None and mask.num_heads != self.heads:
             raise ValueError(f"the mask has {mask.num_heads} heads but the layer has "
                              f"{self.heads}")
-        phi_q, phi_k = self.features(q, k)
+        phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
         out = masked_linear_attention(phi_q, phi_k, v, mask, eps=self.eps)
         return self.finish(out)
 

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import to_dense_batch
 
+from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import self_convolution
 from pyg_grf.masks.base import DenseMask
@@ -46,7 +47,7 @@ class LinearAttention(QKVAttention):
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         q, k, v = self.project(x)
-        phi_q, phi_k = self.features(q, k)
+        phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
         out = masked_linear_attention(phi_q, phi_k, v, PackingMask(_batch_or_zeros(x, batch)),
                                       eps=self.eps)
         return self.finish(out)
@@ -94,7 +95,7 @@ class PowerSeriesAttention(QKVAttention):
     def forward(self, x: Tensor, edge_index: Tensor, batch: Optional[Tensor] = None,
                 edge_weight: Optional[Tensor] = None) -> Tensor:
         q, k, v = self.project(x)
-        phi_q, phi_k = self.features(q, k)
+        phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
         M = DenseMask(self.dense_mask(edge_index, x.size(0), edge_weight).to(x.dtype))
         return self.finish(masked_linear_attention(phi_q, phi_k, v, M, eps=self.eps))
 

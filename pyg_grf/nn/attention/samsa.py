@@ -87,7 +87,7 @@ class SAMSAAttention(torch.nn.Module):
             bias. (default: :obj:`True`)
 
     Shapes:
-        - **input:** tokens :math:`(N, F)`, batch vector :math:`(N)` *(optional, sorted)*
+        - **input:** tokens :math:`(N, F)`, batch vector :math:`(N)` *(optional)*
         - **output:** tokens :math:`(N, F)`; with :obj:`return_index=True` also the selected
           token indices :math:`(B, k, H)` (a support token :math:`s` is reported as
           :math:`N + s`, an empty slot as :math:`-1`)
@@ -177,8 +177,9 @@ class SAMSAAttention(torch.nn.Module):
 
         Args:
             x (torch.Tensor): The tokens :math:`(N, F)`.
-            batch (torch.Tensor, optional): The sorted batch vector :math:`(N)` assigning every
-                token to its graph. (default: :obj:`None`, one graph)
+            batch (torch.Tensor, optional): The batch vector :math:`(N)` assigning every token
+                to its graph; PyG batches are sorted, an unsorted one is sorted internally and
+                the output returned in the input order. (default: :obj:`None`, one graph)
             return_index (bool, optional): If set to :obj:`True`, also returns the selected
                 token indices :math:`(B, k, H)` (support token :math:`s` as :math:`N + s`, empty
                 slot as :math:`-1`). (default: :obj:`False`)
@@ -191,6 +192,37 @@ class SAMSAAttention(torch.nn.Module):
             raise ValueError(f"Expected 'batch' of shape [{N}] (got {list(batch.shape)})")
         H, D, k, S = self.heads, self.head_channels, self.num_samples, self.num_support
 
+        batch_size = None
+        if batch is not None and N > 0:
+            # One host read for the number of graphs (to_dense_batch would read it anyway) and
+            # for whether 'batch' is sorted; an unsorted batch (tokens of a graph not
+            # contiguous) is sorted here and the output put back in the input order.
+            if batch.dtype != torch.long:
+                batch = batch.long()
+            unsorted = (batch[1:] < batch[:-1]).any()
+            lo, hi, flag = torch.stack([batch.min(), batch.max(), unsorted.long()]).tolist()
+            if lo < 0:
+                raise ValueError(f"Expected 'batch' to hold graph ids >= 0 (got {lo})")
+            batch_size = hi + 1
+            if flag:
+                perm = torch.sort(batch, stable=True)[1]
+                res = self._forward_sorted(x[perm], batch[perm], batch_size, return_index)
+                inv = torch.empty_like(perm)
+                inv[perm] = torch.arange(N, device=perm.device)
+                if not return_index:
+                    return res[inv]
+                out, index = res
+                # Selected rows refer to sorted positions: map graph tokens back to input rows.
+                index = torch.where((index >= 0) & (index < N),
+                                    perm[index.clamp(0, N - 1)], index)
+                return out[inv], index
+        return self._forward_sorted(x, batch, batch_size, return_index)
+
+    def _forward_sorted(self, x: Tensor, batch: OptTensor, batch_size: Optional[int],
+                        return_index: bool) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        N = x.size(0)
+        H, D, k, S = self.heads, self.head_channels, self.num_samples, self.num_support
+
         # Project queries and key/values, score tokens (Alg. 1, lines 2-6):
         q = self.to_q(x).view(N, H, D)
         kv = self.to_kv(x).view(N, H, 2 * D)
@@ -201,7 +233,8 @@ class SAMSAAttention(torch.nn.Module):
             z_dense = z.unsqueeze(0)
             ptr = z.new_zeros(1, dtype=torch.long)
         else:
-            z_dense, _ = to_dense_batch(z, batch, fill_value=float('-inf'))
+            z_dense, _ = to_dense_batch(z, batch, fill_value=float('-inf'),
+                                        batch_size=batch_size)
             counts = torch.bincount(batch, minlength=z_dense.size(0))
             ptr = torch.cumsum(counts, 0) - counts
         B, M = z_dense.size(0), z_dense.size(1)

@@ -1,0 +1,121 @@
+r"""Callbacks that make ``pyg-grf fit`` resumable without lost or repeated work.
+
+* :class:`AtomicModelCheckpoint`: Lightning's :class:`~lightning.pytorch.callbacks.ModelCheckpoint`
+  whose files are written to a temporary name and renamed into place, so a process killed while
+  saving never leaves a truncated checkpoint.
+  With ``save_last=True`` it writes ``last.ckpt`` after *every* training epoch: Lightning's own
+  ``save_last=True`` only refreshes it when a top-k checkpoint was saved in that step, so with
+  ``monitor: val/acc`` it went stale as soon as the metric stopped improving and a resumed run
+  repeated epochs.
+* :class:`EpochMetricsLog`: one JSON line per finished training epoch (epoch, step and every
+  logged metric) in ``<log_dir>/epoch_metrics.jsonl``. The rows are part of the checkpoint, so
+  after a resume the file holds exactly the epochs of the checkpoint plus those run since: a
+  killed, unsaved epoch is dropped and run again, never listed twice.
+"""
+from __future__ import annotations
+
+import json
+import os
+import os.path as osp
+import uuid
+from typing import Any, Dict, List
+from weakref import proxy
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+
+def _atomic_trainer_save(trainer: 'pl.Trainer', filepath: str, weights_only: bool) -> None:
+    tmp = f'{filepath}.{uuid.uuid4().hex[:8]}.part'
+    tmp = trainer.strategy.broadcast(tmp)
+    trainer.save_checkpoint(tmp, weights_only)
+    trainer.strategy.barrier('atomic_checkpoint')
+    if trainer.is_global_zero:
+        os.replace(tmp, filepath)
+    trainer.strategy.barrier('atomic_checkpoint_done')
+
+
+class AtomicModelCheckpoint(ModelCheckpoint):
+    r""":class:`~lightning.pytorch.callbacks.ModelCheckpoint` that
+
+    * writes every file to a temporary name and renames it into place (atomic on POSIX file
+      systems): a process killed while saving leaves the previous file intact;
+    * with ``save_last=True``, refreshes ``last.ckpt`` at the end of *every* training epoch
+      (Lightning only does when a top-k checkpoint was saved in that step, so with a monitored
+      metric that stopped improving ``last.ckpt`` went stale and a resumed run repeated epochs).
+    """
+
+    def on_train_epoch_end(self, trainer: 'pl.Trainer', pl_module: 'pl.LightningModule') -> None:
+        super().on_train_epoch_end(trainer, pl_module)
+        if self.save_last and not self._should_skip_saving_checkpoint(trainer) \
+                and self._last_global_step_saved != trainer.global_step:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
+
+    def _save_checkpoint(self, trainer: 'pl.Trainer', filepath: str) -> None:
+        _atomic_trainer_save(trainer, filepath, self.save_weights_only)
+        self._last_global_step_saved = trainer.global_step
+        self._last_checkpoint_saved = filepath
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.after_save_checkpoint(proxy(self))
+
+
+def _to_float(value: Any) -> Any:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return str(value)
+
+
+class EpochMetricsLog(Callback):
+    r"""Writes ``<trainer.log_dir>/epoch_metrics.jsonl``: one line per finished training epoch
+    with ``epoch``, ``step`` and every metric in ``trainer.callback_metrics`` at the end of the
+    epoch (validation included). The rows are stored in the checkpoint and the file is rewritten
+    atomically from them, so it always matches the training state it resumes from.
+
+    Args:
+        filename (str, optional): The file name inside the log folder.
+            (default: :obj:`"epoch_metrics.jsonl"`)
+    """
+
+    def __init__(self, filename: str = 'epoch_metrics.jsonl'):
+        self.filename = filename
+        self.rows: List[Dict[str, Any]] = []
+
+    def _path(self, trainer: 'pl.Trainer') -> str:
+        root = trainer.log_dir or trainer.default_root_dir
+        return osp.join(root, self.filename)
+
+    def _write(self, trainer: 'pl.Trainer') -> None:
+        if not trainer.is_global_zero:
+            return
+        path = self._path(trainer)
+        os.makedirs(osp.dirname(path), exist_ok=True)
+        tmp = f'{path}.{uuid.uuid4().hex[:8]}.part'
+        with open(tmp, 'w') as f:
+            for row in self.rows:
+                f.write(json.dumps(row, sort_keys=True) + '\n')
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+
+    def on_train_start(self, trainer: 'pl.Trainer', pl_module: 'pl.LightningModule') -> None:
+        # After a resume: drop the rows of epochs the checkpoint does not hold.
+        self._write(trainer)
+
+    def on_train_epoch_end(self, trainer: 'pl.Trainer', pl_module: 'pl.LightningModule') -> None:
+        if trainer.sanity_checking:
+            return
+        row = {'epoch': int(trainer.current_epoch), 'step': int(trainer.global_step)}
+        row.update({k: _to_float(v) for k, v in sorted(trainer.callback_metrics.items())})
+        self.rows = [r for r in self.rows if r['epoch'] < row['epoch']] + [row]
+        self._write(trainer)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {'rows': json.dumps(self.rows)}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        self.rows = json.loads(state_dict.get('rows', '[]'))
+
+
+__all__ = ['AtomicModelCheckpoint', 'EpochMetricsLog']
