@@ -703,8 +703,6 @@ def test_09_rwgnk_seed_semantics():
                           'rwgnk_value')
 
 
-@pytest.mark.xfail(strict=True, reason='needs the change in pyg_grf/transforms/grf.py listed in '
-                   'the issue #13 report (AddGraphRandomFeatures re-seeds at every call)')
 def test_09_grf_seed_semantics():
     from pyg_grf.transforms import AddGraphRandomFeatures
     _check_seed_semantics(lambda: AddGraphRandomFeatures(num_walks=4, max_length=3, seed=5),

@@ -10,6 +10,7 @@ from torch_geometric.data.datapipes import functional_transform
 from torch_geometric.transforms import BaseTransform
 
 from pyg_grf.features.grf import NORMALIZATIONS, grf_loads
+from pyg_grf.transforms._seeding import TransformRNG
 from pyg_grf.walks import WALKERS, _check_args
 
 
@@ -47,8 +48,11 @@ class AddGraphRandomFeatures(BaseTransform):
             (default: :obj:`True`).
         fixed_length (bool): walks of exactly ``max_length`` hops (default: :obj:`False`).
         use_edge_weight (bool): use ``data.edge_weight`` as raw weights (default: :obj:`False`).
-        seed (int, optional): seed for the walks of every graph (reproducible features, e.g.
-            across runs of a ``pre_transform``). :obj:`None` uses torch's global RNG.
+        seed (int, optional): makes the walks reproducible: one private generator per process
+            advances over the calls (so a ``transform`` still draws fresh walks at every access),
+            re-seeded from the seed and the worker seed in every DataLoader worker (workers never
+            repeat each other's walks); see :mod:`pyg_grf.transforms._seeding`. :obj:`None` uses
+            torch's global generator (default: :obj:`None`).
         attr_prefix (str): prefix of the stored attributes (default: ``'grf'``). Use e.g.
             ``'grf_key'`` for an independent key-side sample.
     """
@@ -73,6 +77,7 @@ class AddGraphRandomFeatures(BaseTransform):
         self.fixed_length = fixed_length
         self.use_edge_weight = use_edge_weight
         self.seed = seed
+        self.rng = TransformRNG(seed)
         self.attr_prefix = attr_prefix
 
     def forward(self, data: Data) -> Data:
@@ -84,9 +89,7 @@ class AddGraphRandomFeatures(BaseTransform):
         edge_weight = data.edge_weight if self.use_edge_weight else None
         if self.use_edge_weight and edge_weight is None:
             raise ValueError("'use_edge_weight=True' but the graph has no 'edge_weight'")
-        gen = None
-        if self.seed is not None:
-            gen = torch.Generator(device=edge_index.device).manual_seed(self.seed)
+        gen = self.rng.generator(edge_index.device)  # None when unseeded
         index, length, load = grf_loads(
             edge_index, N, self.num_walks, self.p_halt, self.max_length,
             edge_weight=edge_weight, normalization=self.normalization, walker=self.walker,

@@ -6,7 +6,7 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from pyg_grf.nn.feature_maps import FeatureMap, feature_map_resolver
+from pyg_grf.nn.feature_maps import FeatureMap, feature_map_resolver, qk_features
 
 
 class QKVAttention(nn.Module):
@@ -60,8 +60,10 @@ class QKVAttention(nn.Module):
         return (self.to_q(x).view(N, H, C), self.to_k(x).view(N, H, C),
                 self.to_v(x).view(N, H, C))
 
-    def features(self, q: Tensor, k: Tensor) -> Tuple[Tensor, Tensor]:
-        return self.feature_map(q, is_query=True), self.feature_map(k)
+    def features(self, q: Tensor, k: Tensor,
+                 batch: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+        # keys are stabilised per graph of the batch (never across graphs)
+        return qk_features(self.feature_map, q, k, batch)
 
     def finish(self, out: Tensor) -> Tensor:
         out = nn.functional.dropout(out.reshape(out.size(0), self.heads * self.head_channels),

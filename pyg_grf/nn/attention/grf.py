@@ -159,7 +159,7 @@ class GRFAttention(QKVAttention):
                     F.to_blocks(q, lay), F.to_blocks(k, lay), F.to_blocks(v, lay), M,
                     grf.block_support(batch), self.dropout, self.training)
             else:
-                phi_q, phi_k = self.features(q, k)
+                phi_q, phi_k = self.features(q, k, grf.batch if batch is None else batch)
                 out = F.block_masked_linear_attention(
                     F.to_blocks(phi_q, lay), F.to_blocks(phi_k, lay), F.to_blocks(v, lay), M,
                     self.eps, grf.block_padding(batch))
@@ -168,7 +168,7 @@ class GRFAttention(QKVAttention):
             _, pat = grf.pairs()
             return F.pair_weighted_softmax_attention(q, k, v, pat, grf.values(f), self.dropout,
                                                      self.training)
-        phi_q, phi_k = self.features(q, k)
+        phi_q, phi_k = self.features(q, k, grf.batch if batch is None else batch)
         if backend == 'pairs':
             if symmetric:
                 terms = grf.block_terms(True, batch, f.dtype)
