@@ -216,6 +216,10 @@ def ms(t):
     return '—' if t is None else f'{t * 1e3:.1f}'
 
 
+def ratio(a, b):
+    return '—' if a is None or b is None else f'{a / b:.2f}'
+
+
 def to_markdown(R: dict) -> str:
     lines = [
         '# GRF attention vs the layers a PyG user already has',
@@ -238,21 +242,23 @@ def to_markdown(R: dict) -> str:
                   '| baseline | fwd+bwd ms |', '|---|---|']
         lines += [f'| {k} | {ms(v)} |' for k, v in base.items()]
         perf = base.get('Performer 4x64')
+        perf16 = base.get('Performer 4x16')
         mha = base.get('MultiheadAttention')
         lines += ['', '| GRF mode | backend | layer ms | prep ms | 2 layers ms | layer / Performer '
-                  '| layer / MHA | 2 layers / (2 x Performer) |', '|---|---|---|---|---|---|---|---|']
+                  '4x64 | layer / Performer 4x16 | layer / MHA | 2 layers / (2 x Performer 4x64) |',
+                  '|---|---|---|---|---|---|---|---|---|']
         for row in w['grf']:
             t, p = row['layer'], row['prep']
             if t is None:
                 lines.append(f"| {row['mode']} | {row['backend']} | — ({row.get('note', '')}) "
-                             f"| | | | | |")
+                             f"| | | | | | |")
                 continue
             two = 2 * t + p
             backend = row['backend'] + (f" → {row['chosen']}" if row['backend'] == 'auto' else '')
             lines.append(
                 f"| {row['mode']} | {backend} | {ms(t)} | {ms(p)} | {ms(two)} | "
-                f"{t / perf:.2f} | {'—' if mha is None else f'{t / mha:.2f}'} | "
-                f"{two / (2 * perf):.2f} |")
+                f"{ratio(t, perf)} | {ratio(t, perf16)} | {ratio(t, mha)} | "
+                f"{ratio(two, None if perf is None else 2 * perf)} |")
         if 'products_only' in w:
             lines += ['', f"Sparse backend, the two CSR products alone (symmetric, fwd+bwd): "
                           f"{ms(w['products_only'])} ms."]
@@ -260,6 +266,9 @@ def to_markdown(R: dict) -> str:
     if R.get('slope'):
         lines += [f"Log-log slope of the GRF symmetric layer (auto) from 16k to the largest grid: "
                   f"{R['slope']:.2f}.", '']
+    notes = Path(__file__).resolve().parents[1] / 'experiments' / 'results' / 'bench_batch_notes.md'
+    if notes.exists():
+        lines += [notes.read_text()]
     return '\n'.join(lines)
 
 
@@ -270,8 +279,15 @@ def main(argv=None):
     p.add_argument('--quick', action='store_true')
     p.add_argument('--big', action='store_true', help='add the 262k grid')
     p.add_argument('--calibrate', action='store_true')
+    p.add_argument('--only', default=None, help='comma-separated workload names (e.g. grid256k)')
     p.add_argument('--out', default=str(ROOT / 'experiments' / 'results' / 'bench_batch'))
+    p.add_argument('--markdown-from', default=None,
+                   help='rewrite the markdown table from a saved JSON file and exit')
     args = p.parse_args(argv)
+    if args.markdown_from:
+        R = json.loads(Path(args.markdown_from).read_text())
+        Path(args.out).with_suffix('.md').write_text(to_markdown(R))
+        return
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     repeats = 2 if args.quick else args.repeats
@@ -281,6 +297,9 @@ def main(argv=None):
     for N in sizes:
         work.append((f'grid{N // 1024}k', f'one 2-D grid of {N} nodes',
                      lambda N=N: make_grid(N)))
+    if args.only:
+        keep = set(args.only.split(','))
+        work = [w for w in work if w[0] in keep]
     if args.calibrate:
         for name, _, make in work:
             b = make()
