@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import platform
 import statistics
 import sys
@@ -279,6 +278,8 @@ def main(argv=None):
     p.add_argument('--quick', action='store_true')
     p.add_argument('--big', action='store_true', help='add the 262k grid')
     p.add_argument('--calibrate', action='store_true')
+    p.add_argument('--tuned-malloc', action='store_true',
+                   help='pyg_grf.utils.tune_malloc() first (as the pyg-grf CLI does)')
     p.add_argument('--only', default=None, help='comma-separated workload names (e.g. grid256k)')
     p.add_argument('--out', default=str(ROOT / 'experiments' / 'results' / 'bench_batch'))
     p.add_argument('--markdown-from', default=None,
@@ -290,6 +291,9 @@ def main(argv=None):
         return
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
+    if args.tuned_malloc:
+        from pyg_grf.utils import tune_malloc
+        tune_malloc()
     repeats = 2 if args.quick else args.repeats
     work = [('lrgb', '64 tree-like graphs of 120-180 nodes', lambda: make_batch(64, 120, 180)),
             ('tu', '128 tree-like graphs of 20-40 nodes', lambda: make_batch(128, 20, 40, seed=1))]
@@ -349,5 +353,4 @@ def main(argv=None):
 
 
 if __name__ == '__main__':
-    os.environ.setdefault('PYG_GRF_MALLOC', 'default')
     main()

@@ -328,12 +328,6 @@ class GRFLoads:
             return sup.view(lay.num_graphs, lay.n, lay.n)
         return self._cached(('support', lay.pos.data_ptr()), build)
 
-    def block_padding(self, batch: Optional[Tensor] = None) -> Tensor:
-        r"""``[B, 1, n, 1]``: 1 on the padded rows of the block layout."""
-        from pyg_grf.nn.functional import block_padding
-        lay = self.layout(batch)
-        return self._cached(('padding', lay.pos.data_ptr()), lambda: block_padding(lay))
-
     def num_join_terms(self) -> int:
         r"""Number of query/key entry pairs that share a visited node: the size of the join
         behind the symmetric mask statistics (known before the join is run)."""

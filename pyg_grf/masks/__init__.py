@@ -6,6 +6,7 @@ from pyg_grf.masks.grid import GridRPEMask
 from pyg_grf.masks.grf import GRFMask
 from pyg_grf.masks.packing import PackingMask
 from pyg_grf.masks.rwgnk import RWGNKMask
+from pyg_grf.masks.sum import SumMask
 from pyg_grf.masks.toeplitz import ToeplitzMask
 from pyg_grf.masks.tree import TreeMask
 
@@ -21,4 +22,5 @@ __all__ = [
     'GridRPEMask',
     'TreeMask',
     'DiffusionKernelMask',
+    'SumMask',
 ]

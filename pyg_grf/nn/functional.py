@@ -121,7 +121,8 @@ def block_mask(terms, coef: Tensor, layout) -> Tensor:
 
 
 def block_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, mask: Tensor,
-                                  eps: float = 1e-6, padding: Optional[Tensor] = None) -> Tensor:
+                                  eps: float = 1e-6, padding: Optional[Tensor] = None,
+                                  return_sums: bool = False) -> Tensor:
     r""":func:`masked_linear_attention` on padded per-graph blocks with the attention matrix
     formed per graph, :math:`A = (\phi(Q)\phi(K)^\top) \odot M`: :math:`O(\sum n^2)` instead of
     :math:`O(\mathrm{nnz}\,md)`, cheaper for small graphs.
@@ -131,13 +132,34 @@ def block_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, mask:
         mask (Tensor): ``[B, H, n, n]`` (zero in the padding).
         padding (Tensor, optional): ``[B, 1, n, 1]``, 1 on padded rows (their normaliser is
             set to 1 so that no NaN reaches the gradients).
+        return_sums (bool): return the unnormalised sums ``[B, H, n, d + 1]`` (numerator and,
+            last, the normaliser) instead of the output.
     """
     a = (phi_q @ phi_k.transpose(-1, -2)) * mask
-    den = a.sum(-1, keepdim=True) + eps
+    o = a @ torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
+    if return_sums:
+        return o
+    den = o[..., -1:] + eps
     if padding is not None:
         den = den + padding.to(den.dtype)
-    return (a @ v) / den
+    return o[..., :-1] / den
 
+
+def normalize_sums(o: Tensor, eps: float = 1e-6) -> Tensor:
+    r"""Output of linear attention from its sums ``[..., d + 1]`` (numerator, then the
+    normaliser): ``o[..., :d] / (o[..., d] + eps)``."""
+    return o[..., :-1] / (o[..., -1:] + eps)
+
+
+def packing_sums(phi_q: Tensor, phi_k: Tensor, v: Tensor, layout) -> Tensor:
+    r"""Sums of unmasked linear attention inside each graph of a batch (the packing mask
+    :math:`M_{ij} = 1` iff :math:`i, j` are in the same graph), ``[N, H, d + 1]`` (numerator,
+    then the normaliser): :math:`\phi(\mathbf{q}_i)^\top \sum_{j \in g(i)}
+    \phi(\mathbf{k}_j)[\mathbf{v}_j, 1]^\top`, by two batched products on padded blocks,
+    :math:`O(N m d)`."""
+    v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
+    S = to_blocks(phi_k, layout).transpose(-1, -2) @ to_blocks(v1, layout)  # [B, H, m, d + 1]
+    return from_blocks(to_blocks(phi_q, layout) @ S, layout)
 
 def block_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor,
                                      support: Tensor, dropout: float = 0.0,
@@ -178,7 +200,7 @@ def _ordered(pattern: SparsePattern, values: Tensor) -> Tensor:
 
 def pair_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
                                  pattern: SparsePattern, mask_values: Tensor,
-                                 eps: float = 1e-6) -> Tensor:
+                                 eps: float = 1e-6, return_sums: bool = False) -> Tensor:
     r""":func:`masked_linear_attention` with the mask given explicitly on its sparse support:
     :math:`a_{ij} = M_{ij}\,\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` for the nonzeros
     :math:`(i, j)` of ``pattern`` (one sampled product), then one sparse product with
@@ -189,14 +211,15 @@ def pair_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
         phi_q, phi_k (Tensor): ``[N, H, m]``; v (Tensor): ``[N, H, d]``.
         pattern (SparsePattern): ``[N, N]`` support of the mask.
         mask_values (Tensor): ``[H, nnz]`` mask values on the support.
+        return_sums (bool): return the sums ``[N, H, d + 1]`` (see :func:`normalize_sums`).
     """
     N, H, _ = phi_q.shape
     d = v.size(-1)
     pat = pattern.repeat(H)
     a = sddmm(pat, _head_major(phi_q), _head_major(phi_k)) * _ordered(pattern, mask_values)
     v1 = torch.cat([v, v.new_ones(N, H, 1)], dim=-1)
-    o = spmm(pat, a, _head_major(v1)).view(H, N, d + 1)
-    return (o[..., :d] / (o[..., d:] + eps)).transpose(0, 1)
+    o = spmm(pat, a, _head_major(v1)).view(H, N, d + 1).transpose(0, 1)
+    return o if return_sums else normalize_sums(o, eps)
 
 
 def pair_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern,
@@ -228,7 +251,7 @@ def low_rank_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
                                      pattern: SparsePattern, values: Tensor,
                                      key_pattern: Optional[SparsePattern] = None,
                                      key_values: Optional[Tensor] = None,
-                                     eps: float = 1e-6) -> Tensor:
+                                     eps: float = 1e-6, return_sums: bool = False) -> Tensor:
     r""":func:`masked_linear_attention` for a per-head GRF mask
     :math:`M = \widehat\Phi_Q\widehat\Phi_K^\top` (or :math:`M = \widehat\Phi_Q` when no key
     side is given) without forming :math:`M`: two (one) block-diagonal CSR products over the
@@ -237,6 +260,7 @@ def low_rank_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     Args:
         pattern, values: :math:`\widehat\Phi_Q` (``[N, N]`` pattern, ``[H, nnz]`` values).
         key_pattern, key_values: :math:`\widehat\Phi_K` (omit both for the asymmetric mask).
+        return_sums (bool): return the sums ``[N, H, d + 1]`` (see :func:`normalize_sums`).
     """
     N, H, m = phi_q.shape
     d = v.size(-1)
@@ -245,5 +269,5 @@ def low_rank_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     if key_pattern is not None:
         x = spmm(key_pattern.repeat(H), _ordered(key_pattern, key_values), x, transpose=True)
     y = spmm(pattern.repeat(H), _ordered(pattern, values), x).view(H, N, m, d + 1)
-    o = torch.matmul(phi_q.transpose(0, 1).unsqueeze(-2), y).squeeze(-2)  # [H, N, d + 1]
-    return (o[..., :d] / (o[..., d:] + eps)).transpose(0, 1)
+    o = torch.matmul(phi_q.transpose(0, 1).unsqueeze(-2), y).squeeze(-2).transpose(0, 1)
+    return o if return_sums else normalize_sums(o, eps)

@@ -1,6 +1,7 @@
 r"""GRF-masked linear attention (GRF paper, Sec. 3, Algorithm 1; App. D)."""
 from __future__ import annotations
 
+import math
 from typing import Any, Dict, Optional, Union
 
 import torch
@@ -64,6 +65,16 @@ class GRFAttention(QKVAttention):
         dropout (float, optional): dropout on the attention output (default: :obj:`0.`).
         bias (bool, optional): biases in the projections (default: :obj:`True`).
         eps (float, optional): added to the normaliser (default: :obj:`1e-6`).
+        backend (str, optional): how the masked attention is computed, same result:
+            ``'sparse'`` (two CSR products, never forms the mask), ``'pairs'`` (the mask on its
+            support: one sampled product and one sparse product), ``'dense'`` (padded dense
+            blocks per graph) or ``'auto'`` (the cheapest by :func:`backend_costs`)
+            (default: ``'auto'``). See ``docs/speed.md``.
+        global_beta (float, optional): if set, the mask gains a global term,
+            :math:`M = \beta_h \mathbf{1}\mathbf{1}^\top + \widehat\Phi\widehat\Phi^\top`
+            inside each graph, with a learnable :math:`\beta_h = \mathrm{softplus}(\cdot) \ge 0`
+            per head initialised to ``global_beta``: every node also attends to its whole graph
+            (linear modes only; :math:`O(N)` extra) (default: :obj:`None`).
 
     Shapes:
         - **input:** node features :math:`(N, F)`, ``grf_index`` :math:`(2, |\mathcal{E}_{GRF}|)`,
@@ -76,9 +87,18 @@ class GRFAttention(QKVAttention):
                  head_channels: Optional[int] = None, feature_map: Any = 'relu',
                  feature_map_kwargs: Optional[Dict[str, Any]] = None, mode: str = 'symmetric',
                  f_init: float = 0.5, learn_f: bool = True, dropout: float = 0.0,
-                 bias: bool = True, eps: float = 1e-6, backend: str = 'auto'):
+                 bias: bool = True, eps: float = 1e-6, backend: str = 'auto',
+                 global_beta: Optional[float] = None):
         if mode not in MODES:
             raise ValueError(f"'mode' must be one of {MODES}, got {mode!r}")
+        if global_beta is not None:
+            if mode == 'sparse_softmax':
+                raise ValueError("'global_beta' (a global term beta * 1 1^T in the mask) needs a "
+                                 "linear mode ('symmetric' or 'asymmetric'), got "
+                                 "mode='sparse_softmax'")
+            if not global_beta > 0:
+                raise ValueError(f"'global_beta' must be > 0 (its initial value), got "
+                                 f"{global_beta!r}")
         if backend not in BACKENDS:
             raise ValueError(f"'backend' must be one of {BACKENDS}, got {backend!r}")
         if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
@@ -92,7 +112,9 @@ class GRFAttention(QKVAttention):
         self.learn_f = learn_f
         self.eps = eps
         self.backend = backend
+        self.global_beta = global_beta
         self.f = nn.Parameter(torch.empty(heads, max_length + 1), requires_grad=learn_f)
+        self.beta_raw = None if global_beta is None else nn.Parameter(torch.empty(heads))
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -100,6 +122,8 @@ class GRFAttention(QKVAttention):
         with torch.no_grad():
             self.f.copy_(self.f_init ** torch.arange(self.max_length + 1, dtype=torch.float)
                          .expand(self.heads, -1))
+            if self.beta_raw is not None:  # softplus(beta_raw) = global_beta
+                self.beta_raw.fill_(math.log(math.expm1(self.global_beta)))
 
     def mask(self, grf_index: Union[Tensor, GRFLoads], grf_length: Optional[Tensor] = None,
              grf_load: Optional[Tensor] = None, num_nodes: Optional[int] = None,
@@ -139,59 +163,77 @@ class GRFAttention(QKVAttention):
         backend = self.backend
         if backend == 'auto':
             backend = choose_backend(grf, self.mode, H, m, C, batch)
-        out = self._attend(grf, q, k, v, backend, batch)
-        return self.finish(out)
+        if self.mode == 'sparse_softmax':
+            return self.finish(self._softmax(grf, q, k, v, backend, batch))
+        # Linear modes: masked sums [N, H, C + 1] (numerator, then the normaliser).
+        phi_q, phi_k = self.features(q, k, grf.batch if batch is None else batch)
+        o = self._linear_sums(grf, phi_q, phi_k, v, backend, batch)
+        if self.beta is not None:  # M = beta * 1 1^T (per graph) + GRF mask
+            o = o + self.beta.to(o.dtype).view(1, H, 1) * F.packing_sums(
+                phi_q, phi_k, v, grf.layout(batch))
+        return self.finish(F.normalize_sums(o, self.eps))
 
-    def _attend(self, grf: GRFLoads, q: Tensor, k: Tensor, v: Tensor, backend: str,
-                batch: Optional[Tensor]) -> Tensor:
+    @property
+    def beta(self) -> Optional[Tensor]:
+        r"""Weights :math:`\beta_h \ge 0` of the global term (:obj:`None` if disabled)."""
+        return None if self.beta_raw is None else nn.functional.softplus(self.beta_raw)
+
+    def _coef(self, K: int, symmetric: bool) -> Tensor:
+        # f (asymmetric) or f (x) f flattened (symmetric), for hop counts < K
+        coef = self.f[:, :K]
+        if symmetric:
+            coef = (coef.unsqueeze(-1) * coef.unsqueeze(-2)).reshape(self.heads, K * K)
+        return coef
+
+    def _softmax(self, grf: GRFLoads, q: Tensor, k: Tensor, v: Tensor, backend: str,
+                 batch: Optional[Tensor]) -> Tensor:
+        if backend == 'dense':
+            lay = grf.layout(batch)
+            terms = grf.block_terms(False, batch, self.f.dtype)
+            W = F.block_mask(terms, self._coef(terms.num_coef, False), lay)
+            out = F.block_weighted_softmax_attention(
+                F.to_blocks(q, lay), F.to_blocks(k, lay), F.to_blocks(v, lay), W,
+                grf.block_support(batch), self.dropout, self.training)
+            return F.from_blocks(out, lay)
+        # the sparse and pair backends coincide: softmax on the nonzeros of Phi
+        _, pat = grf.pairs()
+        return F.pair_weighted_softmax_attention(q, k, v, pat, grf.values(self.f), self.dropout,
+                                                 self.training)
+
+    def _linear_sums(self, grf: GRFLoads, phi_q: Tensor, phi_k: Tensor, v: Tensor,
+                     backend: str, batch: Optional[Tensor]) -> Tensor:
         f = self.f
         symmetric = self.mode == 'symmetric'
         if backend == 'dense':
             lay = grf.layout(batch)
             terms = grf.block_terms(symmetric, batch, f.dtype)
-            K = grf.max_hop + 1 if not symmetric else int(terms.num_coef ** 0.5 + 0.5)
-            coef = f[:, :K]
-            if symmetric:
-                coef = (coef.unsqueeze(-1) * coef.unsqueeze(-2)).reshape(self.heads, K * K)
-            M = F.block_mask(terms, coef, lay)
-            if self.mode == 'sparse_softmax':
-                out = F.block_weighted_softmax_attention(
-                    F.to_blocks(q, lay), F.to_blocks(k, lay), F.to_blocks(v, lay), M,
-                    grf.block_support(batch), self.dropout, self.training)
-            else:
-                phi_q, phi_k = self.features(q, k, grf.batch if batch is None else batch)
-                out = F.block_masked_linear_attention(
-                    F.to_blocks(phi_q, lay), F.to_blocks(phi_k, lay), F.to_blocks(v, lay), M,
-                    self.eps, grf.block_padding(batch))
-            return F.from_blocks(out, lay)
-        if self.mode == 'sparse_softmax':  # the sparse and pair backends coincide
-            _, pat = grf.pairs()
-            return F.pair_weighted_softmax_attention(q, k, v, pat, grf.values(f), self.dropout,
-                                                     self.training)
-        phi_q, phi_k = self.features(q, k, grf.batch if batch is None else batch)
+            K = int(round(terms.num_coef ** 0.5)) if symmetric else terms.num_coef
+            M = F.block_mask(terms, self._coef(K, symmetric), lay)
+            o = F.block_masked_linear_attention(F.to_blocks(phi_q, lay), F.to_blocks(phi_k, lay),
+                                                F.to_blocks(v, lay), M, return_sums=True)
+            return F.from_blocks(o, lay)
         if backend == 'pairs':
             if symmetric:
                 terms = grf.block_terms(True, batch, f.dtype)
-                K = int(terms.num_coef ** 0.5 + 0.5)
-                coef = f[:, :K]
-                coef = (coef.unsqueeze(-1) * coef.unsqueeze(-2)).reshape(self.heads, K * K)
-                vals = coef @ terms.stats.t()
+                vals = self._coef(int(round(terms.num_coef ** 0.5)), True) @ terms.stats.t()
                 return F.pair_masked_linear_attention(phi_q, phi_k, v, grf.mask_pattern(batch),
-                                                      vals, self.eps)
-            _, pat = grf.pairs()
-            return F.pair_masked_linear_attention(phi_q, phi_k, v, pat, grf.values(f), self.eps)
+                                                      vals, return_sums=True)
+            return F.pair_masked_linear_attention(phi_q, phi_k, v, grf.pairs()[1],
+                                                  grf.values(f), return_sums=True)
         _, pat = grf.pairs()
         vals = grf.values(f)
         if not symmetric:
-            return F.low_rank_masked_linear_attention(phi_q, phi_k, v, pat, vals, eps=self.eps)
+            return F.low_rank_masked_linear_attention(phi_q, phi_k, v, pat, vals,
+                                                      return_sums=True)
         key = grf if grf.key is None else grf.key
-        _, kpat = key.pairs()
         kvals = vals if grf.key is None else key.values(f)
-        return F.low_rank_masked_linear_attention(phi_q, phi_k, v, pat, vals, kpat, kvals,
-                                                  eps=self.eps)
+        return F.low_rank_masked_linear_attention(phi_q, phi_k, v, pat, vals, key.pairs()[1],
+                                                  kvals, return_sums=True)
 
     def _extra_repr(self) -> str:
-        return f', max_length={self.max_length}, mode={self.mode!r}, backend={self.backend!r}'
+        glob = '' if self.global_beta is None else f', global_beta={self.global_beta}'
+        return (f', max_length={self.max_length}, mode={self.mode!r}, backend={self.backend!r}'
+                f'{glob}')
 
 
 def _as_loads(index: Optional[Tensor], length: Optional[Tensor], load: Optional[Tensor],

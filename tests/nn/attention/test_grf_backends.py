@@ -239,3 +239,75 @@ def test_grf_mask_operator_per_head_equals_dense():
                                      b.num_nodes).T for h in range(3)])
     assert torch.allclose(M.to_dense(), dense)
     assert torch.allclose(M.matmul(x), torch.einsum('hij,jhc->ihc', dense, x))
+
+
+def dense_global_reference(layer, b):
+    """O(N^2) reference of the global + topological mask beta_h 1 1^T (per graph) + GRF mask."""
+    x = b.x
+    N, H, C = x.size(0), layer.heads, layer.head_channels
+    q = (x @ layer.to_q.weight.T + layer.to_q.bias).view(N, H, C)
+    k = (x @ layer.to_k.weight.T + layer.to_k.bias).view(N, H, C)
+    v = (x @ layer.to_v.weight.T + layer.to_v.bias).view(N, H, C)
+    same = (b.batch.view(-1, 1) == b.batch.view(1, -1)).to(D)
+    beta = torch.log1p(torch.exp(layer.beta_raw))  # softplus, written out
+    outs = []
+    for h in range(H):
+        phi = dense_phi(b.grf_index, b.grf_length, b.grf_load, layer.f[h], N)
+        M = (phi @ phi.T if layer.mode == 'symmetric' else phi) + beta[h] * same
+        a = (layer.feature_map(q[:, h]) @ layer.feature_map(k[:, h]).T) * M
+        outs.append(a @ v[:, h] / a.sum(1, keepdim=True))
+    return torch.cat(outs, dim=1) @ layer.to_out.weight.T + layer.to_out.bias
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('mode', ['symmetric', 'asymmetric'])
+def test_global_plus_topological_mask_equals_dense(mode, backend):
+    b = make_batch()
+    torch.manual_seed(0)
+    layer = GRFAttention(8, heads=2, max_length=3, mode=mode, eps=0.0, feature_map='elu',
+                         backend=backend, global_beta=0.3).double()
+    with torch.no_grad():
+        layer.f.copy_(torch.rand(2, 4) + 0.1)
+        layer.beta_raw.copy_(torch.tensor([-1.0, 0.5]))
+    out = layer(b.x, grf=GRFLoads.from_data(b))
+    assert torch.allclose(out, dense_global_reference(layer, b), atol=1e-9)
+    out.square().sum().backward()
+    assert float(layer.beta_raw.grad.abs().min()) > 0
+
+
+def test_global_beta_settings():
+    layer = GRFAttention(8, heads=2, global_beta=0.25)
+    assert torch.allclose(layer.beta, torch.full((2,), 0.25))
+    assert str(layer).endswith("backend='auto', global_beta=0.25)")
+    with pytest.raises(ValueError, match="needs a linear mode"):
+        GRFAttention(8, mode='sparse_softmax', global_beta=0.1)
+    with pytest.raises(ValueError, match="'global_beta' must be > 0"):
+        GRFAttention(8, global_beta=0.0)
+
+
+def test_sum_mask_packing_plus_grf_equals_dense():
+    from pyg_grf.masks import GRFMask, PackingMask, SumMask
+    from pyg_grf.nn.functional import dense_masked_linear_attention, masked_linear_attention
+    b = make_batch()
+    N, H = b.num_nodes, 3
+    f = torch.rand(H, 4, dtype=D) + 0.1
+    beta = torch.tensor([0.2, 0.0, 1.5], dtype=D)
+    grf_mask = GRFMask.from_loads(GRFLoads.from_data(b), f=f)
+    M = SumMask([PackingMask(b.batch), grf_mask], weights=[beta, 1.0])
+    same = (b.batch.view(-1, 1) == b.batch.view(1, -1)).to(D)
+    dense = torch.stack([beta[h] * same + dense_phi(b.grf_index, b.grf_length, b.grf_load, f[h], N)
+                         @ dense_phi(b.grf_index, b.grf_length, b.grf_load, f[h], N).T
+                         for h in range(H)])
+    assert M.num_heads == H and torch.allclose(M.to_dense(), dense)
+    x = torch.randn(N, H, 5, dtype=D)
+    assert torch.allclose(M.matmul(x), torch.einsum('hij,jhc->ihc', dense, x))
+    phi_q, phi_k, v = torch.rand(N, H, 4, dtype=D), torch.rand(N, H, 4, dtype=D), \
+        torch.randn(N, H, 6, dtype=D)
+    assert torch.allclose(masked_linear_attention(phi_q, phi_k, v, M),
+                          dense_masked_linear_attention(phi_q, phi_k, v, dense), atol=1e-9)
+    with pytest.raises(ValueError, match='same number of nodes'):
+        SumMask([PackingMask(b.batch), PackingMask(b.batch[:-1])])
+    with pytest.raises(ValueError, match='one weight per mask'):
+        SumMask([PackingMask(b.batch)], weights=[1.0, 2.0])
+    with pytest.raises(ValueError, match='disagree on the number of heads'):
+        SumMask([grf_mask, PackingMask(b.batch)], weights=[1.0, torch.ones(2)])
