@@ -3,6 +3,7 @@ from pyg_grf.nn.attention.gkat import GKATAttention
 from pyg_grf.nn.attention.grf import GRFAttention
 from pyg_grf.nn.attention.masked import MaskedLinearAttention
 from pyg_grf.nn.attention.samsa import SAMSAAttention
+from pyg_grf.nn.conv.grf_gps_conv import GRFGPSConv
 from pyg_grf.nn.encoders.graph_bridge import GraphBridge
 from pyg_grf.nn.attention.reference import (LinearAttention, PowerSeriesAttention,
                                             SoftmaxAttention)
@@ -23,4 +24,5 @@ __all__ = [
     'SAMSAAttention',
     'GraphBridge',
     'GraphTransformer',
+    'GRFGPSConv',
 ]

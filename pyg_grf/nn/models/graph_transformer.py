@@ -159,8 +159,10 @@ class GRFAdapter(AttentionAdapter):
     layers."""
 
     requires = ('grf_index', 'grf_length', 'grf_load')
+    optional = ('grf_key_index', 'grf_key_length', 'grf_key_load')
     hint = ("add the transform pyg_grf.transforms.AddGraphRandomFeatures (best as the dataset's "
-            "pre_transform, so the walks are sampled once and cached)")
+            "pre_transform, so the walks are sampled once and cached); a second one with "
+            "attr_prefix='grf_key' gives independent key-side walks (unbiased diagonal)")
 
     def build(self, channels, heads, dropout, **kwargs):
         from pyg_grf.nn.attention.grf import GRFAttention
@@ -168,8 +170,11 @@ class GRFAdapter(AttentionAdapter):
 
     def forward(self, x, batch, num_graphs, fields):
         if '_grf' not in fields:  # validated and precomputed once per batch, for all layers
+            key = None
+            if all(f in fields for f in self.optional):
+                key = GRFLoads(*(fields[f] for f in self.optional), x.size(0), batch=batch)
             fields['_grf'] = GRFLoads(fields['grf_index'], fields['grf_length'],
-                                      fields['grf_load'], x.size(0), batch=batch)
+                                      fields['grf_load'], x.size(0), batch=batch, key=key)
         return self.attn(x, grf=fields['_grf'], batch=batch)
 
 

@@ -1,0 +1,4 @@
+r"""PyG-shaped layers that host this package's attentions."""
+from pyg_grf.nn.conv.grf_gps_conv import ATTN_TYPES, GRFGPSConv
+
+__all__ = ['GRFGPSConv', 'ATTN_TYPES']

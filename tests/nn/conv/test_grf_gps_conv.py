@@ -1,0 +1,87 @@
+import pytest
+import torch
+from torch_geometric.data import Batch, Data
+from torch_geometric.nn import GINEConv, GPSConv
+
+from pyg_grf.features import GRFLoads
+from pyg_grf.nn import GRFGPSConv
+from pyg_grf.transforms import AddGraphRandomFeatures
+from tests.utils import er_graph, grid_graph, path_graph
+
+C = 8
+
+
+def make_batch():
+    torch.manual_seed(0)
+    t = AddGraphRandomFeatures(num_walks=6, p_halt=0.4, max_length=3, seed=0)
+    graphs = [Data(x=torch.randn(n, C), edge_index=ei, edge_attr=torch.randn(ei.size(1), C))
+              for n, ei in [(9, grid_graph(3, 3)), (5, path_graph(5)),
+                            (11, er_graph(11, 0.3, seed=2))]]
+    return Batch.from_data_list([t(g) for g in graphs])
+
+
+def gine():
+    return GINEConv(torch.nn.Sequential(torch.nn.Linear(C, C), torch.nn.ReLU(),
+                                        torch.nn.Linear(C, C)), edge_dim=C)
+
+
+@pytest.mark.parametrize('attn_type,attn_kwargs', [('multihead', {}),
+                                                   ('performer', {'head_channels': 4})])
+def test_equals_pyg_gpsconv_with_the_same_weights(attn_type, attn_kwargs):
+    b = make_batch()
+    torch.manual_seed(1)
+    ref = GPSConv(C, gine(), heads=2, attn_type=attn_type, attn_kwargs=attn_kwargs)
+    ours = GRFGPSConv(C, gine(), heads=2, attn_type=attn_type, attn_kwargs=attn_kwargs)
+    ours.load_state_dict(ref.state_dict())
+    ref.eval(), ours.eval()
+    out = ours(b.x, b.edge_index, batch=b.batch, edge_attr=b.edge_attr)
+    assert torch.allclose(out, ref(b.x, b.edge_index, b.batch, edge_attr=b.edge_attr),
+                          atol=1e-6)
+
+
+@pytest.mark.parametrize('norm', ['batch_norm', 'layer_norm', None])
+def test_grf_equals_hand_written_composition_of_its_parts(norm):
+    b = make_batch()
+    conv = GRFGPSConv(C, gine(), heads=2, dropout=0.0, norm=norm,
+                      attn_kwargs={'max_length': 3, 'global_beta': 0.2})
+    grf = GRFLoads.from_data(b)
+    out = conv(b.x, b.edge_index, grf, b.batch, edge_attr=b.edge_attr)
+
+    def norm_(m, h):
+        if m is None:
+            return h
+        return m(h, batch=b.batch) if 'batch' in m.forward.__code__.co_varnames else m(h)
+
+    h1 = norm_(conv.norm1, conv.conv(b.x, b.edge_index, edge_attr=b.edge_attr) + b.x)
+    h2 = norm_(conv.norm2, conv.attn(b.x, b.grf_index, b.grf_length, b.grf_load, b.batch) + b.x)
+    h = h1 + h2
+    ref = norm_(conv.norm3, h + conv.mlp(h))
+    assert torch.allclose(out, ref, atol=1e-6)
+    out.square().sum().backward()
+    assert conv.attn.f.grad is not None and conv.attn.beta_raw.grad is not None
+
+
+def test_attention_only_linear_and_gkat():
+    from pyg_grf.transforms import AddRWGNKFeatures
+    b = make_batch()
+    out = GRFGPSConv(C, None, heads=2, attn_type='linear')(b.x, b.edge_index, batch=b.batch)
+    assert out.shape == (25, C)
+    t = AddRWGNKFeatures(num_walks=8, lam=0.8, alpha=1.0, max_length=3, seed=0)
+    g = Batch.from_data_list([t(d) for d in b.to_data_list()])
+    conv = GRFGPSConv(C, None, heads=2, attn_type='gkat')
+    out = conv(g.x, g.edge_index, batch=g.batch, rwgnk=(g.rwgnk_index, g.rwgnk_value))
+    assert out.shape == (25, C)
+
+
+def test_repr_and_bad_input():
+    b = make_batch()
+    conv = GRFGPSConv(C, None, heads=2)
+    assert str(conv) == "GRFGPSConv(8, conv=None, heads=2, attn_type='grf')"
+    with pytest.raises(ValueError, match=r"needs grf=GRFLoads.from_data\(batch\)"):
+        conv(b.x, b.edge_index, batch=b.batch)
+    with pytest.raises(ValueError, match="'attn_type' must be one of"):
+        GRFGPSConv(C, None, attn_type='bigbird')
+    with pytest.raises(TypeError, match="'conv' must be a MessagePassing"):
+        GRFGPSConv(C, 'gine')
+    with pytest.raises(ValueError, match="needs rwgnk="):
+        GRFGPSConv(C, None, attn_type='gkat')(b.x, b.edge_index, batch=b.batch)
