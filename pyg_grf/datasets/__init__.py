@@ -20,10 +20,12 @@ from pyg_grf.datasets.lrgb import (
     lrgb_standin,
 )
 from pyg_grf.datasets.tu import TU_DATASETS, load_tu
+from pyg_grf.datasets.topology import TwoHopMajorityDataset
 from pyg_grf.datasets.planetoid import PLANETOID_DATASETS, load_planetoid
 from pyg_grf.datasets.splits import errica_splits
 
 __all__ = [
+    'TwoHopMajorityDataset',
     'MotifDataset',
     'InducedCycleDataset',
     'PeptidesFunctional',

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# MUTAG 10-fold CV (Errica protocol) of the GRF-GPS recipe against GIN and GINE of the same width
+# and depth (3 layers, 64 channels), one after the other.
+#   bash experiments/run_recipe_mutag.sh OUT_DIR [THREADS]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: run_recipe_mutag.sh OUT_DIR [THREADS]}
+export OMP_NUM_THREADS=${2:-1}
+export PYG_GRF_MIRROR="${PYG_GRF_MIRROR:-$(cd .. && pwd)/shared/datasets}"
+mkdir -p "$OUT"
+for cfg in mutag_gin_cv mutag_gine_cv mutag_grf_gps_cv; do
+  start=$(date +%s)
+  pyg-grf cv --config "experiments/configs/$cfg.yaml" --out "$OUT/$cfg" > "$OUT/$cfg.log" 2>&1
+  echo "$cfg: $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
+done
