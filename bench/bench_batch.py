@@ -174,6 +174,24 @@ def grf_rows(b: Batch, x: torch.Tensor, repeats: int, backends=BACKENDS, modes=M
     return rows
 
 
+def gkat_rows(b: Batch, x: torch.Tensor, repeats: int) -> dict:
+    r"""GKAT 'linear' mode with its two backends (kernel pairs stored by the transform with
+    ``kernel_threshold=0.``, i.e. every nonzero of Psi Psi^T), and 'softmax' mode."""
+    from pyg_grf.nn import GKATAttention
+    from pyg_grf.transforms import AddRWGNKFeatures
+    t = AddRWGNKFeatures(num_walks=16, lam=0.8, alpha=1.0, max_length=4, seed=0,
+                         kernel_threshold=0.0)
+    g = Batch.from_data_list([t(d) for d in b.to_data_list()])
+    kernel = (g.rwgnk_kernel_index, g.rwgnk_kernel_value)
+    rows = {}
+    for mode, backend in (('linear', 'sparse'), ('linear', 'pairs'), ('softmax', 'auto')):
+        layer = GKATAttention(C, heads=H, mode=mode, out_channels=C // H, backend=backend)
+        rows[f'GKAT {mode} {backend}'] = timeit(fwd_bwd(
+            layer, lambda m, x: m(x, g.rwgnk_index, g.rwgnk_value, g.batch, kernel=kernel), x),
+            repeats)
+    return rows
+
+
 def sparse_products_only(b: Batch, repeats: int) -> float:
     r"""The two block-diagonal CSR products of the symmetric sparse backend alone
     (forward + backward), on the ``[H N, m (d + 1)]`` operand: its roofline."""
@@ -278,6 +296,7 @@ def main(argv=None):
     p.add_argument('--quick', action='store_true')
     p.add_argument('--big', action='store_true', help='add the 262k grid')
     p.add_argument('--calibrate', action='store_true')
+    p.add_argument('--gkat', action='store_true', help='add GKAT rows on the batches')
     p.add_argument('--tuned-malloc', action='store_true',
                    help='pyg_grf.utils.tune_malloc() first (as the pyg-grf CLI does)')
     p.add_argument('--only', default=None, help='comma-separated workload names (e.g. grid256k)')
@@ -326,6 +345,8 @@ def main(argv=None):
         rows = grf_rows(b, x, repeats if not big else 2,
                         backends=('auto',) if big else BACKENDS,
                         modes=('symmetric',) if big else MODES)
+        if args.gkat and is_batch:
+            base.update(gkat_rows(b, x, repeats))
         entry = {'name': name, 'desc': desc, 'num_nodes': b.num_nodes,
                  'baselines': base,
                  'grf': [dict(mode=m, backend=bk, **v) for (m, bk), v in rows.items()]}

@@ -17,10 +17,11 @@ from torch_geometric.utils import softmax
 from pyg_grf._validation import check_index_range
 from pyg_grf.masks.rwgnk import RWGNKMask
 from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
-from pyg_grf.nn.functional import masked_linear_attention
+from pyg_grf.nn.functional import masked_linear_attention, pair_masked_linear_attention
 from pyg_grf.ops import SparsePattern, spmm
 
 MODES = ('linear', 'softmax', 'dense')
+LINEAR_BACKENDS = ('auto', 'sparse', 'pairs')
 SCORES = ('gat', 'dot')
 
 
@@ -120,6 +121,14 @@ class GKATAttention(torch.nn.Module):
             :obj:`False`).
         feature_map_kwargs (dict, optional): arguments of the feature map.
         eps (float): added to the normaliser of ``'linear'`` mode (default: ``1e-6``).
+        backend (str): how ``'linear'`` mode applies :math:`\mathcal{K} = \Psi\Psi^\top`:
+            ``'sparse'`` (two sparse products, never forms :math:`\mathcal{K}`), ``'pairs'``
+            (the kernel on its nonzeros: one sampled and one sparse product; the pairs passed
+            as ``kernel``, e.g. stored by ``AddRWGNKFeatures(kernel_threshold=0.)``, which
+            equal all of :math:`\Psi\Psi^\top`, or computed once per call) or ``'auto'``
+            (``'pairs'`` when ``kernel`` is given, else ``'sparse'``) (default: ``'auto'``).
+            With a positive ``kernel_threshold`` the stored pairs drop the small entries, so
+            ``'pairs'`` then approximates ``'sparse'``.
 
     Shapes:
         - **input:** node features :math:`(N, F)`, ``rwgnk_index`` :math:`(2, |\Psi|)`,
@@ -132,8 +141,12 @@ class GKATAttention(torch.nn.Module):
                  negative_slope: float = 0.2, out_channels: Optional[int] = None,
                  score: str = 'gat', kernel_weighting: bool = True, bias: bool = True,
                  threshold: float = 0.0, cached: bool = False,
-                 feature_map_kwargs: Optional[Dict[str, Any]] = None, eps: float = 1e-6):
+                 feature_map_kwargs: Optional[Dict[str, Any]] = None, eps: float = 1e-6,
+                 backend: str = 'auto'):
         super().__init__()
+        if backend not in LINEAR_BACKENDS:
+            raise ValueError(f"'backend' must be one of {LINEAR_BACKENDS}, got {backend!r}")
+        self.backend = backend
         if mode not in MODES:
             raise ValueError(f"'mode' must be one of {MODES}, got {mode!r}")
         if score not in SCORES:
@@ -239,16 +252,22 @@ class GKATAttention(torch.nn.Module):
             # Keys are stabilised per graph (never by a quantity of other graphs).
             phi_k = apply_feature_map(self.feature_map, self.lin_k(x).view(N, H, C),
                                       batch=batch)
-            mask = RWGNKMask.from_index(rwgnk_index, rwgnk_value, N)
-            out = masked_linear_attention(phi_q, phi_k, v, mask, eps=self.eps)
+            use_pairs = self.backend == 'pairs' or (self.backend == 'auto' and kernel is not None)
+            if use_pairs:
+                # The kernel on its nonzeros: one sampled product, one sparse product.
+                if kernel is None:
+                    kernel = rwgnk_kernel(rwgnk_index, rwgnk_value, N)
+                k_index, k_value = self._check_kernel(kernel)
+                pattern = SparsePattern(k_index, (N, N))
+                out = pair_masked_linear_attention(
+                    phi_q, phi_k, v, pattern, k_value.to(x.dtype).expand(H, -1), self.eps)
+            else:
+                mask = RWGNKMask.from_index(rwgnk_index, rwgnk_value, N)
+                out = masked_linear_attention(phi_q, phi_k, v, mask, eps=self.eps)
         elif self.mode == 'softmax':
             # Pairs (i, j) with K_ij != 0 from the sparse product Psi Psi^T.
             if kernel is not None:
-                k_index, k_value = kernel
-                if k_index.dim() != 2 or k_index.size(0) != 2 or \
-                        k_value.shape != (k_index.size(1),):
-                    raise ValueError(f"'kernel' must be (index [2, P], value [P]), got shapes "
-                                     f"{tuple(k_index.shape)} and {tuple(k_value.shape)}")
+                k_index, k_value = self._check_kernel(kernel)
                 if self.threshold > 0:
                     keep = k_value.abs() > self.threshold
                     k_index, k_value = k_index[:, keep], k_value[keep]
@@ -277,6 +296,14 @@ class GKATAttention(torch.nn.Module):
         if self.bias is not None:
             out = out + self.bias
         return out
+
+    @staticmethod
+    def _check_kernel(kernel: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor]:
+        k_index, k_value = kernel
+        if k_index.dim() != 2 or k_index.size(0) != 2 or k_value.shape != (k_index.size(1),):
+            raise ValueError(f"'kernel' must be (index [2, P], value [P]), got shapes "
+                             f"{tuple(k_index.shape)} and {tuple(k_value.shape)}")
+        return k_index, k_value
 
     def _pair_logits(self, x: Tensor, v: Tensor, dst: Tensor, src: Tensor) -> Tensor:
         N, H, C = v.shape
@@ -317,6 +344,7 @@ class GKATAttention(torch.nn.Module):
     def __repr__(self) -> str:
         if self.mode == 'linear':
             extra = f', feature_map={self.feature_map_name!r}'
+            extra += f', backend={self.backend!r}' if self.backend != 'auto' else ''
         else:
             extra = f', score={self.score!r}'
             extra += f', threshold={self.threshold}' if self.threshold else ''

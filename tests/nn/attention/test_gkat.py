@@ -199,3 +199,28 @@ def test_precomputed_kernel_pairs(stored, layer_threshold):
               kernel=(batch.rwgnk_kernel_index, batch.rwgnk_kernel_value[:-1]))
     with pytest.raises(ValueError, match="'kernel_threshold' must be None or >= 0"):
         AddRWGNKFeatures(num_walks=4, lam=0.7, alpha=1.0, max_length=3, kernel_threshold=-1.0)
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'auto'])
+@pytest.mark.parametrize('with_kernel', [False, True])
+def test_linear_backends_equal_dense_reference(backend, with_kernel):
+    from pyg_grf.nn.attention.gkat import rwgnk_kernel
+    batch = make_batch()
+    torch.manual_seed(1)
+    layer = GKATAttention(8, heads=2, mode='linear', out_channels=3, backend=backend).double()
+    torch.nn.init.normal_(layer.bias)
+    kernel = rwgnk_kernel(batch.rwgnk_index, batch.rwgnk_value, batch.num_nodes) \
+        if with_kernel else None
+    x = batch.x.clone().requires_grad_()
+    out = layer(x, batch.rwgnk_index, batch.rwgnk_value, batch.batch, kernel=kernel)
+    ref = reference(layer, batch.x, dense_kernel(batch))
+    assert torch.allclose(out, ref, atol=1e-9, rtol=0)
+    out.sum().backward()
+    assert layer.lin_q.weight.grad is not None and x.grad is not None
+
+
+def test_linear_backend_repr_and_bad_value():
+    assert 'backend=' not in str(GKATAttention(8, heads=2))
+    assert "backend='pairs'" in str(GKATAttention(8, heads=2, backend='pairs'))
+    with pytest.raises(ValueError, match="'backend' must be one of"):
+        GKATAttention(8, backend='dense')
