@@ -21,13 +21,8 @@ from __future__ import annotations
 
 from typing import Tuple
 
-import warnings
-
 import torch
 from torch import Tensor
-
-# torch flags CSR support as beta on every construction; we rely on the stable subset (CSR @ dense).
-warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
 
 
 class SparsePattern:

@@ -280,11 +280,17 @@ class _Task(pl.LightningModule):
 
     def configure_optimizers(self):
         decay, no_decay = [], []
+        # Modules may exempt parameters through no_weight_decay() (e.g. GRFAttention's mask
+        # coefficients f and beta: decaying them would shrink the mask, not regularise weights).
+        exempt = set()
+        for prefix, module in self.model.named_modules():
+            if hasattr(module, 'no_weight_decay'):
+                exempt |= {f'{prefix}.{n}' if prefix else n for n in module.no_weight_decay()}
         for name, param in self.model.named_parameters():
             if not param.requires_grad:
                 continue
             # No weight decay on biases, norms and embeddings' scalar parameters.
-            (no_decay if param.dim() <= 1 else decay).append(param)
+            (no_decay if param.dim() <= 1 or name in exempt else decay).append(param)
         optimizer = torch.optim.AdamW(
             [{'params': decay, 'weight_decay': self.weight_decay},
              {'params': no_decay, 'weight_decay': 0.}], lr=self.lr, betas=self.betas)

@@ -62,7 +62,8 @@ class GRFAttention(QKVAttention):
         f_init (float, optional): initial :math:`f_l = \mathrm{f\_init}^l` (decaying, so longer
             walks start with less weight; :math:`f_0 = 1`) (default: :obj:`0.5`).
         learn_f (bool, optional): whether :math:`f` is learnable (default: :obj:`True`).
-        dropout (float, optional): dropout on the attention output (default: :obj:`0.`).
+        dropout (float, optional): dropout on the attention output in the linear modes, on the
+            attention coefficients in ``'sparse_softmax'`` mode (default: :obj:`0.`).
         bias (bool, optional): biases in the projections (default: :obj:`True`).
         eps (float, optional): added to the normaliser (default: :obj:`1e-6`).
         backend (str, optional): how the masked attention is computed, same result:
@@ -163,8 +164,9 @@ class GRFAttention(QKVAttention):
         backend = self.backend
         if backend == 'auto':
             backend = choose_backend(grf, self.mode, H, m, C, batch)
-        if self.mode == 'sparse_softmax':
-            return self.finish(self._softmax(grf, q, k, v, backend, batch))
+        if self.mode == 'sparse_softmax':  # dropout on the coefficients, not again on the output
+            out = self._softmax(grf, q, k, v, backend, batch)
+            return self.to_out(out.reshape(out.size(0), H * C))
         # Linear modes: masked sums [N, H, C + 1] (numerator, then the normaliser).
         phi_q, phi_k = self.features(q, k, grf.batch if batch is None else batch)
         o = self._linear_sums(grf, phi_q, phi_k, v, backend, batch)
@@ -172,6 +174,10 @@ class GRFAttention(QKVAttention):
             o = o + self.beta.to(o.dtype).view(1, H, 1) * F.packing_sums(
                 phi_q, phi_k, v, grf.layout(batch))
         return self.finish(F.normalize_sums(o, self.eps))
+
+    def no_weight_decay(self) -> set:
+        r"""Names of the parameters an optimiser should not decay: the mask coefficients."""
+        return {'f'} | ({'beta_raw'} if self.beta_raw is not None else set())
 
     @property
     def beta(self) -> Optional[Tensor]:

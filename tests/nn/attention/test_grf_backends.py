@@ -311,3 +311,37 @@ def test_sum_mask_packing_plus_grf_equals_dense():
         SumMask([PackingMask(b.batch)], weights=[1.0, 2.0])
     with pytest.raises(ValueError, match='disagree on the number of heads'):
         SumMask([grf_mask, PackingMask(b.batch)], weights=[1.0, torch.ones(2)])
+
+
+def test_mask_coefficients_are_not_weight_decayed():
+    from pyg_grf.lightning.tasks import GraphLevelTask
+    from pyg_grf.nn import GraphTransformer
+    model = GraphTransformer(8, 16, 2, num_layers=2, heads=2,
+                             attention_kwargs={'max_length': 3, 'global_beta': 0.1})
+    task = GraphLevelTask(model=model, task='multiclass', num_classes=2, weight_decay=0.1)
+    task.trainer = type('T', (), {'estimated_stepping_batches': 10, 'max_epochs': 1})()
+    opt = task.configure_optimizers()
+    opt = opt['optimizer'] if isinstance(opt, dict) else opt[0][0] if isinstance(opt, tuple) \
+        else opt
+    decayed = {id(p) for g in opt.param_groups if g['weight_decay'] > 0 for p in g['params']}
+    for name, p in model.named_parameters():
+        if name.endswith('.f') or name.endswith('beta_raw'):
+            assert id(p) not in decayed, name
+    assert any(id(p) in decayed for n, p in model.named_parameters() if n.endswith('to_q.weight'))
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'dense'])
+def test_sparse_softmax_dropout_is_applied_once(backend, monkeypatch):
+    # dropout belongs on the attention coefficients; it used to hit the output a second time
+    b = make_batch()
+    layer = GRFAttention(8, heads=2, max_length=3, mode='sparse_softmax', dropout=0.3,
+                         backend=backend).double().train()
+    calls = []
+    real = torch.nn.functional.dropout
+
+    def counting(x, *args, **kwargs):
+        calls.append(tuple(x.shape))
+        return real(x, *args, **kwargs)
+    monkeypatch.setattr(torch.nn.functional, 'dropout', counting)
+    layer(b.x, grf=GRFLoads.from_data(b))
+    assert len(calls) == 1
