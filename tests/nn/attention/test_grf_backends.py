@@ -345,3 +345,21 @@ def test_sparse_softmax_dropout_is_applied_once(backend, monkeypatch):
     monkeypatch.setattr(torch.nn.functional, 'dropout', counting)
     layer(b.x, grf=GRFLoads.from_data(b))
     assert len(calls) == 1
+
+
+def test_graph_transformer_reuses_loads_for_the_same_full_graph():
+    from pyg_grf.nn import GraphTransformer
+    b = make_batch()
+    b.x = b.x.float()
+    model = GraphTransformer(8, 16, 2, num_layers=2, heads=2, pooling=None,
+                             attention_kwargs={'max_length': 3}).eval()
+    out1 = model(b)
+    adapter = model.blocks[0].attn
+    first = adapter._last_loads[1]
+    out2 = model(b)
+    assert adapter._last_loads[1] is first  # same tensors: no re-validation, no new join
+    assert torch.equal(out1, out2)
+    b.grf_load.mul_(2.0)  # changed in place: rebuilt
+    out3 = model(b)
+    assert adapter._last_loads[1] is not first
+    assert not torch.allclose(out3, out1)
