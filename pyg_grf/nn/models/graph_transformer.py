@@ -178,16 +178,19 @@ class GRFAdapter(AttentionAdapter):
         # it has built) while the tensors are unchanged (same storage, same version).
         names = self.requires + tuple(f for f in self.optional if f in fields)
         tensors = [fields[n] for n in names] + ([] if batch is None else [batch])
-        stamp = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in tensors) + (num_nodes,)
+        stamp = None
+        if not any(t.is_inference() for t in tensors):  # inference tensors have no version
+            stamp = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in tensors)
+            stamp += (num_nodes,)
         cached = getattr(self, '_last_loads', None)
-        if cached is not None and cached[0] == stamp:
+        if stamp is not None and cached is not None and cached[0] == stamp:
             return cached[1]
         key = None
         if all(f in fields for f in self.optional):
             key = GRFLoads(*(fields[f] for f in self.optional), num_nodes, batch=batch)
         grf = GRFLoads(fields['grf_index'], fields['grf_length'], fields['grf_load'],
                        num_nodes, batch=batch, key=key)
-        self._last_loads = (stamp, grf)
+        self._last_loads = None if stamp is None else (stamp, grf)
         return grf
 
 

@@ -363,3 +363,15 @@ def test_graph_transformer_reuses_loads_for_the_same_full_graph():
     out3 = model(b)
     assert adapter._last_loads[1] is not first
     assert not torch.allclose(out3, out1)
+
+
+def test_graph_transformer_under_inference_mode():
+    from pyg_grf.nn import GraphTransformer
+    with torch.inference_mode():
+        b = make_batch()
+        b.x = b.x.float()
+    model = GraphTransformer(8, 16, 2, num_layers=2, heads=2, pooling=None,
+                             attention_kwargs={'max_length': 3}).eval()
+    with torch.inference_mode():
+        out = model(b)
+        assert torch.equal(out, model(b))
