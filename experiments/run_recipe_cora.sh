@@ -1,16 +1,18 @@
 #!/usr/bin/env bash
 # Cora, public split: GRF-GPS (cora_grf_gps.yaml) against the GAT baseline (cora_gat.yaml),
 # seeds 0..4, test accuracy of the checkpoint with the best validation accuracy.
-#   bash experiments/run_recipe_cora.sh OUT_DIR [THREADS] [EPOCHS]
+#   bash experiments/run_recipe_cora.sh OUT_DIR [THREADS] [EPOCHS] [CONFIGS] [SEEDS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: run_recipe_cora.sh OUT_DIR [THREADS] [EPOCHS]}
 export OMP_NUM_THREADS=${2:-1}
 EPOCHS=${3:-100}
+CONFIGS=${4:-cora_gat cora_grf_gps}
+SEEDS=${5:-0 1 2 3 4}
 export PYG_GRF_MIRROR="${PYG_GRF_MIRROR:-$(cd .. && pwd)/shared/datasets}"
 mkdir -p "$OUT"
-for cfg in cora_gat cora_grf_gps; do
-  for seed in 0 1 2 3 4; do
+for cfg in $CONFIGS; do
+  for seed in $SEEDS; do
     start=$(date +%s)
     pyg-grf fit --config "experiments/configs/$cfg.yaml" --seed_everything "$seed" \
       --test_after_fit=true --trainer.max_epochs "$EPOCHS" \

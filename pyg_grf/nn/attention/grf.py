@@ -131,7 +131,10 @@ class GRFAttention(QKVAttention):
              pattern: Optional[SparsePattern] = None) -> GRFMask:
         r"""The layer's current :class:`~pyg_grf.masks.GRFMask` (one mask per head), from a
         :class:`~pyg_grf.features.GRFLoads` or the three tensors and ``num_nodes``."""
-        grf = _as_loads(grf_index, grf_length, grf_load, num_nodes, None)
+        if isinstance(grf_index, GRFLoads):
+            grf = grf_index
+        else:
+            grf = _as_loads(grf_index, grf_length, grf_load, num_nodes, None)
         return GRFMask.from_loads(grf, f=self.f, asymmetric=self.mode != 'symmetric')
 
     def forward(self, x: Tensor, grf_index: Union[Tensor, GRFLoads, None] = None,
@@ -281,9 +284,11 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
       (symmetric) or :math:`P_\Phi`;
     * ``'dense'`` (padded blocks): :math:`c_4 B n_{max}^2 H (m + d + 1)(1 + n_{max} / 256)`
       (larger blocks fall out of cache), times 1.6 for the softmax mode;
-    * the join (symmetric mask, pair and dense backends), once per batch: :math:`c_6 T`, counted
-      as spread over two layers. It is only run when that share is below the sparse estimate
-      (:math:`T` is known beforehand; hub nodes make it large).
+    * the join (symmetric mask, pair and dense backends), once per batch: :math:`c_6 T`
+      (several times more per term for one big graph, whose :math:`N^2` cells need a sort),
+      counted as spread over two layers. It is only run when that share plus the pair cost of
+      :math:`P_\Phi` pairs (a lower bound) is below the sparse estimate and its memory stays
+      under 2 GiB (:math:`T` is known beforehand; hub nodes make it large).
 
     Measured per layer on one core (LRGB-sized batch / TU-sized batch / 16k grid, symmetric):
     sparse 355 / 83 / 631 ms, pairs 51 / 26 / 111 ms, dense 160 / 19 / (not run) ms.
@@ -311,8 +316,15 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
             costs['pairs'] = P_phi * heads * (m + d + 1) * _C_PAIR
             costs['dense'] = dense
             return costs
-        join = grf.num_join_terms() * _C_JOIN / 2
-        if join < costs['sparse']:
+        T = grf.num_join_terms()
+        # batches coalesce the join by a mark array over their padded cells; one big graph
+        # (N^2 cells) needs a sort of the T terms, several times slower per term
+        c_join = _C_JOIN if lay.num_cells <= max(8 * T, 1 << 24) else _C_JOIN_SORT
+        join = T * c_join / 2
+        # the mask has at least the pairs of Phi: a lower bound of the pair backend before the
+        # join is run; the join's memory (~64 bytes a term) is bounded too
+        lower = join + P_phi * heads * (m + d + 1) * _C_PAIR
+        if lower < costs['sparse'] and T * 64 < _JOIN_MEMORY:
             P = grf.mask_pattern(batch).nnz
             costs['pairs'] = P * heads * (m + d + 1) * _C_PAIR + join
             costs['dense'] = dense + join
@@ -326,3 +338,5 @@ _C_OUTER = 9.8e-9
 _C_PAIR = 1.8e-9
 _C_CELL = 9.6e-9
 _C_JOIN = 7.0e-8
+_C_JOIN_SORT = 4.0e-7  # 262k grid: 10.7 s for 29M terms, default allocator
+_JOIN_MEMORY = 2 ** 31  # bytes

@@ -375,3 +375,26 @@ def test_graph_transformer_under_inference_mode():
     with torch.inference_mode():
         out = model(b)
         assert torch.equal(out, model(b))
+
+
+def test_layer_mask_accepts_grf_loads():
+    b = make_batch()
+    layer = make_layer('symmetric', 'sparse')
+    grf = GRFLoads.from_data(b)
+    M1 = layer.mask(grf).to_dense()
+    M2 = layer.mask(b.grf_index, b.grf_length, b.grf_load, b.num_nodes).to_dense()
+    assert torch.allclose(M1, M2)
+
+
+def test_auto_skips_the_join_for_hub_graphs():
+    # a star: every walk passes the hub, the join is quadratic in its visits
+    from pyg_grf.features.loads import GRFLoads as L
+    n = 3000
+    ei = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)])
+    ei = torch.cat([ei, ei.flip(0)], 1)
+    d = AddGraphRandomFeatures(num_walks=8, p_halt=0.3, max_length=3, seed=0)(
+        Data(edge_index=ei, num_nodes=n))
+    grf = L.from_data(d)
+    costs = backend_costs(grf, 'symmetric', 4, 16, 16)
+    assert 'pairs' not in costs and min(costs, key=costs.get) == 'sparse'
+    assert not any(k[0] == 'terms' for k in grf._cache if isinstance(k, tuple))  # no join run
