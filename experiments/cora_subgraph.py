@@ -65,12 +65,12 @@ class GRFNodeModel(nn.Module):
     r"""Input MLP, :obj:`num_layers` residual GRF attention layers, linear head."""
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
                  heads: int = 4, max_length: int = 3, num_layers: int = 1,
-                 dropout: float = 0.5):
+                 dropout: float = 0.5, backend: str = 'auto'):
         super().__init__()
         self.dropout = dropout
         self.lin_in = nn.Linear(in_channels, hidden_channels)
         self.attns = nn.ModuleList(GRFAttention(hidden_channels, heads=heads,
-                                                max_length=max_length)
+                                                max_length=max_length, backend=backend)
                                    for _ in range(num_layers))
         self.norms = nn.ModuleList(nn.LayerNorm(hidden_channels) for _ in range(num_layers))
         self.lin_out = nn.Linear(hidden_channels, out_channels)
@@ -153,17 +153,19 @@ def table() -> str:
     for path in sorted(glob.glob(osp.join(RUNS, '*.json'))):
         with open(path) as fh:
             r = json.load(fh)
-        rows.setdefault((r['mode'], r['parts']), []).append(r)
-    lines = ['| mode | parts | test accuracy (%) | per seed | val accuracy (%) | s / epoch |',
-             '|---|---|---|---|---|---|']
-    for (mode, parts), rs in sorted(rows.items(), key=lambda kv: (MODES.index(kv[0][0]),
-                                                                  kv[0][1])):
+        rows.setdefault((r['mode'], r['parts'], r['epochs']), []).append(r)
+    lines = ['| mode | parts (steps / epoch) | epochs | test accuracy (%) | per seed '
+             '| val accuracy (%) | best epochs | s / epoch |',
+             '|---|---|---|---|---|---|---|---|']
+    for (mode, parts, epochs), rs in sorted(rows.items(), key=lambda kv: (
+            MODES.index(kv[0][0]), kv[0][1], kv[0][2])):
         rs = sorted(rs, key=lambda r: r['seed'])
         t = [100 * r['test'] for r in rs]
         v = [100 * r['val'] for r in rs]
         sd = statistics.stdev(t) if len(t) > 1 else 0.
-        lines.append(f"| {mode} | {parts} | {statistics.mean(t):.1f} ± {sd:.1f} | "
+        lines.append(f"| {mode} | {parts} | {epochs} | {statistics.mean(t):.1f} ± {sd:.1f} | "
                      f"{' / '.join(f'{x:.1f}' for x in t)} | {statistics.mean(v):.1f} | "
+                     f"{' / '.join(str(r['best_epoch']) for r in rs)} | "
                      f"{statistics.median(r['s_per_epoch'] for r in rs):.3f} |")
     return '\n'.join(lines)
 
@@ -192,7 +194,8 @@ def main():
         for seed in args.seeds:
             r = run(args, mode, seed, data)
             print(json.dumps({k: v for k, v in r.items() if k != 'settings'}), flush=True)
-            with open(osp.join(RUNS, f'{mode}_p{r["parts"]}_s{seed}.json'), 'w') as fh:
+            name = f'{mode}_p{r["parts"]}_e{args.epochs}_s{seed}.json'
+            with open(osp.join(RUNS, name), 'w') as fh:
                 json.dump(r, fh, indent=1)
     print(table())
 

@@ -267,6 +267,9 @@ class RestrictGraphRandomFeatures(BaseTransform):
         self.attr_prefix = attr_prefix
 
     def forward(self, data: Data) -> Data:
+        if not isinstance(data, Data):
+            raise TypeError(f"{self.__class__.__name__} expects a torch_geometric.data.Data "
+                            f"(homogeneous graph), got {type(data).__name__}")
         n_id = getattr(data, self.node_id_attr, None)
         if n_id is None:
             raise ValueError(f"the subgraph has no '{self.node_id_attr}' (the original id of each "
