@@ -146,6 +146,7 @@ def worker(args, way, rank=0, world=1):
         import torch.distributed as dist
         gathered = [None] * world
         dist.all_gather_object(gathered, res)
+        dist.barrier()
         dist.destroy_process_group()
         if rank != 0:
             return None
