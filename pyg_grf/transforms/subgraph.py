@@ -204,6 +204,71 @@ def _restrict_loads(grf: GRFLoads, subset: Tensor, node_map: Tensor) -> GRFLoads
                     key=key)
 
 
+def _check_ids(ids: Tensor, num_nodes: int, name: str) -> Tensor:
+    if not isinstance(ids, Tensor) or ids.dim() != 1:
+        raise ValueError(f"'{name}' must be a 1-D tensor of node ids, got "
+                         f"{tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__}")
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise TypeError(f"'{name}' must hold integer node ids, got {ids.dtype}")
+    ids = ids.long()
+    if ids.numel() > 0:
+        lo, hi = torch.aminmax(ids)
+        if int(lo) < 0 or int(hi) >= num_nodes:
+            raise ValueError(f"'{name}' must hold node ids of the full graph in [0, {num_nodes}), "
+                             f"got ids in [{int(lo)}, {int(hi)}]")
+    return ids
+
+
+def _by_start(index: Tensor, hop: Tensor, load: Tensor,
+              num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""Validates full-graph loads, sorts them by (start, visited, hop) if they are not, and
+    returns them with the CSR row pointer of the starts."""
+    if index.dim() != 2 or index.size(0) != 2:
+        raise ValueError(f"the GRF index must have shape [2, nnz], got {tuple(index.shape)}")
+    if hop.shape != index.shape[1:] or load.shape != index.shape[1:]:
+        raise ValueError(f"the GRF hop counts and loads must have shape [{index.size(1)}], got "
+                         f"{tuple(hop.shape)} and {tuple(load.shape)}")
+    start = index[0].long()
+    if index.numel() > 0:
+        lo, hi = torch.aminmax(index)
+        if int(lo) < 0 or int(hi) >= num_nodes:
+            raise ValueError(f"the GRF index must hold node ids in [0, {num_nodes}), got ids in "
+                             f"[{int(lo)}, {int(hi)}]")
+        # sorted by (start, visited, hop), as the transform stores them? otherwise sort once
+        pair = start * num_nodes + index[1].long()
+        step = pair[1:] - pair[:-1]
+        if bool((step < 0).any()) or bool(((step == 0) & (hop[1:] < hop[:-1])).any()):
+            perm = torch.sort(hop, stable=True).indices
+            perm = perm[torch.sort(pair[perm], stable=True).indices]
+            index, hop, load, start = index[:, perm], hop[perm], load[perm], start[perm]
+    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=index.device)
+    rowptr[1:] = torch.cumsum(torch.bincount(start, minlength=num_nodes), 0)
+    return index, hop, load, rowptr
+
+
+def _restrict_rows(index: Tensor, hop: Tensor, load: Tensor, rowptr: Tensor, ids: Tensor,
+                   node_map: Tensor, monotone: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    r""":func:`_restrict` through the CSR of the starts: gathers only the entries that start at
+    a node of :obj:`ids` (in the order of :obj:`ids`, so grouped by new start), then keeps those
+    whose visited node is in :obj:`ids` too."""
+    n = ids.numel()
+    first, counts = rowptr[ids], rowptr[ids + 1] - rowptr[ids]
+    # positions of all entries of the kept starts: first[k] + 0, 1, ..., counts[k] - 1
+    seg = torch.repeat_interleave(torch.arange(n, device=ids.device), counts)
+    offset = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(seg.numel(), device=ids.device) - offset[seg] + first[seg]
+    visited = node_map[index[1, pos].long()]
+    keep = visited >= 0
+    new = torch.stack([seg[keep], visited[keep]])
+    pos = pos[keep]
+    hop, load = hop[pos], load[pos]
+    if not monotone and new.size(1) > 1:
+        # grouped by new start already; the visited order inside a start changed
+        perm = torch.sort(new[0] * n + new[1], stable=True).indices
+        new, hop, load = new[:, perm], hop[perm], load[perm]
+    return new.to(index.dtype), hop, load
+
+
 @functional_transform('restrict_graph_random_features')
 class RestrictGraphRandomFeatures(BaseTransform):
     r"""Restricts the graph random features of a full graph to the nodes of a sampled subgraph
@@ -260,11 +325,15 @@ class RestrictGraphRandomFeatures(BaseTransform):
         else:
             raise TypeError(f"'data' must be a torch_geometric.data.Data or a GRFLoads, got "
                             f"{type(data).__name__}")
-        self.loads = loads
-        self.num_nodes = int(num_nodes)
+        N = int(num_nodes)
+        # Validate the full graph's loads once, and index them by start node (CSR), so that a
+        # batch only touches the entries of its own nodes: O(entries of the batch), not O(nnz).
+        self.loads = {p: _by_start(*t, N) for p, t in loads.items()}
+        self.num_nodes = N
         self.attr_prefixes = sorted(loads)
         self.node_id_attr = node_id_attr
         self.attr_prefix = attr_prefix
+        self._node_map: Optional[Tensor] = None  # old id -> new id, -1 outside the batch
 
     def forward(self, data: Data) -> Data:
         if not isinstance(data, Data):
@@ -279,13 +348,26 @@ class RestrictGraphRandomFeatures(BaseTransform):
         if data.num_nodes is not None and n_id.numel() != data.num_nodes:
             raise ValueError(f"'{self.node_id_attr}' must hold one id per node of the subgraph "
                              f"({data.num_nodes}), got {n_id.numel()}")
-        data = copy.copy(data)  # never mutate the input
-        device = next(iter(self.loads.values()))[0].device
-        ids, node_map = _node_map(n_id, self.num_nodes, device)
-        monotone = ids.numel() < 2 or bool((ids[1:] > ids[:-1]).all())
-        for p, (index, hop, load) in self.loads.items():
-            index, hop, load = _restrict(index, hop, load, node_map, ids.numel(), monotone)
-            data[f'{p}_index'], data[f'{p}_length'], data[f'{p}_load'] = index, hop, load
+        N = self.num_nodes
+        index0 = next(iter(self.loads.values()))[0]
+        ids = _check_ids(n_id, N, self.node_id_attr).to(index0.device)
+        n = ids.numel()
+        if self._node_map is None or self._node_map.device != index0.device:
+            self._node_map = torch.full((N, ), -1, dtype=torch.long, device=index0.device)
+        node_map = self._node_map
+        new_ids = torch.arange(n, device=ids.device)
+        node_map[ids] = new_ids
+        try:
+            if not bool((node_map[ids] == new_ids).all()):
+                raise ValueError(f"'{self.node_id_attr}' must not repeat a node id")
+            monotone = n < 2 or bool((ids[1:] > ids[:-1]).all())
+            data = copy.copy(data)  # never mutate the input
+            for p, (index, hop, load, rowptr) in self.loads.items():
+                index, hop, load = _restrict_rows(index, hop, load, rowptr, ids, node_map,
+                                                  monotone)
+                data[f'{p}_index'], data[f'{p}_length'], data[f'{p}_load'] = index, hop, load
+        finally:
+            node_map[ids] = -1  # leave the map clean for the next batch
         return data
 
     def __repr__(self) -> str:

@@ -263,6 +263,24 @@ def test_restrict_from_grfloads_and_layer_runs():
     assert layer(out.x, grf=GRFLoads.from_data(out, key_prefix='grf_key')).shape == (3, 5)
 
 
+def test_restrict_from_unsorted_loads_and_after_an_error():
+    data = full_graph()
+    gen = torch.Generator().manual_seed(1)
+    shuffled = data.clone()
+    for p in ('grf', 'grf_key'):
+        perm = torch.randperm(data[f'{p}_index'].size(1), generator=gen)
+        shuffled[f'{p}_index'] = data[f'{p}_index'][:, perm]
+        shuffled[f'{p}_length'] = data[f'{p}_length'][perm]
+        shuffled[f'{p}_load'] = data[f'{p}_load'][perm]
+    restrict = RestrictGraphRandomFeatures(shuffled)
+    with pytest.raises(ValueError, match="must not repeat a node id"):
+        restrict(Data(x=torch.randn(3, 5), n_id=torch.tensor([4, 9, 4])))
+    for kept in ([4, 9, 17, 2], [0, 1, 2, 3, 5, 8, 13, 21], list(range(N))):
+        out = restrict(Data(x=data.x[kept], n_id=torch.tensor(kept)))
+        # the same entries as from the sorted loads; sorted again by (start, visited, hop)
+        assert_restricted(out, data, kept)
+
+
 def test_repr():
     data = full_graph()
     assert str(RestrictGraphRandomFeatures(data, attr_prefixes=['grf'])) == (
@@ -303,6 +321,14 @@ def test_bad_input():
         restrict(Data(x=torch.randn(3, 5)))
     with pytest.raises(ValueError, match=r"one id per node of the subgraph \(3\), got 2"):
         restrict(Data(x=torch.randn(3, 5), n_id=torch.tensor([0, 1])))
+    with pytest.raises(ValueError, match=r"'n_id' must hold node ids of the full graph in "
+                                         r"\[0, 24\), got ids in \[0, 24\]"):
+        restrict(Data(x=torch.randn(2, 5), n_id=torch.tensor([0, 24])))
+    with pytest.raises(TypeError, match="'n_id' must hold integer node ids, got torch.float32"):
+        restrict(Data(x=torch.randn(2, 5), n_id=torch.tensor([0., 1.])))
+    with pytest.raises(ValueError, match=r"must hold node ids in \[0, 6\), got ids in"):
+        RestrictGraphRandomFeatures(Data(num_nodes=6, grf_index=data.grf_index,
+                                         grf_length=data.grf_length, grf_load=data.grf_load))
     with pytest.raises(ValueError, match="holds no GRF loads"):
         RestrictGraphRandomFeatures(Data(x=torch.randn(3, 5)))
     with pytest.raises(TypeError, match="Data or a GRFLoads, got Tensor"):
