@@ -39,7 +39,10 @@ class AddGraphBridgeTokens(BaseTransform):
     With a :obj:`seed`, the transform draws from its own generator, seeded once at construction
     and advanced by every graph it processes: the :math:`k`-th graph it processes gets the same
     noise on every run (a :obj:`pre_transform` processes the dataset in order), while different
-    graphs get independent noise.
+    graphs get independent noise. Used as a :obj:`transform` with several data-loader workers,
+    every worker advances its own copy of that generator, so the workers repeat each other's
+    draws: there, prefer :obj:`seed=None` (PyTorch's data loader seeds every worker's global
+    generator differently).
 
     Args:
         attr_name (str, optional): Attribute name of the token types.
