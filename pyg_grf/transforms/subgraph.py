@@ -124,11 +124,13 @@ def subgraph_grf(
 
     * For a :class:`~torch_geometric.data.Data`, returns :obj:`data.subgraph(subset)` in which the
       loads of every prefix (:obj:`grf`, :obj:`grf_key`, ... or those in :obj:`attr_prefixes`)
-      are restricted. PyG has no hook through which an attribute could define its own
-      subgraphing, and :meth:`Data.subgraph` copies the loads unchanged (or, when their length
-      happens to equal the number of nodes or edges, slices them as node or edge attributes),
-      so call this function in place of :meth:`Data.subgraph`; the loads are kept out of PyG's
-      slicing.
+      are restricted. :meth:`Data.subgraph` decides per attribute from its shape and offers no
+      per-attribute hook (short of subclassing :class:`Data`): it copies the loads unchanged
+      (or, when their number of entries happens to equal the number of nodes or edges, slices
+      them as node or edge attributes). Call this function in place of
+      :meth:`Data.subgraph`; the loads are kept out of PyG's slicing.
+    * For many batches of one graph, :class:`RestrictGraphRandomFeatures` is faster: it indexes
+      the entries by start node once, while this function scans all of them.
     * For a :class:`~pyg_grf.features.GRFLoads`, returns the restricted :class:`GRFLoads`
       (its key-side loads and batch vector too).
 
