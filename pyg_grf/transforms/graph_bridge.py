@@ -1,6 +1,8 @@
 r"""Per-graph token layout of Graph-Bridge (SAMSA paper, paper 004, Sec. 4.3)."""
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 from torch_geometric.data import Data
@@ -23,19 +25,59 @@ class AddGraphBridgeTokens(BaseTransform):
     transform that changes :obj:`edge_index` (e.g.
     :class:`~torch_geometric.transforms.ToUndirected`).
 
+    Optionally (:obj:`pe_dim`) it also draws the Gaussian noise of the Graph-Bridge positional
+    encoding, :math:`[\boldsymbol{\epsilon}^{(1)} \Vert \boldsymbol{\epsilon}^{(2)}]_i \sim
+    \mathcal{N}(\mathbf{0}, \mathbf{I})` for every node :math:`i`, and stores it as
+    :obj:`data[pe_attr]` of shape :math:`(N, \mathrm{pe\_dim})` (a node-level attribute: PyG
+    batches and slices it with the nodes). :class:`~pyg_grf.nn.GraphBridge` uses it in place of
+    its own draw when it is passed as :obj:`noise=` (set :obj:`pe_dim = 2 * pe_channels`). As a
+    :obj:`pre_transform` the noise is drawn once and cached with the dataset, so every epoch sees
+    the same encoding; as a :obj:`transform` it is drawn again at every access. By default
+    (:obj:`pe_dim=None`) nothing is stored and the module draws fresh noise at every forward
+    pass, as in the paper.
+
+    With a :obj:`seed`, the transform draws from its own generator, seeded once at construction
+    and advanced by every graph it processes: the :math:`k`-th graph it processes gets the same
+    noise on every run (a :obj:`pre_transform` processes the dataset in order), while different
+    graphs get independent noise. Used as a :obj:`transform` with several data-loader workers,
+    every worker advances its own copy of that generator, so the workers repeat each other's
+    draws: there, prefer :obj:`seed=None` (PyTorch's data loader seeds every worker's global
+    generator differently).
+
     Args:
         attr_name (str, optional): Attribute name of the token types.
             (default: :obj:`"token_type"`)
         num_tokens_attr (str, optional): Attribute name of the token count :math:`N + E`;
             :obj:`None` to skip it. (default: :obj:`"num_tokens"`)
+        pe_dim (int, optional): Width of the stored noise (:obj:`2 * pe_channels` of the
+            module); :obj:`None` stores no noise. (default: :obj:`None`)
+        seed (int, optional): Seed of the noise; :obj:`None` uses torch's global random number
+            generator. (default: :obj:`None`)
+        pe_attr (str, optional): Attribute name of the noise. (default: :obj:`"bridge_noise"`)
     """
     def __init__(self, attr_name: str = 'token_type',
-                 num_tokens_attr: str | None = 'num_tokens') -> None:
-        if 'index' in attr_name or 'batch' in attr_name:
-            raise ValueError(f"'attr_name' must not contain 'index' or 'batch' "
-                             f"(PyG would offset it when batching; got '{attr_name}')")
+                 num_tokens_attr: Optional[str] = 'num_tokens', pe_dim: Optional[int] = None,
+                 seed: Optional[int] = None, pe_attr: str = 'bridge_noise') -> None:
+        for name, value in (('attr_name', attr_name), ('pe_attr', pe_attr)):
+            if 'index' in value or 'batch' in value:
+                raise ValueError(f"'{name}' must not contain 'index' or 'batch' "
+                                 f"(PyG would offset it when batching; got '{value}')")
+        if pe_dim is not None and (isinstance(pe_dim, bool) or not isinstance(pe_dim, int)
+                                   or pe_dim < 1):
+            raise ValueError(f"'pe_dim' must be a positive integer or None (got {pe_dim!r})")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+            raise ValueError(f"'seed' must be an integer or None (got {seed!r})")
+        if pe_attr in (attr_name, num_tokens_attr):
+            raise ValueError(f"'pe_attr' must differ from 'attr_name' and 'num_tokens_attr' "
+                             f"(got '{pe_attr}')")
         self.attr_name = attr_name
         self.num_tokens_attr = num_tokens_attr
+        self.pe_dim = pe_dim
+        self.seed = seed
+        self.pe_attr = pe_attr
+        self.generator = None
+        if seed is not None:
+            self.generator = torch.Generator().manual_seed(seed)
 
     def forward(self, data: Data) -> Data:
         N = data.num_nodes
@@ -49,8 +91,13 @@ class AddGraphBridgeTokens(BaseTransform):
         ])
         if self.num_tokens_attr is not None:
             data[self.num_tokens_attr] = N + E
+        if self.pe_dim is not None:
+            # drawn on the CPU (the generator's device), so a seed gives the same noise anywhere
+            noise = torch.randn(N, self.pe_dim, generator=self.generator)
+            data[self.pe_attr] = noise.to(device) if device is not None else noise
         return data
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}(attr_name={self.attr_name!r}, '
-                f'num_tokens_attr={self.num_tokens_attr!r})')
+                f'num_tokens_attr={self.num_tokens_attr!r}, pe_dim={self.pe_dim}, '
+                f'seed={self.seed}, pe_attr={self.pe_attr!r})')

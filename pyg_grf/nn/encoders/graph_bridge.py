@@ -101,7 +101,10 @@ class GraphBridge(torch.nn.Module):
     :class:`~pyg_grf.transforms.AddGraphBridgeTokens` stores per graph, which saves a sort.
 
     Training mode draws fresh noise :math:`\boldsymbol{\epsilon}` at every call, as the paper
-    does. Evaluation mode is deterministic (:obj:`eval_noise`):
+    does, unless the noise is passed in as :obj:`noise` (e.g. drawn once per graph by
+    :class:`~pyg_grf.transforms.AddGraphBridgeTokens` with :obj:`pe_dim=2 * pe_channels` and
+    cached with the dataset), which is then used in every mode. Evaluation mode without
+    :obj:`noise` is deterministic (:obj:`eval_noise`):
 
     * :obj:`"structural"`: noise that is a fixed function (seeded by :obj:`seed`) of a
       colour-refinement hash of the node's features and neighbourhood, so inference is
@@ -132,7 +135,8 @@ class GraphBridge(torch.nn.Module):
     Shapes:
         - **input:** node features :math:`(N, F)`, edge indices :math:`(2, E)`,
           edge features :math:`(E, G)` *(optional)*, batch vector :math:`(N)` *(optional)*,
-          token types :math:`(N + E)` *(optional)*
+          token types :math:`(N + E)` *(optional)*, noise :math:`(N, 2 \cdot
+          \mathrm{pe\_channels})` *(optional)*
         - **output:** tokens :math:`(N + E, C)`, token batch vector :math:`(N + E)`,
           token types :math:`(N + E)` (:obj:`0` node, :obj:`1` edge)
     """
@@ -227,13 +231,18 @@ class GraphBridge(torch.nn.Module):
         x: Tensor,
         edge_index: Tensor,
         batch: OptTensor = None,
+        noise: OptTensor = None,
     ) -> Tuple[Tensor, Tensor]:
         r"""Returns the node encodings :math:`\mathbf{p}_i` :math:`(N, 2 \cdot
         \mathrm{pe\_channels})` and the edge encodings :math:`\mathbf{p}_{ij} = \mathbf{p}_i -
-        \mathbf{p}_j` :math:`(E, 2 \cdot \mathrm{pe\_channels})`."""
+        \mathbf{p}_j` :math:`(E, 2 \cdot \mathrm{pe\_channels})`, from the given unscaled
+        :obj:`noise` if any, else from :meth:`noise`."""
         x = self._check_x(x)
         scale = F.softplus(torch.cat([self.pe_scale_1, self.pe_scale_2]))
-        eps = self.noise(x, edge_index, batch).to(scale.dtype)
+        if noise is None:
+            eps = self.noise(x, edge_index, batch).to(scale.dtype)
+        else:
+            eps = self._check_noise(noise, x.size(0)).to(scale.dtype)
         node_pe = eps * scale + self.pe_mlp(x.to(scale.dtype))
         edge_pe = node_pe[edge_index[0]] - node_pe[edge_index[1]]
         return node_pe, edge_pe
@@ -245,6 +254,7 @@ class GraphBridge(torch.nn.Module):
         edge_attr: OptTensor = None,
         batch: OptTensor = None,
         token_type: OptTensor = None,
+        noise: OptTensor = None,
     ) -> Tuple[Tensor, Tensor, Tensor]:
         r"""Runs the forward pass of the module.
 
@@ -258,6 +268,11 @@ class GraphBridge(torch.nn.Module):
             token_type (torch.Tensor, optional): The per-graph token layout :math:`(N + E)`
                 stored by :class:`~pyg_grf.transforms.AddGraphBridgeTokens` (batched by PyG as
                 is); if given, skips the sort that computes it. (default: :obj:`None`)
+            noise (torch.Tensor, optional): The unscaled noise :math:`[\boldsymbol{\epsilon}^{(1)}
+                \Vert \boldsymbol{\epsilon}^{(2)}]` :math:`(N, 2 \cdot \mathrm{pe\_channels})`
+                to use instead of a draw, e.g. :obj:`batch.bridge_noise` stored by
+                :class:`~pyg_grf.transforms.AddGraphBridgeTokens` with :obj:`pe_dim`.
+                (default: :obj:`None`)
 
         Returns:
             :obj:`(tokens, token_batch, token_type)`.
@@ -283,7 +298,7 @@ class GraphBridge(torch.nn.Module):
                                  f"(got {list(edge_attr.shape)})")
 
         # Positional encodings of nodes and edges (Sec. 4.3):
-        node_pe, edge_pe = self.positional_encoding(x, edge_index, batch)
+        node_pe, edge_pe = self.positional_encoding(x, edge_index, batch, noise)
 
         # Node and edge tokens in a common width:
         h_node = self.node_mlp(torch.cat([x.to(node_pe.dtype), node_pe], dim=-1))
@@ -322,6 +337,17 @@ class GraphBridge(torch.nn.Module):
     def edge_tokens(tokens: Tensor, token_type: Tensor) -> Tensor:
         r"""Reads the edge tokens :math:`(E, C)` back out of :obj:`tokens`, in edge order."""
         return tokens[token_type == 1]
+
+    def _check_noise(self, noise: Tensor, N: int) -> Tensor:
+        P = 2 * self.pe_channels
+        if not isinstance(noise, Tensor) or not noise.is_floating_point():
+            raise TypeError(f"Expected 'noise' to be a floating-point tensor (got "
+                            f"{getattr(noise, 'dtype', type(noise).__name__)})")
+        if noise.shape != (N, P):
+            raise ValueError(f"Expected 'noise' of shape [{N}, {P}] (one row of "
+                             f"2 * pe_channels = {P} entries per node; use "
+                             f"AddGraphBridgeTokens(pe_dim={P})) (got {list(noise.shape)})")
+        return noise
 
     def _check_x(self, x: Tensor) -> Tensor:
         x = x.view(-1, 1) if x.dim() == 1 else x

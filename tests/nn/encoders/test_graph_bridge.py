@@ -147,3 +147,52 @@ def test_graph_bridge_bad_input():
         gb(X, EDGE_INDEX, EDGE_ATTR, token_type=torch.zeros(5, dtype=torch.long))
     with pytest.raises(ValueError, match="edge_channels=None"):
         GraphBridge(3, 8)(X, EDGE_INDEX, EDGE_ATTR)
+
+
+@pytest.mark.parametrize('training', [True, False])
+def test_graph_bridge_uses_given_noise(training, monkeypatch):
+    gb = GraphBridge(3, 8, edge_channels=2, pe_channels=4).train(training)
+    eps = AddGraphBridgeTokens(pe_dim=8, seed=0)(Data(x=X, edge_index=EDGE_INDEX)).bridge_noise
+    torch.manual_seed(0)
+    out = gb(X, EDGE_INDEX, EDGE_ATTR, noise=eps)
+    # the module's own draw replaced by the same noise gives the same output
+    monkeypatch.setattr(gb, 'noise', lambda *args: eps)
+    torch.manual_seed(0)  # same dropout masks (none here)
+    ref = gb(X, EDGE_INDEX, EDGE_ATTR)
+    for a, b in zip(out, ref):
+        assert torch.equal(a, b)
+    # and the encoding is the documented one
+    node_pe, edge_pe = gb.positional_encoding(X, EDGE_INDEX, noise=eps)
+    scale = F.softplus(torch.cat([gb.pe_scale_1, gb.pe_scale_2]))
+    assert torch.allclose(node_pe, eps * scale + gb.pe_mlp(X))
+    assert torch.allclose(edge_pe, node_pe[EDGE_INDEX[0]] - node_pe[EDGE_INDEX[1]])
+
+
+def test_graph_bridge_given_noise_is_deterministic_in_training():
+    gb = GraphBridge(3, 8, pe_channels=4).train()
+    eps = torch.randn(5, 8)
+    assert torch.equal(gb(X, EDGE_INDEX, noise=eps)[0], gb(X, EDGE_INDEX, noise=eps)[0])
+    assert not torch.allclose(gb(X, EDGE_INDEX)[0], gb(X, EDGE_INDEX)[0])  # default: fresh
+
+
+def test_graph_bridge_given_noise_in_a_batch():
+    transform = AddGraphBridgeTokens(pe_dim=8, seed=1)
+    data = [transform(Data(x=torch.randn(n, 3), edge_index=torch.randint(0, n, (2, e)),
+                           edge_attr=torch.randn(e, 2))) for n, e in [(4, 6), (3, 2), (6, 9)]]
+    batch = Batch.from_data_list(data)
+    gb = GraphBridge(3, 8, edge_channels=2, pe_channels=4).train()
+    tokens, token_batch, _ = gb(batch.x, batch.edge_index, batch.edge_attr, batch.batch,
+                                batch.token_type, noise=batch.bridge_noise)
+    for g, d in enumerate(data):
+        single, _, _ = gb(d.x, d.edge_index, d.edge_attr, noise=d.bridge_noise)
+        assert torch.allclose(tokens[token_batch == g], single, atol=1e-6)
+
+
+def test_graph_bridge_bad_noise():
+    gb = GraphBridge(3, 8, pe_channels=4)
+    with pytest.raises(ValueError, match=r"Expected 'noise' of shape \[5, 8\].*"
+                                         r"AddGraphBridgeTokens\(pe_dim=8\).*got \[5, 4\]"):
+        gb(X, EDGE_INDEX, noise=torch.randn(5, 4))
+    with pytest.raises(TypeError, match=r"Expected 'noise' to be a floating-point tensor "
+                                        r"\(got torch.int64\)"):
+        gb(X, EDGE_INDEX, noise=torch.zeros(5, 8, dtype=torch.long))

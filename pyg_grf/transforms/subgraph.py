@@ -1,0 +1,377 @@
+r"""Precomputed graph random features through PyG's subgraph tools (``Data.subgraph``,
+``RandomNodeLoader``, ``ClusterLoader``, ``NeighborLoader``).
+
+The loads that :class:`~pyg_grf.transforms.AddGraphRandomFeatures` stores are entries
+(start node :math:`i`, visited node :math:`q`, hop count :math:`l`) of the *whole* graph. PyG's
+subgraph tools renumber the nodes but copy these entries unchanged (they are neither node- nor
+edge-level attributes), so a layer would meet node ids outside the subgraph. The restriction here
+keeps the entries whose two ends both survive and renumbers them, with one node-id map tensor:
+
+.. math::
+    \mathrm{load}'(\pi(i), \pi(q), l) = \mathrm{load}(i, q, l)
+    \quad \text{for } i, q \in S,
+
+where :math:`S` is the kept node set and :math:`\pi(v)` the position of :math:`v` in it. The hop
+count and the load of a kept entry never change: the walks stay those drawn on the full graph.
+With :math:`\widehat\Phi_{SS}` the rows *and* columns of the full graph's features in :math:`S`:
+
+* the asymmetric mask :math:`M = \widehat\Phi` (``mode='asymmetric'``, ``'sparse_softmax'``)
+  becomes exactly the principal submatrix :math:`\widehat\Phi_{SS}` of the full graph's mask;
+* the symmetric mask becomes :math:`\widehat\Phi_{SS}\widehat\Phi_{SS}^\top`, i.e.
+  :math:`M'_{ij} = \sum_{q \in S} \widehat\Phi_{iq}\widehat\Phi_{jq}`: two walks that meet only
+  at nodes outside :math:`S` no longer contribute, so entries shrink (never grow, for
+  nonnegative :math:`f`) compared with :math:`M_{SS}`. Keeping the visited nodes outside
+  :math:`S` would need columns for nodes that are not in the subgraph.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+from torch_geometric.data.datapipes import functional_transform
+from torch_geometric.transforms import BaseTransform
+
+from pyg_grf.features.loads import GRFLoads
+
+_SUFFIXES = ('index', 'length', 'load')
+
+
+def grf_prefixes(data: Any) -> List[str]:
+    r"""The attribute prefixes of every set of GRF loads on :obj:`data`: each :obj:`p` for which
+    :obj:`{p}_index`, :obj:`{p}_length` and :obj:`{p}_load` are all present (e.g.
+    :obj:`['grf', 'grf_key']`), sorted."""
+    keys = set(data.keys())
+    return sorted(key[:-len('_index')] for key in keys
+                  if key.endswith('_index') and key != 'edge_index'
+                  and f"{key[:-len('_index')]}_length" in keys
+                  and f"{key[:-len('_index')]}_load" in keys)
+
+
+def _node_map(subset: Tensor, num_nodes: int, device: torch.device) -> Tuple[Tensor, Tensor]:
+    r"""Validates :obj:`subset` (node ids or a boolean mask over :obj:`num_nodes` nodes) and
+    returns it as ids together with the map ``old id -> new id`` (``-1`` for dropped nodes)."""
+    if not isinstance(subset, Tensor):
+        raise TypeError(f"'subset' must be a tensor of node ids or a boolean mask, got "
+                        f"{type(subset).__name__}")
+    if subset.dim() != 1:
+        raise ValueError(f"'subset' must be 1-D (node ids or a boolean mask), got shape "
+                         f"{tuple(subset.shape)}")
+    subset = subset.to(device)
+    if subset.dtype == torch.bool:
+        if subset.numel() != num_nodes:
+            raise ValueError(f"a boolean 'subset' must have one entry per node ({num_nodes}), "
+                             f"got {subset.numel()}")
+        subset = subset.nonzero().view(-1)
+    elif subset.is_floating_point() or subset.is_complex():
+        raise TypeError(f"'subset' must hold integer node ids or be a boolean mask, got "
+                        f"{subset.dtype}")
+    subset = subset.long()
+    n = subset.numel()
+    node_map = torch.full((num_nodes, ), -1, dtype=torch.long, device=device)
+    if n == 0:
+        return subset, node_map
+    lo, hi = torch.aminmax(subset)
+    if int(lo) < 0 or int(hi) >= num_nodes:
+        raise ValueError(f"'subset' must hold node ids in [0, {num_nodes}), got ids in "
+                         f"[{int(lo)}, {int(hi)}]")
+    node_map[subset] = torch.arange(n, device=device)
+    # A repeated id would map two new nodes onto one old node; refuse it.
+    if int((node_map >= 0).sum()) != n:
+        raise ValueError("'subset' must not repeat a node id")
+    return subset, node_map
+
+
+def _restrict(index: Tensor, hop: Tensor, load: Tensor, node_map: Tensor, num_new: int,
+              monotone: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""The entries whose two ends survive, renumbered through :obj:`node_map` and sorted by
+    (start, visited, hop) as the transform stores them."""
+    if index.dim() != 2 or index.size(0) != 2:
+        raise ValueError(f"the GRF index must have shape [2, nnz], got {tuple(index.shape)}")
+    if hop.shape != index.shape[1:] or load.shape != index.shape[1:]:
+        raise ValueError(f"the GRF hop counts and loads must have shape [{index.size(1)}], got "
+                         f"{tuple(hop.shape)} and {tuple(load.shape)}")
+    num_nodes = node_map.numel()
+    if index.numel() > 0:
+        lo, hi = torch.aminmax(index)
+        if int(lo) < 0 or int(hi) >= num_nodes:
+            raise ValueError(f"the GRF index must hold node ids of the full graph in [0, "
+                             f"{num_nodes}), got ids in [{int(lo)}, {int(hi)}]: are these loads "
+                             f"already restricted, or from another graph?")
+    new = node_map[index.long()]
+    keep = (new >= 0).all(dim=0)
+    new = new[:, keep]
+    hop, load = hop[keep], load[keep]
+    if not monotone and new.size(1) > 1:
+        # Renumbering changed the order of the (start, visited) pairs; a stable sort on the pair
+        # keeps the hop order inside each pair (pairs map one to one).
+        perm = torch.sort(new[0] * num_new + new[1], stable=True).indices
+        new, hop, load = new[:, perm], hop[perm], load[perm]
+    return new.to(index.dtype), hop, load
+
+
+def subgraph_grf(
+    data: Union[Data, GRFLoads],
+    subset: Tensor,
+    num_nodes: Optional[int] = None,
+    attr_prefixes: Optional[Sequence[str]] = None,
+) -> Union[Data, GRFLoads]:
+    r"""The induced subgraph on :obj:`subset` of a graph that carries precomputed graph random
+    features, with the loads restricted to the entries whose start *and* visited node survive
+    and renumbered to the new node ids (see the module docstring).
+
+    * For a :class:`~torch_geometric.data.Data`, returns :obj:`data.subgraph(subset)` in which the
+      loads of every prefix (:obj:`grf`, :obj:`grf_key`, ... or those in :obj:`attr_prefixes`)
+      are restricted. :meth:`Data.subgraph` decides per attribute from its shape and offers no
+      per-attribute hook (short of subclassing :class:`Data`): it copies the loads unchanged
+      (or, when their number of entries happens to equal the number of nodes or edges, slices
+      them as node or edge attributes). Call this function in place of
+      :meth:`Data.subgraph`; the loads are kept out of PyG's slicing.
+    * For many batches of one graph, :class:`RestrictGraphRandomFeatures` is faster: it indexes
+      the entries by start node once, while this function scans all of them.
+    * For a :class:`~pyg_grf.features.GRFLoads`, returns the restricted :class:`GRFLoads`
+      (its key-side loads and batch vector too).
+
+    Args:
+        data (Data or GRFLoads): The full graph and its loads.
+        subset (torch.Tensor): The nodes to keep: ids (the :math:`k`-th id becomes node
+            :math:`k`, as in :meth:`Data.subgraph`, e.g. a loader's :obj:`n_id`) or a boolean
+            mask over the nodes.
+        num_nodes (int, optional): Number of nodes of the full graph; read from :obj:`data`
+            when :obj:`None`. (default: :obj:`None`)
+        attr_prefixes (list of str, optional): The prefixes of the loads to restrict;
+            :obj:`None` restricts every set of loads found on the :obj:`Data`.
+            (default: :obj:`None`)
+    """
+    if isinstance(data, GRFLoads):
+        N = data.num_nodes if num_nodes is None else int(num_nodes)
+        if N != data.num_nodes:
+            raise ValueError(f"'num_nodes' is {N} but the loads cover {data.num_nodes} nodes")
+        subset, node_map = _node_map(subset, N, data.index.device)
+        return _restrict_loads(data, subset, node_map)
+    if not isinstance(data, Data):
+        raise TypeError(f"'data' must be a torch_geometric.data.Data or a GRFLoads, got "
+                        f"{type(data).__name__}")
+    N = data.num_nodes if num_nodes is None else int(num_nodes)
+    if N is None:
+        raise ValueError("Cannot infer the number of nodes of the graph: pass 'num_nodes'")
+    if data.num_nodes is not None and N != data.num_nodes:
+        raise ValueError(f"'num_nodes' is {N} but the graph has {data.num_nodes} nodes")
+    prefixes = _check_prefixes(data, attr_prefixes)
+    device = data[f'{prefixes[0]}_index'].device if prefixes else None
+    ids, node_map = _node_map(subset, N, device or subset.device)
+    monotone = ids.numel() < 2 or bool((ids[1:] > ids[:-1]).all())
+
+    # Slice everything else the PyG way, with the loads kept out of it:
+    rest = copy.copy(data)
+    for p in prefixes:
+        for s in _SUFFIXES:
+            del rest[f'{p}_{s}']
+    if 'num_nodes' not in rest._store and not rest.node_attrs():
+        rest.num_nodes = N  # nothing left to infer it from
+    out = rest.subgraph(ids.to(subset.device) if subset.dtype != torch.bool else subset)
+    for p in prefixes:
+        index, hop, load = _restrict(data[f'{p}_index'], data[f'{p}_length'], data[f'{p}_load'],
+                                     node_map, ids.numel(), monotone)
+        out[f'{p}_index'], out[f'{p}_length'], out[f'{p}_load'] = index, hop, load
+    return out
+
+
+def _check_prefixes(data: Any, attr_prefixes: Optional[Sequence[str]]) -> List[str]:
+    found = grf_prefixes(data)
+    if attr_prefixes is None:
+        return found
+    if isinstance(attr_prefixes, str):
+        attr_prefixes = [attr_prefixes]
+    missing = [p for p in attr_prefixes if p not in found]
+    if missing:
+        raise ValueError(f"no GRF loads with prefix {missing} on the data (expected the "
+                         f"attributes '<prefix>_index', '<prefix>_length' and '<prefix>_load'; "
+                         f"found prefixes {found})")
+    return list(attr_prefixes)
+
+
+def _restrict_loads(grf: GRFLoads, subset: Tensor, node_map: Tensor) -> GRFLoads:
+    monotone = subset.numel() < 2 or bool((subset[1:] > subset[:-1]).all())
+    index, hop, load = _restrict(grf.index, grf.hop, grf.load, node_map, subset.numel(),
+                                 monotone)
+    key = None if grf.key is None else _restrict_loads(grf.key, subset, node_map)
+    batch = None if grf.batch is None else grf.batch[subset.to(grf.batch.device)]
+    if batch is not None and batch.numel() > 1 and not bool((batch[1:] >= batch[:-1]).all()):
+        raise ValueError("the subset reorders the graphs of the batch ('batch' would not be "
+                         "sorted): pass the node ids of each graph contiguously")
+    return GRFLoads(index, hop, load, subset.numel(), batch=batch, max_length=grf.max_length,
+                    key=key)
+
+
+def _check_ids(ids: Tensor, num_nodes: int, name: str) -> Tensor:
+    if not isinstance(ids, Tensor) or ids.dim() != 1:
+        raise ValueError(f"'{name}' must be a 1-D tensor of node ids, got "
+                         f"{tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__}")
+    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise TypeError(f"'{name}' must hold integer node ids, got {ids.dtype}")
+    ids = ids.long()
+    if ids.numel() > 0:
+        lo, hi = torch.aminmax(ids)
+        if int(lo) < 0 or int(hi) >= num_nodes:
+            raise ValueError(f"'{name}' must hold node ids of the full graph in [0, {num_nodes}), "
+                             f"got ids in [{int(lo)}, {int(hi)}]")
+    return ids
+
+
+def _by_start(index: Tensor, hop: Tensor, load: Tensor,
+              num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    r"""Validates full-graph loads, sorts them by (start, visited, hop) if they are not, and
+    returns them with the CSR row pointer of the starts."""
+    if index.dim() != 2 or index.size(0) != 2:
+        raise ValueError(f"the GRF index must have shape [2, nnz], got {tuple(index.shape)}")
+    if hop.shape != index.shape[1:] or load.shape != index.shape[1:]:
+        raise ValueError(f"the GRF hop counts and loads must have shape [{index.size(1)}], got "
+                         f"{tuple(hop.shape)} and {tuple(load.shape)}")
+    start = index[0].long()
+    if index.numel() > 0:
+        lo, hi = torch.aminmax(index)
+        if int(lo) < 0 or int(hi) >= num_nodes:
+            raise ValueError(f"the GRF index must hold node ids in [0, {num_nodes}), got ids in "
+                             f"[{int(lo)}, {int(hi)}]")
+        # sorted by (start, visited, hop), as the transform stores them? otherwise sort once
+        pair = start * num_nodes + index[1].long()
+        step = pair[1:] - pair[:-1]
+        if bool((step < 0).any()) or bool(((step == 0) & (hop[1:] < hop[:-1])).any()):
+            perm = torch.sort(hop, stable=True).indices
+            perm = perm[torch.sort(pair[perm], stable=True).indices]
+            index, hop, load, start = index[:, perm], hop[perm], load[perm], start[perm]
+    rowptr = torch.zeros(num_nodes + 1, dtype=torch.long, device=index.device)
+    rowptr[1:] = torch.cumsum(torch.bincount(start, minlength=num_nodes), 0)
+    return index, hop, load, rowptr
+
+
+def _restrict_rows(index: Tensor, hop: Tensor, load: Tensor, rowptr: Tensor, ids: Tensor,
+                   node_map: Tensor, monotone: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    r""":func:`_restrict` through the CSR of the starts: gathers only the entries that start at
+    a node of :obj:`ids` (in the order of :obj:`ids`, so grouped by new start), then keeps those
+    whose visited node is in :obj:`ids` too."""
+    n = ids.numel()
+    first, counts = rowptr[ids], rowptr[ids + 1] - rowptr[ids]
+    # positions of all entries of the kept starts: first[k] + 0, 1, ..., counts[k] - 1
+    seg = torch.repeat_interleave(torch.arange(n, device=ids.device), counts)
+    offset = torch.cumsum(counts, 0) - counts
+    pos = torch.arange(seg.numel(), device=ids.device) - offset[seg] + first[seg]
+    visited = node_map[index[1, pos].long()]
+    keep = visited >= 0
+    new = torch.stack([seg[keep], visited[keep]])
+    pos = pos[keep]
+    hop, load = hop[pos], load[pos]
+    if not monotone and new.size(1) > 1:
+        # grouped by new start already; the visited order inside a start changed
+        perm = torch.sort(new[0] * n + new[1], stable=True).indices
+        new, hop, load = new[:, perm], hop[perm], load[perm]
+    return new.to(index.dtype), hop, load
+
+
+@functional_transform('restrict_graph_random_features')
+class RestrictGraphRandomFeatures(BaseTransform):
+    r"""Restricts the graph random features of a full graph to the nodes of a sampled subgraph
+    (a mini-batch of a PyG subgraph loader), by the subgraph's record of the original node ids
+    (functional name: :obj:`restrict_graph_random_features`).
+
+    It holds the loads of the full graph (all prefixes, e.g. :obj:`grf` and :obj:`grf_key`) and,
+    for every batch, writes :obj:`{prefix}_index`, :obj:`{prefix}_length` and
+    :obj:`{prefix}_load` holding the entries whose start and visited node are both in the batch,
+    renumbered to the batch's node ids (see :func:`subgraph_grf`); copies of the full loads that
+    the loader put on the batch are replaced. The walks stay those drawn once on the full graph,
+    so walks are not cut at the subgraph boundary and no walk is drawn per batch.
+
+    Where each loader keeps the original node ids (attribute :obj:`node_id_attr`):
+
+    * :class:`~torch_geometric.loader.NeighborLoader` stores :obj:`n_id` on every batch: pass
+      this transform as :obj:`transform=`;
+    * :class:`~torch_geometric.loader.RandomNodeLoader` (through :meth:`Data.subgraph`) and
+      :class:`~torch_geometric.loader.ClusterData` / :class:`~torch_geometric.loader.ClusterLoader`
+      do not, but they slice every node-level attribute: set
+      :obj:`data.n_id = torch.arange(data.num_nodes)` before building the loader, and apply the
+      transform to each batch (these loaders take no :obj:`transform=`).
+
+    Args:
+        data (Data or GRFLoads): The full graph with its loads (from
+            :class:`~pyg_grf.transforms.AddGraphRandomFeatures`), or its
+            :class:`~pyg_grf.features.GRFLoads` (stored under :obj:`attr_prefix`, with its key
+            side, if any, under :obj:`f'{attr_prefix}_key'`).
+        attr_prefixes (list of str, optional): The prefixes of the loads to take from
+            :obj:`data`; :obj:`None` takes every set found. (default: :obj:`None`)
+        node_id_attr (str, optional): The batch attribute holding the original node ids.
+            (default: :obj:`"n_id"`)
+        attr_prefix (str, optional): The prefix under which the loads of a :obj:`GRFLoads`
+            are written. (default: :obj:`"grf"`)
+    """
+    def __init__(self, data: Union[Data, GRFLoads], attr_prefixes: Optional[Sequence[str]] = None,
+                 node_id_attr: str = 'n_id', attr_prefix: str = 'grf') -> None:
+        if isinstance(data, GRFLoads):
+            if attr_prefixes is not None:
+                raise ValueError("'attr_prefixes' selects loads on a Data object; for a GRFLoads "
+                                 "use 'attr_prefix'")
+            loads = {attr_prefix: (data.index, data.hop, data.load)}
+            if data.key is not None:
+                loads[f'{attr_prefix}_key'] = (data.key.index, data.key.hop, data.key.load)
+            num_nodes = data.num_nodes
+        elif isinstance(data, Data):
+            prefixes = _check_prefixes(data, attr_prefixes)
+            if not prefixes:
+                raise ValueError("the data holds no GRF loads (expected '<prefix>_index', "
+                                 "'<prefix>_length' and '<prefix>_load', e.g. from "
+                                 "AddGraphRandomFeatures)")
+            loads = {p: tuple(data[f'{p}_{s}'] for s in _SUFFIXES) for p in prefixes}
+            num_nodes = data.num_nodes
+        else:
+            raise TypeError(f"'data' must be a torch_geometric.data.Data or a GRFLoads, got "
+                            f"{type(data).__name__}")
+        N = int(num_nodes)
+        # Validate the full graph's loads once, and index them by start node (CSR), so that a
+        # batch only touches the entries of its own nodes: O(entries of the batch), not O(nnz).
+        self.loads = {p: _by_start(*t, N) for p, t in loads.items()}
+        self.num_nodes = N
+        self.attr_prefixes = sorted(loads)
+        self.node_id_attr = node_id_attr
+        self.attr_prefix = attr_prefix
+        self._node_map: Optional[Tensor] = None  # old id -> new id, -1 outside the batch
+
+    def forward(self, data: Data) -> Data:
+        if not isinstance(data, Data):
+            raise TypeError(f"{self.__class__.__name__} expects a torch_geometric.data.Data "
+                            f"(homogeneous graph), got {type(data).__name__}")
+        n_id = getattr(data, self.node_id_attr, None)
+        if n_id is None:
+            raise ValueError(f"the subgraph has no '{self.node_id_attr}' (the original id of each "
+                             f"of its nodes): NeighborLoader stores it; for Data.subgraph, "
+                             f"RandomNodeLoader and ClusterLoader set data.{self.node_id_attr} = "
+                             f"torch.arange(data.num_nodes) on the full graph first")
+        if data.num_nodes is not None and n_id.numel() != data.num_nodes:
+            raise ValueError(f"'{self.node_id_attr}' must hold one id per node of the subgraph "
+                             f"({data.num_nodes}), got {n_id.numel()}")
+        N = self.num_nodes
+        index0 = next(iter(self.loads.values()))[0]
+        ids = _check_ids(n_id, N, self.node_id_attr).to(index0.device)
+        n = ids.numel()
+        if self._node_map is None or self._node_map.device != index0.device:
+            self._node_map = torch.full((N, ), -1, dtype=torch.long, device=index0.device)
+        node_map = self._node_map
+        new_ids = torch.arange(n, device=ids.device)
+        node_map[ids] = new_ids
+        try:
+            if not bool((node_map[ids] == new_ids).all()):
+                raise ValueError(f"'{self.node_id_attr}' must not repeat a node id")
+            monotone = n < 2 or bool((ids[1:] > ids[:-1]).all())
+            data = copy.copy(data)  # never mutate the input
+            for p, (index, hop, load, rowptr) in self.loads.items():
+                index, hop, load = _restrict_rows(index, hop, load, rowptr, ids, node_map,
+                                                  monotone)
+                data[f'{p}_index'], data[f'{p}_length'], data[f'{p}_load'] = index, hop, load
+        finally:
+            node_map[ids] = -1  # leave the map clean for the next batch
+        return data
+
+    def __repr__(self) -> str:
+        return (f'{self.__class__.__name__}(num_nodes={self.num_nodes}, '
+                f'attr_prefixes={self.attr_prefixes}, node_id_attr={self.node_id_attr!r})')
