@@ -650,8 +650,10 @@ class GraphTransformer(torch.nn.Module):
         # Graph-Bridge: nodes and edges become tokens (SAMSA paper, Sec. 4.3).
         token_type = None
         if self.pe == 'graph_bridge':
+            # noise precomputed by AddGraphBridgeTokens(pe_dim=...) when present, else fresh
             x, batch, token_type = self.pe_encoder(x, edge_index, edge_attr, batch,
-                                                   token_type=getattr(data, 'token_type', None))
+                                                   token_type=getattr(data, 'token_type', None),
+                                                   noise=getattr(data, 'bridge_noise', None))
 
         # Fields the attention reads, plus a per-forward cache shared by the layers.
         fields: Dict[str, Any] = {}

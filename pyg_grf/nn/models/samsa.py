@@ -262,8 +262,10 @@ class SAMSAModel(torch.nn.Module):
         :class:`~torch_geometric.data.Data` / :class:`~torch_geometric.data.Batch` (as the
         LightningModules of :mod:`pyg_grf.lightning` call their model); then its :obj:`x`,
         :obj:`edge_index`, :obj:`edge_attr`, :obj:`batch` and :obj:`token_type` are used."""
+        noise = None
         if isinstance(x, BaseData):
             data = x
+            noise = data.get('bridge_noise')  # from AddGraphBridgeTokens(pe_dim=...), if stored
             x, edge_index = data.x, data.edge_index
             edge_attr = data.get('edge_attr') if edge_attr is None else edge_attr
             batch = data.get('batch') if batch is None else batch
@@ -277,7 +279,7 @@ class SAMSAModel(torch.nn.Module):
             edge_attr = self.edge_encoder(edge_attr)
         # Nodes and edges become tokens (Sec. 4.3):
         tokens, token_batch, token_type = self.graph_bridge(x, edge_index, edge_attr, batch,
-                                                            token_type)
+                                                            token_type, noise=noise)
         # SAMSA blocks with per-graph sampling (Sec. 4.4):
         for block in self.blocks:
             tokens = block(tokens, token_batch)
