@@ -766,3 +766,53 @@ def test_06_symmetric_graph_does_not_warn():
     with _w.catch_warnings():
         _w.simplefilter('error')
         graph_random_features(ei, 3, [1.0, 0.5], 4, 0.5, 1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Items 2, 8, 10: GRF loads are validated once per batch by GRFLoads (ids, hops, finite loads),
+# overflowing loads are refused by the transform, and a layer shorter than the loads refuses.
+
+
+def _grf_batch():
+    from torch_geometric.data import Batch, Data
+    from pyg_grf.transforms import AddGraphRandomFeatures
+    t = AddGraphRandomFeatures(num_walks=4, p_halt=0.4, max_length=3, seed=0)
+    ring = torch.tensor([[0, 1, 2, 3, 1, 2, 3, 0], [1, 2, 3, 0, 0, 1, 2, 3]])
+    return Batch.from_data_list([t(Data(x=torch.randn(4, 8), edge_index=ring))
+                                 for _ in range(2)])
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+def test_02_negative_grf_index_is_refused(backend):
+    from pyg_grf.nn import GRFAttention
+    b = _grf_batch()
+    bad = b.grf_index.clone()
+    bad[1, 2] = -1  # used to become the mask entry (r - 1, N - 1)
+    layer = GRFAttention(8, heads=2, max_length=3, backend=backend)
+    with pytest.raises(ValueError, match=r"node ids in \[0, 8\), got ids in \[-1, 7\]"):
+        layer(b.x, bad, b.grf_length, b.grf_load, b.batch)
+
+
+def test_08_overflowing_loads_are_refused():
+    from torch_geometric.data import Data
+    from pyg_grf.features import GRFLoads
+    from pyg_grf.transforms import AddGraphRandomFeatures
+    from tests.utils import er_graph
+    d = Data(edge_index=er_graph(60, 0.9, seed=0), num_nodes=60)
+    with pytest.raises(ValueError, match='overflowed float32'):
+        AddGraphRandomFeatures(num_walks=4, p_halt=0.01, max_length=60, normalization=None,
+                               seed=0)(d)
+    b = _grf_batch()
+    load = b.grf_load.clone()
+    load[0] = float('inf')  # 0 * inf used to give NaN where f or truncation should give 0
+    with pytest.raises(ValueError, match='non-finite'):
+        GRFLoads(b.grf_index, b.grf_length, load, b.num_nodes)
+
+
+def test_10_max_length_mismatch_is_refused():
+    from pyg_grf.features import GRFLoads
+    from pyg_grf.nn import GRFAttention
+    b = _grf_batch()
+    layer = GRFAttention(8, heads=2, max_length=1)  # the transform used max_length=3
+    with pytest.raises(ValueError, match=r'hop counts up to 3 but GRFAttention\(max_length=1\)'):
+        layer(b.x, grf=GRFLoads.from_data(b))
