@@ -398,3 +398,35 @@ def test_auto_skips_the_join_for_hub_graphs():
     costs = backend_costs(grf, 'symmetric', 4, 16, 16)
     assert 'pairs' not in costs and min(costs, key=costs.get) == 'sparse'
     assert not any(k[0] == 'terms' for k in grf._cache if isinstance(k, tuple))  # no join run
+
+
+@pytest.mark.parametrize('shuffle', [False, True])
+def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
+    # the join behind the mask statistics against Phi Phi^T formed densely, also for entries
+    # in arbitrary order
+    from pyg_grf.nn.functional import block_mask
+    t = AddGraphRandomFeatures(num_walks=6, p_halt=0.3, max_length=3, seed=1)
+    b = Batch.from_data_list([t(Data(edge_index=er_graph(n, 0.3, seed=n), num_nodes=n))
+                              for n in (7, 12, 3, 9)])
+    idx, hop, load = b.grf_index, b.grf_length, b.grf_load
+    if shuffle:
+        perm = torch.randperm(idx.size(1), generator=torch.Generator().manual_seed(0))
+        idx, hop, load = idx[:, perm], hop[perm], load[perm]
+    grf = GRFLoads(idx, hop, load, b.num_nodes, batch=b.batch)
+    f = torch.rand(3, 4, dtype=D) + 0.1
+    layer = GRFAttention(9, heads=3, max_length=3).double()
+    with torch.no_grad():
+        layer.f.copy_(f)
+    terms = grf.block_terms(True, dtype=D)
+    assert terms.num_coef == 16
+    lay = grf.layout()
+    M = block_mask(terms, layer._coef(4, True), lay)  # [B, H, n, n]
+    N = b.num_nodes
+    for h in range(3):
+        phi = dense_phi(b.grf_index, b.grf_length, b.grf_load, f[h], N)
+        dense = phi @ phi.T
+        for g in range(4):
+            nodes = (b.batch == g).nonzero().view(-1)
+            k = nodes.numel()
+            assert torch.allclose(M[g, h, :k, :k], dense[nodes][:, nodes], atol=1e-12)
+            assert float(M[g, h, k:].abs().sum() + M[g, h, :, k:].abs().sum()) == 0
