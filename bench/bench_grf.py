@@ -125,7 +125,7 @@ def _features(spec, torch, edge_index, N):
     from pyg_grf.transforms import AddGraphRandomFeatures
     path = Path(spec['cache_dir']) / f'grf_{N}.pt'
     if path.exists():
-        d = torch.load(path)
+        d = torch.load(path, weights_only=True)  # tensors and a float only
         return d['index'], d['length'], d['load'], d['time_s']
     tr = AddGraphRandomFeatures(num_walks=spec['num_walks'], p_halt=spec['p_halt'],
                                 max_length=spec['max_length'], seed=0)

@@ -816,3 +816,25 @@ def test_10_max_length_mismatch_is_refused():
     layer = GRFAttention(8, heads=2, max_length=1)  # the transform used max_length=3
     with pytest.raises(ValueError, match=r'hop counts up to 3 but GRFAttention\(max_length=1\)'):
         layer(b.x, grf=GRFLoads.from_data(b))
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 18: no torch.load without weights_only anywhere in the product (package, benchmarks,
+# experiments), so no file read by our code can run code on load.
+
+
+def test_18_every_torch_load_sets_weights_only():
+    import re
+    offenders = []
+    for top in ('pyg_grf', 'bench', 'experiments'):
+        for dirpath, _, files in os.walk(osp.join(REPO, top)):
+            for name in files:
+                if not name.endswith('.py'):
+                    continue
+                path = osp.join(dirpath, name)
+                text = open(path).read()
+                for m in re.finditer(r'torch\.load\(', text):
+                    call = text[m.start():text.find(')', m.start()) + 1]
+                    if 'weights_only' not in call:
+                        offenders.append(f'{osp.relpath(path, REPO)}: {call}')
+    assert offenders == []

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Peptides-func at equal wall-clock: GINE and GRF-GPS, one after the other on one core, each
+# trained for BUDGET minutes (processing not counted; max_epochs set so that the cosine schedule
+# about completes in the budget), then tested.
+#   bash experiments/run_recipe_peptides.sh OUT_DIR [MINUTES]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+OUT=${1:?usage: run_recipe_peptides.sh OUT_DIR [MINUTES]}
+MIN=${2:-15}
+export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+export PYG_GRF_MIRROR="${PYG_GRF_MIRROR:-$(cd .. && pwd)/shared/datasets}"
+mkdir -p "$OUT"
+budget="--trainer.max_time=00:00:$MIN:00 --model.init_args.lr=0.001 --model.init_args.warmup_epochs=0.25"
+# epochs that fit the budget at the step times of speed_peptides.md (340 steps per epoch)
+for spec in "gine $(( MIN * 60 / 82 + 1 ))" "grf_gps $(( MIN * 60 / 160 + 1 ))"; do
+  set -- $spec
+  pyg-grf fit --test_after_fit=true --config "experiments/configs/peptides_func_$1.yaml" $budget \
+    --trainer.max_epochs="$2" --trainer.enable_progress_bar=false \
+    --trainer.default_root_dir="$OUT/$1" > "$OUT/$1.log" 2>&1
+  echo "$1: $(grep -o "test/ap[^0-9]*[0-9.]*" "$OUT/$1.log" | tail -1)" | tee -a "$OUT/results.txt"
+done
