@@ -29,7 +29,7 @@ TransformArg = Optional[Union[BaseTransform, List[BaseTransform]]]
 
 
 def _dataset_api(name: str):
-    r"""``pyg_grf.datasets.<name>``, looked up when needed (the public names of DESIGN.md,
+    r"""``pyg_grf.datasets.<name>``, looked up when needed (the public names of the package,
     falling back to the submodules that define them)."""
     package = importlib.import_module('pyg_grf.datasets')
     if hasattr(package, name):

@@ -1,4 +1,4 @@
-r"""Per-graph token layout of Graph-Bridge (SAMSA paper, paper 004, Sec. 4.3)."""
+r"""Per-graph token layout of Graph-Bridge (SAMSA paper, Sec. 4.3)."""
 from __future__ import annotations
 
 from typing import Optional
@@ -12,7 +12,7 @@ from torch_geometric.transforms import BaseTransform
 
 @functional_transform('add_graph_bridge_tokens')
 class AddGraphBridgeTokens(BaseTransform):
-    r"""Stores the Graph-Bridge token layout of a graph (SAMSA paper, paper 004, Sec. 4.3):
+    r"""Stores the Graph-Bridge token layout of a graph (SAMSA paper, Sec. 4.3):
     its :math:`N` nodes and :math:`E` edges are both tokens, the node tokens first (in node
     order), then the edge tokens (in edge order)
     (functional name: :obj:`add_graph_bridge_tokens`).

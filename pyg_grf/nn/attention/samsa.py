@@ -1,4 +1,4 @@
-r"""SAMSA sampling self-attention (SAMSA paper, paper 004, Sec. 4.2 and 4.4, Algorithm 1).
+r"""SAMSA sampling self-attention (SAMSA paper, Sec. 4.2 and 4.4, Algorithm 1).
 
 Every head scores all tokens with a small MLP, keeps the ``k`` best (plus learnable support
 tokens) as its keys and values, and lets every query of the same graph attend to those ``k``
@@ -29,7 +29,7 @@ def gumbel_like(x: Tensor, generator: Optional[torch.Generator] = None) -> Tenso
 
 
 class SAMSAAttention(torch.nn.Module):
-    r"""The sampling self-attention of SAMSA (paper 004, Sec. 4.4, Algorithm 1): each head keeps
+    r"""The sampling self-attention of SAMSA (SAMSA paper, Sec. 4.4, Algorithm 1): each head keeps
     only the :math:`k` key/value tokens with the highest learned importance and every query of a
     graph attends to those.
 

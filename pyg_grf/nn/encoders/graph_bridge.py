@@ -1,5 +1,5 @@
 r"""Graph-Bridge: nodes and edges as tokens with a randomised positional encoding
-(SAMSA paper, paper 004, Sec. 4.3 and App. D)."""
+(SAMSA paper, Sec. 4.3 and App. D)."""
 from __future__ import annotations
 
 import math
@@ -76,8 +76,8 @@ def hashed_normal(label: Tensor, channels: int, seed: int = 0,
 
 
 class GraphBridge(torch.nn.Module):
-    r"""The Graph-Bridge positional encoding and tokeniser from the SAMSA paper (paper 004,
-    Sec. 4.3, App. D): every node *and* every edge becomes a token.
+    r"""The Graph-Bridge positional encoding and tokeniser from the SAMSA paper (Sec. 4.3,
+    App. D): every node *and* every edge becomes a token.
 
     Node :math:`i` gets a random positional encoding made of two sets of Gaussian noise with
     learned per-channel scales, plus an MLP of its features; an edge gets the difference of its

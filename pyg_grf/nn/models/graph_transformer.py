@@ -1,6 +1,6 @@
 r"""A GPS-style graph transformer whose global attention is any of this package's attentions.
 
-Data flows as in DESIGN.md: node (and edge) encoders, an optional positional encoding, then
+Data flows one way: node (and edge) encoders, an optional positional encoding, then
 :obj:`num_layers` pre-norm blocks
 
 .. math::

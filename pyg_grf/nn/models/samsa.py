@@ -1,5 +1,5 @@
 r"""SAMSA transformer blocks and a small graph-level SAMSA model
-(SAMSA paper, paper 004, Sec. 4.3-4.4, Algorithm 1, App. C)."""
+(SAMSA paper, Sec. 4.3-4.4, Algorithm 1, App. C)."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Union
@@ -31,7 +31,7 @@ def drop_path(x: Tensor, p: float, batch: OptTensor = None, training: bool = Tru
 
 
 class SAMSABlock(torch.nn.Module):
-    r"""One pre-RMSNorm SAMSA transformer layer (paper 004, Algorithm 1, Sec. 4.4):
+    r"""One pre-RMSNorm SAMSA transformer layer (SAMSA paper, Algorithm 1, Sec. 4.4):
 
     .. math::
         \mathbf{X} &\leftarrow \mathbf{X} + \alpha \cdot \mathrm{DropPath}\big(
@@ -140,7 +140,7 @@ class SAMSABlock(torch.nn.Module):
 
 
 class SAMSAModel(torch.nn.Module):
-    r"""A graph-level SAMSA network (paper 004, Sec. 4.3-4.4, App. C): Graph-Bridge tokens
+    r"""A graph-level SAMSA network (SAMSA paper, Sec. 4.3-4.4, App. C): Graph-Bridge tokens
     (nodes and edges) :math:`\rightarrow` :obj:`num_layers` :class:`SAMSABlock` layers sharing
     one zero-initialised residual scale :math:`\rightarrow` final RMSNorm :math:`\rightarrow` the
     node tokens :math:`\rightarrow` graph pooling :math:`\rightarrow` an MLP head.
