@@ -20,3 +20,33 @@ def path_graph(n: int) -> torch.Tensor:
 def er_graph(n: int, p: float, seed: int) -> torch.Tensor:
     torch.manual_seed(seed)
     return to_undirected(erdos_renyi_graph(n, p), num_nodes=n)
+
+
+def cached_dataset(root, make_graphs, transform=None, pre_transform=None):
+    """A PyG InMemoryDataset of ``make_graphs()`` cached under ``root``: ``pre_transform`` runs
+    once and is saved, ``transform`` runs at every access (as with any PyG dataset)."""
+    from torch_geometric.data import InMemoryDataset
+
+    class _Cached(InMemoryDataset):
+        def __init__(self):
+            super().__init__(str(root), transform, pre_transform)
+            self.load(self.processed_paths[0])
+
+        @property
+        def raw_file_names(self):
+            return []
+
+        @property
+        def processed_file_names(self):
+            return ['data.pt']
+
+        def download(self):
+            pass
+
+        def process(self):
+            data = make_graphs()
+            if self.pre_transform is not None:
+                data = [self.pre_transform(d) for d in data]
+            self.save(data, self.processed_paths[0])
+
+    return _Cached()

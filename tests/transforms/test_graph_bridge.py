@@ -1,10 +1,11 @@
 import pytest
 import torch
 
-from torch_geometric.data import Batch, Data, InMemoryDataset
+from torch_geometric.data import Batch, Data
 from torch_geometric.loader import DataLoader
 
 from pyg_grf.transforms.graph_bridge import AddGraphBridgeTokens
+from tests.utils import cached_dataset
 
 
 def test_add_graph_bridge_tokens():
@@ -94,38 +95,15 @@ def test_noise_batches_with_the_nodes():
     assert torch.equal(batch.bridge_noise[batch.batch == 1], data[1].bridge_noise)
 
 
-class _Toy(InMemoryDataset):
-    def __init__(self, root, pre_transform=None):
-        super().__init__(root, None, pre_transform)
-        self.load(self.processed_paths[0])
-
-    @property
-    def raw_file_names(self):
-        return []
-
-    @property
-    def processed_file_names(self):
-        return ['data.pt']
-
-    def download(self):
-        pass
-
-    def process(self):
-        data = graphs()
-        if self.pre_transform is not None:
-            data = [self.pre_transform(d) for d in data]
-        self.save(data, self.processed_paths[0])
-
-
 def test_noise_is_cached_as_pre_transform(tmp_path):
-    ds = _Toy(tmp_path, pre_transform=AddGraphBridgeTokens(pe_dim=4, seed=3))
+    ds = cached_dataset(tmp_path, graphs, pre_transform=AddGraphBridgeTokens(pe_dim=4, seed=3))
     gen = torch.Generator().manual_seed(3)
     for g in range(3):
         assert torch.equal(ds[g].bridge_noise, torch.randn(ds[g].num_nodes, 4, generator=gen))
     first = ds[1].bridge_noise.clone()
     assert torch.equal(ds[1].bridge_noise, first)  # the same noise at every access
     # reloaded from processed/ (same repr): the cached noise, not a new draw
-    reloaded = _Toy(tmp_path, pre_transform=AddGraphBridgeTokens(pe_dim=4, seed=3))
+    reloaded = cached_dataset(tmp_path, graphs, pre_transform=AddGraphBridgeTokens(pe_dim=4, seed=3))
     assert torch.equal(reloaded[1].bridge_noise, first)
 
 

@@ -1,11 +1,11 @@
 import pytest
 import torch
-from torch_geometric.data import Data, InMemoryDataset
+from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader
 
 from pyg_grf.features import grf_loads
 from pyg_grf.transforms import AddGraphRandomFeatures
-from tests.utils import er_graph, grid_graph, path_graph
+from tests.utils import cached_dataset, er_graph, grid_graph, path_graph
 
 
 def graphs():
@@ -48,37 +48,15 @@ def test_batching_offsets_grf_index():
     assert torch.equal(batch.batch[batch.grf_index[0]], batch.batch[batch.grf_index[1]])
 
 
-class _Toy(InMemoryDataset):
-    def __init__(self, root, transform=None, pre_transform=None):
-        super().__init__(root, transform, pre_transform)
-        self.load(self.processed_paths[0])
-
-    @property
-    def raw_file_names(self):
-        return []
-
-    @property
-    def processed_file_names(self):
-        return ['data.pt']
-
-    def download(self):
-        pass
-
-    def process(self):
-        data = graphs()
-        if self.pre_transform is not None:
-            data = [self.pre_transform(d) for d in data]
-        self.save(data, self.processed_paths[0])
-
-
 def test_pre_transform_is_cached_and_transform_is_fresh(tmp_path):
     pre = AddGraphRandomFeatures(num_walks=4, max_length=3)
-    ds = _Toy(tmp_path / 'a', pre_transform=pre)
+    ds = cached_dataset(tmp_path / 'a', graphs, pre_transform=pre)
     first = ds[0].grf_load.clone()
     assert torch.equal(ds[0].grf_load, first)  # frozen walks
-    ds2 = _Toy(tmp_path / 'a', pre_transform=pre)  # reloaded from processed/
+    ds2 = cached_dataset(tmp_path / 'a', graphs, pre_transform=pre)  # reloaded from processed/
     assert torch.equal(ds2[0].grf_load, first)
-    fresh = _Toy(tmp_path / 'b', transform=AddGraphRandomFeatures(num_walks=4, max_length=3))
+    fresh = cached_dataset(tmp_path / 'b', graphs,
+                           transform=AddGraphRandomFeatures(num_walks=4, max_length=3))
     a, b = fresh[2], fresh[2]
     assert not (a.grf_index.shape == b.grf_index.shape and torch.equal(a.grf_load, b.grf_load))
 

@@ -3,12 +3,13 @@ import pickle
 
 import pytest
 import torch
-from torch_geometric.data import Data, InMemoryDataset
+from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader
 from torch_geometric.utils import to_undirected
 
 from pyg_grf.features import rwgnk_features
 from pyg_grf.transforms import AddRWGNKFeatures
+from tests.utils import cached_dataset
 
 
 def graphs():
@@ -67,43 +68,25 @@ def test_batching_offsets_index():
         assert torch.equal(batch.get_example(i).rwgnk_index, d.rwgnk_index)
 
 
-class _Tiny(InMemoryDataset):
-    def __init__(self, root, pre_transform=None, transform=None):
-        super().__init__(root, transform=transform, pre_transform=pre_transform)
-        self.load(self.processed_paths[0])
-
-    @property
-    def raw_file_names(self):
-        return []
-
-    @property
-    def processed_file_names(self):
-        return ['data.pt']
-
-    def download(self):
-        pass
-
-    def process(self):
-        torch.manual_seed(0)
-        data_list = graphs()
-        if self.pre_transform is not None:
-            data_list = [self.pre_transform(d) for d in data_list]
-        self.save(data_list, self.processed_paths[0])
+def seeded_graphs():
+    torch.manual_seed(0)
+    return graphs()
 
 
 def test_pre_transform_cached_and_transform(tmp_path):
     pre = AddRWGNKFeatures(num_walks=4, lam=0.7, alpha=1.0, max_length=2, seed=1)
-    ds = _Tiny(str(tmp_path), pre_transform=pre)
+    ds = cached_dataset(tmp_path, seeded_graphs, pre_transform=pre)
     assert ds[0].rwgnk_index.size(0) == 2
     first = ds[1].rwgnk_value.clone()
     # Reloading uses the cache (same walks), as long as the repr is unchanged.
-    ds2 = _Tiny(str(tmp_path), pre_transform=AddRWGNKFeatures(num_walks=4, lam=0.7, alpha=1.0,
-                                                              max_length=2, seed=1))
+    ds2 = cached_dataset(tmp_path, seeded_graphs,
+                         pre_transform=AddRWGNKFeatures(num_walks=4, lam=0.7, alpha=1.0,
+                                                        max_length=2, seed=1))
     assert torch.equal(ds2[1].rwgnk_value, first)
     # As a transform: fresh walks on every access.
-    ds3 = _Tiny(str(tmp_path / 'b'),
-                transform=AddRWGNKFeatures(num_walks=1, lam=0.7, alpha=0.0, max_length=3,
-                                           p_halt=0.5))
+    ds3 = cached_dataset(tmp_path / 'b', seeded_graphs,
+                         transform=AddRWGNKFeatures(num_walks=1, lam=0.7, alpha=0.0, max_length=3,
+                                                    p_halt=0.5))
     values = {tuple(ds3[2].rwgnk_value.tolist()) for _ in range(20)}
     assert len(values) > 1
     batch = next(iter(DataLoader(ds3, batch_size=3)))
