@@ -24,6 +24,8 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
+from pyg_grf._validation import is_sorted
+
 
 class SparsePattern:
     r"""A fixed sparsity pattern of an :math:`R \times S` matrix with CSR views prepared for
@@ -53,7 +55,7 @@ class SparsePattern:
         self.nnz = index.size(1)
         self.device = index.device
         key = index[0] * S + index[1]
-        if self.nnz < 2 or _trusted or bool((key[1:] >= key[:-1]).all()):
+        if _trusted or is_sorted(key):
             self.perm = None  # already in row-major order: no sort
             row, col = index[0], index[1]
         else:

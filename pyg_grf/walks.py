@@ -22,6 +22,8 @@ from typing import List, NamedTuple, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
+from pyg_grf._validation import is_sorted
+
 WALKERS = ('iid', 'antithetic', 'repelling')
 
 #: Environment variable overriding the memory check of :func:`sample_walks`: a size in bytes
@@ -219,7 +221,7 @@ def to_csr(edge_index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, 
     r"""CSR view of ``edge_index``: ``(rowptr [N + 1], col [E], perm [E], deg [N])`` with ``perm``
     mapping CSR positions back to edge ids."""
     src = edge_index[0].long()
-    if src.numel() < 2 or bool((src[1:] >= src[:-1]).all()):
+    if is_sorted(src):
         perm = torch.arange(src.numel(), device=src.device)  # already sorted (PyG's usual order)
     else:
         perm = torch.argsort(src, stable=True)

@@ -11,6 +11,7 @@ from scipy.sparse.csgraph import connected_components
 import torch
 from torch import Tensor
 
+from pyg_grf._validation import is_sorted
 from pyg_grf.masks.base import MaskOperator
 
 
@@ -193,7 +194,7 @@ class TreeMask(MaskOperator):
             pl = self.inv_perm[parent[lv]] - off
             self.parent_local.append(pl)
             self.parent_edge_level.append(parent_edge[lv])
-            if pl.numel() > 1 and not bool((pl[1:] >= pl[:-1]).all()):  # pragma: no cover
+            if not is_sorted(pl):  # pragma: no cover
                 raise RuntimeError('TreeMask: children of a parent are not contiguous')
             first = torch.searchsorted(pl, pl, right=False)
             last = torch.searchsorted(pl, pl, right=True) - 1

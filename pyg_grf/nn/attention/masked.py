@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional
 
 from torch import Tensor, nn
 
+from pyg_grf._validation import batch_or_zeros
 from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.masks.base import MaskOperator
 from pyg_grf.masks.packing import PackingMask
@@ -111,10 +112,7 @@ class MaskedLinearAttention(QKVAttention):
             raise TypeError(f"unexpected keyword arguments {sorted(mask_kwargs)}: they are "
                             f"passed to the mask module, and this layer has none")
         if mask is None:
-            if batch is not None and batch.shape != (N,):
-                raise ValueError(f"'batch' must have shape [{N}] (one graph id per node), got "
-                                 f"{tuple(batch.shape)}")
-            mask = PackingMask(batch if batch is not None else x.new_zeros(max(N, 0)).long())
+            mask = PackingMask(batch_or_zeros(batch, max(N, 0), x.device))
         elif not isinstance(mask, MaskOperator):
             raise TypeError(f"'mask' must be a pyg_grf.masks.MaskOperator, got "
                             f"{type(mask).__name__}")

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import to_dense_batch
 
+from pyg_grf._validation import batch_or_zeros
 from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import self_convolution
@@ -17,15 +18,6 @@ from pyg_grf.masks.base import DenseMask
 from pyg_grf.masks.packing import PackingMask
 from pyg_grf.nn.attention.base import QKVAttention
 from pyg_grf.nn.functional import masked_linear_attention
-
-
-def _batch_or_zeros(x: Tensor, batch: Optional[Tensor]) -> Tensor:
-    if batch is None:
-        return x.new_zeros(x.size(0), dtype=torch.long)
-    if batch.shape != (x.size(0),):
-        raise ValueError(f"'batch' must have shape [{x.size(0)}] (one graph id per node), got "
-                         f"{tuple(batch.shape)}")
-    return batch
 
 
 class LinearAttention(QKVAttention):
@@ -48,7 +40,7 @@ class LinearAttention(QKVAttention):
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         q, k, v = self.project(x)
         phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
-        out = masked_linear_attention(phi_q, phi_k, v, PackingMask(_batch_or_zeros(x, batch)),
+        out = masked_linear_attention(phi_q, phi_k, v, PackingMask(batch_or_zeros(batch, x.size(0), x.device)),
                                       eps=self.eps)
         return self.finish(out)
 
@@ -116,7 +108,7 @@ class SoftmaxAttention(QKVAttention):
         self.reset_parameters()
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
-        batch = _batch_or_zeros(x, batch)
+        batch = batch_or_zeros(batch, x.size(0), x.device)
         q, k, v = self.project(x)
         N, H, C = q.shape
         # [B, Nmax, H, C] -> [B, H, Nmax, C]

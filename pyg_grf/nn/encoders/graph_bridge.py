@@ -13,6 +13,8 @@ from torch.nn import Parameter
 from torch_geometric.nn import MLP
 from torch_geometric.typing import OptTensor
 
+from pyg_grf._validation import batch_or_zeros
+
 EVAL_NOISE = ('structural', 'seeded', 'zero', 'random')
 
 # Integer hashing modulo the Mersenne prime 2^31 - 1; every product stays below 2^62.
@@ -307,8 +309,7 @@ class GraphBridge(torch.nn.Module):
         h_edge = self.edge_mlp(edge_pe)
 
         # Lay the tokens out graph by graph: nodes of graph g, then edges of graph g.
-        if batch is None:
-            batch = edge_index.new_zeros(N)
+        batch = batch_or_zeros(batch, N, edge_index.device)
         edge_batch = batch[edge_index[0]]
         if token_type is None:
             token_batch = torch.cat([batch, edge_batch])

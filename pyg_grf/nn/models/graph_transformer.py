@@ -37,6 +37,7 @@ from torch_geometric.nn import (
 )
 from torch_geometric.nn.resolver import activation_resolver
 
+from pyg_grf._validation import batch_or_zeros
 from pyg_grf.features.loads import GRFLoads
 
 
@@ -635,9 +636,7 @@ class GraphTransformer(torch.nn.Module):
         self._check(data)
         edge_index = data.edge_index
         N = data.num_nodes
-        batch = getattr(data, 'batch', None)
-        if batch is None:
-            batch = edge_index.new_zeros(N)
+        batch = batch_or_zeros(getattr(data, 'batch', None), N, edge_index.device)
         num_graphs = int(getattr(data, 'num_graphs', 1) or 1)
 
         # Encoders.
