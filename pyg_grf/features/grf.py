@@ -260,9 +260,13 @@ def grf_values(length: Tensor, load: Tensor, f: Tensor) -> Tensor:
     f = _check_f(f)
     K = f.size(-1)
     inside = length < K
-    idx = length.clamp_max(K - 1)
-    vals = f[..., idx] * load.to(f.dtype if f.is_floating_point() else load.dtype)
-    return vals * inside
+    return hop_values(f, length.clamp_max(K - 1), load) * inside
+
+
+def hop_values(f: Tensor, hop: Tensor, load: Tensor) -> Tensor:
+    r""":math:`f_{l_e}\,\mathrm{load}_e` for hop counts ``hop`` that all index into ``f``
+    (``[L + 1]`` or ``[H, L + 1]``): ``[nnz]`` or ``[H, nnz]``."""
+    return f[..., hop] * load.to(f.dtype if f.is_floating_point() else load.dtype)
 
 
 def graph_random_features(edge_index: Tensor, num_nodes: int, f: Union[Tensor, Sequence[float]],

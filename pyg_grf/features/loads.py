@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from pyg_grf._validation import is_sorted
+from pyg_grf.features.grf import hop_values
 from pyg_grf.ops import SparsePattern
 
 
@@ -252,7 +253,7 @@ class GRFLoads:
             raise ValueError(f"'f' must have shape [L + 1] or [H, L + 1], got {tuple(f.shape)}")
         self.check_coefficients(f.size(-1) - 1)
         hop = self._cached('hop_long', lambda: self.hop.long())
-        return f[..., hop] * self.load.to(f.dtype)
+        return hop_values(f, hop, self.load)
 
     def check_coefficients(self, max_length: int, who: str = 'f'):
         r"""Raises if the loads have hop counts beyond ``max_length`` (their entries would get

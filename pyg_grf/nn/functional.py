@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch_geometric.utils import scatter, softmax
 
 from pyg_grf.masks.base import MaskOperator
 from pyg_grf.ops import SparsePattern, sddmm, spmm
@@ -191,11 +192,34 @@ def _head_major(x: Tensor) -> Tensor:
     return x.transpose(0, 1).reshape(H * N, C)
 
 
+def _from_head_major(y: Tensor, heads: int) -> Tensor:
+    # [H * R, C] -> [R, H, C]
+    return y.view(heads, -1, y.size(-1)).transpose(0, 1)
+
+
 def _ordered(pattern: SparsePattern, values: Tensor) -> Tensor:
     # values [H, P] in the pattern's input order -> its row-major order, flattened head-major
     if pattern.perm is not None:
         values = values[:, pattern.perm]
     return values.reshape(-1)
+
+
+def head_spmm(pattern: SparsePattern, values: Tensor, x: Tensor) -> Tensor:
+    r"""Per-head sparse products :math:`\mathbf{y}^{(h)} = A^{(h)}\mathbf{x}^{(h)}` for matrices
+    :math:`A^{(h)}` that share ``pattern`` (``[R, S]``), as one block-diagonal CSR product
+    (:meth:`~pyg_grf.ops.SparsePattern.repeat`), differentiable in ``values`` and ``x``.
+
+    Args:
+        pattern (SparsePattern): the shared sparsity pattern.
+        values (Tensor): ``[H, nnz]`` values of every head, in the order of the index the
+            pattern was built from.
+        x (Tensor): ``[S, H, C]``.
+
+    Returns:
+        Tensor ``[R, H, C]``.
+    """
+    H = x.size(1)
+    return _from_head_major(spmm(pattern.repeat(H), _ordered(pattern, values), _head_major(x)), H)
 
 
 def pair_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
@@ -218,7 +242,7 @@ def pair_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     pat = pattern.repeat(H)
     a = sddmm(pat, _head_major(phi_q), _head_major(phi_k)) * _ordered(pattern, mask_values)
     v1 = torch.cat([v, v.new_ones(N, H, 1)], dim=-1)
-    o = spmm(pat, a, _head_major(v1)).view(H, N, d + 1).transpose(0, 1)
+    o = _from_head_major(spmm(pat, a, _head_major(v1)), H)
     return o if return_sums else normalize_sums(o, eps)
 
 
@@ -237,14 +261,13 @@ def pair_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Sp
     N, H, C = q.shape
     pat = pattern.repeat(H)
     s = sddmm(pat, _head_major(q), _head_major(k)) * C ** -0.5
+    # w_ij exp(s_ij) / sum_j' w_ij' exp(s_ij'): the row softmax of s, reweighted and renormalised
+    # (w may be negative or zero, so it cannot enter as log w)
     row = pat.row
-    smax = s.detach().new_full((H * N,), float('-inf')).scatter_reduce(
-        0, row, s.detach(), 'amax', include_self=True)
-    e = torch.exp(s - smax[row]) * _ordered(pattern, weight)
-    den = e.new_zeros(H * N).index_add(0, row, e)
-    a = e / (den[row] + 1e-16)
+    e = softmax(s, row, num_nodes=H * N) * _ordered(pattern, weight)
+    a = e / (scatter(e, row, 0, dim_size=H * N, reduce='sum')[row] + 1e-16)
     a = torch.nn.functional.dropout(a, p=dropout, training=training)
-    return spmm(pat, a, _head_major(v)).view(H, N, -1).transpose(0, 1)
+    return _from_head_major(spmm(pat, a, _head_major(v)), H)
 
 
 def low_rank_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
