@@ -80,6 +80,13 @@ class SparsePattern:
             self._repeats[heads] = SparsePattern(index, (heads * R, heads * S), _trusted=True)
         return self._repeats[heads]
 
+    def repeat_values(self, values: Tensor) -> Tensor:
+        r"""Per-head values ``[heads, nnz]`` (in the order of the index this pattern was built
+        from) as the ``[heads * nnz]`` values of :meth:`repeat` (row-major, head-major)."""
+        if self.perm is not None:  # the repeated pattern is in row-major order
+            values = values[:, self.perm]
+        return values.reshape(-1)
+
     def _transpose(self):
         # Column-major order of the nonzeros, computed on first use and cached.
         if self._t is None:
@@ -227,3 +234,38 @@ def spmm(pattern: SparsePattern, values: Tensor, x: Tensor, transpose: bool = Fa
         x = x.unsqueeze(-1)
     out = _SpMM.apply(values, x.contiguous(), pattern, transpose)
     return out.squeeze(-1) if squeeze else out
+
+
+def head_major(x: Tensor) -> Tensor:
+    r"""``[N, H, C]`` to the head-major ``[H * N, C]`` operand of a repeated pattern."""
+    N, H, C = x.shape
+    return x.transpose(0, 1).reshape(H * N, C)
+
+
+def from_head_major(y: Tensor, heads: int) -> Tensor:
+    r"""Inverse of :func:`head_major`: ``[H * N, C]`` to ``[N, H, C]``."""
+    return y.view(heads, -1, y.size(-1)).transpose(0, 1)
+
+
+def head_spmm(pattern: SparsePattern, values: Tensor, x: Tensor,
+              transpose: bool = False) -> Tensor:
+    r"""Per-head sparse products :math:`A^{(h)} X^{(h)}` (or :math:`A^{(h)\top} X^{(h)}`) for
+    matrices that share ``pattern``, as one block-diagonal CSR product over all heads
+    (:meth:`SparsePattern.repeat`), differentiable in ``values`` and ``x``.
+
+    Args:
+        pattern (SparsePattern): the shared pattern of the ``[R, S]`` matrices.
+        values (Tensor): ``[H, nnz]`` values of every head, in the order of the index the
+            pattern was built from.
+        x (Tensor): ``[S, H, C]`` (``[R, H, C]`` if ``transpose``).
+        transpose (bool): multiply by :math:`A^{(h)\top}` instead.
+
+    Returns:
+        Tensor ``[R, H, C]`` (``[S, H, C]`` if ``transpose``).
+    """
+    H = values.size(0)
+    if x.dim() != 3 or x.size(1) != H:
+        raise ValueError(f"'x' must have shape [rows, {H}, C] for {H} heads of values, got "
+                         f"{tuple(x.shape)}")
+    y = spmm(pattern.repeat(H), pattern.repeat_values(values), head_major(x), transpose)
+    return from_head_major(y, H)

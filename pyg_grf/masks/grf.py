@@ -9,7 +9,7 @@ from torch import Tensor
 
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.base import MaskOperator
-from pyg_grf.ops import SparsePattern, spmm
+from pyg_grf.ops import SparsePattern, head_spmm, spmm
 
 
 class _Features:
@@ -29,16 +29,12 @@ class _Features:
                 return spmm(self.pattern, self.values, x, transpose)
             N, H, C = x.shape
             return spmm(self.pattern, self.values, x.reshape(N, H * C), transpose).view(N, H, C)
-        N, H, C = x.shape
-        y = self.mm_heads(x.transpose(0, 1).reshape(H * N, C), transpose)
-        return y.view(H, N, C).transpose(0, 1)
+        return head_spmm(self.pattern, self.values, x, transpose)
 
     def mm_heads(self, x: Tensor, transpose: bool) -> Tensor:
         # x: [H * N, C] head-major; one block-diagonal product for all heads.
-        values = self.values
-        if self.pattern.perm is not None:  # the repeated pattern is in row-major order
-            values = values[:, self.pattern.perm]
-        return spmm(self.pattern.repeat(values.size(0)), values.reshape(-1), x, transpose)
+        H = self.values.size(0)
+        return spmm(self.pattern.repeat(H), self.pattern.repeat_values(self.values), x, transpose)
 
     def to_dense(self) -> Tensor:
         if self.values.dim() == 1:

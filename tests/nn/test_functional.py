@@ -66,31 +66,6 @@ def test_bad_shapes():
                                 PackingMask(torch.zeros(3, dtype=torch.long)))
 
 
-@pytest.mark.parametrize('sorted_index', [True, False])
-def test_head_spmm_equals_dense_per_head(sorted_index):
-    from pyg_grf.nn.functional import head_spmm
-    from pyg_grf.ops import SparsePattern
-    gen = torch.Generator().manual_seed(0)
-    R, S, H, C = 5, 4, 3, 2
-    index = torch.tensor([[0, 0, 1, 3, 3, 4, 4], [1, 3, 0, 2, 2, 0, 3]])  # a duplicate (3, 2)
-    if not sorted_index:
-        index = index[:, torch.randperm(index.size(1), generator=gen)]
-    values = torch.randn(H, index.size(1), generator=gen, dtype=torch.float64,
-                         requires_grad=True)
-    x = torch.randn(S, H, C, generator=gen, dtype=torch.float64, requires_grad=True)
-    out = head_spmm(SparsePattern(index, (R, S)), values, x)
-    # independent reference: a dense [R, S] matrix per head (duplicates summed)
-    dense = torch.zeros(H, R, S, dtype=torch.float64).index_put(
-        (torch.arange(H).view(-1, 1), index[0].view(1, -1), index[1].view(1, -1)), values,
-        accumulate=True)
-    expected = torch.einsum('hrs,shc->rhc', dense, x)
-    assert out.shape == (R, H, C)
-    assert torch.allclose(out, expected)
-    g_out = torch.autograd.grad(out.square().sum(), (values, x))
-    g_ref = torch.autograd.grad(expected.square().sum(), (values, x))
-    assert all(torch.allclose(a, b) for a, b in zip(g_out, g_ref))
-
-
 def test_pair_weighted_softmax_equals_dense():
     from pyg_grf.nn.functional import pair_weighted_softmax_attention
     from pyg_grf.ops import SparsePattern

@@ -17,12 +17,8 @@ from torch_geometric.utils import softmax
 from pyg_grf._validation import check_index_range
 from pyg_grf.masks.rwgnk import RWGNKMask
 from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
-from pyg_grf.nn.functional import (
-    head_spmm,
-    masked_linear_attention,
-    pair_masked_linear_attention,
-)
-from pyg_grf.ops import SparsePattern
+from pyg_grf.nn.functional import masked_linear_attention, pair_masked_linear_attention
+from pyg_grf.ops import SparsePattern, head_spmm
 
 MODES = ('linear', 'softmax', 'dense')
 LINEAR_BACKENDS = ('auto', 'sparse', 'pairs')
