@@ -2,7 +2,7 @@ r"""GRF masks: :math:`M = \widehat\Phi_Q \widehat\Phi_K^\top` with sparse graph 
 applied as two sparse products and never formed (GRF paper, Eq. 6-8, Corollary 3.3)."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
@@ -121,8 +121,7 @@ class GRFMask(MaskOperator):
     def from_loads(cls, grf_index: Union[Tensor, GRFLoads], grf_length: Optional[Tensor] = None,
                    grf_load: Optional[Tensor] = None, f: Optional[Tensor] = None,
                    num_nodes: Optional[int] = None, asymmetric: bool = False,
-                   key_loads: Optional[Sequence[Tensor]] = None,
-                   pattern: Optional[SparsePattern] = None) -> 'GRFMask':
+                   key_loads: Optional[Sequence[Tensor]] = None) -> 'GRFMask':
         r"""Builds the mask from the loads stored by
         :class:`~pyg_grf.transforms.AddGraphRandomFeatures` (a
         :class:`~pyg_grf.features.GRFLoads`, or the three tensors and ``num_nodes``) and a
@@ -132,7 +131,6 @@ class GRFMask(MaskOperator):
         Args:
             key_loads (tuple, optional): ``(index, length, load)`` of independent key-side walks
                 (a :class:`~pyg_grf.features.GRFLoads` carries them as ``key``).
-            pattern: ignored (the pattern is cached on the :class:`GRFLoads`).
         """
         if f is None:
             raise ValueError("'f' (the coefficients, [L + 1] or [H, L + 1]) is required")

@@ -202,7 +202,6 @@ def pair_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
         return_sums (bool): return the sums ``[N, H, d + 1]`` (see :func:`normalize_sums`).
     """
     N, H, _ = phi_q.shape
-    d = v.size(-1)
     pat = pattern.repeat(H)
     a = sddmm(pat, head_major(phi_q), head_major(phi_k)) * pattern.repeat_values(mask_values)
     v1 = torch.cat([v, v.new_ones(N, H, 1)], dim=-1)

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Tuple
 
-import torch
 from torch import Tensor, nn
 
 from pyg_grf.nn.feature_maps import FeatureMap, feature_map_resolver, qk_features

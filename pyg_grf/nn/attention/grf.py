@@ -11,7 +11,6 @@ from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.grf import GRFMask
 from pyg_grf.nn import functional as F
 from pyg_grf.nn.attention.base import QKVAttention
-from pyg_grf.ops import SparsePattern
 
 MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
 BACKENDS = ('auto', 'sparse', 'pairs', 'dense')
@@ -127,8 +126,7 @@ class GRFAttention(QKVAttention):
                 self.beta_raw.fill_(math.log(math.expm1(self.global_beta)))
 
     def mask(self, grf_index: Union[Tensor, GRFLoads], grf_length: Optional[Tensor] = None,
-             grf_load: Optional[Tensor] = None, num_nodes: Optional[int] = None,
-             pattern: Optional[SparsePattern] = None) -> GRFMask:
+             grf_load: Optional[Tensor] = None, num_nodes: Optional[int] = None) -> GRFMask:
         r"""The layer's current :class:`~pyg_grf.masks.GRFMask` (one mask per head), from a
         :class:`~pyg_grf.features.GRFLoads` or the three tensors and ``num_nodes``."""
         if isinstance(grf_index, GRFLoads):
@@ -139,8 +137,7 @@ class GRFAttention(QKVAttention):
 
     def forward(self, x: Tensor, grf_index: Union[Tensor, GRFLoads, None] = None,
                 grf_length: Optional[Tensor] = None, grf_load: Optional[Tensor] = None,
-                batch: Optional[Tensor] = None, pattern: Optional[SparsePattern] = None, *,
-                grf: Optional[GRFLoads] = None) -> Tensor:
+                batch: Optional[Tensor] = None, *, grf: Optional[GRFLoads] = None) -> Tensor:
         r"""
         Args:
             x (Tensor): ``[N, channels]`` node features.
@@ -150,8 +147,6 @@ class GRFAttention(QKVAttention):
                 precomputation between all layers.
             batch (Tensor, optional): ``[N]`` graph ids (sorted, as in PyG batches); needed by
                 the dense-block backend when ``grf`` does not carry it.
-            pattern: ignored (kept for compatibility: the shared structure now lives on
-                :class:`~pyg_grf.features.GRFLoads`).
         """
         if isinstance(grf_index, GRFLoads):
             grf, grf_index = grf_index, None

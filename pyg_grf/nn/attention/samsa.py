@@ -190,7 +190,6 @@ class SAMSAAttention(torch.nn.Module):
         N = x.size(0)
         if batch is not None and (batch.dim() != 1 or batch.numel() != N):
             raise ValueError(f"Expected 'batch' of shape [{N}] (got {list(batch.shape)})")
-        H, D, k, S = self.heads, self.head_channels, self.num_samples, self.num_support
 
         batch_size = None
         if batch is not None and N > 0:
