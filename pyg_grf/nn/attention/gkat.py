@@ -58,9 +58,11 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
 
 
 class GKATAttention(torch.nn.Module):
-    r"""The Graph Kernel Attention layer of GKAT (FTFI paper, Sec. 4.2; App. A.5): multi-head
-    attention whose mask is the RWGNK kernel :math:`\mathcal{K} = \Psi\Psi^\top` of random-walk
-    frequency vectors (see :class:`~pyg_grf.transforms.AddRWGNKFeatures`).
+    r"""The Graph Kernel Attention layer of GKAT from the `"From block-Toeplitz matrices to
+    differential equations on graphs: towards a general theory for scalable masked Transformers"
+    <https://arxiv.org/abs/2107.07999>`_ paper (Choromanski et al., ICML 2022; Sec. 4.2, App. A.5):
+    multi-head attention whose mask is the RWGNK kernel :math:`\mathcal{K} = \Psi\Psi^\top` of
+    random-walk frequency vectors (see :class:`~pyg_grf.transforms.AddRWGNKFeatures`).
 
     With values :math:`\mathbf{v}_j = \mathbf{W}\mathbf{x}_j` per head, every mode computes
 

@@ -18,8 +18,8 @@ BACKENDS = ('auto', 'sparse', 'pairs', 'dense')
 
 class GRFAttention(QKVAttention):
     r"""Multi-head linear attention with a learnable topological mask estimated by graph random
-    features, from *Linear Transformer Topological Masking with Graph Random Features*
-    (Reid et al., 2024), in :math:`O(N)`:
+    features, from the `"Linear Transformer Topological Masking with Graph Random Features"
+    <https://arxiv.org/abs/2410.03462>`_ paper (Reid et al., 2024), in :math:`O(N)`:
 
     .. math::
         \mathbf{x}'_i = \mathbf{W}_o\,\Big\Vert_{h=1}^{H}

@@ -16,8 +16,11 @@ from pyg_grf.nn.functional import masked_linear_attention
 
 
 class MaskedLinearAttention(QKVAttention):
-    r"""Multi-head linear attention masked by any mask with a fast product :math:`MX`
-    (causal, Toeplitz / grid RPE, tree, diffusion-kernel, GRF, RWGNK, packing, low-rank, dense):
+    r"""Multi-head linear attention masked by any mask with a fast product :math:`MX` (causal,
+    Toeplitz / grid RPE, tree, diffusion-kernel, GRF, RWGNK, packing, low-rank, dense), from the
+    `"From block-Toeplitz matrices to differential equations on graphs: towards a general theory
+    for scalable masked Transformers" <https://arxiv.org/abs/2107.07999>`_ paper (Sec. 2, Lemma
+    2.1, Algorithm 1):
 
     .. math::
         \mathbf{x}'_i = \mathbf{W}_o\,\Big\Vert_{h=1}^{H}

@@ -21,9 +21,11 @@ from pyg_grf.nn.functional import masked_linear_attention
 
 
 class LinearAttention(QKVAttention):
-    r"""Unmasked linear attention inside each graph of a batch (packing mask, FTFI paper
-    Sec. 3.1): :math:`\mathbf{o}_i = \sum_{j \in g(i)} \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)
-    \mathbf{v}_j / \sum_{j \in g(i)} \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)`. :math:`O(N)`.
+    r"""Unmasked linear attention inside each graph of a batch (the packing mask of the `"From
+    block-Toeplitz matrices to differential equations on graphs: towards a general theory for
+    scalable masked Transformers" <https://arxiv.org/abs/2107.07999>`_ paper, Sec. 3.1):
+    :math:`\mathbf{o}_i = \sum_{j \in g(i)} \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j) \mathbf{v}_j
+    / \sum_{j \in g(i)} \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)`. :math:`O(N)`.
 
     Args: as :class:`~pyg_grf.nn.GRFAttention` (``channels, heads, head_channels, feature_map,
     feature_map_kwargs, dropout, bias, eps``).
@@ -46,12 +48,12 @@ class LinearAttention(QKVAttention):
 
 
 class PowerSeriesAttention(QKVAttention):
-    r"""Linear attention masked by the *exact* kernel
-    :math:`M^{(h)} = \sum_{k=0}^{2L}(f^{(h)} * f^{(h)})_k W^k` (GRF paper, Eq. 4, Remark 3.1), the
-    expectation (off the diagonal) of :class:`~pyg_grf.nn.GRFAttention`'s symmetric mask, with the
-    same parameters (copy ``f`` and the projections across). Dense: :math:`O(N^2)` memory over
-    the whole batch (the kernel is block-diagonal, so graphs still do not mix). A reference and a
-    small-graph baseline.
+    r"""Linear attention masked by the *exact* kernel :math:`M^{(h)} = \sum_{k=0}^{2L}(f^{(h)} *
+    f^{(h)})_k W^k` from the `"Linear Transformer Topological Masking with Graph Random Features"
+    <https://arxiv.org/abs/2410.03462>`_ paper (Eq. 4, Remark 3.1), the expectation (off the
+    diagonal) of :class:`~pyg_grf.nn.GRFAttention`'s symmetric mask, with the same parameters (copy
+    ``f`` and the projections across). Dense: :math:`O(N^2)` memory over the whole batch (the
+    kernel is block-diagonal, so graphs still do not mix). A reference and a small-graph baseline.
 
     Args:
         normalization (str, optional): of :math:`W` (default: ``'sym'``).

@@ -29,7 +29,8 @@ def gumbel_like(x: Tensor, generator: Optional[torch.Generator] = None) -> Tenso
 
 
 class SAMSAAttention(torch.nn.Module):
-    r"""The sampling self-attention of SAMSA (SAMSA paper, Sec. 4.4, Algorithm 1): each head keeps
+    r"""The sampling self-attention from the *"SAMSA: Efficient Transformer for Many Data
+    Modalities"* (TMLR submission, under review) paper (Sec. 4.4, Algorithm 1): each head keeps
     only the :math:`k` key/value tokens with the highest learned importance and every query of a
     graph attends to those.
 

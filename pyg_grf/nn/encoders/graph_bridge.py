@@ -78,8 +78,9 @@ def hashed_normal(label: Tensor, channels: int, seed: int = 0,
 
 
 class GraphBridge(torch.nn.Module):
-    r"""The Graph-Bridge positional encoding and tokeniser from the SAMSA paper (Sec. 4.3,
-    App. D): every node *and* every edge becomes a token.
+    r"""The Graph-Bridge positional encoding and tokeniser from the *"SAMSA: Efficient Transformer
+    for Many Data Modalities"* (TMLR submission, under review) paper (Sec. 4.3, App. D): every node
+    *and* every edge becomes a token.
 
     Node :math:`i` gets a random positional encoding made of two sets of Gaussian noise with
     learned per-channel scales, plus an MLP of its features; an edge gets the difference of its

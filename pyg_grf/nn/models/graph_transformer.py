@@ -383,8 +383,10 @@ class GraphTransformerBlock(torch.nn.Module):
 
 
 class GraphTransformer(torch.nn.Module):
-    r"""A graph transformer with topology-aware linear-cost attention (GRF paper, Sec. 4;
-    GPS-style blocks as in :class:`torch_geometric.nn.conv.GPSConv`, but pre-norm).
+    r"""A graph transformer with the topology-aware linear-cost attention of the `"Linear
+    Transformer Topological Masking with Graph Random Features"
+    <https://arxiv.org/abs/2410.03462>`_ paper (Sec. 4), in GPS-style blocks as in
+    :class:`torch_geometric.nn.conv.GPSConv`, but pre-norm.
 
     .. math::
         \mathbf{x}^{(l+1)} = \mathbf{y} + \mathrm{FFN}(\mathrm{Norm}(\mathbf{y})), \quad
