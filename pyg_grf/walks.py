@@ -214,7 +214,7 @@ def check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
         lo, hi = int(edge_index.min()), int(edge_index.max())
         if lo < 0 or hi >= num_nodes:
             raise ValueError(f"'edge_index' holds node ids in [{lo}, {hi}] but the graph has "
-                             f"{num_nodes} nodes (valid ids: 0..{num_nodes - 1})")
+                             f"{num_nodes} nodes: it must hold node ids in [0, {num_nodes})")
 
 
 def to_csr(edge_index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from pyg_grf._validation import is_sorted
 from pyg_grf.masks.base import MaskOperator
+from pyg_grf.walks import check_edge_index
 
 
 def _fmt(p: Tensor):
@@ -408,13 +409,9 @@ def _forest_edges(edge_index: Tensor, N: int, edge_weight: Optional[Tensor]
     r"""Validated, undirected, deduplicated edges ``(u, v)`` with ``u < v`` (sorted by
     ``u * N + v``) and their weights (:obj:`None` without ``edge_weight``); both directions of
     an edge must carry the same weight, and there must be no self-loop."""
-    if edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise ValueError(f"'edge_index' must have shape [2, E], got {tuple(edge_index.shape)}")
+    check_edge_index(edge_index, N)
     ei = edge_index.long()
     E = ei.size(1)
-    if E > 0 and (int(ei.min()) < 0 or int(ei.max()) >= N):
-        raise ValueError(f"'edge_index' must hold node ids in [0, {N}), got range "
-                         f"[{int(ei.min())}, {int(ei.max())}]")
     if edge_weight is not None:
         if edge_weight.dim() != 1 or edge_weight.numel() != E:
             raise ValueError(f"'edge_weight' must have shape [{E}] (one per edge), got "

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.grf import GRFMask
 from pyg_grf.nn import functional as F
-from pyg_grf.nn.attention.base import QKVAttention
+from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients
 
 MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
 BACKENDS = ('auto', 'sparse', 'pairs', 'dense')
@@ -119,10 +119,9 @@ class GRFAttention(QKVAttention):
 
     def reset_parameters(self):
         super().reset_parameters()
-        with torch.no_grad():
-            self.f.copy_(self.f_init ** torch.arange(self.max_length + 1, dtype=torch.float)
-                         .expand(self.heads, -1))
-            if self.beta_raw is not None:  # softplus(beta_raw) = global_beta
+        reset_hop_coefficients(self.f, self.f_init)
+        if self.beta_raw is not None:  # softplus(beta_raw) = global_beta
+            with torch.no_grad():
                 self.beta_raw.fill_(math.log(math.expm1(self.global_beta)))
 
     def mask(self, grf_index: Union[Tensor, GRFLoads], grf_length: Optional[Tensor] = None,

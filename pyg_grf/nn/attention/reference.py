@@ -16,7 +16,7 @@ from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import self_convolution
 from pyg_grf.masks.base import DenseMask
 from pyg_grf.masks.packing import PackingMask
-from pyg_grf.nn.attention.base import QKVAttention
+from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients
 from pyg_grf.nn.functional import masked_linear_attention
 
 
@@ -76,9 +76,7 @@ class PowerSeriesAttention(QKVAttention):
 
     def reset_parameters(self):
         super().reset_parameters()
-        with torch.no_grad():
-            self.f.copy_(self.f_init ** torch.arange(self.max_length + 1, dtype=torch.float)
-                         .expand(self.heads, -1))
+        reset_hop_coefficients(self.f, self.f_init)
 
     def dense_mask(self, edge_index: Tensor, num_nodes: int,
                    edge_weight: Optional[Tensor] = None) -> Tensor:
