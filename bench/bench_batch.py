@@ -115,7 +115,7 @@ def fwd_bwd(module, call, x):
     return run
 
 
-def baselines(b: Batch, x: torch.Tensor, repeats: int, is_batch: bool) -> dict:
+def baselines(b: Batch, x: torch.Tensor, repeats: int) -> dict:
     E = b.edge_index.size(1)
     out = {}
     gine = GINEConv(torch.nn.Sequential(torch.nn.Linear(C, C), torch.nn.ReLU(),
@@ -341,7 +341,7 @@ def main(argv=None):
         big = b.num_nodes > 70000
         print(f'{name}: {b.num_nodes} nodes, {b.num_graphs} graphs, {b.grf_index.size(1)} GRF '
               f'entries', flush=True)
-        base = {} if big else baselines(b, x, repeats, is_batch)
+        base = {} if big else baselines(b, x, repeats)
         rows = grf_rows(b, x, repeats if not big else 2,
                         backends=('auto',) if big else BACKENDS,
                         modes=('symmetric',) if big else MODES)

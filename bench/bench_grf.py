@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from typing import Optional
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -462,31 +463,55 @@ def run_benchmark(args) -> dict:
     meta = machine_info(args.threads)
     meta['loadavg_start'] = _loadavg()
     meta['command'] = 'python bench/bench_grf.py ' + ' '.join(sys.argv[1:])
-    log = lambda *a: print(*a, file=sys.stderr, flush=True)  # noqa: E731
 
     base = spawn(dict(common, kind='baseline'), args.timeout)
     base_rss = base.get('rss_mib', 0.0)
-    log(f'baseline process RSS: {base_rss:.0f} MiB')
-
-    sampler = []
-    if not args.no_sampler:
-        for N in sizes:
-            log(f'[{time.time() - started:6.1f}s] sampler N={N} ...')
-            res = spawn(dict(common, kind='sampler', N=N, sampler_walks=args.sampler_walks,
-                             sampler_p_halt=[0.25, 0.5], sampler_max_length=10),
-                        args.timeout)
-            if res['status'] == 'ok':
-                sampler.extend(res['rows'])
-            else:
-                sampler.append(dict(N=N, status=res['status']))
-
+    _log(f'baseline process RSS: {base_rss:.0f} MiB')
+    sampler = [] if args.no_sampler else _run_sampler(args, common, sizes, started)
     profile = None
     if not args.no_profile and not args.sampler_only:
         pN = args.profile_n or (16384 if args.quick else 65536)
-        log(f'[{time.time() - started:6.1f}s] profile GRF (symmetric) N={pN} ...')
+        _log(f'[{time.time() - started:6.1f}s] profile GRF (symmetric) N={pN} ...')
         profile = spawn(dict(common, kind='profile', method='grf_sym', N=pN), args.timeout)
         profile['N'] = pN
+    results = _run_sweep(args, common, sizes, methods, repeats, started)
 
+    features = _feature_rows(results, sizes)
+    ratios = _ratio_rows(results, sizes)
+    slopes, slopes_cpu = _slopes(results, sizes, methods)
+    targets = _targets(slopes, slopes_cpu, ratios, sampler)
+    meta['loadavg_end'] = _loadavg()
+    meta['elapsed_s'] = time.time() - started
+    meta['baseline_rss_mib'] = base_rss
+    cache.cleanup()
+    return dict(meta=meta, config=dict(common, sizes=sizes, methods=methods,
+                                       softmax_max=args.softmax_max,
+                                       sampler_walks=args.sampler_walks,
+                                       sampler_p_halt=[0.25, 0.5], sampler_max_length=10),
+                results=results, features=features, ratios=ratios, slopes=slopes,
+                slopes_cpu=slopes_cpu,
+                sampler=sampler, profile=profile, targets=targets)
+
+
+def _log(*a) -> None:
+    print(*a, file=sys.stderr, flush=True)
+
+
+def _run_sampler(args, common: dict, sizes, started: float) -> list:
+    sampler = []
+    for N in sizes:
+        _log(f'[{time.time() - started:6.1f}s] sampler N={N} ...')
+        res = spawn(dict(common, kind='sampler', N=N, sampler_walks=args.sampler_walks,
+                         sampler_p_halt=[0.25, 0.5], sampler_max_length=10),
+                    args.timeout)
+        if res['status'] == 'ok':
+            sampler.extend(res['rows'])
+        else:
+            sampler.append(dict(N=N, status=res['status']))
+    return sampler
+
+
+def _run_sweep(args, common: dict, sizes, methods, repeats: int, started: float) -> list:
     sweep_start = time.time()
     results = []
     prev = {}  # method -> (N, fwd_bwd_s, peak_mib)
@@ -496,39 +521,13 @@ def run_benchmark(args) -> dict:
     for N in sizes:
         for method in run_order:
             row = dict(method=method, N=N, side=_side(N))
-            if method == 'softmax' and N > args.softmax_max:
-                row['status'] = f'skipped: O(N^2) time, N > {args.softmax_max}'
+            reps, skip = _plan_repeats(args, method, N, prev, repeats, sweep_start)
+            if skip is not None:
+                row['status'] = skip
                 results.append(row)
                 continue
-            # Skip (or run fewer repeats of) what would predictably not fit: extrapolation from
-            # the previous size (linear in N; quadratic for dense softmax).
-            reps = repeats
-            if method in prev:
-                N0, t0, m0 = prev[method]
-                r = N / N0
-                t_iter = t0 * r ** (2.0 if method == 'softmax' else 1.0)
-                m_pred = (m0 or 0.0) * r
-                avail = _mem_available_mib()
-                if m_pred > args.mem_fraction * avail:
-                    row['status'] = (f'skipped: predicted fwd+bwd peak {m_pred / 1024:.1f} GiB > '
-                                     f'{args.mem_fraction:.0%} of available '
-                                     f'{avail / 1024:.1f} GiB')
-                    results.append(row)
-                    continue
-                allowed = args.timeout
-                if args.budget:
-                    allowed = min(allowed, args.budget - (time.time() - sweep_start))
-                fit = int(allowed / t_iter) - 1 if t_iter > 0 else repeats  # minus the warm-up
-                if fit < 1:
-                    row['status'] = (f'skipped: predicted {t_iter:.0f} s per forward+backward; '
-                                     f'warm-up + 1 repeat would exceed '
-                                     f'{"the remaining --budget" if allowed < args.timeout else "--timeout"}'
-                                     f' ({max(allowed, 0):.0f} s)')
-                    results.append(row)
-                    continue
-                reps = min(repeats, fit)
-            log(f'[{time.time() - started:6.1f}s] {LABELS[method]:22s} N={N:>8d} '
-                f'(repeats {reps}) ...')
+            _log(f'[{time.time() - started:6.1f}s] {LABELS[method]:22s} N={N:>8d} '
+                 f'(repeats {reps}) ...')
             row['repeats'] = reps
             res = spawn(dict(common, kind='bench', method=method, N=N, repeats=reps),
                         args.timeout)
@@ -536,50 +535,98 @@ def run_benchmark(args) -> dict:
             if res['status'] == 'ok':
                 row['process_peak_mib'] = res['peak_total_mib'] - res['rss_start_mib']
                 prev[method] = (N, res['fwd_bwd_s'], res['fwdbwd_peak_mib'])
-                log(f'           fwd+bwd {res["fwd_bwd_s"] * 1e3:9.1f} ms  '
-                    f'peak {res["fwdbwd_peak_mib"] or 0:8.0f} MiB')
+                _log(f'           fwd+bwd {res["fwd_bwd_s"] * 1e3:9.1f} ms  '
+                     f'peak {res["fwdbwd_peak_mib"] or 0:8.0f} MiB')
             else:
-                log(f'           {res["status"]}')
+                _log(f'           {res["status"]}')
             results.append(row)
+    return results
 
-    def get(method, N, key='fwd_bwd_s'):
-        for r in results:
-            if r['method'] == method and r['N'] == N and r.get('status') == 'ok':
-                return r.get(key)
-        return None
 
+def _plan_repeats(args, method: str, N: int, prev: dict, repeats: int, sweep_start: float):
+    r"""``(repeats, None)`` for a config to run, or ``(0, reason)`` for one to skip: what would
+    predictably not fit, extrapolated from the previous size (linear in N; quadratic for dense
+    softmax)."""
+    if method == 'softmax' and N > args.softmax_max:
+        return 0, f'skipped: O(N^2) time, N > {args.softmax_max}'
+    if method not in prev:
+        return repeats, None
+    N0, t0, m0 = prev[method]
+    r = N / N0
+    t_iter = t0 * r ** (2.0 if method == 'softmax' else 1.0)
+    m_pred = (m0 or 0.0) * r
+    avail = _mem_available_mib()
+    if m_pred > args.mem_fraction * avail:
+        return 0, (f'skipped: predicted fwd+bwd peak {m_pred / 1024:.1f} GiB > '
+                   f'{args.mem_fraction:.0%} of available '
+                   f'{avail / 1024:.1f} GiB')
+    allowed = args.timeout
+    if args.budget:
+        allowed = min(allowed, args.budget - (time.time() - sweep_start))
+    fit = int(allowed / t_iter) - 1 if t_iter > 0 else repeats  # minus the warm-up
+    if fit < 1:
+        return 0, (f'skipped: predicted {t_iter:.0f} s per forward+backward; '
+                   f'warm-up + 1 repeat would exceed '
+                   f'{"the remaining --budget" if allowed < args.timeout else "--timeout"}'
+                   f' ({max(allowed, 0):.0f} s)')
+    return min(repeats, fit), None
+
+
+def _get(results, method, N, key='fwd_bwd_s'):
+    for r in results:
+        if r['method'] == method and r['N'] == N and r.get('status') == 'ok':
+            return r.get(key)
+    return None
+
+
+def _feature_rows(results, sizes) -> list:
     features = []
     for N in sizes:
         for m in ('grf_sym', 'grf_asym'):
-            t = get(m, N, 'feature_time_s')
+            t = _get(results, m, N, 'feature_time_s')
             if t is not None:
-                features.append(dict(N=N, time_s=t, entries=get(m, N, 'grf_entries'),
-                                     pairs=get(m, N, 'grf_pairs')))
+                features.append(dict(N=N, time_s=t, entries=_get(results, m, N, 'grf_entries'),
+                                     pairs=_get(results, m, N, 'grf_pairs')))
                 break
+    return features
 
+
+def _ratio_rows(results, sizes) -> list:
     ratios = []
     div = lambda a, b: (a / b) if (a is not None and b) else None  # noqa: E731
     for N in sizes:
         row = dict(N=N)
         for key, suffix in (('fwd_bwd_s', ''), ('fwd_bwd_cpu_s', '_cpu')):
-            g, ga, lin, gat = (get(m, N, key) for m in ('grf_sym', 'grf_asym', 'linear', 'gat'))
+            g, ga, lin, gat = (_get(results, m, N, key)
+                               for m in ('grf_sym', 'grf_asym', 'linear', 'gat'))
             row.update({f'grf_over_linear{suffix}': div(g, lin),
                         f'grf_over_gat{suffix}': div(g, gat),
                         f'asym_over_linear{suffix}': div(ga, lin),
                         f'asym_over_gat{suffix}': div(ga, gat)})
         ratios.append(row)
+    return ratios
 
-    lo, hi = (16384, 262144)
+
+SLOPE_RANGE = (16384, 262144)
+
+
+def _slopes(results, sizes, methods):
+    lo, hi = SLOPE_RANGE
     slopes, slopes_cpu = {}, {}
     for key, dst in (('fwd_bwd_s', slopes), ('fwd_bwd_cpu_s', slopes_cpu)):
         for m in methods:
-            pts = [(N, get(m, N, key)) for N in sizes
-                   if lo <= N <= hi and get(m, N, key) is not None]
+            pts = [(N, _get(results, m, N, key)) for N in sizes
+                   if lo <= N <= hi and _get(results, m, N, key) is not None]
             if len(pts) < 2:  # e.g. --quick: use what there is, and say so
-                pts = [(N, get(m, N, key)) for N in sizes if get(m, N, key) is not None]
+                pts = [(N, _get(results, m, N, key)) for N in sizes
+                       if _get(results, m, N, key) is not None]
             dst[m] = dict(slope=loglog_slope(pts), from_N=pts[0][0] if pts else None,
                           to_N=pts[-1][0] if pts else None, points=len(pts))
+    return slopes, slopes_cpu
 
+
+def _targets(slopes, slopes_cpu, ratios, sampler) -> dict:
+    lo, hi = SLOPE_RANGE
     targets = {}
     s = slopes.get('grf_sym', {})
     if s.get('slope') is not None:
@@ -601,22 +648,28 @@ def run_benchmark(args) -> dict:
             min=min(r['steps_per_s'] for r in at_big), max=max(r['steps_per_s'] for r in at_big),
             configs_met=sum(r['steps_per_s'] >= 20e6 for r in at_big), configs=len(at_big),
             best_any_N=max(r['steps_per_s'] for r in ok_rows))
-    meta['loadavg_end'] = _loadavg()
-    meta['elapsed_s'] = time.time() - started
-    meta['baseline_rss_mib'] = base_rss
-    cache.cleanup()
-    return dict(meta=meta, config=dict(common, sizes=sizes, methods=methods,
-                                       softmax_max=args.softmax_max,
-                                       sampler_walks=args.sampler_walks,
-                                       sampler_p_halt=[0.25, 0.5], sampler_max_length=10),
-                results=results, features=features, ratios=ratios, slopes=slopes,
-                slopes_cpu=slopes_cpu,
-                sampler=sampler, profile=profile, targets=targets)
+    return targets
 
 
 def to_markdown(R: dict) -> str:
-    meta, cfg = R['meta'], R['config']
-    sizes, methods = cfg['sizes'], cfg['methods']
+    L = _md_header(R['meta'], R['config'])
+    L += _md_method_tables(R)
+    L += _md_ratios(R)
+    L += _md_features(R['features'])
+    L += _md_sampler(R)
+    L += _md_targets(R['targets'])
+    if R.get('notes'):
+        L.append('\n## Notes\n')
+        L.append(R['notes'].rstrip())
+    L += _md_profile(R.get('profile'))
+    return '\n'.join(L) + '\n'
+
+
+def _f2(v) -> str:
+    return '—' if v is None else f'{v:.2f}'
+
+
+def _md_header(meta: dict, cfg: dict) -> list:
     L = []
     L.append('# GRF attention benchmark (2-D grids)\n')
     L.append(f"Command: `{meta['command']}`  ")
@@ -641,6 +694,12 @@ def to_markdown(R: dict) -> str:
              f"(adds self-loops, as by default). Dense softmax: "
              f"`F.scaled_dot_product_attention` over all N nodes, no mask, run for N <= "
              f"{cfg['softmax_max']} only (O(N^2) time).\n")
+    return L
+
+
+def _md_method_tables(R: dict) -> list:
+    meta, cfg = R['meta'], R['config']
+    sizes, methods = cfg['sizes'], cfg['methods']
 
     def cell(m, N, key, fmt):
         for r in R['results']:
@@ -650,37 +709,27 @@ def to_markdown(R: dict) -> str:
                 return 'skip' if str(r.get('status', '')).startswith('skipped') else 'fail'
         return ''
 
+    tables = [
+        ('## Forward+backward time (ms, median)\n', 'fwd_bwd_s', _fmt_ms),
+        ('\n## Forward-only time (ms, median; same runs)\n', 'fwd_s', _fmt_ms),
+        ('\n## Process CPU time of forward+backward (ms, median; user+system over all '
+         'threads of the worker; less sensitive to other processes on the cores than wall '
+         'time, but includes OpenMP spin-waiting)\n', 'fwd_bwd_cpu_s', _fmt_ms),
+        ('\n## Peak memory of forward+backward (MiB above the RSS before the timed passes)\n',
+         'fwdbwd_peak_mib', _fmt_mib),
+        (f"\n## Process peak RSS (MiB above the worker's RSS at start, i.e. after importing "
+         f"torch/PyG/pyg_grf, {meta['baseline_rss_mib']:.0f} MiB; includes graph, features, "
+         f"inputs, parameters)\n", 'process_peak_mib', _fmt_mib),
+    ]
     hdr = '| N (grid) | ' + ' | '.join(LABELS[m] for m in methods) + ' |'
     sep = '|---|' + '---:|' * len(methods)
-    L.append('## Forward+backward time (ms, median)\n')
-    L += [hdr, sep]
-    for N in sizes:
-        L.append(f'| {_fmt_n(N)} ({_side(N)}²) | ' +
-                 ' | '.join(cell(m, N, 'fwd_bwd_s', _fmt_ms) for m in methods) + ' |')
-    L.append('\n## Forward-only time (ms, median; same runs)\n')
-    L += [hdr, sep]
-    for N in sizes:
-        L.append(f'| {_fmt_n(N)} ({_side(N)}²) | ' +
-                 ' | '.join(cell(m, N, 'fwd_s', _fmt_ms) for m in methods) + ' |')
-    L.append('\n## Process CPU time of forward+backward (ms, median; user+system over all '
-             'threads of the worker; less sensitive to other processes on the cores than wall '
-             'time, but includes OpenMP spin-waiting)\n')
-    L += [hdr, sep]
-    for N in sizes:
-        L.append(f'| {_fmt_n(N)} ({_side(N)}²) | ' +
-                 ' | '.join(cell(m, N, 'fwd_bwd_cpu_s', _fmt_ms) for m in methods) + ' |')
-    L.append('\n## Peak memory of forward+backward (MiB above the RSS before the timed passes)\n')
-    L += [hdr, sep]
-    for N in sizes:
-        L.append(f'| {_fmt_n(N)} ({_side(N)}²) | ' +
-                 ' | '.join(cell(m, N, 'fwdbwd_peak_mib', _fmt_mib) for m in methods) + ' |')
-    L.append(f"\n## Process peak RSS (MiB above the worker's RSS at start, i.e. after importing "
-             f"torch/PyG/pyg_grf, {meta['baseline_rss_mib']:.0f} MiB; includes graph, features, "
-             f"inputs, parameters)\n")
-    L += [hdr, sep]
-    for N in sizes:
-        L.append(f'| {_fmt_n(N)} ({_side(N)}²) | ' +
-                 ' | '.join(cell(m, N, 'process_peak_mib', _fmt_mib) for m in methods) + ' |')
+    L = []
+    for title, key, fmt in tables:
+        L.append(title)
+        L += [hdr, sep]
+        for N in sizes:
+            L.append(f'| {_fmt_n(N)} ({_side(N)}²) | ' +
+                     ' | '.join(cell(m, N, key, fmt) for m in methods) + ' |')
     skips = [r for r in R['results'] if r.get('status') != 'ok']
     if skips:
         L.append('\nNot run / failed:\n')
@@ -692,14 +741,16 @@ def to_markdown(R: dict) -> str:
         L.append('\nRun with fewer repeats (to stay within --timeout / --budget):\n')
         for r in fewer:
             L.append(f"* {LABELS[r['method']]}, N = {_fmt_n(r['N'])}: {r['repeats']} repeat(s)")
+    return L
 
-    L.append('\n## Ratios of forward+backward time (same run; wall time, CPU time in brackets)\n')
-    L.append('| N | GRF sym / linear | GRF sym / GAT | GRF asym / linear | GRF asym / GAT |')
-    L.append('|---|---:|---:|---:|---:|')
-    f2 = lambda v: '—' if v is None else f'{v:.2f}'  # noqa: E731
+
+def _md_ratios(R: dict) -> list:
+    L = ['\n## Ratios of forward+backward time (same run; wall time, CPU time in brackets)\n',
+         '| N | GRF sym / linear | GRF sym / GAT | GRF asym / linear | GRF asym / GAT |',
+         '|---|---:|---:|---:|---:|']
     for r in R['ratios']:
         L.append(f"| {_fmt_n(r['N'])} | " + ' | '.join(
-            f"{f2(r[k])} ({f2(r[k + '_cpu'])})"
+            f"{_f2(r[k])} ({_f2(r[k + '_cpu'])})"
             for k in ('grf_over_linear', 'grf_over_gat', 'asym_over_linear', 'asym_over_gat'))
             + ' |')
     L.append('\nLog-log slope of forward+backward time vs N (least squares; wall time, CPU time '
@@ -707,39 +758,50 @@ def to_markdown(R: dict) -> str:
     for m, s in R['slopes'].items():
         c = R['slopes_cpu'][m]
         if s['slope'] is not None:
-            L.append(f"* {LABELS[m]}: {s['slope']:.3f} ({f2(c['slope'])}) over "
+            L.append(f"* {LABELS[m]}: {s['slope']:.3f} ({_f2(c['slope'])}) over "
                      f"{_fmt_n(s['from_N'])} to {_fmt_n(s['to_N'])}, {s['points']} sizes")
+    return L
 
-    if R['features']:
-        L.append('\n## GRF pre-transform (`AddGraphRandomFeatures`, once per N)\n')
-        L.append('| N | time (s) | stored entries (per node) | distinct (start, visited) pairs '
-                 '(per node) |')
-        L.append('|---|---:|---:|---:|')
-        for f in R['features']:
-            L.append(f"| {_fmt_n(f['N'])} | {f['time_s']:.2f} | {f['entries']:,} "
-                     f"({f['entries'] / f['N']:.2f}) | {f['pairs']:,} ({f['pairs'] / f['N']:.2f}) |")
 
-    if R['sampler']:
-        L.append(f"\n## Walk sampler `sample_walks` (n = {cfg['sampler_walks']} walks per node, "
-                 f"max_length = {cfg['sampler_max_length']})\n")
-        L.append('walker-steps/s = hops actually taken (records with node >= 0) / wall time of '
-                 'one `sample_walks` call (median), including its setup (halting draws, sort, '
-                 'CSR). walks/s = walkers (N * n) / the same time.\n')
-        if meta.get('sampler_command'):
-            L.append(f"Sampler rows from a later run: `{meta['sampler_command']}` at commit "
-                     f"{meta.get('sampler_commit')}.\n")
-        L.append('| N | walker | p_halt | hops | time (ms) | walker-steps/s (M) | walks/s (M) |')
-        L.append('|---|---|---:|---:|---:|---:|---:|')
-        for r in R['sampler']:
-            if 'steps_per_s' not in r:
-                L.append(f"| {_fmt_n(r['N'])} | {r.get('status')} | | | | | |")
-                continue
-            L.append(f"| {_fmt_n(r['N'])} | {r['walker']} | {r['p_halt']} | {r['hops']:,} | "
-                     f"{r['time_s'] * 1e3:.1f} | {r['steps_per_s'] / 1e6:.1f} | "
-                     f"{r['walks_per_s'] / 1e6:.1f} |")
+def _md_features(features: list) -> list:
+    if not features:
+        return []
+    L = ['\n## GRF pre-transform (`AddGraphRandomFeatures`, once per N)\n',
+         '| N | time (s) | stored entries (per node) | distinct (start, visited) pairs '
+         '(per node) |',
+         '|---|---:|---:|---:|']
+    for f in features:
+        L.append(f"| {_fmt_n(f['N'])} | {f['time_s']:.2f} | {f['entries']:,} "
+                 f"({f['entries'] / f['N']:.2f}) | {f['pairs']:,} ({f['pairs'] / f['N']:.2f}) |")
+    return L
 
-    L.append('\n## Targets\n')
-    T = R['targets']
+
+def _md_sampler(R: dict) -> list:
+    meta, cfg = R['meta'], R['config']
+    if not R['sampler']:
+        return []
+    L = [f"\n## Walk sampler `sample_walks` (n = {cfg['sampler_walks']} walks per node, "
+         f"max_length = {cfg['sampler_max_length']})\n",
+         'walker-steps/s = hops actually taken (records with node >= 0) / wall time of '
+         'one `sample_walks` call (median), including its setup (halting draws, sort, '
+         'CSR). walks/s = walkers (N * n) / the same time.\n']
+    if meta.get('sampler_command'):
+        L.append(f"Sampler rows from a later run: `{meta['sampler_command']}` at commit "
+                 f"{meta.get('sampler_commit')}.\n")
+    L.append('| N | walker | p_halt | hops | time (ms) | walker-steps/s (M) | walks/s (M) |')
+    L.append('|---|---|---:|---:|---:|---:|---:|')
+    for r in R['sampler']:
+        if 'steps_per_s' not in r:
+            L.append(f"| {_fmt_n(r['N'])} | {r.get('status')} | | | | | |")
+            continue
+        L.append(f"| {_fmt_n(r['N'])} | {r['walker']} | {r['p_halt']} | {r['hops']:,} | "
+                 f"{r['time_s'] * 1e3:.1f} | {r['steps_per_s'] / 1e6:.1f} | "
+                 f"{r['walks_per_s'] / 1e6:.1f} |")
+    return L
+
+
+def _md_targets(T: dict) -> list:
+    L = ['\n## Targets\n']
     if 'slope' in T:
         t = T['slope']
         vc = '—' if t['value_cpu'] is None else f"{t['value_cpu']:.3f}"
@@ -759,31 +821,31 @@ def to_markdown(R: dict) -> str:
                  f"{t['configs']} configurations meet it (best at any N "
                  f"{t['best_any_N'] / 1e6:.1f}M) -> **"
                  f"{'met' if t['configs_met'] == t['configs'] else ('partly met' if t['configs_met'] else 'NOT met')}**")
+    return L
 
-    if R.get('notes'):
-        L.append('\n## Notes\n')
-        L.append(R['notes'].rstrip())
-    P = R.get('profile')
-    if P:
-        L.append(f"\n## Profile: GRFAttention (symmetric) forward+backward, N = {_fmt_n(P['N'])}\n")
-        if P.get('status') != 'ok':
-            L.append(f"profile failed: {P.get('status')}")
-        else:
-            L.append(f"One profiled forward+backward after a warm-up: wall {P['wall_s'] * 1e3:,.0f} ms "
-                     f"(under the profiler), total self CPU {P['self_total_ms']:,.0f} ms.\n")
-            L.append('Top 10 ops by self CPU time:\n')
-            L.append('| op | calls | self (ms) | self % | total incl. children (ms) |')
-            L.append('|---|---:|---:|---:|---:|')
-            for e in P['top_self']:
-                L.append(f"| `{e['name']}` | {e['calls']} | {e['self_ms']:,.1f} | "
-                         f"{e['self_pct']:.1f} | {e['total_ms']:,.1f} |")
-            L.append('\nTop ops by total CPU time (including children; shows which autograd '
-                     'nodes the self time belongs to):\n')
-            L.append('| op | calls | total (ms) |')
-            L.append('|---|---:|---:|')
-            for e in P['top_total']:
-                L.append(f"| `{e['name']}` | {e['calls']} | {e['total_ms']:,.1f} |")
-    return '\n'.join(L) + '\n'
+
+def _md_profile(P: Optional[dict]) -> list:
+    if not P:
+        return []
+    L = [f"\n## Profile: GRFAttention (symmetric) forward+backward, N = {_fmt_n(P['N'])}\n"]
+    if P.get('status') != 'ok':
+        L.append(f"profile failed: {P.get('status')}")
+        return L
+    L.append(f"One profiled forward+backward after a warm-up: wall {P['wall_s'] * 1e3:,.0f} ms "
+             f"(under the profiler), total self CPU {P['self_total_ms']:,.0f} ms.\n")
+    L.append('Top 10 ops by self CPU time:\n')
+    L.append('| op | calls | self (ms) | self % | total incl. children (ms) |')
+    L.append('|---|---:|---:|---:|---:|')
+    for e in P['top_self']:
+        L.append(f"| `{e['name']}` | {e['calls']} | {e['self_ms']:,.1f} | "
+                 f"{e['self_pct']:.1f} | {e['total_ms']:,.1f} |")
+    L.append('\nTop ops by total CPU time (including children; shows which autograd '
+             'nodes the self time belongs to):\n')
+    L.append('| op | calls | total (ms) |')
+    L.append('|---|---:|---:|')
+    for e in P['top_total']:
+        L.append(f"| `{e['name']}` | {e['calls']} | {e['total_ms']:,.1f} |")
+    return L
 
 
 def main(argv=None) -> None:

@@ -11,7 +11,7 @@ modified in place (its version counter moves) or a different bound is checked ag
 from __future__ import annotations
 
 import weakref
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -60,3 +60,20 @@ def torch_aminmax(index: Tensor):
 
 
 __all__ = ['check_index_range']
+
+
+def is_sorted(x: Tensor) -> bool:
+    r"""Whether the 1-D tensor :obj:`x` is non-decreasing (one reduction and a host read)."""
+    return x.numel() < 2 or bool((x[1:] >= x[:-1]).all())
+
+
+def batch_or_zeros(batch: Optional[Tensor], num_nodes: int,
+                   device: Optional[torch.device] = None) -> Tensor:
+    r"""The batch vector :obj:`batch`, checked to hold one graph id per node, or, when it is
+    :obj:`None`, the batch vector of a single graph: ``num_nodes`` zeros (:obj:`torch.long`)."""
+    if batch is None:
+        return torch.zeros(num_nodes, dtype=torch.long, device=device)
+    if batch.shape != (num_nodes,):
+        raise ValueError(f"'batch' must have shape [{num_nodes}] (one graph id per node), got "
+                         f"{tuple(batch.shape)}")
+    return batch

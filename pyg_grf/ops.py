@@ -24,6 +24,8 @@ from typing import Tuple
 import torch
 from torch import Tensor
 
+from pyg_grf._validation import is_sorted
+
 
 class SparsePattern:
     r"""A fixed sparsity pattern of an :math:`R \times S` matrix with CSR views prepared for
@@ -53,7 +55,7 @@ class SparsePattern:
         self.nnz = index.size(1)
         self.device = index.device
         key = index[0] * S + index[1]
-        if self.nnz < 2 or _trusted or bool((key[1:] >= key[:-1]).all()):
+        if _trusted or is_sorted(key):
             self.perm = None  # already in row-major order: no sort
             row, col = index[0], index[1]
         else:
@@ -77,6 +79,13 @@ class SparsePattern:
                                  (self.col.view(1, -1) + off * S).view(-1)])
             self._repeats[heads] = SparsePattern(index, (heads * R, heads * S), _trusted=True)
         return self._repeats[heads]
+
+    def repeat_values(self, values: Tensor) -> Tensor:
+        r"""Per-head values ``[heads, nnz]`` (in the order of the index this pattern was built
+        from) as the ``[heads * nnz]`` values of :meth:`repeat` (row-major, head-major)."""
+        if self.perm is not None:  # the repeated pattern is in row-major order
+            values = values[:, self.perm]
+        return values.reshape(-1)
 
     def _transpose(self):
         # Column-major order of the nonzeros, computed on first use and cached.
@@ -225,3 +234,38 @@ def spmm(pattern: SparsePattern, values: Tensor, x: Tensor, transpose: bool = Fa
         x = x.unsqueeze(-1)
     out = _SpMM.apply(values, x.contiguous(), pattern, transpose)
     return out.squeeze(-1) if squeeze else out
+
+
+def head_major(x: Tensor) -> Tensor:
+    r"""``[N, H, C]`` to the head-major ``[H * N, C]`` operand of a repeated pattern."""
+    N, H, C = x.shape
+    return x.transpose(0, 1).reshape(H * N, C)
+
+
+def from_head_major(y: Tensor, heads: int) -> Tensor:
+    r"""Inverse of :func:`head_major`: ``[H * N, C]`` to ``[N, H, C]``."""
+    return y.view(heads, -1, y.size(-1)).transpose(0, 1)
+
+
+def head_spmm(pattern: SparsePattern, values: Tensor, x: Tensor,
+              transpose: bool = False) -> Tensor:
+    r"""Per-head sparse products :math:`A^{(h)} X^{(h)}` (or :math:`A^{(h)\top} X^{(h)}`) for
+    matrices that share ``pattern``, as one block-diagonal CSR product over all heads
+    (:meth:`SparsePattern.repeat`), differentiable in ``values`` and ``x``.
+
+    Args:
+        pattern (SparsePattern): the shared pattern of the ``[R, S]`` matrices.
+        values (Tensor): ``[H, nnz]`` values of every head, in the order of the index the
+            pattern was built from.
+        x (Tensor): ``[S, H, C]`` (``[R, H, C]`` if ``transpose``).
+        transpose (bool): multiply by :math:`A^{(h)\top}` instead.
+
+    Returns:
+        Tensor ``[R, H, C]`` (``[S, H, C]`` if ``transpose``).
+    """
+    H = values.size(0)
+    if x.dim() != 3 or x.size(1) != H:
+        raise ValueError(f"'x' must have shape [rows, {H}, C] for {H} heads of values, got "
+                         f"{tuple(x.shape)}")
+    y = spmm(pattern.repeat(H), pattern.repeat_values(values), head_major(x), transpose)
+    return from_head_major(y, H)

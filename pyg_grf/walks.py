@@ -17,10 +17,12 @@ from __future__ import annotations
 import math
 import os
 import re
-from typing import NamedTuple, Optional, Tuple, Union
+from typing import List, NamedTuple, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
+
+from pyg_grf._validation import is_sorted
 
 WALKERS = ('iid', 'antithetic', 'repelling')
 
@@ -212,14 +214,14 @@ def check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
         lo, hi = int(edge_index.min()), int(edge_index.max())
         if lo < 0 or hi >= num_nodes:
             raise ValueError(f"'edge_index' holds node ids in [{lo}, {hi}] but the graph has "
-                             f"{num_nodes} nodes (valid ids: 0..{num_nodes - 1})")
+                             f"{num_nodes} nodes: it must hold node ids in [0, {num_nodes})")
 
 
 def to_csr(edge_index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""CSR view of ``edge_index``: ``(rowptr [N + 1], col [E], perm [E], deg [N])`` with ``perm``
     mapping CSR positions back to edge ids."""
     src = edge_index[0].long()
-    if src.numel() < 2 or bool((src[1:] >= src[:-1]).all()):
+    if is_sorted(src):
         perm = torch.arange(src.numel(), device=src.device)  # already sorted (PyG's usual order)
     else:
         perm = torch.argsort(src, stable=True)
@@ -293,100 +295,164 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
     _check_args(num_walks, p_halt, max_length, walker, fixed_length)
     check_edge_index(edge_index, num_nodes)
     device = edge_index.device
-    if start is None:
-        start = torch.arange(num_nodes, device=device)
-    else:
-        start = start.long().to(device)
-        if start.numel() > 0 and (int(start.min()) < 0 or int(start.max()) >= num_nodes):
-            raise ValueError(f"'start' nodes must lie in [0, {num_nodes}), got range "
-                             f"[{int(start.min())}, {int(start.max())}]")
+    start = _start_nodes(start, num_nodes, device)
     n, L = num_walks, max_length
     S = start.numel()
-    W = S * n
-    estimate = estimate_walk_memory(S, n, L, p_halt, fixed_length, walker, edge_index.size(1),
-                                    num_nodes)
-    if estimate >= _CHECK_ABOVE or memory_limit is not None or \
-            os.environ.get(MEMORY_LIMIT_ENV):
-        per_walk = max(estimate_walk_memory(S, 1, L, p_halt, fixed_length, walker), 1)
-        check_walk_memory(
-            estimate, device, memory_limit,
-            f"sample_walks with {S} start nodes x num_walks={n} = {W} walkers, "
-            f"max_length={L}",
-            f"Lower 'num_walks' (each walk per start node costs about "
-            f"{per_walk / 2**20:.1f} MiB here) or 'max_length', or sample a subset of start "
-            f"nodes at a time ('start').")
+    _check_sample_memory(S, n, L, p_halt, fixed_length, walker, edge_index.size(1), num_nodes,
+                         device, memory_limit)
     walker_start = start.repeat_interleave(n)
 
-    # 1) Halting: pre-sample every walker's number of hops (before truncation and before meeting
-    #    a node without out-edges). P(len >= k) = (1 - p_halt)^k for every scheme.
+    # 1) Halting: every walker's number of hops, before truncation at a node without out-edges.
+    hops = _sample_hops(S, n, L, p_halt, walker, fixed_length, generator, device)
+    # 2) Walkers by decreasing length: those still moving at step t are a prefix.
+    order, counts = _walk_order(hops, L, fixed_length)
+    # 3) CSR with a ghost node for the nodes without out-edges, then the walk itself.
+    csr = _GhostCSR.build(edge_index, num_nodes)
+    node, pos, step_ptr = _take_steps(csr, walker_start.index_select(0, order), order, counts,
+                                      walker, n, num_nodes, generator)
+    # 4) Trim the walks that entered the ghost node and map CSR positions to edge ids.
+    if csr.has_sinks:
+        node = node.masked_fill(node == num_nodes, -1)
+        pos = csr.pos[pos]  # ghost edges map to -1
+    perm = csr.perm
+    edge = torch.where(pos >= 0, perm[pos.clamp_min(0)], pos) if not _is_identity(perm) else pos
+    length = hops
+    if csr.has_sinks:
+        walker_of = RandomWalks(walker_start, hops, order, step_ptr, node, edge, n, L).record_walker()
+        length = torch.bincount(walker_of[node >= 0], minlength=S * n)
+    return RandomWalks(start=walker_start, length=length, order=order, step_ptr=step_ptr,
+                       node=node, edge=edge, num_walks=n, max_length=L)
+
+
+def _start_nodes(start: Optional[Tensor], num_nodes: int, device: torch.device) -> Tensor:
+    if start is None:
+        return torch.arange(num_nodes, device=device)
+    start = start.long().to(device)
+    if start.numel() > 0 and (int(start.min()) < 0 or int(start.max()) >= num_nodes):
+        raise ValueError(f"'start' nodes must lie in [0, {num_nodes}), got range "
+                         f"[{int(start.min())}, {int(start.max())}]")
+    return start
+
+
+def _check_sample_memory(S: int, n: int, L: int, p_halt: Optional[float], fixed_length: bool,
+                         walker: str, num_edges: int, num_nodes: int, device: torch.device,
+                         memory_limit: Optional[float]) -> None:
+    # The estimate of estimate_walk_memory, checked (check_walk_memory) when it could matter.
+    estimate = estimate_walk_memory(S, n, L, p_halt, fixed_length, walker, num_edges, num_nodes)
+    if estimate < _CHECK_ABOVE and memory_limit is None and not os.environ.get(MEMORY_LIMIT_ENV):
+        return
+    per_walk = max(estimate_walk_memory(S, 1, L, p_halt, fixed_length, walker), 1)
+    check_walk_memory(
+        estimate, device, memory_limit,
+        f"sample_walks with {S} start nodes x num_walks={n} = {S * n} walkers, "
+        f"max_length={L}",
+        f"Lower 'num_walks' (each walk per start node costs about "
+        f"{per_walk / 2**20:.1f} MiB here) or 'max_length', or sample a subset of start "
+        f"nodes at a time ('start').")
+
+
+def _sample_hops(S: int, n: int, L: int, p_halt: Optional[float], walker: str,
+                 fixed_length: bool, generator: Optional[torch.Generator],
+                 device: torch.device) -> Tensor:
+    r"""``[S * n]`` pre-sampled number of hops of every walker, truncated at ``L``, with
+    :math:`P(\mathrm{len} \ge k) = (1 - p_{halt})^k` for every scheme."""
+    W = S * n
     if fixed_length or L == 0:
-        hops = torch.full((W,), L, dtype=torch.long, device=device)
-    elif walker == 'antithetic' and float(p_halt) <= 0.5:
-        # Per step, walkers (2j, 2j+1) halt on u < p and on (u + 1/2) mod 1 < p: for p <= 1/2
-        # the two events are disjoint, so each step has three outcomes (first halts, second
-        # halts, neither) with probabilities p, p, 1 - 2p, independently across steps. Sampled
-        # in closed form per pair instead of per step: the first step T at which either halts is
-        # geometric with 2p, a fair coin says which one, and the other one halts after a further
-        # geometric number of steps with p. Same law as the per-step draws, O(1) per pair.
-        P = (n + 1) // 2
-        u = torch.rand((3, S, P), generator=generator, device=device).clamp_min_(1e-12)
-        p = float(p_halt)
-        if p >= 0.5:
-            first = torch.zeros((S, P), dtype=torch.long, device=device)
-        else:
-            first = torch.floor(torch.log(u[0]) / math.log1p(-2.0 * p)).long()
-        other = first + 1 + torch.floor(torch.log(u[1]) / math.log1p(-p)).long()
-        swap = u[2] < 0.5
-        pair = torch.stack([torch.where(swap, other, first), torch.where(swap, first, other)],
-                           dim=2)  # [S, P, 2]
-        hops = pair.view(S, 2 * P)[:, :n].reshape(W).clamp_max_(L)
-    elif walker == 'antithetic':
+        return torch.full((W,), L, dtype=torch.long, device=device)
+    if walker == 'antithetic' and float(p_halt) <= 0.5:
+        return _antithetic_hops_disjoint(S, n, L, float(p_halt), generator, device)
+    if walker == 'antithetic':
         # Per step, walkers (2j, 2j+1) use uniforms u and (u + 1/2) mod 1 (p > 1/2: both may
         # halt at the same step).
         P = (n + 1) // 2
         u = torch.rand((S, P, L), generator=generator, device=device)
         u = torch.stack([u, torch.remainder(u + 0.5, 1.0)], dim=2).view(S, 2 * P, L)[:, :n]
         halted = (u < p_halt).view(W, L)
-        hops = torch.where(halted.any(1), halted.float().argmax(1),
+        return torch.where(halted.any(1), halted.float().argmax(1),
                            torch.full((W,), L, device=device)).long()
-    else:
-        u = torch.rand(W, generator=generator, device=device).clamp_min_(1e-12)
-        hops = torch.floor(torch.log(u) / math.log1p(-float(p_halt))).long().clamp_max_(L)
+    u = torch.rand(W, generator=generator, device=device).clamp_min_(1e-12)
+    return torch.floor(torch.log(u) / math.log1p(-float(p_halt))).long().clamp_max_(L)
 
-    # 2) Order walkers by decreasing length, so that the walkers still moving at step t are a
-    #    prefix (no compaction). The sort is stable: start-node order, hence locality, is kept.
-    #    The key L - hops is sorted as uint8 when it fits (radix sort on one byte).
+
+def _antithetic_hops_disjoint(S: int, n: int, L: int, p: float,
+                              generator: Optional[torch.Generator],
+                              device: torch.device) -> Tensor:
+    # Per step, walkers (2j, 2j+1) halt on u < p and on (u + 1/2) mod 1 < p: for p <= 1/2 the
+    # two events are disjoint, so each step has three outcomes (first halts, second halts,
+    # neither) with probabilities p, p, 1 - 2p, independently across steps. Sampled in closed
+    # form per pair instead of per step: the first step T at which either halts is geometric
+    # with 2p, a fair coin says which one, and the other one halts after a further geometric
+    # number of steps with p. Same law as the per-step draws, O(1) per pair.
+    P = (n + 1) // 2
+    u = torch.rand((3, S, P), generator=generator, device=device).clamp_min_(1e-12)
+    if p >= 0.5:
+        first = torch.zeros((S, P), dtype=torch.long, device=device)
+    else:
+        first = torch.floor(torch.log(u[0]) / math.log1p(-2.0 * p)).long()
+    other = first + 1 + torch.floor(torch.log(u[1]) / math.log1p(-p)).long()
+    swap = u[2] < 0.5
+    pair = torch.stack([torch.where(swap, other, first), torch.where(swap, first, other)],
+                       dim=2)  # [S, P, 2]
+    return pair.view(S, 2 * P)[:, :n].reshape(S * n).clamp_max_(L)
+
+
+def _walk_order(hops: Tensor, L: int, fixed_length: bool) -> Tuple[Tensor, List[int]]:
+    r"""Walkers by decreasing number of hops (``order``), so that the walkers still moving at
+    step ``t`` are a prefix (no compaction), and ``counts[t]``: the walkers that take hop
+    ``t + 1``. The sort is stable: start-node order, hence locality, is kept; the key
+    ``L - hops`` is sorted as uint8 when it fits (radix sort on one byte)."""
+    W = hops.numel()
     if L == 0 or fixed_length:
-        order = torch.arange(W, device=device)
+        order = torch.arange(W, device=hops.device)
     else:
         key = (L - hops).to(torch.uint8 if L < 256 else torch.int32)
         order = torch.sort(key, stable=True)[1]
     alive_count = torch.bincount(hops, minlength=L + 1).flip(0).cumsum(0).flip(0)  # [L + 1]
     alive_count = alive_count.tolist()  # alive_count[t]: walkers with hops >= t
+    return order, (alive_count[1:] if L > 0 else [])
 
-    # 3) CSR with a ghost node N: every node without out-edges gets one edge to N, and N loops
-    #    on itself. Walkers that enter N have ended; they are trimmed at the end.
-    rowptr, col, perm, deg = to_csr(edge_index, num_nodes)
-    sinks = deg == 0
-    has_sinks = bool(sinks.any())
-    if has_sinks:
-        ext_deg = torch.cat([torch.where(sinks, 1, deg), deg.new_ones(1)])
-        ext_rowptr = torch.zeros(num_nodes + 2, dtype=torch.long, device=device)
-        torch.cumsum(ext_deg, 0, out=ext_rowptr[1:])
-        ext_col = torch.full((int(ext_rowptr[-1]),), num_nodes, dtype=torch.long, device=device)
-        real = torch.repeat_interleave(~torch.cat([sinks, sinks.new_ones(1)]), ext_deg)
-        ext_col[real] = col
-        ext_pos = torch.full_like(ext_col, -1)
-        ext_pos[real] = torch.arange(col.numel(), device=device)
-    else:
-        ext_deg, ext_rowptr, ext_col = deg, rowptr, col
+
+class _GhostCSR(NamedTuple):
+    r"""CSR of a graph with a ghost node ``N``: every node without out-edges gets one edge to
+    ``N``, and ``N`` loops on itself; walkers that enter ``N`` have ended. ``table`` packs the
+    CSR offset, the degree and the degree - 1 of every node (one gather per step); ``pos`` maps
+    extended CSR positions to real ones (``-1`` for ghost edges; :obj:`None` without sinks) and
+    ``perm`` real CSR positions to edge ids."""
+    table: Tensor
+    col: Tensor
+    pos: Optional[Tensor]
+    perm: Tensor
+    has_sinks: bool
+
+    @classmethod
+    def build(cls, edge_index: Tensor, num_nodes: int) -> '_GhostCSR':
+        rowptr, col, perm, deg = to_csr(edge_index, num_nodes)
+        device = col.device
+        sinks = deg == 0
+        has_sinks = bool(sinks.any())
         ext_pos = None
-    # One packed gather per step gives the CSR offset, the degree and the degree - 1 of the
-    # current node.
-    table = torch.stack([ext_rowptr[:-1], ext_deg, ext_deg - 1], dim=1)
+        if has_sinks:
+            deg = torch.cat([torch.where(sinks, 1, deg), deg.new_ones(1)])
+            rowptr = torch.zeros(num_nodes + 2, dtype=torch.long, device=device)
+            torch.cumsum(deg, 0, out=rowptr[1:])
+            ext_col = torch.full((int(rowptr[-1]),), num_nodes, dtype=torch.long, device=device)
+            real = torch.repeat_interleave(~torch.cat([sinks, sinks.new_ones(1)]), deg)
+            ext_col[real] = col
+            ext_pos = torch.full_like(ext_col, -1)
+            ext_pos[real] = torch.arange(col.numel(), device=device)
+            col = ext_col
+        table = torch.stack([rowptr[:-1], deg, deg - 1], dim=1)
+        return cls(table, col, ext_pos, perm, has_sinks)
 
-    # Step-major hop records, written in place (sizes are known from alive_count).
-    counts = alive_count[1:] if L > 0 else []
+
+def _take_steps(csr: _GhostCSR, cur: Tensor, order: Tensor, counts: List[int], walker: str,
+                n: int, num_nodes: int, generator: Optional[torch.Generator]
+                ) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""Moves the walkers (current nodes ``cur``, in ``order``) in lockstep, ``counts[t]`` of
+    them at step ``t + 1``; returns the step-major hop records ``(node, pos, step_ptr)`` (node
+    reached and extended CSR position of the edge taken), written in place: the step loop
+    allocates nothing."""
+    device = cur.device
     R = int(sum(counts))
     node = torch.empty(R, dtype=torch.long, device=device)
     pos = torch.empty(R, dtype=torch.long, device=device)
@@ -394,9 +460,7 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
     for A in counts:
         ptr.append(ptr[-1] + A)
     step_ptr = torch.tensor(ptr, dtype=torch.long, device=device)
-    cur = walker_start.index_select(0, order)
-    # Scratch buffers reused by every step (the step loop allocates nothing).
-    A0 = counts[0] if L > 0 else 0
+    A0 = counts[0] if counts else 0
     rd_buf = torch.empty(A0, 3, dtype=torch.long, device=device)
     # Neighbour choice: floor(d * u) with u uniform in float64 (2^53 values), so every one of
     # the d neighbours has probability 1/d up to a relative error ~ d * 2^-53, the weight the
@@ -404,12 +468,11 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
     # degree 1e5, 4.6e-2 at 1e6.)
     r_buf = torch.empty(A0, dtype=torch.float64, device=device)
     k_buf = torch.empty(A0, dtype=torch.long, device=device)
-    for t in range(L):
-        A = counts[t]  # walkers that take hop t + 1
+    for t, A in enumerate(counts):  # A: walkers that take hop t + 1
         if A == 0:
             break
         cur = cur[:A]
-        rd = torch.index_select(table, 0, cur, out=rd_buf[:A])
+        rd = torch.index_select(csr.table, 0, cur, out=rd_buf[:A])
         base, d, d_last = rd[:, 0], rd[:, 1], rd[:, 2]
         if walker == 'repelling':
             r = _stratified_uniforms(order[:A] // n * (num_nodes + 1) + cur, generator)
@@ -420,19 +483,8 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
         k.clamp_max_(d_last)                 # guards float rounding up to d
         p = pos[ptr[t]:ptr[t + 1]]
         torch.add(base, k, out=p)
-        cur = torch.index_select(ext_col, 0, p, out=node[ptr[t]:ptr[t + 1]])
-    if has_sinks:
-        dead = node == num_nodes
-        node = node.masked_fill(dead, -1)
-        pos = ext_pos[pos]  # ghost edges map to -1
-    edge = torch.where(pos >= 0, perm[pos.clamp_min(0)], pos) if not _is_identity(perm) else pos
-    if has_sinks:
-        walker_of = RandomWalks(walker_start, hops, order, step_ptr, node, edge, n, L).record_walker()
-        length = torch.bincount(walker_of[node >= 0], minlength=W)
-    else:
-        length = hops
-    return RandomWalks(start=walker_start, length=length, order=order, step_ptr=step_ptr,
-                       node=node, edge=edge, num_walks=n, max_length=L)
+        cur = torch.index_select(csr.col, 0, p, out=node[ptr[t]:ptr[t + 1]])
+    return node, pos, step_ptr
 
 
 def _is_identity(perm: Tensor) -> bool:

@@ -97,7 +97,7 @@ def _to_data_list(rows: List[np.ndarray], cols: List[np.ndarray], num_nodes: int
                  y=y[g:g + 1]) for g in range(G)]
 
 
-def _erdos_renyi(rng: np.random.Generator, num_nodes: int, p: float,
+def _erdos_renyi(rng: np.random.Generator, p: float,
                  triu: Tuple[np.ndarray, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
     mask = rng.random(triu[0].size) < p
     return triu[0][mask], triu[1][mask]
@@ -318,11 +318,11 @@ class MotifDataset(GeneratedDataset):
         labels = _balanced_labels(rng, self.num_graphs)
         rows, cols, perms = [], [], []
         for label in labels:
-            row_l, col_l = _erdos_renyi(rng, n, p_large, triu_large)
+            row_l, col_l = _erdos_renyi(rng, p_large, triu_large)
             if label == 1:
                 row_s, col_s = motif
             else:
-                row_s, col_s = _erdos_renyi(rng, h, p_small, triu_small)
+                row_s, col_s = _erdos_renyi(rng, p_small, triu_small)
             join = rng.choice(n * h, size=self.num_join_edges, replace=False)
             rows.append(np.concatenate([row_l, row_s + n, join // h]))
             cols.append(np.concatenate([col_l, col_s + n, join % h + n]))

@@ -180,52 +180,63 @@ def grf_loads(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Option
     if walks is None:
         walks = sample_walks(edge_index, num_nodes, num_walks, p_halt, max_length, walker=walker,
                              fixed_length=fixed_length, generator=generator)
-    else:
+    else:  # fixed_length comes from the caller: it must match how the walks were drawn
         check_edge_index(edge_index, num_nodes)
-        fixed_length = fixed_length  # taken from the caller: must match how the walks were drawn
-    n, L = walks.num_walks, walks.max_length
-    device = edge_index.device
-    starts, order, ptr = walks.start, walks.order, walks.step_ptr.tolist()
-
-    # Weight of every hop record: W_e / p(hop) = W_e * d_u / (1 - p_halt).
     if importance:
         deg = torch.bincount(edge_index[0].long(), minlength=num_nodes).to(dtype)
         cont = 1.0 if fixed_length else 1.0 - float(p_halt)
-        valid = walks.edge >= 0
-        # Padded lookups: index E (resp. N) stands for 'no edge' (resp. 'no node') with weight 0.
-        w = torch.cat([w, w.new_zeros(1)])
-        deg = torch.cat([deg, deg.new_zeros(1)])
-        e = torch.where(valid, walks.edge, w.numel() - 1)
-        prev = torch.empty_like(walks.node)
-        # predecessor node of every record: the start node for step 1, else record j of step t-1
-        A1 = ptr[1] - ptr[0] if len(ptr) > 1 else 0
-        if A1 > 0:
-            prev[:A1] = starts[order[:A1]]
-        for t in range(2, len(ptr)):
-            A = ptr[t] - ptr[t - 1]
-            prev[ptr[t - 1]:ptr[t]] = walks.node[ptr[t - 2]:ptr[t - 2] + A]
-        prev = torch.where(prev >= 0, prev, num_nodes)
-        hop_w = w[e] * deg[prev] / cont
-        # Running product along each walk: record j of step t continues record j of step t-1.
-        load = torch.empty_like(hop_w)
-        if A1 > 0:
-            load[:A1] = hop_w[:A1]
-        for t in range(2, len(ptr)):
-            A = ptr[t] - ptr[t - 1]
-            load[ptr[t - 1]:ptr[t]] = load[ptr[t - 2]:ptr[t - 2] + A] * hop_w[ptr[t - 1]:ptr[t]]
+        load = _importance_loads(walks, w, deg, cont, num_nodes)
     else:
         load = (walks.node >= 0).to(dtype)
+    return _coalesce_loads(walks, load, num_nodes, dtype)
 
+
+def _importance_loads(walks: RandomWalks, w: Tensor, deg: Tensor, cont: float,
+                      num_nodes: int) -> Tensor:
+    r"""``[R]`` importance weight of every hop record of :obj:`walks`: the running product
+    along its walk of :math:`W_e / p(\mathrm{hop}) = W_e d_u / (1 - p_{halt})` (``cont`` is
+    :math:`1 - p_{halt}`, or 1 for fixed-length walks); 0 past a node without out-edges."""
+    ptr = walks.step_ptr.tolist()
+    valid = walks.edge >= 0
+    # Padded lookups: index E (resp. N) stands for 'no edge' (resp. 'no node') with weight 0.
+    w = torch.cat([w, w.new_zeros(1)])
+    deg = torch.cat([deg, deg.new_zeros(1)])
+    e = torch.where(valid, walks.edge, w.numel() - 1)
+    prev = torch.empty_like(walks.node)
+    # predecessor node of every record: the start node for step 1, else record j of step t-1
+    A1 = ptr[1] - ptr[0] if len(ptr) > 1 else 0
+    if A1 > 0:
+        prev[:A1] = walks.start[walks.order[:A1]]
+    for t in range(2, len(ptr)):  # one slice per step
+        A = ptr[t] - ptr[t - 1]
+        prev[ptr[t - 1]:ptr[t]] = walks.node[ptr[t - 2]:ptr[t - 2] + A]
+    prev = torch.where(prev >= 0, prev, num_nodes)
+    hop_w = w[e] * deg[prev] / cont
+    # Running product along each walk: record j of step t continues record j of step t-1.
+    load = torch.empty_like(hop_w)
+    if A1 > 0:
+        load[:A1] = hop_w[:A1]
+    for t in range(2, len(ptr)):
+        A = ptr[t] - ptr[t - 1]
+        load[ptr[t - 1]:ptr[t]] = load[ptr[t - 2]:ptr[t - 2] + A] * hop_w[ptr[t - 1]:ptr[t]]
+    return load
+
+
+def _coalesce_loads(walks: RandomWalks, load: Tensor, num_nodes: int,
+                    dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""The entries ``(index, hop, load / n)`` of the hop records with their loads, plus the
+    start nodes at hop 0 with load 1, duplicates summed, sorted by (start, visited, hop)."""
+    n, L = walks.num_walks, walks.max_length
+    starts = walks.start
     keep = walks.node >= 0
-    rec_walker = walks.record_walker()
-    src = torch.cat([starts, starts[rec_walker[keep]]])
+    src = torch.cat([starts, starts[walks.record_walker()[keep]]])
     dst = torch.cat([starts, walks.node[keep]])
     hop = torch.cat([torch.zeros_like(starts), walks.record_step()[keep]])
-    val = torch.cat([torch.ones(starts.numel(), dtype=dtype, device=device), load[keep]])
+    val = torch.cat([torch.ones(starts.numel(), dtype=dtype, device=starts.device), load[keep]])
 
     key = (src * num_nodes + dst) * (L + 1) + hop
     uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
-    out = torch.zeros(uniq.numel(), dtype=dtype, device=device).index_add_(0, inv, val) / n
+    out = torch.zeros(uniq.numel(), dtype=dtype, device=starts.device).index_add_(0, inv, val) / n
     hop = uniq % (L + 1)
     pair = uniq // (L + 1)
     index = torch.stack([pair // num_nodes, pair % num_nodes])
@@ -249,9 +260,13 @@ def grf_values(length: Tensor, load: Tensor, f: Tensor) -> Tensor:
     f = _check_f(f)
     K = f.size(-1)
     inside = length < K
-    idx = length.clamp_max(K - 1)
-    vals = f[..., idx] * load.to(f.dtype if f.is_floating_point() else load.dtype)
-    return vals * inside
+    return hop_values(f, length.clamp_max(K - 1), load) * inside
+
+
+def hop_values(f: Tensor, hop: Tensor, load: Tensor) -> Tensor:
+    r""":math:`f_{l_e}\,\mathrm{load}_e` for hop counts ``hop`` that all index into ``f``
+    (``[L + 1]`` or ``[H, L + 1]``): ``[nnz]`` or ``[H, nnz]``."""
+    return f[..., hop] * load.to(f.dtype if f.is_floating_point() else load.dtype)
 
 
 def graph_random_features(edge_index: Tensor, num_nodes: int, f: Union[Tensor, Sequence[float]],

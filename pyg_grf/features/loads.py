@@ -35,6 +35,8 @@ from typing import Any, Dict, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from pyg_grf._validation import is_sorted
+from pyg_grf.features.grf import hop_values
 from pyg_grf.ops import SparsePattern
 
 
@@ -226,7 +228,7 @@ class GRFLoads:
     def _build_pairs(self):
         N = self.num_nodes
         key = self.index[0].long() * N + self.index[1].long()
-        if key.numel() > 1 and not bool((key[1:] >= key[:-1]).all()):
+        if not is_sorted(key):
             uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
         else:  # the transform's order: consecutive duplicates only, no sort needed
             new = torch.ones_like(key, dtype=torch.bool)
@@ -251,7 +253,7 @@ class GRFLoads:
             raise ValueError(f"'f' must have shape [L + 1] or [H, L + 1], got {tuple(f.shape)}")
         self.check_coefficients(f.size(-1) - 1)
         hop = self._cached('hop_long', lambda: self.hop.long())
-        return f[..., hop] * self.load.to(f.dtype)
+        return hop_values(f, hop, self.load)
 
     def check_coefficients(self, max_length: int, who: str = 'f'):
         r"""Raises if the loads have hop counts beyond ``max_length`` (their entries would get
@@ -385,7 +387,7 @@ def block_layout(batch: Optional[Tensor], num_nodes: int) -> BlockLayout:
         return BlockLayout(1, max(num_nodes, 1), pos, torch.tensor([num_nodes]),
                            torch.zeros(1, dtype=torch.long, device=pos.device))
     batch = batch.long()
-    if batch.numel() > 1 and not bool((batch[1:] >= batch[:-1]).all()):
+    if not is_sorted(batch):
         raise ValueError("'batch' must be sorted (the nodes of each graph contiguous, as in a "
                          "PyG mini-batch)")
     sizes = torch.bincount(batch)

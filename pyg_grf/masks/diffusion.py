@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from pyg_grf.masks.base import MaskOperator
+from pyg_grf.walks import check_edge_index
 
 # Al-Mohy & Higham (2011), Table 3.1 (as used by scipy.sparse.linalg.expm_multiply): the largest
 # ||A|| for which m Taylor terms of exp(A) are accurate to double precision (backward error).
@@ -84,15 +85,11 @@ class DiffusionKernelMask(MaskOperator):
                  operator: str = 'laplacian', edge_weight: Optional[Tensor] = None):
         if operator not in OPERATORS:
             raise ValueError(f"unknown operator {operator!r}: expected one of {OPERATORS}")
-        if edge_index.dim() != 2 or edge_index.size(0) != 2:
-            raise ValueError(f"'edge_index' must have shape [2, E], got {tuple(edge_index.shape)}")
         N = self.num_nodes = int(num_nodes)
+        check_edge_index(edge_index, N)
         device = edge_index.device
         ei = edge_index.long()
         E = ei.size(1)
-        if E > 0 and (int(ei.min()) < 0 or int(ei.max()) >= N):
-            raise ValueError(f"'edge_index' must hold node ids in [0, {N}), got range "
-                             f"[{int(ei.min())}, {int(ei.max())}]")
         if edge_weight is None:
             edge_weight = torch.ones(E, device=device)
         elif edge_weight.dim() != 1 or edge_weight.numel() != E:

@@ -2,14 +2,14 @@ r"""GRF masks: :math:`M = \widehat\Phi_Q \widehat\Phi_K^\top` with sparse graph 
 applied as two sparse products and never formed (GRF paper, Eq. 6-8, Corollary 3.3)."""
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from torch import Tensor
 
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.base import MaskOperator
-from pyg_grf.ops import SparsePattern, spmm
+from pyg_grf.ops import SparsePattern, head_spmm, spmm
 
 
 class _Features:
@@ -29,16 +29,12 @@ class _Features:
                 return spmm(self.pattern, self.values, x, transpose)
             N, H, C = x.shape
             return spmm(self.pattern, self.values, x.reshape(N, H * C), transpose).view(N, H, C)
-        N, H, C = x.shape
-        y = self.mm_heads(x.transpose(0, 1).reshape(H * N, C), transpose)
-        return y.view(H, N, C).transpose(0, 1)
+        return head_spmm(self.pattern, self.values, x, transpose)
 
     def mm_heads(self, x: Tensor, transpose: bool) -> Tensor:
         # x: [H * N, C] head-major; one block-diagonal product for all heads.
-        values = self.values
-        if self.pattern.perm is not None:  # the repeated pattern is in row-major order
-            values = values[:, self.pattern.perm]
-        return spmm(self.pattern.repeat(values.size(0)), values.reshape(-1), x, transpose)
+        H = self.values.size(0)
+        return spmm(self.pattern.repeat(H), self.pattern.repeat_values(self.values), x, transpose)
 
     def to_dense(self) -> Tensor:
         if self.values.dim() == 1:
@@ -125,8 +121,7 @@ class GRFMask(MaskOperator):
     def from_loads(cls, grf_index: Union[Tensor, GRFLoads], grf_length: Optional[Tensor] = None,
                    grf_load: Optional[Tensor] = None, f: Optional[Tensor] = None,
                    num_nodes: Optional[int] = None, asymmetric: bool = False,
-                   key_loads: Optional[Sequence[Tensor]] = None,
-                   pattern: Optional[SparsePattern] = None) -> 'GRFMask':
+                   key_loads: Optional[Sequence[Tensor]] = None) -> 'GRFMask':
         r"""Builds the mask from the loads stored by
         :class:`~pyg_grf.transforms.AddGraphRandomFeatures` (a
         :class:`~pyg_grf.features.GRFLoads`, or the three tensors and ``num_nodes``) and a
@@ -136,7 +131,6 @@ class GRFMask(MaskOperator):
         Args:
             key_loads (tuple, optional): ``(index, length, load)`` of independent key-side walks
                 (a :class:`~pyg_grf.features.GRFLoads` carries them as ``key``).
-            pattern: ignored (the pattern is cached on the :class:`GRFLoads`).
         """
         if f is None:
             raise ValueError("'f' (the coefficients, [L + 1] or [H, L + 1]) is required")

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from typing import Optional
 
-import torch
 from torch import Tensor
 
 from pyg_grf.masks.base import MaskOperator

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Optional, Sequence, Union
 
-import torch
 from torch import Tensor
 
 from pyg_grf.masks.base import MaskOperator

@@ -11,7 +11,9 @@ from scipy.sparse.csgraph import connected_components
 import torch
 from torch import Tensor
 
+from pyg_grf._validation import is_sorted
 from pyg_grf.masks.base import MaskOperator
+from pyg_grf.walks import check_edge_index
 
 
 def _fmt(p: Tensor):
@@ -148,43 +150,9 @@ class TreeMask(MaskOperator):
         return v
 
     def _build_forest(self, edge_index: Tensor, N: int, edge_weight: Optional[Tensor]):
-        if edge_index.dim() != 2 or edge_index.size(0) != 2:
-            raise ValueError(f"'edge_index' must have shape [2, E], got {tuple(edge_index.shape)}")
         device = edge_index.device
-        ei = edge_index.long()
-        E = ei.size(1)
-        if E > 0 and (int(ei.min()) < 0 or int(ei.max()) >= N):
-            raise ValueError(f"'edge_index' must hold node ids in [0, {N}), got range "
-                             f"[{int(ei.min())}, {int(ei.max())}]")
-        if edge_weight is not None:
-            if edge_weight.dim() != 1 or edge_weight.numel() != E:
-                raise ValueError(f"'edge_weight' must have shape [{E}] (one per edge), got "
-                                 f"{tuple(edge_weight.shape)}")
-            if not edge_weight.is_floating_point():
-                edge_weight = edge_weight.float()
-        loops = ei[0] == ei[1]
-        if bool(loops.any()):
-            v = int(ei[0, loops][0])
-            raise ValueError(f"TreeMask needs a forest, but 'edge_index' has a self-loop at node {v}")
-
-        # Undirected, deduplicated edges (u < v).
-        u, v = torch.minimum(ei[0], ei[1]), torch.maximum(ei[0], ei[1])
-        key, inv = torch.unique(u * N + v, return_inverse=True)
-        M = key.numel()
-        uu, vv = key // N, key % N
-        if edge_weight is not None:
-            w = edge_weight.new_zeros(M).scatter_reduce(0, inv, edge_weight, 'amax',
-                                                        include_self=False)
-            w_min = edge_weight.detach().new_zeros(M).scatter_reduce(
-                0, inv, edge_weight.detach(), 'amin', include_self=False)
-            bad = w.detach() != w_min
-            if bool(bad.any()):
-                k = int(bad.nonzero()[0])
-                raise ValueError(f"edge ({int(uu[k])}, {int(vv[k])}) appears with different "
-                                 f"weights {float(w_min[k])} and {float(w[k])}")
-        else:
-            w = None
-
+        uu, vv, w = _forest_edges(edge_index, N, edge_weight)
+        M = uu.numel()
         # Components (scipy, linear time) and the forest condition |E| = N - #components.
         adj = sp.coo_matrix((np.ones(M), (uu.cpu().numpy(), vv.cpu().numpy())), shape=(N, N))
         num_comp, labels = connected_components(adj, directed=False)
@@ -196,38 +164,19 @@ class TreeMask(MaskOperator):
         self.num_trees = num_comp
         roots = torch.full((num_comp, ), N, dtype=torch.long, device=device).scatter_reduce(
             0, labels, torch.arange(N, device=device), 'amin')
+        parent, parent_edge, levels = _bfs_levels(uu, vv, roots, N)
+        self._set_levels(levels, parent, parent_edge)
+        self.parent = parent
+        self.parent_edge = parent_edge
+        self.edge_length = w  # [M] or None (unit lengths)
+        self.depth = torch.empty(N, dtype=torch.long, device=device)
+        for d, lv in enumerate(levels):
+            self.depth[lv] = d
+        self.roots = roots
 
-        # Symmetric CSR of the forest.
-        src, dst = torch.cat([uu, vv]), torch.cat([vv, uu])
-        order = torch.argsort(src, stable=True)
-        col, eid = dst[order], torch.cat([torch.arange(M, device=device)] * 2)[order]
-        deg = torch.bincount(src, minlength=N)
-        rowptr = torch.cat([deg.new_zeros(1), deg.cumsum(0)])
-
-        # Breadth-first search from all roots at once, one level per iteration.
-        parent = torch.full((N, ), -1, dtype=torch.long, device=device)
-        parent_edge = torch.full((N, ), -1, dtype=torch.long, device=device)
-        levels: List[Tensor] = [roots]
-        frontier = roots
-        while True:
-            cnt = deg[frontier]
-            total = int(cnt.sum())
-            if total == 0:
-                break
-            start = torch.repeat_interleave(rowptr[frontier] - (cnt.cumsum(0) - cnt), cnt)
-            pos = start + torch.arange(total, device=device)
-            s = torch.repeat_interleave(frontier, cnt)
-            nbr = col[pos]
-            child = nbr != parent[s]
-            nxt = nbr[child]
-            if nxt.numel() == 0:
-                break
-            parent[nxt] = s[child]
-            parent_edge[nxt] = eid[pos[child]]
-            levels.append(nxt)
-            frontier = nxt
-
+    def _set_levels(self, levels: List[Tensor], parent: Tensor, parent_edge: Tensor):
         # Node order by level; per level the parent's position inside the previous level.
+        N, device = parent.numel(), parent.device
         self.perm = torch.cat(levels)  # new position -> node id
         self.inv_perm = torch.empty_like(self.perm)
         self.inv_perm[self.perm] = torch.arange(N, device=device)
@@ -246,7 +195,7 @@ class TreeMask(MaskOperator):
             pl = self.inv_perm[parent[lv]] - off
             self.parent_local.append(pl)
             self.parent_edge_level.append(parent_edge[lv])
-            if pl.numel() > 1 and not bool((pl[1:] >= pl[:-1]).all()):  # pragma: no cover
+            if not is_sorted(pl):  # pragma: no cover
                 raise RuntimeError('TreeMask: children of a parent are not contiguous')
             first = torch.searchsorted(pl, pl, right=False)
             last = torch.searchsorted(pl, pl, right=True) - 1
@@ -255,13 +204,6 @@ class TreeMask(MaskOperator):
             group_id = torch.unique_consecutive(pl, return_inverse=True)[1]
             self.sibling_pos.append((pos, rpos, int((last - first).max()) + 1, group_id,
                                      int(group_id[-1]) + 1 if pl.numel() else 0))
-        self.parent = parent
-        self.parent_edge = parent_edge
-        self.edge_length = w  # [M] or None (unit lengths)
-        self.depth = torch.empty(N, dtype=torch.long, device=device)
-        for d, lv in enumerate(levels):
-            self.depth[lv] = d
-        self.roots = roots
 
     def _diameter(self) -> int:
         # Height of every node (upward, per level), then the longest path whose top node is p:
@@ -460,3 +402,74 @@ class TreeMask(MaskOperator):
         weighted = ', weighted=True' if self.edge_length is not None else ''
         return (f'TreeMask(num_nodes={self.num_nodes}, num_trees={self.num_trees}, {kind}'
                 f'{weighted}{heads})')
+
+
+def _forest_edges(edge_index: Tensor, N: int, edge_weight: Optional[Tensor]
+                  ) -> Tuple[Tensor, Tensor, Optional[Tensor]]:
+    r"""Validated, undirected, deduplicated edges ``(u, v)`` with ``u < v`` (sorted by
+    ``u * N + v``) and their weights (:obj:`None` without ``edge_weight``); both directions of
+    an edge must carry the same weight, and there must be no self-loop."""
+    check_edge_index(edge_index, N)
+    ei = edge_index.long()
+    E = ei.size(1)
+    if edge_weight is not None:
+        if edge_weight.dim() != 1 or edge_weight.numel() != E:
+            raise ValueError(f"'edge_weight' must have shape [{E}] (one per edge), got "
+                             f"{tuple(edge_weight.shape)}")
+        if not edge_weight.is_floating_point():
+            edge_weight = edge_weight.float()
+    loops = ei[0] == ei[1]
+    if bool(loops.any()):
+        v = int(ei[0, loops][0])
+        raise ValueError(f"TreeMask needs a forest, but 'edge_index' has a self-loop at node {v}")
+    u, v = torch.minimum(ei[0], ei[1]), torch.maximum(ei[0], ei[1])
+    key, inv = torch.unique(u * N + v, return_inverse=True)
+    M = key.numel()
+    uu, vv = key // N, key % N
+    if edge_weight is None:
+        return uu, vv, None
+    w = edge_weight.new_zeros(M).scatter_reduce(0, inv, edge_weight, 'amax', include_self=False)
+    w_min = edge_weight.detach().new_zeros(M).scatter_reduce(
+        0, inv, edge_weight.detach(), 'amin', include_self=False)
+    bad = w.detach() != w_min
+    if bool(bad.any()):
+        k = int(bad.nonzero()[0])
+        raise ValueError(f"edge ({int(uu[k])}, {int(vv[k])}) appears with different "
+                         f"weights {float(w_min[k])} and {float(w[k])}")
+    return uu, vv, w
+
+
+def _bfs_levels(uu: Tensor, vv: Tensor, roots: Tensor, N: int
+                ) -> Tuple[Tensor, Tensor, List[Tensor]]:
+    r"""Breadth-first search of the forest with edges ``(uu, vv)`` from all ``roots`` at once,
+    one level per iteration: ``(parent [N], parent_edge [N], levels)`` (``-1`` at the roots;
+    ``levels[d]`` the nodes at depth ``d``, children of a parent contiguous)."""
+    device, M = uu.device, uu.numel()
+    # Symmetric CSR of the forest.
+    src, dst = torch.cat([uu, vv]), torch.cat([vv, uu])
+    order = torch.argsort(src, stable=True)
+    col, eid = dst[order], torch.cat([torch.arange(M, device=device)] * 2)[order]
+    deg = torch.bincount(src, minlength=N)
+    rowptr = torch.cat([deg.new_zeros(1), deg.cumsum(0)])
+    parent = torch.full((N, ), -1, dtype=torch.long, device=device)
+    parent_edge = torch.full((N, ), -1, dtype=torch.long, device=device)
+    levels: List[Tensor] = [roots]
+    frontier = roots
+    while True:
+        cnt = deg[frontier]
+        total = int(cnt.sum())
+        if total == 0:
+            break
+        start = torch.repeat_interleave(rowptr[frontier] - (cnt.cumsum(0) - cnt), cnt)
+        pos = start + torch.arange(total, device=device)
+        s = torch.repeat_interleave(frontier, cnt)
+        nbr = col[pos]
+        child = nbr != parent[s]
+        nxt = nbr[child]
+        if nxt.numel() == 0:
+            break
+        parent[nxt] = s[child]
+        parent_edge[nxt] = eid[pos[child]]
+        levels.append(nxt)
+        frontier = nxt
+    return parent, parent_edge, levels

@@ -17,9 +17,10 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch_geometric.utils import scatter, softmax
 
 from pyg_grf.masks.base import MaskOperator
-from pyg_grf.ops import SparsePattern, sddmm, spmm
+from pyg_grf.ops import SparsePattern, from_head_major, head_major, sddmm, spmm
 
 
 def masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
@@ -185,19 +186,6 @@ def block_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, weight: Te
 # Explicit mask entries on their sparse support, and the low-rank route ##############################
 
 
-def _head_major(x: Tensor) -> Tensor:
-    # [N, H, C] -> [H * N, C]
-    N, H, C = x.shape
-    return x.transpose(0, 1).reshape(H * N, C)
-
-
-def _ordered(pattern: SparsePattern, values: Tensor) -> Tensor:
-    # values [H, P] in the pattern's input order -> its row-major order, flattened head-major
-    if pattern.perm is not None:
-        values = values[:, pattern.perm]
-    return values.reshape(-1)
-
-
 def pair_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
                                  pattern: SparsePattern, mask_values: Tensor,
                                  eps: float = 1e-6, return_sums: bool = False) -> Tensor:
@@ -214,11 +202,10 @@ def pair_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
         return_sums (bool): return the sums ``[N, H, d + 1]`` (see :func:`normalize_sums`).
     """
     N, H, _ = phi_q.shape
-    d = v.size(-1)
     pat = pattern.repeat(H)
-    a = sddmm(pat, _head_major(phi_q), _head_major(phi_k)) * _ordered(pattern, mask_values)
+    a = sddmm(pat, head_major(phi_q), head_major(phi_k)) * pattern.repeat_values(mask_values)
     v1 = torch.cat([v, v.new_ones(N, H, 1)], dim=-1)
-    o = spmm(pat, a, _head_major(v1)).view(H, N, d + 1).transpose(0, 1)
+    o = from_head_major(spmm(pat, a, head_major(v1)), H)
     return o if return_sums else normalize_sums(o, eps)
 
 
@@ -236,15 +223,14 @@ def pair_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Sp
     """
     N, H, C = q.shape
     pat = pattern.repeat(H)
-    s = sddmm(pat, _head_major(q), _head_major(k)) * C ** -0.5
+    s = sddmm(pat, head_major(q), head_major(k)) * C ** -0.5
+    # w_ij exp(s_ij) / sum_j' w_ij' exp(s_ij'): the row softmax of s, reweighted and renormalised
+    # (w may be negative or zero, so it cannot enter as log w)
     row = pat.row
-    smax = s.detach().new_full((H * N,), float('-inf')).scatter_reduce(
-        0, row, s.detach(), 'amax', include_self=True)
-    e = torch.exp(s - smax[row]) * _ordered(pattern, weight)
-    den = e.new_zeros(H * N).index_add(0, row, e)
-    a = e / (den[row] + 1e-16)
+    e = softmax(s, row, num_nodes=H * N) * pattern.repeat_values(weight)
+    a = e / (scatter(e, row, 0, dim_size=H * N, reduce='sum')[row] + 1e-16)
     a = torch.nn.functional.dropout(a, p=dropout, training=training)
-    return spmm(pat, a, _head_major(v)).view(H, N, -1).transpose(0, 1)
+    return from_head_major(spmm(pat, a, head_major(v)), H)
 
 
 def low_rank_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
@@ -267,7 +253,7 @@ def low_rank_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     v1 = torch.cat([v, v.new_ones(N, H, 1)], dim=-1).transpose(0, 1)  # [H, N, d + 1]
     x = (phi_k.transpose(0, 1).unsqueeze(-1) * v1.unsqueeze(-2)).reshape(H * N, m * (d + 1))
     if key_pattern is not None:
-        x = spmm(key_pattern.repeat(H), _ordered(key_pattern, key_values), x, transpose=True)
-    y = spmm(pattern.repeat(H), _ordered(pattern, values), x).view(H, N, m, d + 1)
+        x = spmm(key_pattern.repeat(H), key_pattern.repeat_values(key_values), x, transpose=True)
+    y = spmm(pattern.repeat(H), pattern.repeat_values(values), x).view(H, N, m, d + 1)
     o = torch.matmul(phi_q.transpose(0, 1).unsqueeze(-2), y).squeeze(-2).transpose(0, 1)
     return o if return_sums else normalize_sums(o, eps)

@@ -11,7 +11,7 @@ from torch_geometric.transforms import BaseTransform
 
 from pyg_grf.features.grf import NORMALIZATIONS, grf_loads
 from pyg_grf.transforms._seeding import TransformRNG
-from pyg_grf.walks import WALKERS, _check_args
+from pyg_grf.walks import _check_args
 
 
 def _index_dtype(num_nodes: int) -> torch.dtype:

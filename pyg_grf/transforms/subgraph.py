@@ -34,6 +34,7 @@ from torch_geometric.data import Data
 from torch_geometric.data.datapipes import functional_transform
 from torch_geometric.transforms import BaseTransform
 
+from pyg_grf._validation import is_sorted
 from pyg_grf.features.loads import GRFLoads
 
 _SUFFIXES = ('index', 'length', 'load')
@@ -199,7 +200,7 @@ def _restrict_loads(grf: GRFLoads, subset: Tensor, node_map: Tensor) -> GRFLoads
                                  monotone)
     key = None if grf.key is None else _restrict_loads(grf.key, subset, node_map)
     batch = None if grf.batch is None else grf.batch[subset.to(grf.batch.device)]
-    if batch is not None and batch.numel() > 1 and not bool((batch[1:] >= batch[:-1]).all()):
+    if batch is not None and not is_sorted(batch):
         raise ValueError("the subset reorders the graphs of the batch ('batch' would not be "
                          "sorted): pass the node ids of each graph contiguously")
     return GRFLoads(index, hop, load, subset.numel(), batch=batch, max_length=grf.max_length,

@@ -64,3 +64,24 @@ def test_bad_shapes():
     with pytest.raises(ValueError, match='covers 3 nodes'):
         masked_linear_attention(torch.rand(4, 1, 3), torch.rand(4, 1, 3), torch.rand(4, 1, 2),
                                 PackingMask(torch.zeros(3, dtype=torch.long)))
+
+
+def test_pair_weighted_softmax_equals_dense():
+    from pyg_grf.nn.functional import pair_weighted_softmax_attention
+    from pyg_grf.ops import SparsePattern
+    gen = torch.Generator().manual_seed(1)
+    N, H, C = 6, 2, 4
+    index = torch.tensor([[0, 0, 1, 2, 2, 2, 4, 5], [0, 3, 1, 0, 2, 5, 4, 1]])  # row 3 empty
+    weight = torch.rand(H, index.size(1), generator=gen, dtype=torch.float64) + 0.1
+    weight[1, 1] = 0.0  # a zero weight drops the pair
+    q, k, v = (torch.randn(N, H, C, generator=gen, dtype=torch.float64) for _ in range(3))
+    out = pair_weighted_softmax_attention(q, k, v, SparsePattern(index, (N, N)), weight)
+    # reference: a_ij = w_ij exp(s_ij) / sum_j' w_ij' exp(s_ij') with dense matrices
+    W = torch.zeros(H, N, N, dtype=torch.float64)
+    W[:, index[0], index[1]] = weight
+    s = torch.einsum('ihc,jhc->hij', q, k) / C ** 0.5
+    e = W * torch.exp(s)
+    a = e / e.sum(-1, keepdim=True).clamp_min(1e-300)
+    expected = torch.einsum('hij,jhc->ihc', a, v)
+    assert torch.allclose(out, expected)
+    assert torch.equal(out[3], torch.zeros(H, C, dtype=torch.float64))

@@ -9,6 +9,13 @@ from torch import Tensor, nn
 from pyg_grf.nn.feature_maps import FeatureMap, feature_map_resolver, qk_features
 
 
+def reset_hop_coefficients(f: Tensor, f_init: float) -> None:
+    r"""Sets the per-head hop coefficients ``f`` (``[H, L + 1]``) to :math:`f_l =
+    \mathrm{f\_init}^l` in place: :math:`f_0 = 1`, longer walks start with less weight."""
+    with torch.no_grad():
+        f.copy_(f_init ** torch.arange(f.size(-1), dtype=torch.float).expand_as(f))
+
+
 class QKVAttention(nn.Module):
     r"""Base of the attention layers: ``to_q``, ``to_k``, ``to_v`` project ``[N, channels]`` to
     ``heads`` heads of ``head_channels``; ``to_out`` projects back; dropout on the mixed values.

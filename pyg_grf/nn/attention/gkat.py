@@ -18,7 +18,7 @@ from pyg_grf._validation import check_index_range
 from pyg_grf.masks.rwgnk import RWGNKMask
 from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
 from pyg_grf.nn.functional import masked_linear_attention, pair_masked_linear_attention
-from pyg_grf.ops import SparsePattern, spmm
+from pyg_grf.ops import SparsePattern, head_spmm
 
 MODES = ('linear', 'softmax', 'dense')
 LINEAR_BACKENDS = ('auto', 'sparse', 'pairs')
@@ -58,9 +58,11 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
 
 
 class GKATAttention(torch.nn.Module):
-    r"""The Graph Kernel Attention layer of GKAT (FTFI paper, Sec. 4.2; App. A.5): multi-head
-    attention whose mask is the RWGNK kernel :math:`\mathcal{K} = \Psi\Psi^\top` of random-walk
-    frequency vectors (see :class:`~pyg_grf.transforms.AddRWGNKFeatures`).
+    r"""The Graph Kernel Attention layer of GKAT from the `"From block-Toeplitz matrices to
+    differential equations on graphs: towards a general theory for scalable masked Transformers"
+    <https://arxiv.org/abs/2107.07999>`_ paper (Choromanski et al., ICML 2022; Sec. 4.2, App. A.5):
+    multi-head attention whose mask is the RWGNK kernel :math:`\mathcal{K} = \Psi\Psi^\top` of
+    random-walk frequency vectors (see :class:`~pyg_grf.transforms.AddRWGNKFeatures`).
 
     With values :math:`\mathbf{v}_j = \mathbf{W}\mathbf{x}_j` per head, every mode computes
 
@@ -279,15 +281,15 @@ class GKATAttention(torch.nn.Module):
                 pattern = SparsePattern(k_index, (N, N))
                 if self.cached:
                     self._cache = (k_index, k_value.detach(), pattern)
-            dst, src = k_index[0], k_index[1]
-            logits = self._pair_logits(x, v, dst, src)  # [P, H]
+            dst = k_index[0]
+            logits = self._logits(x, v, k_index)  # [P, H]
             # Softmax over each query's support, weighted by K: exp(e_ij + log K_ij).
             if self.kernel_weighting:
                 logits = logits + torch.log(k_value.to(x.dtype)).unsqueeze(-1)
             alpha = softmax(logits, dst, num_nodes=N)
             alpha = F.dropout(alpha, p=self.dropout, training=self.training)
-            # Aggregate sum_j alpha_ij v_j with one CSR product per head (shared pattern).
-            out = torch.stack([spmm(pattern, alpha[:, h], v[:, h]) for h in range(H)], dim=1)
+            # Aggregate sum_j alpha_ij v_j: all heads in one block-diagonal CSR product.
+            out = head_spmm(pattern, alpha.t(), v)
         else:
             out = self._dense(x, v, rwgnk_index, rwgnk_value, batch)
 
@@ -305,34 +307,34 @@ class GKATAttention(torch.nn.Module):
                              f"{tuple(k_index.shape)} and {tuple(k_value.shape)}")
         return k_index, k_value
 
-    def _pair_logits(self, x: Tensor, v: Tensor, dst: Tensor, src: Tensor) -> Tensor:
+    def _logits(self, x: Tensor, v: Tensor, pairs: Optional[Tensor] = None) -> Tensor:
+        r"""Logits :math:`e_{ij}` of ``score`` for the ``[2, P]`` (query, key) ``pairs``
+        (``[P, H]``), or for all pairs (``[H, N, N]``) when :obj:`None`."""
         N, H, C = v.shape
         if self.score == 'gat':
             a_src = (v * self.att_src).sum(-1)  # [N, H]
             a_dst = (v * self.att_dst).sum(-1)
-            return F.leaky_relu(a_dst[dst] + a_src[src], self.negative_slope)
+            if pairs is None:
+                e = a_dst.t().unsqueeze(-1) + a_src.t().unsqueeze(1)  # [H, N, N]
+            else:
+                e = a_dst[pairs[0]] + a_src[pairs[1]]
+            return F.leaky_relu(e, self.negative_slope)
         q = self.lin_q(x).view(N, H, C)
         k = self.lin_k(x).view(N, H, C)
-        return (q[dst] * k[src]).sum(-1) / math.sqrt(C)
+        if pairs is None:
+            return torch.einsum('ihc,jhc->hij', q, k) / math.sqrt(C)
+        return (q[pairs[0]] * k[pairs[1]]).sum(-1) / math.sqrt(C)
 
     def _dense(self, x: Tensor, v: Tensor, rwgnk_index: Tensor, rwgnk_value: Tensor,
                batch: OptTensor) -> Tensor:
         # GKAT-0: dense K = Psi Psi^T and a dense masked softmax, O(N^2).
-        N, H, C = v.shape
+        N = v.size(0)
         psi = x.new_zeros(N, N).index_put((rwgnk_index[0], rwgnk_index[1]), rwgnk_value,
                                           accumulate=True)
         kernel = psi @ psi.t()
         if batch is not None:
             kernel = kernel * (batch.view(-1, 1) == batch.view(1, -1)).to(x.dtype)
-        if self.score == 'gat':
-            a_src = (v * self.att_src).sum(-1)  # [N, H]
-            a_dst = (v * self.att_dst).sum(-1)
-            logits = F.leaky_relu(a_dst.t().unsqueeze(-1) + a_src.t().unsqueeze(1),
-                                  self.negative_slope)  # [H, N, N]
-        else:
-            q = self.lin_q(x).view(N, H, C)
-            k = self.lin_k(x).view(N, H, C)
-            logits = torch.einsum('ihc,jhc->hij', q, k) / math.sqrt(C)
+        logits = self._logits(x, v)  # [H, N, N]
         support = kernel.abs() > self.threshold
         if self.kernel_weighting:
             logits = logits + torch.log(torch.where(support, kernel, torch.ones_like(kernel)))

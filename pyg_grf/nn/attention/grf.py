@@ -10,8 +10,7 @@ from torch import Tensor, nn
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.grf import GRFMask
 from pyg_grf.nn import functional as F
-from pyg_grf.nn.attention.base import QKVAttention
-from pyg_grf.ops import SparsePattern
+from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients
 
 MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
 BACKENDS = ('auto', 'sparse', 'pairs', 'dense')
@@ -19,8 +18,8 @@ BACKENDS = ('auto', 'sparse', 'pairs', 'dense')
 
 class GRFAttention(QKVAttention):
     r"""Multi-head linear attention with a learnable topological mask estimated by graph random
-    features, from *Linear Transformer Topological Masking with Graph Random Features*
-    (Reid et al., 2024), in :math:`O(N)`:
+    features, from the `"Linear Transformer Topological Masking with Graph Random Features"
+    <https://arxiv.org/abs/2410.03462>`_ paper (Reid et al., 2024), in :math:`O(N)`:
 
     .. math::
         \mathbf{x}'_i = \mathbf{W}_o\,\Big\Vert_{h=1}^{H}
@@ -120,15 +119,13 @@ class GRFAttention(QKVAttention):
 
     def reset_parameters(self):
         super().reset_parameters()
-        with torch.no_grad():
-            self.f.copy_(self.f_init ** torch.arange(self.max_length + 1, dtype=torch.float)
-                         .expand(self.heads, -1))
-            if self.beta_raw is not None:  # softplus(beta_raw) = global_beta
+        reset_hop_coefficients(self.f, self.f_init)
+        if self.beta_raw is not None:  # softplus(beta_raw) = global_beta
+            with torch.no_grad():
                 self.beta_raw.fill_(math.log(math.expm1(self.global_beta)))
 
     def mask(self, grf_index: Union[Tensor, GRFLoads], grf_length: Optional[Tensor] = None,
-             grf_load: Optional[Tensor] = None, num_nodes: Optional[int] = None,
-             pattern: Optional[SparsePattern] = None) -> GRFMask:
+             grf_load: Optional[Tensor] = None, num_nodes: Optional[int] = None) -> GRFMask:
         r"""The layer's current :class:`~pyg_grf.masks.GRFMask` (one mask per head), from a
         :class:`~pyg_grf.features.GRFLoads` or the three tensors and ``num_nodes``."""
         if isinstance(grf_index, GRFLoads):
@@ -139,8 +136,7 @@ class GRFAttention(QKVAttention):
 
     def forward(self, x: Tensor, grf_index: Union[Tensor, GRFLoads, None] = None,
                 grf_length: Optional[Tensor] = None, grf_load: Optional[Tensor] = None,
-                batch: Optional[Tensor] = None, pattern: Optional[SparsePattern] = None, *,
-                grf: Optional[GRFLoads] = None) -> Tensor:
+                batch: Optional[Tensor] = None, *, grf: Optional[GRFLoads] = None) -> Tensor:
         r"""
         Args:
             x (Tensor): ``[N, channels]`` node features.
@@ -150,8 +146,6 @@ class GRFAttention(QKVAttention):
                 precomputation between all layers.
             batch (Tensor, optional): ``[N]`` graph ids (sorted, as in PyG batches); needed by
                 the dense-block backend when ``grf`` does not carry it.
-            pattern: ignored (kept for compatibility: the shared structure now lives on
-                :class:`~pyg_grf.features.GRFLoads`).
         """
         if isinstance(grf_index, GRFLoads):
             grf, grf_index = grf_index, None

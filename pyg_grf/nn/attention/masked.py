@@ -7,6 +7,7 @@ from typing import Any, Dict, Optional
 
 from torch import Tensor, nn
 
+from pyg_grf._validation import batch_or_zeros
 from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.masks.base import MaskOperator
 from pyg_grf.masks.packing import PackingMask
@@ -15,8 +16,11 @@ from pyg_grf.nn.functional import masked_linear_attention
 
 
 class MaskedLinearAttention(QKVAttention):
-    r"""Multi-head linear attention masked by any mask with a fast product :math:`MX`
-    (causal, Toeplitz / grid RPE, tree, diffusion-kernel, GRF, RWGNK, packing, low-rank, dense):
+    r"""Multi-head linear attention masked by any mask with a fast product :math:`MX` (causal,
+    Toeplitz / grid RPE, tree, diffusion-kernel, GRF, RWGNK, packing, low-rank, dense), from the
+    `"From block-Toeplitz matrices to differential equations on graphs: towards a general theory
+    for scalable masked Transformers" <https://arxiv.org/abs/2107.07999>`_ paper (Sec. 2, Lemma
+    2.1, Algorithm 1):
 
     .. math::
         \mathbf{x}'_i = \mathbf{W}_o\,\Big\Vert_{h=1}^{H}
@@ -111,10 +115,7 @@ class MaskedLinearAttention(QKVAttention):
             raise TypeError(f"unexpected keyword arguments {sorted(mask_kwargs)}: they are "
                             f"passed to the mask module, and this layer has none")
         if mask is None:
-            if batch is not None and batch.shape != (N,):
-                raise ValueError(f"'batch' must have shape [{N}] (one graph id per node), got "
-                                 f"{tuple(batch.shape)}")
-            mask = PackingMask(batch if batch is not None else x.new_zeros(max(N, 0)).long())
+            mask = PackingMask(batch_or_zeros(batch, max(N, 0), x.device))
         elif not isinstance(mask, MaskOperator):
             raise TypeError(f"'mask' must be a pyg_grf.masks.MaskOperator, got "
                             f"{type(mask).__name__}")

@@ -10,28 +10,22 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import to_dense_batch
 
+from pyg_grf._validation import batch_or_zeros
 from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import self_convolution
 from pyg_grf.masks.base import DenseMask
 from pyg_grf.masks.packing import PackingMask
-from pyg_grf.nn.attention.base import QKVAttention
+from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients
 from pyg_grf.nn.functional import masked_linear_attention
 
 
-def _batch_or_zeros(x: Tensor, batch: Optional[Tensor]) -> Tensor:
-    if batch is None:
-        return x.new_zeros(x.size(0), dtype=torch.long)
-    if batch.shape != (x.size(0),):
-        raise ValueError(f"'batch' must have shape [{x.size(0)}] (one graph id per node), got "
-                         f"{tuple(batch.shape)}")
-    return batch
-
-
 class LinearAttention(QKVAttention):
-    r"""Unmasked linear attention inside each graph of a batch (packing mask, FTFI paper
-    Sec. 3.1): :math:`\mathbf{o}_i = \sum_{j \in g(i)} \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)
-    \mathbf{v}_j / \sum_{j \in g(i)} \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)`. :math:`O(N)`.
+    r"""Unmasked linear attention inside each graph of a batch (the packing mask of the `"From
+    block-Toeplitz matrices to differential equations on graphs: towards a general theory for
+    scalable masked Transformers" <https://arxiv.org/abs/2107.07999>`_ paper, Sec. 3.1):
+    :math:`\mathbf{o}_i = \sum_{j \in g(i)} \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j) \mathbf{v}_j
+    / \sum_{j \in g(i)} \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)`. :math:`O(N)`.
 
     Args: as :class:`~pyg_grf.nn.GRFAttention` (``channels, heads, head_channels, feature_map,
     feature_map_kwargs, dropout, bias, eps``).
@@ -48,18 +42,18 @@ class LinearAttention(QKVAttention):
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         q, k, v = self.project(x)
         phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
-        out = masked_linear_attention(phi_q, phi_k, v, PackingMask(_batch_or_zeros(x, batch)),
+        out = masked_linear_attention(phi_q, phi_k, v, PackingMask(batch_or_zeros(batch, x.size(0), x.device)),
                                       eps=self.eps)
         return self.finish(out)
 
 
 class PowerSeriesAttention(QKVAttention):
-    r"""Linear attention masked by the *exact* kernel
-    :math:`M^{(h)} = \sum_{k=0}^{2L}(f^{(h)} * f^{(h)})_k W^k` (GRF paper, Eq. 4, Remark 3.1), the
-    expectation (off the diagonal) of :class:`~pyg_grf.nn.GRFAttention`'s symmetric mask, with the
-    same parameters (copy ``f`` and the projections across). Dense: :math:`O(N^2)` memory over
-    the whole batch (the kernel is block-diagonal, so graphs still do not mix). A reference and a
-    small-graph baseline.
+    r"""Linear attention masked by the *exact* kernel :math:`M^{(h)} = \sum_{k=0}^{2L}(f^{(h)} *
+    f^{(h)})_k W^k` from the `"Linear Transformer Topological Masking with Graph Random Features"
+    <https://arxiv.org/abs/2410.03462>`_ paper (Eq. 4, Remark 3.1), the expectation (off the
+    diagonal) of :class:`~pyg_grf.nn.GRFAttention`'s symmetric mask, with the same parameters (copy
+    ``f`` and the projections across). Dense: :math:`O(N^2)` memory over the whole batch (the
+    kernel is block-diagonal, so graphs still do not mix). A reference and a small-graph baseline.
 
     Args:
         normalization (str, optional): of :math:`W` (default: ``'sym'``).
@@ -82,9 +76,7 @@ class PowerSeriesAttention(QKVAttention):
 
     def reset_parameters(self):
         super().reset_parameters()
-        with torch.no_grad():
-            self.f.copy_(self.f_init ** torch.arange(self.max_length + 1, dtype=torch.float)
-                         .expand(self.heads, -1))
+        reset_hop_coefficients(self.f, self.f_init)
 
     def dense_mask(self, edge_index: Tensor, num_nodes: int,
                    edge_weight: Optional[Tensor] = None) -> Tensor:
@@ -116,7 +108,7 @@ class SoftmaxAttention(QKVAttention):
         self.reset_parameters()
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
-        batch = _batch_or_zeros(x, batch)
+        batch = batch_or_zeros(batch, x.size(0), x.device)
         q, k, v = self.project(x)
         N, H, C = q.shape
         # [B, Nmax, H, C] -> [B, H, Nmax, C]

@@ -29,7 +29,8 @@ def gumbel_like(x: Tensor, generator: Optional[torch.Generator] = None) -> Tenso
 
 
 class SAMSAAttention(torch.nn.Module):
-    r"""The sampling self-attention of SAMSA (SAMSA paper, Sec. 4.4, Algorithm 1): each head keeps
+    r"""The sampling self-attention from the *"SAMSA: Efficient Transformer for Many Data
+    Modalities"* (TMLR submission, under review) paper (Sec. 4.4, Algorithm 1): each head keeps
     only the :math:`k` key/value tokens with the highest learned importance and every query of a
     graph attends to those.
 
@@ -190,7 +191,6 @@ class SAMSAAttention(torch.nn.Module):
         N = x.size(0)
         if batch is not None and (batch.dim() != 1 or batch.numel() != N):
             raise ValueError(f"Expected 'batch' of shape [{N}] (got {list(batch.shape)})")
-        H, D, k, S = self.heads, self.head_channels, self.num_samples, self.num_support
 
         batch_size = None
         if batch is not None and N > 0:

@@ -21,12 +21,14 @@ ATTN_TYPES = ('grf', 'gkat', 'linear', 'performer', 'multihead')
 
 
 class GRFGPSConv(torch.nn.Module):
-    r"""The GPS layer of *Recipe for a General, Powerful, Scalable Graph Transformer*
-    (Rampášek et al., 2022, `arXiv:2205.12454 <https://arxiv.org/abs/2205.12454>`_), shaped and
-    computed exactly like :class:`torch_geometric.nn.conv.GPSConv`, whose global attention can be
-    the topology-aware linear attention of *Linear Transformer Topological Masking with Graph
-    Random Features* (Reid et al., 2024) or GKAT, or, to compare like with like, unmasked linear attention, PyG's Performer or exact
-    multi-head attention:
+    r"""The GPS layer of *Recipe for a General, Powerful, Scalable Graph Transformer* (Rampášek et
+    al., 2022, `arXiv:2205.12454 <https://arxiv.org/abs/2205.12454>`_), shaped and computed exactly
+    like :class:`torch_geometric.nn.conv.GPSConv`, whose global attention can be the topology-aware
+    linear attention of the `"Linear Transformer Topological Masking with Graph Random Features"
+    <https://arxiv.org/abs/2410.03462>`_ paper (Reid et al., 2024) or GKAT (the `"From
+    block-Toeplitz matrices to differential equations on graphs: towards a general theory for
+    scalable masked Transformers" <https://arxiv.org/abs/2107.07999>`_ paper), or, to compare like
+    with like, unmasked linear attention, PyG's Performer or exact multi-head attention:
 
     .. math::
         \mathbf{h}_{\mathrm{local}} &= \mathrm{Norm}_1(\mathbf{x} + \mathrm{MPNN}(\mathbf{x},

@@ -13,6 +13,8 @@ from torch.nn import Parameter
 from torch_geometric.nn import MLP
 from torch_geometric.typing import OptTensor
 
+from pyg_grf._validation import batch_or_zeros
+
 EVAL_NOISE = ('structural', 'seeded', 'zero', 'random')
 
 # Integer hashing modulo the Mersenne prime 2^31 - 1; every product stays below 2^62.
@@ -76,8 +78,9 @@ def hashed_normal(label: Tensor, channels: int, seed: int = 0,
 
 
 class GraphBridge(torch.nn.Module):
-    r"""The Graph-Bridge positional encoding and tokeniser from the SAMSA paper (Sec. 4.3,
-    App. D): every node *and* every edge becomes a token.
+    r"""The Graph-Bridge positional encoding and tokeniser from the *"SAMSA: Efficient Transformer
+    for Many Data Modalities"* (TMLR submission, under review) paper (Sec. 4.3, App. D): every node
+    *and* every edge becomes a token.
 
     Node :math:`i` gets a random positional encoding made of two sets of Gaussian noise with
     learned per-channel scales, plus an MLP of its features; an edge gets the difference of its
@@ -307,8 +310,7 @@ class GraphBridge(torch.nn.Module):
         h_edge = self.edge_mlp(edge_pe)
 
         # Lay the tokens out graph by graph: nodes of graph g, then edges of graph g.
-        if batch is None:
-            batch = edge_index.new_zeros(N)
+        batch = batch_or_zeros(batch, N, edge_index.device)
         edge_batch = batch[edge_index[0]]
         if token_type is None:
             token_batch = torch.cat([batch, edge_batch])

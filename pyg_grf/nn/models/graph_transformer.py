@@ -37,6 +37,7 @@ from torch_geometric.nn import (
 )
 from torch_geometric.nn.resolver import activation_resolver
 
+from pyg_grf._validation import batch_or_zeros
 from pyg_grf.features.loads import GRFLoads
 
 
@@ -268,6 +269,70 @@ def _mlp(in_channels: int, hidden: int, out_channels: int, act: str, dropout: fl
                       Linear(hidden, out_channels))
 
 
+def _check_options(in_channels, attention, local_mp, pe, node_encoder, edge_encoder, edge_dim,
+                   pooling) -> None:
+    # The string options of GraphTransformer, checked up front with the allowed values.
+    if isinstance(attention, str) and attention not in ATTENTIONS:
+        raise ValueError(f"attention must be one of {sorted(ATTENTIONS)} (or None, or an "
+                         f"AttentionAdapter subclass), got '{attention}'")
+    if local_mp is not None and local_mp not in LOCAL_MPS:
+        raise ValueError(f"local_mp must be one of {LOCAL_MPS} or None, got '{local_mp}'")
+    if pe is not None and pe not in PES:
+        raise ValueError(f"pe must be one of {PES} or None, got '{pe}'")
+    if pooling is not None and pooling not in POOLINGS:
+        raise ValueError(f"pooling must be one of {sorted(POOLINGS)} or None, "
+                         f"got '{pooling}'")
+    if node_encoder not in NODE_ENCODERS:
+        raise ValueError(f"node_encoder must be one of {NODE_ENCODERS}, got '{node_encoder}'")
+    if edge_encoder not in EDGE_ENCODERS:
+        raise ValueError(f"edge_encoder must be one of {EDGE_ENCODERS}, got '{edge_encoder}'")
+    if pe == 'graph_bridge' and (local_mp is not None or attention not in GRAPH_BRIDGE_OK):
+        raise ValueError(f"pe='graph_bridge' turns nodes and edges into tokens, so it needs an "
+                         f"attention over plain tokens {GRAPH_BRIDGE_OK} and local_mp=None, "
+                         f"got attention={attention!r}, local_mp={local_mp!r}")
+    if attention is None and local_mp is None:
+        raise ValueError("attention and local_mp cannot both be None (the model would ignore "
+                         "the graph)")
+    if local_mp == 'gine' and edge_encoder is None:
+        raise ValueError("local_mp='gine' needs edge features: set edge_encoder ('linear' "
+                         "with edge_dim, 'bond' or 'embedding')")
+    if edge_encoder in ('linear', 'embedding') and edge_dim is None:
+        raise ValueError(f"edge_encoder='{edge_encoder}' needs edge_dim")
+    if node_encoder in ('linear', 'embedding') and in_channels is None:
+        raise ValueError(f"node_encoder='{node_encoder}' needs in_channels")
+
+
+def _encoder(kind: Optional[str], in_channels: Optional[int],
+             C: int) -> Optional[torch.nn.Module]:
+    # A node or edge encoder: 'linear', 'embedding', the OGB one ('atom' / 'bond') or None.
+    if kind == 'linear':
+        return Linear(in_channels, C)
+    if kind == 'embedding':
+        return torch.nn.Embedding(in_channels, C)
+    if kind in ('atom', 'bond'):
+        from ogb.graphproppred import mol_encoder
+        return (mol_encoder.AtomEncoder if kind == 'atom' else mol_encoder.BondEncoder)(C)
+    return None
+
+
+def _attention_class(attention) -> Optional[Type[AttentionAdapter]]:
+    if attention is None:
+        return None
+    if isinstance(attention, str):
+        return ATTENTIONS[attention]
+    if isinstance(attention, type) and issubclass(attention, AttentionAdapter):
+        return attention
+    raise ValueError(f"attention must be a name, an AttentionAdapter subclass or None, "
+                     f"got {attention!r}")
+
+
+def _embed(encoder: torch.nn.Module, kind: Optional[str], x: Tensor) -> Tensor:
+    # Categorical features of an 'embedding' encoder: one column of ids, or one-hot rows.
+    if kind == 'embedding':
+        return encoder(x.view(-1).long() if x.dim() == 1 or x.size(-1) == 1 else x.argmax(-1))
+    return encoder(x.long())  # atom / bond
+
+
 class GraphTransformerBlock(torch.nn.Module):
     r"""One pre-norm block of :class:`GraphTransformer`: attention and (optionally) local
     message passing side by side on the normalised input, residual, then a residual FFN."""
@@ -318,8 +383,10 @@ class GraphTransformerBlock(torch.nn.Module):
 
 
 class GraphTransformer(torch.nn.Module):
-    r"""A graph transformer with topology-aware linear-cost attention (GRF paper, Sec. 4;
-    GPS-style blocks as in :class:`torch_geometric.nn.conv.GPSConv`, but pre-norm).
+    r"""A graph transformer with the topology-aware linear-cost attention of the `"Linear
+    Transformer Topological Masking with Graph Random Features"
+    <https://arxiv.org/abs/2410.03462>`_ paper (Sec. 4), in GPS-style blocks as in
+    :class:`torch_geometric.nn.conv.GPSConv`, but pre-norm.
 
     .. math::
         \mathbf{x}^{(l+1)} = \mathbf{y} + \mathrm{FFN}(\mathrm{Norm}(\mathbf{y})), \quad
@@ -426,94 +493,17 @@ class GraphTransformer(torch.nn.Module):
         self.head_layers = head_layers
 
         C = hidden_channels
-        # Check the string options up front, with the allowed values in the message.
-        if isinstance(attention, str) and attention not in ATTENTIONS:
-            raise ValueError(f"attention must be one of {sorted(ATTENTIONS)} (or None, or an "
-                             f"AttentionAdapter subclass), got '{attention}'")
-        if local_mp is not None and local_mp not in LOCAL_MPS:
-            raise ValueError(f"local_mp must be one of {LOCAL_MPS} or None, got '{local_mp}'")
-        if pe is not None and pe not in PES:
-            raise ValueError(f"pe must be one of {PES} or None, got '{pe}'")
-        if pooling is not None and pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of {sorted(POOLINGS)} or None, "
-                             f"got '{pooling}'")
-        if node_encoder not in NODE_ENCODERS:
-            raise ValueError(f"node_encoder must be one of {NODE_ENCODERS}, got '{node_encoder}'")
-        if edge_encoder not in EDGE_ENCODERS:
-            raise ValueError(f"edge_encoder must be one of {EDGE_ENCODERS}, got '{edge_encoder}'")
-        if pe == 'graph_bridge' and (local_mp is not None or attention not in GRAPH_BRIDGE_OK):
-            raise ValueError(f"pe='graph_bridge' turns nodes and edges into tokens, so it needs an "
-                             f"attention over plain tokens {GRAPH_BRIDGE_OK} and local_mp=None, "
-                             f"got attention={attention!r}, local_mp={local_mp!r}")
-        if attention is None and local_mp is None:
-            raise ValueError("attention and local_mp cannot both be None (the model would ignore "
-                             "the graph)")
-        if local_mp == 'gine' and edge_encoder is None:
-            raise ValueError("local_mp='gine' needs edge features: set edge_encoder ('linear' "
-                             "with edge_dim, 'bond' or 'embedding')")
-        if edge_encoder in ('linear', 'embedding') and edge_dim is None:
-            raise ValueError(f"edge_encoder='{edge_encoder}' needs edge_dim")
-        if node_encoder in ('linear', 'embedding') and in_channels is None:
-            raise ValueError(f"node_encoder='{node_encoder}' needs in_channels")
-
-        # Node encoder.
+        _check_options(in_channels, attention, local_mp, pe, node_encoder, edge_encoder, edge_dim,
+                       pooling)
         self.node_emb = None
-        if node_encoder == 'linear':
-            self.node_encoder = Linear(in_channels, C)
-        elif node_encoder == 'embedding':
-            self.node_encoder = torch.nn.Embedding(in_channels, C)
-        elif node_encoder == 'atom':
-            from ogb.graphproppred.mol_encoder import AtomEncoder
-            self.node_encoder = AtomEncoder(C)
-        else:
-            self.node_encoder = None
+        self.node_encoder = _encoder(node_encoder, in_channels, C)
+        if self.node_encoder is None:  # graphs without features: one learned vector
             self.node_emb = torch.nn.Parameter(torch.empty(1, C))
-
-        # Edge encoder (only read by the local message passing).
-        if edge_encoder == 'linear':
-            self.edge_encoder = Linear(edge_dim, C)
-        elif edge_encoder == 'embedding':
-            self.edge_encoder = torch.nn.Embedding(edge_dim, C)
-        elif edge_encoder == 'bond':
-            from ogb.graphproppred.mol_encoder import BondEncoder
-            self.edge_encoder = BondEncoder(C)
-        else:
-            self.edge_encoder = None
-
-        # Positional encoding.
-        if pe in ('rwpe', 'lappe'):
-            self.pe_encoder = Linear(pe_dim, C)
-        elif pe == 'graph_bridge':
-            from pyg_grf.nn.encoders.graph_bridge import GraphBridge
-            self.pe_encoder = GraphBridge(C, C, edge_channels=C if edge_encoder else None,
-                                          pe_channels=pe_dim)
-        else:
-            self.pe_encoder = None
-
-        # Blocks.
-        if attention is None:
-            self.attention_cls = None
-        elif isinstance(attention, str):
-            self.attention_cls = ATTENTIONS[attention]
-        elif isinstance(attention, type) and issubclass(attention, AttentionAdapter):
-            self.attention_cls = attention
-        else:
-            raise ValueError(f"attention must be a name, an AttentionAdapter subclass or None, "
-                             f"got {attention!r}")
-        self.blocks = torch.nn.ModuleList()
-        for _ in range(num_layers):
-            attn = None
-            if self.attention_cls is not None:
-                try:
-                    attn = self.attention_cls(C, heads=heads, dropout=attn_dropout,
-                                              **self.attention_kwargs)
-                except TypeError as exc:  # e.g. a misspelt attention_kwargs key
-                    raise TypeError(f"attention={attention!r} with attention_kwargs="
-                                    f"{self.attention_kwargs}: {exc}") from exc
-            self.blocks.append(
-                GraphTransformerBlock(C, attn, self._make_local_mp(local_mp, C, heads),
-                                      local_mp, ffn_ratio=ffn_ratio, dropout=dropout, act=act,
-                                      norm=norm))
+        # Edge encoder (only read by the local message passing and Graph-Bridge).
+        self.edge_encoder = _encoder(edge_encoder, edge_dim, C)
+        self.pe_encoder = self._make_pe_encoder(pe, pe_dim, C, edge_encoder)
+        self.attention_cls = _attention_class(attention)
+        self.blocks = torch.nn.ModuleList([self._make_block() for _ in range(num_layers)])
         self.final_norm = _norm(norm, C)
 
         # Head.
@@ -525,6 +515,31 @@ class GraphTransformer(torch.nn.Module):
             raise ValueError(f"head_layers must be 1 or 2, got {head_layers}")
 
         self.reset_parameters()
+
+    def _make_block(self) -> 'GraphTransformerBlock':
+        C, heads = self.hidden_channels, self.heads
+        attn = None
+        if self.attention_cls is not None:
+            try:
+                attn = self.attention_cls(C, heads=heads, dropout=self.attn_dropout,
+                                          **self.attention_kwargs)
+            except TypeError as exc:  # e.g. a misspelt attention_kwargs key
+                raise TypeError(f"attention={self.attention!r} with attention_kwargs="
+                                f"{self.attention_kwargs}: {exc}") from exc
+        return GraphTransformerBlock(C, attn, self._make_local_mp(self.local_mp, C, heads),
+                                     self.local_mp, ffn_ratio=self.ffn_ratio,
+                                     dropout=self.dropout, act=self.act, norm=self.norm)
+
+    @staticmethod
+    def _make_pe_encoder(pe: Optional[str], pe_dim: int, C: int,
+                         edge_encoder: Optional[str]) -> Optional[torch.nn.Module]:
+        if pe in ('rwpe', 'lappe'):
+            return Linear(pe_dim, C)
+        if pe == 'graph_bridge':
+            from pyg_grf.nn.encoders.graph_bridge import GraphBridge
+            return GraphBridge(C, C, edge_channels=C if edge_encoder else None,
+                               pe_channels=pe_dim)
+        return None
 
     def _make_local_mp(self, kind: Optional[str], C: int, heads: int):
         if kind is None:
@@ -602,11 +617,8 @@ class GraphTransformer(torch.nn.Module):
                     raise ValueError(f"expected data.x with {self.in_channels} features "
                                      f"(in_channels), got shape {tuple(x.shape)}")
                 h = self.node_encoder(x.float())
-            elif self.node_encoder_kind == 'embedding':
-                h = self.node_encoder(x.view(-1).long() if x.dim() == 1 or x.size(-1) == 1
-                                      else x.argmax(-1))
-            else:  # atom
-                h = self.node_encoder(x.long())
+            else:  # embedding, atom
+                h = _embed(self.node_encoder, self.node_encoder_kind, x)
 
         if self.pe in ('rwpe', 'lappe'):
             pe = data.random_walk_pe if self.pe == 'rwpe' else data.laplacian_eigenvector_pe
@@ -626,9 +638,7 @@ class GraphTransformer(torch.nn.Module):
         self._check(data)
         edge_index = data.edge_index
         N = data.num_nodes
-        batch = getattr(data, 'batch', None)
-        if batch is None:
-            batch = edge_index.new_zeros(N)
+        batch = batch_or_zeros(getattr(data, 'batch', None), N, edge_index.device)
         num_graphs = int(getattr(data, 'num_graphs', 1) or 1)
 
         # Encoders.
@@ -640,12 +650,8 @@ class GraphTransformer(torch.nn.Module):
                 if edge_attr.dim() == 1:
                     edge_attr = edge_attr.unsqueeze(-1)
                 edge_attr = self.edge_encoder(edge_attr.float())
-            elif self.edge_encoder_kind == 'embedding':
-                edge_attr = self.edge_encoder(edge_attr.view(-1).long() if edge_attr.dim() == 1
-                                              or edge_attr.size(-1) == 1 else
-                                              edge_attr.argmax(-1))
-            else:
-                edge_attr = self.edge_encoder(edge_attr.long())
+            else:  # embedding, bond
+                edge_attr = _embed(self.edge_encoder, self.edge_encoder_kind, edge_attr)
 
         # Graph-Bridge: nodes and edges become tokens (SAMSA paper, Sec. 4.3).
         token_type = None

@@ -31,7 +31,8 @@ def drop_path(x: Tensor, p: float, batch: OptTensor = None, training: bool = Tru
 
 
 class SAMSABlock(torch.nn.Module):
-    r"""One pre-RMSNorm SAMSA transformer layer (SAMSA paper, Algorithm 1, Sec. 4.4):
+    r"""One pre-RMSNorm SAMSA transformer layer from the *"SAMSA: Efficient Transformer for Many
+    Data Modalities"* (TMLR submission, under review) paper (Algorithm 1, Sec. 4.4):
 
     .. math::
         \mathbf{X} &\leftarrow \mathbf{X} + \alpha \cdot \mathrm{DropPath}\big(
@@ -140,10 +141,11 @@ class SAMSABlock(torch.nn.Module):
 
 
 class SAMSAModel(torch.nn.Module):
-    r"""A graph-level SAMSA network (SAMSA paper, Sec. 4.3-4.4, App. C): Graph-Bridge tokens
-    (nodes and edges) :math:`\rightarrow` :obj:`num_layers` :class:`SAMSABlock` layers sharing
-    one zero-initialised residual scale :math:`\rightarrow` final RMSNorm :math:`\rightarrow` the
-    node tokens :math:`\rightarrow` graph pooling :math:`\rightarrow` an MLP head.
+    r"""A graph-level SAMSA network from the *"SAMSA: Efficient Transformer for Many Data
+    Modalities"* (TMLR submission, under review) paper (Sec. 4.3-4.4, App. C): Graph-Bridge tokens
+    (nodes and edges) :math:`\rightarrow` :obj:`num_layers` :class:`SAMSABlock` layers sharing one
+    zero-initialised residual scale :math:`\rightarrow` final RMSNorm :math:`\rightarrow` the node
+    tokens :math:`\rightarrow` graph pooling :math:`\rightarrow` an MLP head.
 
     Args:
         in_channels (int): Size of each node feature (after :obj:`node_encoder`, if given).

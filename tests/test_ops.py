@@ -1,0 +1,37 @@
+import pytest
+import torch
+
+from pyg_grf.ops import SparsePattern, head_spmm
+
+
+@pytest.mark.parametrize('sorted_index', [True, False])
+@pytest.mark.parametrize('transpose', [False, True])
+def test_head_spmm_equals_dense_per_head(sorted_index, transpose):
+    gen = torch.Generator().manual_seed(0)
+    R, S, H, C = 5, 4, 3, 2
+    index = torch.tensor([[0, 0, 1, 3, 3, 4, 4], [1, 3, 0, 2, 2, 0, 3]])  # a duplicate (3, 2)
+    if not sorted_index:
+        index = index[:, torch.randperm(index.size(1), generator=gen)]
+    values = torch.randn(H, index.size(1), generator=gen, dtype=torch.float64,
+                         requires_grad=True)
+    x = torch.randn(R if transpose else S, H, C, generator=gen, dtype=torch.float64,
+                    requires_grad=True)
+    out = head_spmm(SparsePattern(index, (R, S)), values, x, transpose=transpose)
+    # independent reference: a dense [R, S] matrix per head (duplicates summed)
+    dense = torch.zeros(H, R, S, dtype=torch.float64).index_put(
+        (torch.arange(H).view(-1, 1), index[0].view(1, -1), index[1].view(1, -1)), values,
+        accumulate=True)
+    if transpose:
+        dense = dense.transpose(1, 2)
+    expected = torch.einsum('hrs,shc->rhc', dense, x)
+    assert out.shape == expected.shape
+    assert torch.allclose(out, expected)
+    g_out = torch.autograd.grad(out.square().sum(), (values, x))
+    g_ref = torch.autograd.grad(expected.square().sum(), (values, x))
+    assert all(torch.allclose(a, b) for a, b in zip(g_out, g_ref))
+
+
+def test_head_spmm_bad_shape():
+    pattern = SparsePattern(torch.tensor([[0, 1], [1, 0]]), (2, 2))
+    with pytest.raises(ValueError, match=r"'x' must have shape \[rows, 3, C\]"):
+        head_spmm(pattern, torch.ones(3, 2), torch.ones(2, 2, 4))
