@@ -34,6 +34,28 @@ def test_fit_resume_and_load_from_checkpoint(tmp_path):
     assert cli.trainer.current_epoch == 2
 
 
+def test_resuming_a_checkpoint_with_the_old_schedule_state_is_refused(tmp_path):
+    # Checkpoints of pyg_grf 0.1 hold a LambdaLR state, which SequentialLR cannot restore:
+    # resuming must stop with a clear error; the weights still load.
+    import torch
+
+    from pyg_grf.lightning.tasks import GraphLevelTask
+    config = write_config(tmp_path / 'tiny.yaml',
+                          tiny_config(tmp_path / 'run', limit_train_batches=1,
+                                      limit_val_batches=1))
+    cli = main(['fit', '--config', config])
+    last = cli.trainer.checkpoint_callback.last_model_path
+    ckpt = torch.load(last, weights_only=True)
+    assert '_schedulers' in ckpt['lr_schedulers'][0]
+    ckpt['lr_schedulers'] = [{'base_lrs': [0.01, 0.01], 'last_epoch': 1, '_step_count': 2,
+                              '_last_lr': [0.01, 0.01], 'lr_lambdas': [None, None]}]
+    legacy = str(tmp_path / 'legacy.ckpt')
+    torch.save(ckpt, legacy)
+    with pytest.raises(ValueError, match='LambdaLR schedule of pyg_grf 0.1.*start a new `fit`'):
+        main(['fit', '--config', config, '--trainer.max_epochs=2', f'--ckpt_path={legacy}'])
+    assert GraphLevelTask.load_from_checkpoint(legacy).model.hidden_channels == 8
+
+
 def test_bad_key_and_value_errors(tmp_path, capsys):
     base = tiny_config(tmp_path / 'run')
     # A misspelt model key (nested inside the task) is rejected before anything runs.
