@@ -26,8 +26,9 @@ test the best checkpoint right after ``fit``, in the same process) and ``plot: t
 :mod:`pyg_grf.lightning.plot`).
 
 The command keeps its output to what concerns the run: Lightning's tips and notices about other
-packages (the litlogger tip, the tensorboardX notice, the stepping-batches notice) and a
-deprecation warning that Lightning triggers inside torch are dropped (:func:`quiet_logs`), and
+packages (the litlogger tip, the tensorboardX notice, the stepping-batches notice), a
+deprecation warning that Lightning triggers inside torch and torch's "sparse CSR is in beta"
+notice are dropped (:func:`quiet_logs`), and
 ``cv`` prints each repeated Lightning message (device lines, model summary) once.
 """
 from __future__ import annotations
@@ -75,11 +76,13 @@ FOREIGN_MESSAGES = (
     r'^Loading `train_dataloader` to estimate number of stepping batches',
 )
 #: Warnings that ``pyg-grf`` drops (regular expressions on the message): the notice that
-#: Lightning falls back to its CSV logger without tensorboard, and a deprecation inside
-#: Lightning's use of torch's pytree utilities.
+#: Lightning falls back to its CSV logger without tensorboard, a deprecation inside Lightning's
+#: use of torch's pytree utilities, and torch's notice that sparse CSR support is in beta (the
+#: GKAT and GRF sparse products use it on purpose).
 FOREIGN_WARNINGS = (
     r'Starting from v1\.9\.0, `tensorboardX` has been removed',
     r'`isinstance\(treespec, LeafSpec\)` is deprecated',
+    r'Sparse CSR tensor support is in beta state',
 )
 
 

@@ -122,7 +122,8 @@ def test_console_script_exits_zero(tmp_path):
     assert 'test/acc' in proc.stdout
 
 
-FOREIGN = ('litlogger', 'tensorboardX', 'LeafSpec', 'Loading `train_dataloader`')
+FOREIGN = ('litlogger', 'tensorboardX', 'LeafSpec', 'Loading `train_dataloader`',
+           'Sparse CSR tensor support')
 
 
 def test_main_job_log_is_quiet(tmp_path):
