@@ -6,7 +6,9 @@ sparse kernels built without invariant checks. Checking costs a reduction and a 
 sync), so :func:`check_index_range` remembers the tensors it has validated: every layer of a
 model receives the *same* ``batch.rwgnk_index`` tensor, and only the first layer of each batch
 pays (PyG's "validate once per batch" pattern, without changing the model's signature). A tensor
-modified in place (its version counter moves) or a different bound is checked again.
+modified in place (its version counter moves) or a different bound is checked again. Inference
+tensors (made under :func:`torch.inference_mode`, as Lightning's test loop does) have no version
+counter and are checked every time.
 """
 from __future__ import annotations
 
@@ -46,6 +48,8 @@ def check_index_range(index: Tensor, num_nodes: int, name: str, bound_name: str 
         raise ValueError(f"{name} must hold node ids in [0, {num_nodes}) ('{bound_name}' has "
                          f"{num_nodes} rows), but it refers to node {bad} (values range over "
                          f"[{lo}, {hi}])")
+    if index.is_inference():  # no version counter: an in-place change could not be seen
+        return
     if len(_validated) >= _MAX_REMEMBERED:
         _validated.clear()
     try:

@@ -362,6 +362,23 @@ def test_01_index_checked_once_per_batch_tensor(monkeypatch):
     assert len(calls) == 2
 
 
+def test_01_inference_tensors_are_checked_every_time():
+    # Lightning's test loop builds its batches under torch.inference_mode: such tensors have no
+    # version counter (remembering them raised RuntimeError), so they are checked in every call.
+    from pyg_grf.nn import GKATAttention
+    x, index, value = _rwgnk_inputs()
+    layer = GKATAttention(8, heads=2, mode='softmax')
+    expected = layer(x, index, value)
+    with torch.inference_mode():
+        x_i, index_i, value_i = x.clone(), index.clone(), value.clone()
+        assert index_i.is_inference()
+        for _ in range(2):
+            assert torch.allclose(layer(x_i, index_i, value_i), expected)
+        index_i[1, 0] = -1
+        with pytest.raises(ValueError, match=r"'rwgnk_index' must hold node ids in \[0, 5\)"):
+            layer(x_i, index_i, value_i)
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. SAMSA with an unsorted batch vector
 

@@ -11,6 +11,8 @@ r"""Callbacks that make ``pyg-grf fit`` resumable without lost or repeated work.
   logged metric) in ``<log_dir>/epoch_metrics.jsonl``. The rows are part of the checkpoint, so
   after a resume the file holds exactly the epochs of the checkpoint plus those run since: a
   killed, unsaved epoch is dropped and run again, never listed twice.
+* :class:`LearningCurvePlot`: at the end of ``fit``, ``<log_dir>/learning_curves.png`` (loss and
+  the monitored metric, train and val, per epoch) from those rows.
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ from weakref import proxy
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.utilities import rank_zero_info
 
 
 def _atomic_trainer_save(trainer: 'pl.Trainer', filepath: str, weights_only: bool) -> None:
@@ -118,4 +121,38 @@ class EpochMetricsLog(Callback):
         self.rows = json.loads(state_dict.get('rows', '[]'))
 
 
-__all__ = ['AtomicModelCheckpoint', 'EpochMetricsLog']
+class LearningCurvePlot(Callback):
+    r"""Writes ``<trainer.log_dir>/learning_curves.png`` at the end of ``fit``: the loss and the
+    monitored metric (the checkpoint callback's ``monitor``, else the logged validation metric),
+    train and val, per epoch (:func:`pyg_grf.lightning.plot.plot_learning_curves`). Reads the
+    rows of :class:`EpochMetricsLog` (or a CSVLogger's ``metrics.csv``). Does nothing in a
+    ``fast_dev_run`` and says so in one line when matplotlib is not installed.
+
+    Args:
+        filename (str, optional): The file name inside the log folder.
+            (default: :obj:`"learning_curves.png"`)
+    """
+
+    def __init__(self, filename: str = 'learning_curves.png'):
+        self.filename = filename
+
+    def on_fit_end(self, trainer: 'pl.Trainer', pl_module: 'pl.LightningModule') -> None:
+        if not trainer.is_global_zero or trainer.fast_dev_run:
+            return
+        from pyg_grf.lightning.plot import has_matplotlib, plot_learning_curves
+        if not has_matplotlib():
+            rank_zero_info("No learning-curve plot: matplotlib is not installed "
+                           "(pip install matplotlib)")
+            return
+        run_dir = trainer.log_dir or trainer.default_root_dir
+        ckpt = trainer.checkpoint_callback
+        monitor = getattr(ckpt, 'monitor', None)
+        try:
+            path, _ = plot_learning_curves(run_dir, osp.join(run_dir, self.filename), monitor)
+        except (FileNotFoundError, ValueError) as exc:  # e.g. no finished epoch
+            rank_zero_info(f"No learning-curve plot: {exc}")
+            return
+        rank_zero_info(f"Learning curves: {path}")
+
+
+__all__ = ['AtomicModelCheckpoint', 'EpochMetricsLog', 'LearningCurvePlot']

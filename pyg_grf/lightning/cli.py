@@ -7,6 +7,7 @@ cross-validation.
     pyg-grf fit --config experiments/configs/motifs_grf.yaml    # test_after_fit: true inside
     pyg-grf test --config experiments/configs/motifs_grf.yaml --ckpt_path PATH/last.ckpt
     pyg-grf cv --config experiments/configs/mutag_grf_cv.yaml [--folds 0,1,2] [--out DIR]
+    pyg-grf plot runs/motifs_grf    # learning curves PNG of the newest run (fit writes it too)
 
 Configs name the task and the data module by ``class_path`` (any
 :class:`~lightning.pytorch.LightningModule` / :class:`~lightning.pytorch.LightningDataModule`,
@@ -19,28 +20,38 @@ Defaults: seed 0, the logger Lightning picks (TensorBoard if installed, else CSV
 :class:`~pyg_grf.lightning.callbacks.AtomicModelCheckpoint` that rewrites ``last.ckpt`` after every
 epoch, atomically (configure it under
 ``checkpoint:``, e.g. ``monitor: val/acc``, ``mode: max`` to also keep the best), the progress
-bar, gradient clipping at norm 2.0 (SAMSA paper, App. B), and ``test_after_fit: false`` (set it to
-test the best checkpoint right after ``fit``, in the same process).
+bar, gradient clipping at norm 2.0 (SAMSA paper, App. B), ``test_after_fit: false`` (set it to
+test the best checkpoint right after ``fit``, in the same process) and ``plot: true`` (write
+``learning_curves.png`` into the run's log folder at the end of ``fit``, see
+:mod:`pyg_grf.lightning.plot`).
+
+The command keeps its output to what concerns the run: Lightning's tips and notices about other
+packages (the litlogger tip, the tensorboardX notice, the stepping-batches notice), a
+deprecation warning that Lightning triggers inside torch and torch's "sparse CSR is in beta"
+notice are dropped (:func:`quiet_logs`), and
+``cv`` prints each repeated Lightning message (device lines, model summary) once.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import json
 import math
 import os
 import os.path as osp
+import logging
 import re
 import sys
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from pyg_grf.lightning.callbacks import AtomicModelCheckpoint, EpochMetricsLog
+from pyg_grf.lightning.callbacks import AtomicModelCheckpoint, EpochMetricsLog, LearningCurvePlot
 
 # Imported so that short class names (``class_path: GraphLevelTask``) resolve too.
 from pyg_grf.lightning import datamodules as _datamodules  # noqa: F401
@@ -53,9 +64,81 @@ TRAINER_DEFAULTS: Dict[str, Any] = {
 }
 
 
-CV_EPILOG = ('One more subcommand: `pyg-grf cv --config CONFIG [--folds 0,1] [--out DIR]` fits '
+CV_EPILOG = ('Two more subcommands: `pyg-grf cv --config CONFIG [--folds 0,1] [--out DIR]` fits '
              'and tests every fold of a TUDataModule config and writes a mean ± std table '
-             '(`pyg-grf cv --help`).')
+             '(`pyg-grf cv --help`); `pyg-grf plot RUN_DIR` writes the learning curves of a run '
+             '(or the per-fold results of a cv run) as a PNG (`pyg-grf plot --help`).')
+
+#: Lightning log messages that ``pyg-grf`` drops (regular expressions): tips about other
+#: packages, and a notice about how the learning-rate schedule learns its length.
+FOREIGN_MESSAGES = (
+    r'^💡 Tip: .*litlogger',
+    r'^Loading `train_dataloader` to estimate number of stepping batches',
+)
+#: Warnings that ``pyg-grf`` drops (regular expressions on the message): the notice that
+#: Lightning falls back to its CSV logger without tensorboard, a deprecation inside Lightning's
+#: use of torch's pytree utilities, and torch's notice that sparse CSR support is in beta (the
+#: GKAT and GRF sparse products use it on purpose).
+FOREIGN_WARNINGS = (
+    r'Starting from v1\.9\.0, `tensorboardX` has been removed',
+    r'`isinstance\(treespec, LeafSpec\)` is deprecated',
+    r'Sparse CSR tensor support is in beta state',
+)
+
+
+class _DropMessages(logging.Filter):
+    r"""Drops log records below WARNING that match a pattern, and (``once=True``) any record
+    below WARNING whose text was already let through."""
+
+    def __init__(self, patterns: Sequence[str], once: bool = False):
+        super().__init__()
+        self.patterns = [re.compile(p) for p in patterns]
+        self.once = once
+        self.seen: set = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            return True
+        message = record.getMessage()
+        if any(p.search(message) for p in self.patterns):
+            return False
+        if self.once:
+            if message in self.seen:
+                return False
+            self.seen.add(message)
+        return True
+
+
+def _lightning_handlers() -> List[logging.Handler]:
+    names = [name for name in list(logging.root.manager.loggerDict)
+             if name.split('.')[0] in ('lightning', 'lightning_fabric', 'pytorch_lightning')]
+    handlers = []
+    for name in names:
+        for handler in getattr(logging.getLogger(name), 'handlers', []):
+            if handler not in handlers:
+                handlers.append(handler)
+    return handlers
+
+
+@contextlib.contextmanager
+def quiet_logs(once: bool = False) -> Iterator[None]:
+    r"""Inside the block, Lightning's log messages in :data:`FOREIGN_MESSAGES` and the
+    warnings in :data:`FOREIGN_WARNINGS` are dropped; with :obj:`once`, every other Lightning
+    message below WARNING is printed only the first time (for ``cv``: one model summary, one
+    set of device lines). Used by the ``pyg-grf`` command only; importing this module changes
+    nothing."""
+    handlers = _lightning_handlers()
+    drop = _DropMessages(FOREIGN_MESSAGES, once=once)
+    for handler in handlers:
+        handler.addFilter(drop)
+    try:
+        with warnings.catch_warnings():
+            for pattern in FOREIGN_WARNINGS:
+                warnings.filterwarnings('ignore', message=pattern)
+            yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(drop)
 
 
 class GRFLightningCLI(LightningCLI):
@@ -77,10 +160,18 @@ class GRFLightningCLI(LightningCLI):
         parser.add_argument('--test_after_fit', type=bool, default=False,
                             help='after `fit`, run `test` with the best checkpoint (when '
                             'checkpoint.monitor is set) or the last weights')
+        parser.add_argument('--plot', type=bool, default=True,
+                            help='at the end of `fit`, write learning_curves.png (loss and the '
+                            'monitored metric, train and val) into the log folder (needs '
+                            'matplotlib)')
 
     def _instantiate_trainer(self, config: Dict[str, Any], callbacks: List[Callback]):
-        # Per-epoch metrics that stay consistent with the checkpoint a run resumes from.
-        return super()._instantiate_trainer(config, list(callbacks) + [EpochMetricsLog()])
+        # Per-epoch metrics that stay consistent with the checkpoint a run resumes from, and
+        # their plot at the end of `fit`.
+        extra: List[Callback] = [EpochMetricsLog()]
+        if self._get(self.config, 'plot', True):
+            extra.append(LearningCurvePlot())
+        return super()._instantiate_trainer(config, list(callbacks) + extra)
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> Dict[str, Any]:
         kwargs = super()._prepare_subcommand_kwargs(subcommand)
@@ -231,7 +322,11 @@ def run_cv(argv: Sequence[str]) -> List[Dict[str, Any]]:
     parser.add_argument('--out', default=None,
                         help='run directory (default: <trainer.default_root_dir or .>/cv/'
                         '<config name>)')
+    parser.add_argument('--plot', default='true', choices=('true', 'false'),
+                        help='write cv_results.png (per-fold results) and every fold\'s '
+                        'learning_curves.png (default: true; needs matplotlib)')
     opts, rest = parser.parse_known_args(list(argv))
+    rest = [*rest, f'--plot={opts.plot}']
     with warnings.catch_warnings():
         # The folds' CLIs get their arguments from here, not from sys.argv.
         warnings.filterwarnings('ignore', message="LightningCLI's args parameter")
@@ -276,6 +371,8 @@ def _run_folds(opts: argparse.Namespace, rest: List[str]) -> List[Dict[str, Any]
         if ckpt is not None and ckpt.monitor and ckpt.best_model_score is not None:
             row[f'best {ckpt.monitor}'] = float(ckpt.best_model_score)
         results.append(row)
+        print(f'fold {fold} ({len(results)}/{len(folds)}): ' + ', '.join(
+            f'{k} {v:.4f}' for k, v in row.items() if k != 'fold'), flush=True)
         # Rewrite after every fold, so a stopped run keeps what it has.
         table = cv_table(results, title=f'{len(results)}/{len(folds)} folds')
         with open(osp.join(out, 'cv_results.md'), 'w') as f:
@@ -284,17 +381,53 @@ def _run_folds(opts: argparse.Namespace, rest: List[str]) -> List[Dict[str, Any]
             json.dump({'folds': results}, f, indent=2)
     print(table)
     print(f'written to {osp.join(out, "cv_results.md")}')
+    if opts.plot == 'true':
+        from pyg_grf.lightning.plot import has_matplotlib, plot_cv_results
+        if has_matplotlib():
+            print(f'per-fold results plotted in {plot_cv_results(out)[0]}')
     return results
+
+
+def run_plot(argv: Sequence[str]) -> Dict[str, Any]:
+    r"""``pyg-grf plot RUN_DIR``: the learning curves of the newest run under ``RUN_DIR`` (loss
+    and the monitored metric, train and val) or, for a ``pyg-grf cv`` run folder, the per-fold
+    results, as a PNG (:func:`pyg_grf.lightning.plot.plot_run`). Errors (no run there, no
+    matplotlib) exit with status 2 and one line that says what was expected."""
+    from pyg_grf.lightning.plot import plot_run
+    parser = argparse.ArgumentParser(
+        prog='pyg-grf plot', description='Plot a run as a PNG: the learning curves (loss and '
+        'the monitored metric, train and val, per epoch) of the newest run under RUN_DIR, or '
+        'the per-fold results of a `pyg-grf cv` run folder.')
+    parser.add_argument('run_dir', metavar='RUN_DIR',
+                        help="a run's default_root_dir (e.g. runs/motifs_grf), one of its "
+                        "version_<N> log folders, or a cv run folder (with cv_results.json)")
+    parser.add_argument('--out', default=None, help='the PNG file (default: learning_curves.png '
+                        'in the log folder, cv_results.png in a cv folder)')
+    parser.add_argument('--monitor', default=None, help='the metric to plot beside the loss, '
+                        'e.g. val/acc (default: checkpoint.monitor of the run\'s config)')
+    opts = parser.parse_args(list(argv))
+    try:
+        result = plot_run(opts.run_dir, opts.out, opts.monitor)
+    except (FileNotFoundError, ValueError, ImportError) as exc:
+        parser.error(str(exc))
+    panels = ', '.join(result['data'])
+    print(f"{result['path']} ({'per-fold results' if result['kind'] == 'cv' else 'panels'}: "
+          f"{panels})")
+    return result
 
 
 def main(args: Optional[Sequence[str]] = None):
     r"""Entry point of the ``pyg-grf`` console script. Keeps freed tensor memory in the process
-    (:func:`pyg_grf.utils.tune_malloc`; ``PYG_GRF_MALLOC=default`` turns that off)."""
-    tune_malloc()
+    (:func:`pyg_grf.utils.tune_malloc`; ``PYG_GRF_MALLOC=default`` turns that off) and the log
+    free of other packages' tips and notices (:func:`quiet_logs`)."""
     argv = sys.argv[1:] if args is None else list(args)
-    if argv and argv[0] == 'cv':
-        return run_cv(argv[1:])
-    return GRFLightningCLI(args=args)  # None: LightningCLI reads sys.argv itself
+    if argv and argv[0] == 'plot':
+        return run_plot(argv[1:])
+    tune_malloc()
+    with quiet_logs(once=bool(argv) and argv[0] == 'cv'):
+        if argv and argv[0] == 'cv':
+            return run_cv(argv[1:])
+        return GRFLightningCLI(args=args)  # None: LightningCLI reads sys.argv itself
 
 
 def console_main() -> int:

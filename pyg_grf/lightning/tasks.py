@@ -1,7 +1,8 @@
 r"""LightningModules: thin wrappers around a plain :class:`torch.nn.Module` model (e.g.
 :class:`~pyg_grf.nn.models.graph_transformer.GraphTransformer`) that add the loss, one
-torchmetrics object per split, AdamW with linear warm-up + cosine decay, and resumable random
-state.
+torchmetrics object per split, AdamW with linear warm-up + cosine decay
+(:func:`warmup_cosine_schedule`, torch's :class:`~torch.optim.lr_scheduler.SequentialLR`), and
+resumable random state.
 
 Graph-level tasks (:class:`GraphLevelTask`) take mini-batches of graphs; node-level tasks
 (:class:`NodeLevelTask`) take one graph with ``train_mask`` / ``val_mask`` / ``test_mask``
@@ -10,7 +11,6 @@ Graph-level tasks (:class:`GraphLevelTask`) take mini-batches of graphs; node-le
 """
 from __future__ import annotations
 
-import math
 import random
 from typing import Any, Dict, Optional, Union
 
@@ -149,6 +149,64 @@ def _set_rng_states(states: Dict[str, Any]) -> None:
     random.setstate((py[0], tuple(py[1]), py[2]))
     if 'cuda' in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states['cuda'])
+
+
+#: Length of the last phase of :func:`warmup_cosine_schedule` (holding the final learning rate):
+#: longer than any run.
+_HOLD_STEPS = 2**62
+
+
+def warmup_cosine_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int,
+                           total_steps: int, min_lr_ratio: float = 0.
+                           ) -> torch.optim.lr_scheduler.SequentialLR:
+    r"""Linear warm-up, cosine decay, then a constant learning rate, as torch's
+    :class:`~torch.optim.lr_scheduler.SequentialLR` of
+    :class:`~torch.optim.lr_scheduler.LinearLR`,
+    :class:`~torch.optim.lr_scheduler.CosineAnnealingLR` and
+    :class:`~torch.optim.lr_scheduler.ConstantLR`. With :math:`\eta` the optimizer's
+    learning rate, :math:`w` = :obj:`warmup_steps`, :math:`T` = :obj:`total_steps` and
+    :math:`r` = :obj:`min_lr_ratio`, the learning rate after :math:`s` scheduler steps is
+
+    .. math::
+        \eta_s = \begin{cases}
+            \eta \, \frac{s + 1}{w + 1} & s < w \\
+            \eta \left(r + (1 - r) \, \tfrac{1}{2}
+                \left(1 + \cos \frac{\pi (s - w)}{T - w}\right)\right) & w \le s \le T \\
+            r \, \eta & s > T.
+        \end{cases}
+
+    Args:
+        optimizer (torch.optim.Optimizer): the optimizer; its groups share one ``lr``, the peak.
+        warmup_steps (int): :math:`w`, ``0 <= w <= T`` (:obj:`0`: no warm-up).
+        total_steps (int): :math:`T`, the end of the cosine decay, ``T >= 1``.
+        min_lr_ratio (float, optional): :math:`r`, final learning rate / peak, in ``[0, 1]``
+            (default: :obj:`0.`).
+    """
+    if not (total_steps >= 1 and 0 <= warmup_steps <= total_steps and 0 <= min_lr_ratio <= 1):
+        raise ValueError(f"expected total_steps >= 1, 0 <= warmup_steps <= total_steps and "
+                         f"0 <= min_lr_ratio <= 1, got total_steps={total_steps}, "
+                         f"warmup_steps={warmup_steps}, min_lr_ratio={min_lr_ratio}")
+    from torch.optim.lr_scheduler import (
+        ConstantLR,
+        CosineAnnealingLR,
+        LinearLR,
+        SequentialLR,
+    )
+    schedulers, milestones = [], []
+    if warmup_steps > 0:
+        schedulers.append(LinearLR(optimizer, start_factor=1. / (warmup_steps + 1),
+                                   end_factor=1., total_iters=warmup_steps))
+        milestones.append(warmup_steps)
+    peaks = {group.get('initial_lr', group['lr']) for group in optimizer.param_groups}
+    if len(peaks) != 1:  # CosineAnnealingLR has one eta_min for all groups
+        raise ValueError(f"expected one learning rate for all parameter groups, got "
+                         f"{sorted(peaks)}")
+    peak = peaks.pop()
+    schedulers.append(CosineAnnealingLR(optimizer, T_max=max(total_steps - warmup_steps, 1),
+                                        eta_min=min_lr_ratio * peak))
+    milestones.append(max(total_steps, warmup_steps + 1))
+    schedulers.append(ConstantLR(optimizer, factor=min_lr_ratio, total_iters=_HOLD_STEPS))
+    return SequentialLR(optimizer, schedulers, milestones)
 
 
 class _Task(pl.LightningModule):
@@ -299,16 +357,8 @@ class _Task(pl.LightningModule):
         steps_per_epoch = total / epochs if epochs else total
         if self.max_epochs is not None:
             total = max(int(round(self.max_epochs * steps_per_epoch)), 1)
-        warmup = int(round(self.warmup_epochs * steps_per_epoch))
-        min_ratio = self.min_lr_ratio
-
-        def lr_lambda(step: int) -> float:
-            if step < warmup:
-                return (step + 1) / (warmup + 1)
-            progress = min((step - warmup) / max(total - warmup, 1), 1.)
-            return min_ratio + (1. - min_ratio) * 0.5 * (1. + math.cos(math.pi * progress))
-
-        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
+        warmup = min(int(round(self.warmup_epochs * steps_per_epoch)), total)
+        scheduler = warmup_cosine_schedule(optimizer, warmup, total, self.min_lr_ratio)
         return {'optimizer': optimizer,
                 'lr_scheduler': {'scheduler': scheduler, 'interval': 'step'}}
 
@@ -348,6 +398,15 @@ class _Task(pl.LightningModule):
         checkpoint['pyg_grf_rng_states'] = _rng_states()
 
     def on_load_checkpoint(self, checkpoint: Dict[str, Any]) -> None:
+        legacy = any(isinstance(state, dict) and 'lr_lambdas' in state
+                     for state in checkpoint.get('lr_schedulers', []))
+        if legacy and self._trainer is not None and self.trainer.state.fn == 'fit':
+            raise ValueError(
+                "Cannot resume training from this checkpoint: it holds the state of the "
+                "LambdaLR schedule of pyg_grf 0.1 (expected the SequentialLR state of "
+                "pyg_grf.lightning.tasks.warmup_cosine_schedule). Its weights still load "
+                "(load_from_checkpoint, or `pyg-grf test --ckpt_path ...`); start a new `fit` "
+                "to train further.")
         if 'pyg_grf_rng_states' in checkpoint:
             _set_rng_states(checkpoint['pyg_grf_rng_states'])
 
@@ -372,8 +431,9 @@ class GraphLevelTask(_Task):
         lr (float, optional): peak learning rate of AdamW (default: :obj:`1e-3`).
         weight_decay (float, optional): AdamW weight decay on matrices (default: :obj:`0.01`).
         warmup_epochs (float, optional): linear warm-up length in epochs (default: :obj:`0.`).
-        max_epochs (int, optional): horizon of the cosine decay in epochs (default: the
-            trainer's ``max_epochs``).
+        max_epochs (int, optional): horizon of the cosine decay in epochs; after it the
+            learning rate stays at ``min_lr_ratio * lr`` (default: the trainer's
+            ``max_epochs``).
         min_lr_ratio (float, optional): final learning rate / ``lr`` (default: :obj:`0.`).
         betas (tuple, optional): AdamW betas (default: :obj:`(0.9, 0.999)`).
         metric (str, optional): the metric, one of :data:`METRICS` for the task: ``'acc'``

@@ -2,8 +2,11 @@ r"""Shared tiny settings of the Lightning tests (fast on 2 CPU cores)."""
 import os
 import signal
 
+import torch
 import yaml
 from lightning.pytorch.callbacks import Callback
+
+from pyg_grf.lightning.datamodules import SyntheticDataModule
 
 
 def tiny_config(root_dir, attention='grf', num_graphs=48, max_epochs=1, **trainer):
@@ -65,3 +68,19 @@ class KillAt(Callback):
 
     def on_train_epoch_end(self, trainer, pl_module):
         self._kill(f'trainend:{trainer.current_epoch}')
+
+
+class FoldedSyntheticDataModule(SyntheticDataModule):
+    """The synthetic motif task with `fold` / `num_folds`, so that `pyg-grf cv` runs on it
+    without data: fold k tests on every num_folds-th graph from k, validates on those of k+1."""
+
+    def __init__(self, fold: int = 0, num_folds: int = 3, **kwargs):
+        super().__init__(**kwargs)
+        self.fold = fold
+        self.num_folds = num_folds
+
+    def split(self, dataset):
+        idx = torch.arange(len(dataset))
+        test = idx % self.num_folds == self.fold
+        val = idx % self.num_folds == (self.fold + 1) % self.num_folds
+        return dataset[idx[~test & ~val]], dataset[idx[val]], dataset[idx[test]]

@@ -34,6 +34,28 @@ def test_fit_resume_and_load_from_checkpoint(tmp_path):
     assert cli.trainer.current_epoch == 2
 
 
+def test_resuming_a_checkpoint_with_the_old_schedule_state_is_refused(tmp_path):
+    # Checkpoints of pyg_grf 0.1 hold a LambdaLR state, which SequentialLR cannot restore:
+    # resuming must stop with a clear error; the weights still load.
+    import torch
+
+    from pyg_grf.lightning.tasks import GraphLevelTask
+    config = write_config(tmp_path / 'tiny.yaml',
+                          tiny_config(tmp_path / 'run', limit_train_batches=1,
+                                      limit_val_batches=1))
+    cli = main(['fit', '--config', config])
+    last = cli.trainer.checkpoint_callback.last_model_path
+    ckpt = torch.load(last, weights_only=True)
+    assert '_schedulers' in ckpt['lr_schedulers'][0]
+    ckpt['lr_schedulers'] = [{'base_lrs': [0.01, 0.01], 'last_epoch': 1, '_step_count': 2,
+                              '_last_lr': [0.01, 0.01], 'lr_lambdas': [None, None]}]
+    legacy = str(tmp_path / 'legacy.ckpt')
+    torch.save(ckpt, legacy)
+    with pytest.raises(ValueError, match='LambdaLR schedule of pyg_grf 0.1.*start a new `fit`'):
+        main(['fit', '--config', config, '--trainer.max_epochs=2', f'--ckpt_path={legacy}'])
+    assert GraphLevelTask.load_from_checkpoint(legacy).model.hidden_channels == 8
+
+
 def test_bad_key_and_value_errors(tmp_path, capsys):
     base = tiny_config(tmp_path / 'run')
     # A misspelt model key (nested inside the task) is rejected before anything runs.
@@ -98,3 +120,63 @@ def test_console_script_exits_zero(tmp_path):
         capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert 'test/acc' in proc.stdout
+
+
+FOREIGN = ('litlogger', 'tensorboardX', 'LeafSpec', 'Loading `train_dataloader`',
+           'Sparse CSR tensor support')
+
+
+def test_main_job_log_is_quiet(tmp_path):
+    # The README's main job (shortened) in a fresh process: one model summary, none of the tips
+    # and notices about other packages that Lightning prints by default.
+    import subprocess
+    import sys
+    config = REPO / 'experiments' / 'configs' / 'motifs_grf.yaml'
+    proc = subprocess.run(
+        [sys.executable, '-m', 'pyg_grf.lightning.cli', 'fit', '--config', str(config),
+         f'--trainer.default_root_dir={tmp_path}', '--trainer.max_epochs=1',
+         '--trainer.limit_train_batches=2', '--trainer.enable_progress_bar=false',
+         '--data.init_args.num_graphs=64', f'--data.init_args.root={tmp_path / "data"}'],
+        capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 'test/acc' in proc.stdout
+    assert proc.stderr.count('Total params') == 1
+    assert 'Learning curves:' in proc.stderr
+    for text in FOREIGN:
+        assert text not in proc.stderr, proc.stderr
+
+
+def test_cv_prints_one_model_summary(tmp_path, capsys, monkeypatch):
+    import io
+    import logging
+    import warnings
+
+    from pyg_grf.lightning.cli import _DropMessages, _lightning_handlers
+
+    # Lightning's log handlers hold the stream they were made with: read what they write.
+    log = io.StringIO()
+    for handler in _lightning_handlers():
+        monkeypatch.setattr(handler, 'stream', log)
+    cfg = tiny_config(tmp_path / 'run', enable_model_summary=True, limit_train_batches=2)
+    cfg['data']['class_path'] = 'tests.lightning.helpers.FoldedSyntheticDataModule'
+    config = write_config(tmp_path / 'folds.yaml', cfg)
+    with warnings.catch_warnings(record=True) as caught:  # (and what is warned)
+        warnings.simplefilter('always')
+        results = main(['cv', '--config', config, '--out', str(tmp_path / 'cv')])
+    assert [r['fold'] for r in results] == [0, 1, 2]
+    out = capsys.readouterr().out
+    err = log.getvalue() + '\n'.join(str(w.message) for w in caught)
+    assert err.count('Total params') == 1 and err.count('Seed set to 0') == 1
+    for text in FOREIGN:
+        assert text not in err, err
+    for fold in range(3):
+        assert f'fold {fold} ({fold + 1}/3): ' in out
+        assert (tmp_path / 'cv' / f'fold{fold}' / 'lightning_logs' / 'version_0' /
+                'learning_curves.png').is_file()
+    assert (tmp_path / 'cv' / 'cv_results.png').is_file()
+    # The filters are gone after the command.
+    assert not any(isinstance(f, _DropMessages) for h in _lightning_handlers()
+                   for f in h.filters)
+    logging.getLogger('lightning.pytorch').info('after the command')
+    logging.getLogger('lightning.pytorch').info('after the command')
+    assert log.getvalue().count('after the command') == 2

@@ -7,11 +7,16 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
 
-CONFIGS = [
-    'motifs_grf', 'motifs_linear', 'mutag_grf_cv', 'mutag_linear_cv', 'proteins_grf_cv',
-    'proteins_linear_cv', 'cora_grf', 'cora_gat', 'peptides_func_grf', 'peptides_func_linear',
-    'peptides_func_gine', 'peptides_struct_grf', 'pascalvoc_sp_grf', 'coco_sp_grf',
-]
+CONFIG_DIR = REPO / 'experiments' / 'configs'
+#: Every config in experiments/configs.
+CONFIGS = sorted(path.stem for path in CONFIG_DIR.glob('*.yaml'))
+#: One GKAT config per task family: synthetic motifs, TU cross-validation, citation, LRGB.
+GKAT_CONFIGS = ['motifs_gkat', 'mutag_gkat_cv', 'proteins_gkat_cv', 'cora_gkat',
+                'peptides_func_gkat']
+
+
+def test_config_list():
+    assert len(CONFIGS) >= 28 and set(GKAT_CONFIGS) <= set(CONFIGS)
 
 
 @pytest.mark.parametrize('name', CONFIGS)
@@ -29,18 +34,23 @@ def test_config_instantiates(name, tmp_path):
     # A checkpoint that monitors a metric monitors the task's metric.
     monitor = cli.config.checkpoint.monitor
     assert monitor is None or monitor in (f'val/{cli.model.metric_name}', 'val/loss')
-    attention = model.attention
-    if 'grf' in name:
+    attention = getattr(model, 'attention', None)
+    transform = cli.datamodule.pre_transform
+    if name.endswith('_grf') or name.endswith('_grf_cv'):
         assert attention == 'grf'
         # The GRF layers and the transform must agree on the walk length.
-        transform = cli.datamodule.pre_transform
         assert model.attention_kwargs['max_length'] == transform.max_length
+    if 'gkat' in name:
+        from pyg_grf.transforms import AddRWGNKFeatures
+        assert attention == 'gkat' and isinstance(transform, AddRWGNKFeatures)
+        # The layers threshold the kernel where the transform stored its pairs.
+        assert model.attention_kwargs['threshold'] == transform.kernel_threshold
     if name.endswith('_cv'):
         assert cli.datamodule.num_folds == 10
 
 
 @pytest.mark.parametrize('name', ['peptides_func_grf', 'peptides_func_linear',
-                                  'peptides_func_gine'])
+                                  'peptides_func_gine', 'peptides_func_gkat'])
 def test_peptides_configs_run_on_standin(name, tmp_path):
     # The LRGB wiring (atom/bond encoders, 10 labels, AP) on tiny random stand-in graphs.
     from pyg_grf.lightning.cli import main
@@ -65,3 +75,29 @@ def test_other_lrgb_configs_run_on_standin(name, metric, tmp_path):
                 '--trainer.enable_progress_bar=false', '--data.init_args.standin=8',
                 '--data.init_args.batch_size=4', '--test_after_fit=true'])
     assert {f'test/{metric}', 'test/loss'} <= set(cli.trainer.callback_metrics)
+
+
+def test_gkat_motifs_config_runs(tmp_path):
+    # A few steps of fit + test (test_after_fit: the test loop's inference tensors included).
+    from pyg_grf.lightning.cli import main
+    cli = main(['fit', '--config', str(CONFIG_DIR / 'motifs_gkat.yaml'),
+                f'--trainer.default_root_dir={tmp_path}', '--trainer.max_epochs=1',
+                '--trainer.limit_train_batches=2', '--trainer.limit_val_batches=1',
+                '--trainer.limit_test_batches=1', '--trainer.enable_progress_bar=false',
+                '--data.init_args.num_graphs=64', f'--data.init_args.root={tmp_path / "data"}'])
+    assert cli.trainer.global_step == 2
+    assert {'test/acc', 'test/loss'} <= set(cli.trainer.callback_metrics)
+    block = cli.model.model.blocks[0]
+    assert type(block.attn.attn).__name__ == 'GKATAttention' and block.attn.attn.mode == 'softmax'
+
+
+@pytest.mark.data
+@pytest.mark.parametrize('name', ['mutag_gkat_cv', 'proteins_gkat_cv', 'cora_gkat'])
+def test_gkat_configs_run_on_real_data(name, mirror, tmp_path):
+    from pyg_grf.lightning.cli import main
+    cli = main(['fit', '--config', str(CONFIG_DIR / f'{name}.yaml'),
+                f'--trainer.default_root_dir={tmp_path}', '--trainer.max_epochs=1',
+                '--trainer.limit_train_batches=2', '--trainer.limit_val_batches=1',
+                '--trainer.limit_test_batches=1', '--test_after_fit=true'])
+    assert cli.trainer.global_step >= 1
+    assert {'test/acc', 'test/loss'} <= set(cli.trainer.callback_metrics)

@@ -59,9 +59,24 @@ def test_model_object_and_errors():
         module.training_step(_batch(torch.tensor([0, 1, 1])), 0)
 
 
-def test_warmup_cosine_schedule():
-    module = GraphLevelTask(dict(MODEL, out_channels=2), num_classes=2, lr=1.0,
-                            warmup_epochs=2, min_lr_ratio=0.1)
+def _closed_form_lr(step, peak, warmup, total, min_ratio):
+    if step < warmup:
+        return peak * (step + 1) / (warmup + 1)
+    if step <= total:
+        cos = 0.5 * (1 + math.cos(math.pi * (step - warmup) / (total - warmup)))
+        return peak * (min_ratio + (1 - min_ratio) * cos)
+    return peak * min_ratio
+
+
+@pytest.mark.parametrize('warmup_epochs,max_epochs,min_lr_ratio', [
+    (2, None, 0.1),   # 10 warm-up steps, cosine over the 40 others
+    (0, None, 0.0),   # no warm-up
+    (1, 6, 0.2),      # a cosine horizon of 30 steps in a 50-step run: then held at 0.2
+])
+def test_warmup_cosine_schedule(warmup_epochs, max_epochs, min_lr_ratio):
+    module = GraphLevelTask(dict(MODEL, out_channels=2), num_classes=2, lr=0.5,
+                            warmup_epochs=warmup_epochs, max_epochs=max_epochs,
+                            min_lr_ratio=min_lr_ratio)
 
     class _Trainer:  # 10 epochs of 5 steps
         estimated_stepping_batches = 50
@@ -71,17 +86,34 @@ def test_warmup_cosine_schedule():
     config = module.configure_optimizers()
     opt, sched = config['optimizer'], config['lr_scheduler']['scheduler']
     assert config['lr_scheduler']['interval'] == 'step'
+    assert isinstance(sched, torch.optim.lr_scheduler.SequentialLR)
     lrs = []
     for _ in range(50):
-        lrs.append(opt.param_groups[0]['lr'])
+        lrs.append([group['lr'] for group in opt.param_groups])
         opt.step()
         sched.step()
-    assert lrs[0] == pytest.approx(1 / 11)  # linear warm-up over 10 steps
-    assert max(lrs) == pytest.approx(1.0) and lrs.index(1.0) == 10
-    assert lrs[-1] == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 39 / 40)))
-    assert all(a >= b for a, b in zip(lrs[10:], lrs[11:]))  # cosine decay
+    warmup, total = 5 * warmup_epochs, 5 * (max_epochs or 10)
+    for step, got in enumerate(lrs):
+        expected = _closed_form_lr(step, 0.5, warmup, total, min_lr_ratio)
+        assert got == pytest.approx([expected] * 2, abs=1e-9), step
+    assert max(lr for lr, _ in lrs) == pytest.approx(0.5)
     # No weight decay on biases / norms.
     assert opt.param_groups[1]['weight_decay'] == 0.0
+
+
+def test_warmup_cosine_schedule_bad_input():
+    from pyg_grf.lightning.tasks import warmup_cosine_schedule
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    with pytest.raises(ValueError, match=r'0 <= warmup_steps <= total_steps.*got '
+                                         r'total_steps=10, warmup_steps=11'):
+        warmup_cosine_schedule(opt, 11, 10)
+    with pytest.raises(ValueError, match=r'got total_steps=10, warmup_steps=2, min_lr_ratio=1.5'):
+        warmup_cosine_schedule(opt, 2, 10, 1.5)
+    two = torch.optim.SGD([{'params': [torch.nn.Parameter(torch.zeros(1))], 'lr': 1.0},
+                           {'params': [torch.nn.Parameter(torch.zeros(1))], 'lr': 0.1}])
+    with pytest.raises(ValueError, match=r'one learning rate for all parameter groups, '
+                                         r'got \[0.1, 1.0\]'):
+        warmup_cosine_schedule(two, 2, 10)
 
 
 def test_node_level_task(tmp_path):

@@ -20,6 +20,7 @@ graph with :func:`~torch_geometric.utils.to_dense_batch`.
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable, Dict, Optional, Tuple, Type
 
 import torch
@@ -28,6 +29,7 @@ from torch import Tensor
 from torch.nn import Dropout, Linear, Sequential
 
 from torch_geometric.nn import (
+    MLP,
     GATConv,
     GINConv,
     GINEConv,
@@ -264,9 +266,29 @@ def _norm(norm: Optional[str], channels: int) -> torch.nn.Module:
                      f"got '{norm}'")
 
 
-def _mlp(in_channels: int, hidden: int, out_channels: int, act: str, dropout: float = 0.):
-    return Sequential(Linear(in_channels, hidden), activation_resolver(act), Dropout(dropout),
-                      Linear(hidden, out_channels))
+def _two_layer_mlp(in_channels: int, hidden: int, out_channels: int, act: str,
+                   dropout: float = 0.) -> MLP:
+    # Linear -> act -> dropout -> Linear.
+    return MLP([in_channels, hidden, out_channels], act=act, dropout=float(dropout), norm=None)
+
+
+# State-dict keys of the two-layer MLPs (head, GIN/GINE inner MLP) before they were PyG MLPs:
+# a torch.nn.Sequential whose linear layers were entries 0 and 3.
+_OLD_MLP_KEYS = (re.compile(r'^(head|blocks\.\d+\.local_mp\.nn)\.([03])\.(weight|bias)$'),
+                 {'0': 'lins.0', '3': 'lins.1'})
+
+
+def _upgrade_mlp_keys(module, state_dict, prefix, *args) -> None:
+    r"""Load-state-dict pre-hook of :class:`GraphTransformer`: renames the keys of checkpoints
+    written before the two-layer MLPs were :class:`torch_geometric.nn.MLP`."""
+    pattern, index = _OLD_MLP_KEYS
+    if not isinstance(module.head, MLP):
+        return
+    for key in [k for k in state_dict if k.startswith(prefix)]:
+        match = pattern.match(key[len(prefix):])
+        if match is not None:
+            name, i, param = match.groups()
+            state_dict[f'{prefix}{name}.{index[i]}.{param}'] = state_dict.pop(key)
 
 
 def _check_options(in_channels, attention, local_mp, pe, node_encoder, edge_encoder, edge_dim,
@@ -510,10 +532,11 @@ class GraphTransformer(torch.nn.Module):
         if head_layers == 1:
             self.head = Linear(C, out_channels)
         elif head_layers == 2:
-            self.head = _mlp(C, C, out_channels, act, dropout)
+            self.head = _two_layer_mlp(C, C, out_channels, act, dropout)
         else:
             raise ValueError(f"head_layers must be 1 or 2, got {head_layers}")
 
+        self._register_load_state_dict_pre_hook(_upgrade_mlp_keys, with_module=True)
         self.reset_parameters()
 
     def _make_block(self) -> 'GraphTransformerBlock':
@@ -545,9 +568,9 @@ class GraphTransformer(torch.nn.Module):
         if kind is None:
             return None
         if kind == 'gine':
-            return GINEConv(_mlp(C, C, C, self.act), edge_dim=C)
+            return GINEConv(_two_layer_mlp(C, C, C, self.act), edge_dim=C)
         if kind == 'gin':
-            return GINConv(_mlp(C, C, C, self.act))
+            return GINConv(_two_layer_mlp(C, C, C, self.act))
         if C % heads != 0:
             raise ValueError(f"local_mp='gat' needs hidden_channels ({C}) divisible by heads "
                              f"({heads})")
@@ -563,9 +586,7 @@ class GraphTransformer(torch.nn.Module):
             torch.nn.init.normal_(self.node_emb, std=1.0)
         for block in self.blocks:
             block.reset_parameters()
-        for module in self.head.modules():
-            if isinstance(module, Linear):
-                module.reset_parameters()
+        self.head.reset_parameters()
 
     @property
     def _uses_edge_attr(self) -> bool:

@@ -185,3 +185,46 @@ def test_gkat_reads_stored_kernel_pairs(graphs):
     bad = Batch.from_data_list(with_kernel)
     bad.rwgnk_kernel_value = bad.rwgnk_kernel_value * torch.rand_like(bad.rwgnk_kernel_value)
     assert not torch.allclose(a, model(bad), atol=1e-4)
+
+
+def test_head_is_pyg_mlp(graphs):
+    # head_layers=2: PyG's MLP, linear -> act -> dropout -> linear, checked against the formula
+    # on the pooled node states (dropout is off in eval mode; an int dropout is accepted).
+    from torch_geometric.nn import MLP, global_mean_pool
+    batch = Batch.from_data_list(graphs)
+    model = GraphTransformer(4, 16, 3, num_layers=1, attention='linear', dropout=0, act='relu')
+    assert isinstance(model.head, MLP) and str(model.head) == 'MLP(16, 16, 3)'
+    model.eval()
+    captured = {}
+    model.final_norm.register_forward_hook(lambda m, i, out: captured.setdefault('x', out))
+    out = model(batch)
+    pooled = global_mean_pool(captured['x'], batch.batch)
+    w0, b0, w1, b1 = (model.head.lins[0].weight, model.head.lins[0].bias,
+                      model.head.lins[1].weight, model.head.lins[1].bias)
+    expected = torch.relu(pooled @ w0.T + b0) @ w1.T + b1
+    assert torch.allclose(out, expected, atol=1e-6)
+    # Dropout sits between the two layers in training mode.
+    model = GraphTransformer(4, 16, 3, num_layers=1, attention='linear', dropout=0.5)
+    assert model.head.dropout == [0.5, 0.0]
+
+
+@pytest.mark.parametrize('local_mp', ['gin', 'gine'])
+def test_checkpoints_with_the_old_mlp_layout_load(graphs, local_mp):
+    # Before the two-layer MLPs were PyG MLPs they were Sequential(Linear, act, Dropout, Linear)
+    # with keys '<name>.0.*' and '<name>.3.*'; such state dicts still load, to the same outputs.
+    batch = Batch.from_data_list(graphs)
+    kwargs = dict(num_layers=2, attention='linear', local_mp=local_mp, edge_encoder='linear',
+                  edge_dim=3)
+    model = GraphTransformer(4, 16, 3, **kwargs).eval()
+    old = {k.replace('head.lins.0.', 'head.0.').replace('head.lins.1.', 'head.3.')
+            .replace('nn.lins.0.', 'nn.0.').replace('nn.lins.1.', 'nn.3.'): v
+           for k, v in model.state_dict().items()}
+    assert 'head.3.weight' in old and 'blocks.1.local_mp.nn.0.bias' in old
+    fresh = GraphTransformer(4, 16, 3, **kwargs).eval()
+    fresh.load_state_dict(old)  # strict
+    assert torch.equal(fresh(batch), model(batch))
+    # The same inside a parent module (a LightningModule stores the model as 'model.*').
+    parent = torch.nn.Module()
+    parent.model = GraphTransformer(4, 16, 3, **kwargs).eval()
+    parent.load_state_dict({f'model.{k}': v for k, v in old.items()})
+    assert torch.equal(parent.model(batch), model(batch))

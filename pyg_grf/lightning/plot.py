@@ -1,0 +1,269 @@
+r"""Plots of training runs: learning curves of a ``pyg-grf fit`` run and the per-fold results of
+a ``pyg-grf cv`` run, as PNG files (matplotlib's Agg canvas; the global matplotlib backend is
+left alone).
+
+.. code-block:: bash
+
+    pyg-grf plot runs/motifs_grf                 # newest run under it -> learning_curves.png
+    pyg-grf plot runs/motifs_grf/lightning_logs/version_0
+    pyg-grf plot runs/mutag_grf_cv/cv/mutag_grf_cv   # a cv run -> cv_results.png
+
+``pyg-grf fit`` and ``pyg-grf cv`` write these plots by themselves at the end (``--plot false``
+turns that off). The numbers come from the per-epoch rows of ``epoch_metrics.jsonl``
+(:class:`~pyg_grf.lightning.callbacks.EpochMetricsLog`), else from a
+:class:`~lightning.pytorch.loggers.CSVLogger`'s ``metrics.csv``, and from ``cv_results.json``.
+"""
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import math
+import os.path as osp
+import re
+from typing import Any, Dict, List, Optional, Tuple
+
+#: A series: ``(epoch, value)`` pairs in epoch order.
+Series = List[Tuple[int, float]]
+#: Panels of a learning-curve plot: panel name (``'loss'`` or the metric) -> split -> series.
+Panels = Dict[str, Dict[str, Series]]
+
+LEARNING_CURVES = 'learning_curves.png'
+CV_PLOT = 'cv_results.png'
+EPOCH_METRICS = 'epoch_metrics.jsonl'
+SPLITS = ('train', 'val')
+
+
+def _matplotlib_figure(width: float, height: float, ncols: int):
+    r"""A figure with :obj:`ncols` axes on an Agg canvas, without pyplot."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError("Plotting needs matplotlib, which is not installed: "
+                          "pip install matplotlib (or pip install 'pyg_grf[full]')") from None
+    fig = Figure(figsize=(width * ncols, height), layout='constrained')
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(1, ncols, squeeze=False)[0]
+
+
+def has_matplotlib() -> bool:
+    r"""Whether matplotlib can be imported."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+# Reading runs ---------------------------------------------------------------------------------
+
+
+def _version_number(path: str) -> int:
+    match = re.search(r'version_(\d+)$', osp.normpath(path))
+    return int(match.group(1)) if match else -1
+
+
+def _has_metrics(path: str) -> bool:
+    return osp.isfile(osp.join(path, EPOCH_METRICS)) or osp.isfile(osp.join(path, 'metrics.csv'))
+
+
+def find_run_dir(path: str) -> str:
+    r"""The log folder of a run: :obj:`path` itself when it holds ``epoch_metrics.jsonl`` or
+    ``metrics.csv``, else the newest ``version_<N>`` below it (``<path>/version_<N>`` or
+    ``<path>/<logger name>/version_<N>``, e.g. ``runs/motifs_grf/lightning_logs/version_3``).
+
+    Raises:
+        FileNotFoundError: when there is no such folder.
+    """
+    if not osp.isdir(path):
+        raise FileNotFoundError(f"expected a run folder (a trainer's default_root_dir or a "
+                                f"'version_<N>' log folder), got '{path}', which does not exist")
+    if _has_metrics(path):
+        return path
+    found = [d for pattern in ('version_*', osp.join('*', 'version_*'))
+             for d in glob.glob(osp.join(path, pattern)) if _has_metrics(d)]
+    if not found:
+        raise FileNotFoundError(
+            f"no training metrics under '{path}': expected '{EPOCH_METRICS}' (written by "
+            f"`pyg-grf fit`) or a CSVLogger's 'metrics.csv' in it or in a 'version_<N>' folder "
+            f"below it")
+    return max(found, key=lambda d: (_version_number(d), osp.getmtime(d)))
+
+
+def _float(value: Any) -> Optional[float]:
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
+
+
+def read_epoch_metrics(run_dir: str) -> List[Dict[str, Any]]:
+    r"""One dict per finished epoch (``epoch`` plus the metrics logged at the end of it) from
+    ``epoch_metrics.jsonl``, else from the per-epoch rows of ``metrics.csv`` (a CSVLogger writes
+    a training epoch's and a validation's values on separate rows; they are merged)."""
+    path = osp.join(run_dir, EPOCH_METRICS)
+    if osp.isfile(path):
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    rows: Dict[int, Dict[str, Any]] = {}
+    with open(osp.join(run_dir, 'metrics.csv'), newline='') as f:
+        for row in csv.DictReader(f):
+            epoch = _float(row.get('epoch'))
+            if epoch is None:
+                continue
+            merged = rows.setdefault(int(epoch), {'epoch': int(epoch)})
+            for key, value in row.items():
+                # Per-step training values are not epoch values.
+                if key not in ('epoch', 'step') and not key.endswith('_step') \
+                        and _float(value) is not None:
+                    merged[key] = _float(value)
+    return [rows[e] for e in sorted(rows)]
+
+
+def _monitor_of(run_dir: str) -> Optional[str]:
+    r"""``checkpoint.monitor`` of the ``config.yaml`` that LightningCLI saved in the run."""
+    path = osp.join(run_dir, 'config.yaml')
+    if not osp.isfile(path):
+        return None
+    import yaml
+    with open(path) as f:
+        config = yaml.safe_load(f) or {}
+    checkpoint = config.get('checkpoint') or {}
+    return checkpoint.get('monitor') if isinstance(checkpoint, dict) else None
+
+
+def learning_curve_panels(rows: List[Dict[str, Any]], monitor: Optional[str] = None) -> Panels:
+    r"""The data of a learning-curve plot: a ``'loss'`` panel and one for the monitored metric,
+    each with a ``'train'`` and a ``'val'`` series (only those that were logged).
+
+    Args:
+        rows (list): per-epoch metrics, as from :func:`read_epoch_metrics`.
+        monitor (str, optional): the monitored metric, e.g. ``'val/acc'`` or ``'acc'``. When it
+            is :obj:`None` or the loss, the metric is the logged ``val/<name>`` other than the
+            loss (the first in sorted order if there are several).
+    """
+    keys = {key for row in rows for key in row}
+    metrics = sorted(key.split('/', 1)[1] for key in keys
+                     if key.startswith('val/') and key != 'val/loss')
+    name = monitor.split('/', 1)[-1] if monitor else None
+    if name in (None, 'loss'):
+        name = metrics[0] if metrics else None
+
+    def series(key: str) -> Series:
+        return [(int(row['epoch']), float(row[key])) for row in rows
+                if _float(row.get(key)) is not None]
+
+    panels: Panels = {'loss': {}}
+    for split in SPLITS:
+        # Training loss: the epoch mean ('train/loss_epoch' when it is also logged per step).
+        key = f'{split}/loss_epoch' if f'{split}/loss_epoch' in keys else f'{split}/loss'
+        if key in keys:
+            panels['loss'][split] = series(key)
+    if name is not None:
+        panels[name] = {split: series(f'{split}/{name}') for split in SPLITS
+                        if f'{split}/{name}' in keys}
+    return {panel: data for panel, data in panels.items() if data}
+
+
+def plot_learning_curves(run_dir: str, out: Optional[str] = None,
+                         monitor: Optional[str] = None) -> Tuple[str, Panels]:
+    r"""Writes the learning curves of a run (loss and the monitored metric, train and val, per
+    epoch) as a PNG with one panel each.
+
+    Args:
+        run_dir (str): the run's log folder, or a folder above it (see :func:`find_run_dir`).
+        out (str, optional): the PNG file (default: ``<log folder>/learning_curves.png``).
+        monitor (str, optional): the metric to plot (default: ``checkpoint.monitor`` of the
+            run's ``config.yaml``, else the logged validation metric).
+
+    Returns:
+        ``(path, panels)``: the file written and the data of its panels
+        (:func:`learning_curve_panels`).
+
+    Raises:
+        FileNotFoundError: no metrics under :obj:`run_dir`.
+        ValueError: the run has no finished epoch.
+        ImportError: matplotlib is not installed.
+    """
+    run_dir = find_run_dir(run_dir)
+    rows = read_epoch_metrics(run_dir)
+    panels = learning_curve_panels(rows, monitor or _monitor_of(run_dir))
+    if not panels:
+        raise ValueError(f"no epoch-level loss or metric in '{run_dir}' (expected rows with "
+                         f"'train/loss' or 'val/loss'; the run has {len(rows)} finished epochs)")
+    out = out or osp.join(run_dir, LEARNING_CURVES)
+    fig, axes = _matplotlib_figure(4.5, 3.4, len(panels))
+    for ax, (name, data) in zip(axes, panels.items()):
+        for split, points in data.items():
+            epochs, values = zip(*points) if points else ((), ())
+            ax.plot(epochs, values, marker='o', markersize=3, label=split)
+        ax.set_title(name)
+        ax.set_xlabel('epoch')
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(osp.relpath(run_dir), fontsize=9)
+    fig.savefig(out, dpi=100)
+    return out, panels
+
+
+def read_cv_results(cv_dir: str) -> Dict[str, List[Tuple[int, float]]]:
+    r"""Per-fold results of a ``pyg-grf cv`` run (``cv_results.json``): metric -> ``(fold,
+    value)`` pairs."""
+    path = osp.join(cv_dir, 'cv_results.json')
+    if not osp.isfile(path):
+        raise FileNotFoundError(f"expected '{path}' (written by `pyg-grf cv`)")
+    with open(path) as f:
+        folds = json.load(f).get('folds', [])
+    keys = sorted({k for row in folds for k in row if k != 'fold'})
+    return {key: [(int(row['fold']), float(row[key])) for row in folds
+                  if _float(row.get(key)) is not None] for key in keys}
+
+
+def plot_cv_results(cv_dir: str, out: Optional[str] = None
+                    ) -> Tuple[str, Dict[str, List[Tuple[int, float]]]]:
+    r"""Writes the per-fold results of a ``pyg-grf cv`` run as a PNG: one panel per metric of
+    ``cv_results.json``, a bar per fold and the mean ± std (population std, as in
+    ``cv_results.md``) as a line and a band.
+
+    Returns:
+        ``(path, results)``: the file written (default ``<cv_dir>/cv_results.png``) and
+        :func:`read_cv_results`.
+    """
+    results = {k: v for k, v in read_cv_results(cv_dir).items() if v}
+    if not results:
+        raise ValueError(f"no finished fold in '{osp.join(cv_dir, 'cv_results.json')}'")
+    out = out or osp.join(cv_dir, CV_PLOT)
+    fig, axes = _matplotlib_figure(4., 3.2, len(results))
+    for ax, (name, points) in zip(axes, results.items()):
+        folds, values = zip(*points)
+        mean = sum(values) / len(values)
+        std = (sum((v - mean)**2 for v in values) / len(values))**0.5
+        ax.bar([str(f) for f in folds], values, color='tab:blue', alpha=0.7)
+        ax.axhline(mean, color='tab:red')
+        ax.axhspan(mean - std, mean + std, color='tab:red', alpha=0.15)
+        ax.set_title(f'{name}: {mean:.4f} ± {std:.4f}', fontsize=9)
+        ax.set_xlabel('fold')
+    fig.savefig(out, dpi=100)
+    return out, results
+
+
+def plot_run(path: str, out: Optional[str] = None, monitor: Optional[str] = None
+             ) -> Dict[str, Any]:
+    r"""``pyg-grf plot PATH``: the per-fold results for a cv run folder (one with
+    ``cv_results.json``), else the learning curves of the newest run under :obj:`path`.
+
+    Returns:
+        ``{'kind': 'cv' | 'fit', 'path': PNG file, 'data': what was plotted}``.
+    """
+    if osp.isfile(osp.join(path, 'cv_results.json')):
+        png, data = plot_cv_results(path, out)
+        return {'kind': 'cv', 'path': png, 'data': data}
+    png, panels = plot_learning_curves(path, out, monitor)
+    return {'kind': 'fit', 'path': png, 'data': panels}
+
+
+__all__ = ['find_run_dir', 'read_epoch_metrics', 'learning_curve_panels',
+           'plot_learning_curves', 'read_cv_results', 'plot_cv_results', 'plot_run',
+           'has_matplotlib']

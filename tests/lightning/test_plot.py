@@ -1,0 +1,127 @@
+import csv
+import json
+import sys
+
+import pytest
+
+from pyg_grf.lightning.cli import main
+from pyg_grf.lightning.plot import learning_curve_panels, plot_learning_curves, plot_run
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
+
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+
+
+def _csv_epoch_series(path):
+    # The per-epoch values a CSVLogger wrote, read independently of pyg_grf.lightning.plot.
+    series = {}
+    with open(path, newline='') as f:
+        for row in csv.DictReader(f):
+            for key in ('train/loss_epoch', 'train/acc', 'val/loss', 'val/acc'):
+                if row.get(key):
+                    series.setdefault(key, []).append((int(row['epoch']), float(row[key])))
+    return series
+
+
+def _assert_matches_csv(panels, csv_series):
+    assert list(panels) == ['loss', 'acc']
+    assert {split: len(s) for split, s in panels['loss'].items()} == {'train': 2, 'val': 2}
+    expected = {('loss', 'train'): 'train/loss_epoch', ('loss', 'val'): 'val/loss',
+                ('acc', 'train'): 'train/acc', ('acc', 'val'): 'val/acc'}
+    for (panel, split), key in expected.items():
+        got = panels[panel][split]
+        assert [e for e, _ in got] == [e for e, _ in csv_series[key]] == [0, 1]
+        assert [v for _, v in got] == pytest.approx([v for _, v in csv_series[key]], rel=1e-6)
+
+
+def test_main_job_writes_learning_curves(tmp_path, capsys):
+    # The README's main job (shortened): `fit` writes learning_curves.png into the run's log
+    # folder, and `pyg-grf plot RUN_DIR` writes it again from the run; its panels are the loss and
+    # the monitored metric (val/acc), each with the train and val series of metrics.csv.
+    config = REPO / 'experiments' / 'configs' / 'motifs_grf.yaml'
+    run = tmp_path / 'runs' / 'motifs_grf'
+    cli = main(['fit', '--config', str(config), f'--trainer.default_root_dir={run}',
+                '--trainer.max_epochs=2', '--trainer.enable_progress_bar=false',
+                '--data.init_args.num_graphs=64', f'--data.init_args.root={tmp_path / "data"}',
+                '--test_after_fit=false'])
+    log_dir = run / 'lightning_logs' / 'version_0'
+    assert cli.trainer.log_dir == str(log_dir)
+    png = log_dir / 'learning_curves.png'
+    assert png.read_bytes()[:8] == PNG_MAGIC
+    png.unlink()
+    result = main(['plot', str(run)])
+    assert result['kind'] == 'fit' and result['path'] == str(png)
+    assert png.read_bytes()[:8] == PNG_MAGIC and png.stat().st_size > 10_000
+    assert str(png) in capsys.readouterr().out
+    _assert_matches_csv(result['data'], _csv_epoch_series(log_dir / 'metrics.csv'))
+    # Without epoch_metrics.jsonl the plot reads metrics.csv: the same panels.
+    (log_dir / 'epoch_metrics.jsonl').unlink()
+    out = tmp_path / 'from_csv.png'
+    path, panels = plot_learning_curves(str(log_dir), str(out))
+    assert path == str(out) and out.read_bytes()[:8] == PNG_MAGIC
+    _assert_matches_csv(panels, _csv_epoch_series(log_dir / 'metrics.csv'))
+
+
+def _write_rows(path, rows):
+    path.mkdir(parents=True, exist_ok=True)
+    with open(path / 'epoch_metrics.jsonl', 'w') as f:
+        for row in rows:
+            f.write(json.dumps(row) + '\n')
+
+
+ROWS = [{'epoch': 0, 'step': 4, 'train/loss': 0.9, 'train/ap': 0.3, 'val/loss': 0.8,
+         'val/ap': 0.35, 'val/mae': 2.0},
+        {'epoch': 1, 'step': 8, 'train/loss': 0.7, 'train/ap': 0.4, 'val/loss': 0.75,
+         'val/ap': 0.45, 'val/mae': 1.5}]
+
+
+def test_panels_follow_the_monitor():
+    panels = learning_curve_panels(ROWS, monitor='val/ap')
+    assert panels == {'loss': {'train': [(0, 0.9), (1, 0.7)], 'val': [(0, 0.8), (1, 0.75)]},
+                      'ap': {'train': [(0, 0.3), (1, 0.4)], 'val': [(0, 0.35), (1, 0.45)]}}
+    assert list(learning_curve_panels(ROWS, monitor='mae')) == ['loss', 'mae']
+    assert learning_curve_panels(ROWS, monitor='mae')['mae'] == {'val': [(0, 2.0), (1, 1.5)]}
+    # Monitoring the loss (or nothing): the first logged validation metric.
+    assert list(learning_curve_panels(ROWS, monitor='val/loss')) == ['loss', 'ap']
+
+
+def test_plot_finds_the_newest_version(tmp_path):
+    _write_rows(tmp_path / 'lightning_logs' / 'version_2', ROWS)
+    _write_rows(tmp_path / 'lightning_logs' / 'version_10', ROWS[:1])
+    result = plot_run(str(tmp_path), monitor='val/ap')
+    assert result['path'] == str(tmp_path / 'lightning_logs' / 'version_10' /
+                                 'learning_curves.png')
+    assert result['data']['loss']['train'] == [(0, 0.9)]
+
+
+def test_cv_plot(tmp_path, capsys):
+    folds = [{'fold': 0, 'test/acc': 0.5, 'test/loss': 0.7},
+             {'fold': 1, 'test/acc': 0.7, 'test/loss': 0.6}]
+    (tmp_path / 'cv_results.json').write_text(json.dumps({'folds': folds}))
+    result = main(['plot', str(tmp_path)])
+    assert result['kind'] == 'cv' and result['path'] == str(tmp_path / 'cv_results.png')
+    assert result['data'] == {'test/acc': [(0, 0.5), (1, 0.7)],
+                              'test/loss': [(0, 0.7), (1, 0.6)]}
+    assert (tmp_path / 'cv_results.png').read_bytes()[:8] == PNG_MAGIC
+    assert 'per-fold results: test/acc, test/loss' in capsys.readouterr().out
+
+
+def test_plot_errors(tmp_path, capsys, monkeypatch):
+    def error_of(*args):
+        with pytest.raises(SystemExit) as exc:
+            main(['plot', *map(str, args)])
+        assert exc.value.code == 2
+        return capsys.readouterr().err
+
+    assert 'does not exist' in error_of(tmp_path / 'nothing')
+    assert "no training metrics under" in error_of(tmp_path)
+    assert 'unrecognized arguments: --folds' in error_of(tmp_path, '--folds', '1')
+    _write_rows(tmp_path / 'run', [])
+    assert 'no epoch-level loss or metric' in error_of(tmp_path / 'run')
+    # Without matplotlib: one line that says what to install.
+    _write_rows(tmp_path / 'run', ROWS)
+    for name in ('matplotlib', 'matplotlib.figure', 'matplotlib.backends.backend_agg'):
+        monkeypatch.setitem(sys.modules, name, None)
+    assert ('Plotting needs matplotlib, which is not installed: pip install matplotlib'
+            in error_of(tmp_path / 'run'))
