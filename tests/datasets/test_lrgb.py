@@ -125,3 +125,34 @@ def test_peptides_cache_per_pre_transform(tmp_path):
              folder(AddRWGNKFeatures(4, 0.5, 1.0, 3))}
     assert len(names) == 4
     assert folder(AddGraphRandomFeatures(num_walks=4, seed=0)) == grf4  # deterministic
+
+
+@pytest.mark.parametrize('name', ['Peptides-struct', 'PascalVOC-SP', 'COCO-SP', 'PCQM-Contact'])
+def test_raw_standin_files_load_through_pyg(name, monkeypatch, tmp_path):
+    # Stand-in files in PyG's raw format (what a user places under $PYG_GRF_DATA): load_lrgb runs
+    # PyG's own processing on them, offline, and gives back exactly the stand-in graphs (COCO-SP:
+    # PyG's label remapping undoes the original category ids written to the raw files).
+    from pyg_grf.datasets.lrgb import standin_graphs, write_lrgb_raw_standin
+    monkeypatch.setenv('PYG_GRF_OFFLINE', '1')
+    monkeypatch.delenv('PYG_GRF_MIRROR', raising=False)
+    monkeypatch.setenv('PYG_GRF_DATA', str(tmp_path))
+    info = LRGB_INFO[name]
+    paths = write_lrgb_raw_standin(name, num_graphs=5, seed=3)
+    ext = 'pickle' if name.endswith('-SP') else 'pt'
+    assert paths == [str(tmp_path / 'LRGB' / info.pyg_name / 'raw' / f'{s}.{ext}')
+                     for s in ('train', 'val', 'test')]
+    for i, split in enumerate(('train', 'val', 'test')):
+        dataset = load_lrgb(name, split)
+        expected = standin_graphs(name, 5, seed=3 + i)
+        assert len(dataset) == 5
+        for got, want in zip(dataset, expected):
+            assert set(got.keys()) == set(want.keys())
+            for key in want.keys():
+                assert torch.equal(got[key], want[key]), (split, key)
+    if name == 'PCQM-Contact':
+        data = expected[0]
+        pos = data.edge_label_index[:, data.edge_label == 1]
+        assert pos.size(1) > 0 and torch.equal(pos.flip(0).unique(dim=1), pos.unique(dim=1))
+    with pytest.raises(FileExistsError, match='Refusing to overwrite the raw files'):
+        write_lrgb_raw_standin(name, num_graphs=5)
+    write_lrgb_raw_standin(name, num_graphs=2, overwrite=True)
