@@ -300,8 +300,10 @@ class LinkRankingMetrics(Metric):
     def update(self, ranks: Tensor, graph: Optional[Tensor] = None) -> None:
         r"""Adds the ranks of one batch (a graph's pairs must all come in the same update)."""
         total, count = _reduce_link_stats(ranks.detach(), graph, self.ks, self.reduction)
-        self.total += total.to(self.total.device)
-        self.count += count
+        # Not in place: states reset under inference mode (trainer.validate) are inference
+        # tensors, which a later update outside it may not modify.
+        self.total = self.total + total.to(self.total.device)
+        self.count = self.count + count
 
     def compute(self) -> Dict[str, Tensor]:
         values = self.total / self.count if self.count > 0 else \
