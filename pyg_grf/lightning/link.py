@@ -176,6 +176,10 @@ class LinkLevelTask(_SharedTask):
                 label.numel() != index.size(1):
             raise ValueError(f"expected edge_label_index [2, L] and edge_label [L], got "
                              f"{tuple(index.shape)} and {tuple(label.shape)}")
+        if bool(((label != 0) & (label != 1)).any()):
+            bad = label[(label != 0) & (label != 1)][:3].tolist()
+            raise ValueError(f"expected edge_label in {{0, 1}} (1 = link), got values such as "
+                             f"{bad}")
         return index.long(), label
 
     @staticmethod

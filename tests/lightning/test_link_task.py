@@ -149,8 +149,10 @@ def test_bad_input():
         module.validation_step(batch, 0)
     batch = _batch()
     batch.edge_label = batch.edge_label * 2
-    with pytest.raises(ValueError, match=r"edge_label in \{0, 1\}"):
-        module.validation_step(batch, 0)
+    for step in (module.training_step, module.validation_step):
+        with pytest.raises(ValueError, match=r"edge_label in \{0, 1\} \(1 = link\), got values "
+                                             r"such as \[2, 2, 2\]"):
+            step(batch, 0)
     wrong = LinkLevelTask(dict(ENCODER))
     wrong.model.forward = lambda data: torch.zeros(3, 8)
     with pytest.raises(ValueError, match=r"node embeddings \[N=\d+, C\].*got \(3, 8\)"):
