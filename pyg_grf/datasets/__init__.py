@@ -18,6 +18,7 @@ from pyg_grf.datasets.lrgb import (
     PeptidesFunctional,
     load_lrgb,
     lrgb_standin,
+    write_lrgb_raw_standin,
 )
 from pyg_grf.datasets.tu import TU_DATASETS, load_tu
 from pyg_grf.datasets.topology import TwoHopMajorityDataset
@@ -33,6 +34,7 @@ __all__ = [
     'motif_graph',
     'load_lrgb',
     'lrgb_standin',
+    'write_lrgb_raw_standin',
     'LRGB_INFO',
     'LRGBInfo',
     'load_tu',

@@ -7,14 +7,20 @@ r"""Long Range Graph Benchmark (LRGB, Dwivedi et al., NeurIPS 2022 Datasets and 
   :class:`~torch_geometric.datasets.LRGBDataset`, which downloads when online).
 * :data:`LRGB_INFO`: each dataset's official task, output size, loss and metric.
 * :func:`lrgb_standin`: tiny random datasets with the same fields, dtypes and shapes as each LRGB
-  dataset, to test the training wiring without data.
+  dataset, to test the training wiring without data; :func:`write_lrgb_raw_standin` writes them
+  as the raw files of PyG's :class:`~torch_geometric.datasets.LRGBDataset`, to test the real
+  loading path.
 """
 import ast
 import hashlib
+import multiprocessing as mp
+import os
 import os.path as osp
 import pickle
+import sys
+import time
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -111,6 +117,105 @@ def _md5(path: str) -> str:
     return h.hexdigest()
 
 
+def _quiet_rdkit() -> None:
+    # Pool initializer: rdkit's per-molecule warnings would flood the terminal.
+    from rdkit import RDLogger
+    RDLogger.DisableLog('rdApp.*')
+
+
+def _smiles_to_arrays(smiles: str) -> tuple:
+    r"""One SMILES string as ``(x, edge_index, edge_attr, num_nodes)`` numpy arrays
+    (:func:`ogb.utils.smiles2graph`); a top-level function, so worker processes can run it."""
+    from ogb.utils import smiles2graph
+    g = smiles2graph(smiles)
+    return g['node_feat'], g['edge_index'], g['edge_feat'], int(g['num_nodes'])
+
+
+def default_num_proc() -> int:
+    r"""The CPUs this process may use (its affinity mask where the platform has one)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # pragma: no cover (macOS, Windows)
+        return max(1, os.cpu_count() or 1)
+
+
+class _Progress:
+    r"""A progress bar over :obj:`total` items: :mod:`tqdm` when installed, else one plain line
+    on stderr about every 10% (and at the end)."""
+
+    def __init__(self, total: int, desc: str, enabled: bool = True):
+        self.total, self.desc, self.enabled, self.done, self._next = total, desc, enabled, 0, 0
+        self._bar = None
+        if enabled:
+            try:
+                from tqdm.auto import tqdm
+            except ImportError:
+                tqdm = None
+            if tqdm is not None:
+                self._bar = tqdm(total=total, desc=desc)
+        self._start = time.perf_counter()
+
+    def update(self, n: int = 1) -> None:
+        self.done += n
+        if self._bar is not None:
+            self._bar.update(n)
+        elif self.enabled and (self.done >= self._next or self.done == self.total):
+            elapsed = time.perf_counter() - self._start
+            print(f'{self.desc}: {self.done}/{self.total} ({elapsed:.0f}s)', file=sys.stderr,
+                  flush=True)
+            self._next = self.done + max(1, self.total // 10)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+
+def smiles_to_graphs(smiles: Sequence[str], num_proc: Optional[int] = None,
+                     progress: bool = True, desc: str = 'SMILES to graphs') -> List[tuple]:
+    r"""Turns SMILES strings into graphs with :func:`ogb.utils.smiles2graph` (needs
+    :obj:`rdkit`), over :obj:`num_proc` worker processes in chunks, in the input order (the result
+    does not depend on :obj:`num_proc`), with a progress bar.
+
+    Args:
+        smiles (sequence of str): The molecules.
+        num_proc (int, optional): Worker processes; ``1`` works in this process.
+            (default: :func:`default_num_proc`)
+        progress (bool, optional): Show progress (tqdm, else a line on stderr about every 10%).
+            (default: :obj:`True`)
+
+    Returns:
+        One ``(x, edge_index, edge_attr, num_nodes)`` tuple of numpy arrays per molecule.
+    """
+    smiles = list(smiles)
+    num_proc = default_num_proc() if num_proc is None else int(num_proc)
+    if num_proc < 1:
+        raise ValueError(f"num_proc must be >= 1, got {num_proc}")
+    num_proc = min(num_proc, max(1, len(smiles)))
+    bar = _Progress(len(smiles), desc, progress)
+    out: List[tuple] = []
+    try:
+        if num_proc == 1:
+            _quiet_rdkit()
+            for s in smiles:
+                out.append(_smiles_to_arrays(s))
+                bar.update()
+        else:
+            # Fork where available (workers start at once and inherit the imports); a few chunks
+            # per worker balance the load; imap keeps the input order.
+            methods = mp.get_all_start_methods()
+            ctx = mp.get_context('fork' if 'fork' in methods else None)
+            chunksize = max(1, min(256, len(smiles) // (8 * num_proc)))
+            with ctx.Pool(num_proc, initializer=_quiet_rdkit) as pool:
+                for g in pool.imap(_smiles_to_arrays, smiles, chunksize=chunksize):
+                    out.append(g)
+                    bar.update()
+    finally:
+        bar.close()
+        from rdkit import RDLogger
+        RDLogger.EnableLog('rdApp.*')
+    return out
+
+
 class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
     r"""The Peptides-func dataset of the `"Long Range Graph Benchmark"
     <https://arxiv.org/abs/2206.08164>`_ (LRGB): 15,535 peptides as molecular graphs, each with 10
@@ -120,10 +225,12 @@ class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
     labels) and the official split ``splits_random_stratified_peptide.pickle``, both checked
     against the LRGB md5 sums. The SMILES become graphs through :func:`ogb.utils.smiles2graph`
     (needs :obj:`rdkit`): :obj:`x` long [N, 9] OGB atom features, :obj:`edge_attr` long [E, 3] OGB
-    bond features, :obj:`edge_index` with both directions, :obj:`y` float [1, 10]. Processing all
-    molecules takes a few minutes once; the three splits are then cached under ``processed/``
-    (``processed_<hash>/`` for each ``pre_transform``, so different feature settings keep
-    separate caches).
+    bond features, :obj:`edge_index` with both directions, :obj:`y` float [1, 10]. The molecules
+    are converted over :obj:`num_proc` processes with a progress bar (about a minute for all of
+    them on one core, once); the three splits are then cached under ``processed_<hash>/`` (one
+    folder per ``pre_transform`` and :obj:`max_graphs`, so different settings keep separate
+    caches). With :obj:`max_graphs`, only the first :obj:`max_graphs` molecules of each split (in
+    the official split order, before ``pre_filter``) are converted and pre-transformed.
 
     Files are looked up in ``root/peptides-functional/`` (CSV in ``raw/``, the pickle beside
     ``raw/`` as in the LRGB release), copied there from the offline mirror
@@ -141,6 +248,12 @@ class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
         pre_filter (callable, optional): A filter applied before saving to disk.
             (default: :obj:`None`)
         force_reload (bool, optional): Whether to re-process the dataset. (default: :obj:`False`)
+        max_graphs (int, optional): Keep only the first :obj:`max_graphs` graphs of each split,
+            chosen *before* processing (quick runs process only those). (default: :obj:`None`,
+            all)
+        num_proc (int, optional): Processes that convert SMILES to graphs (the result does not
+            depend on it). (default: the CPUs available)
+        progress (bool, optional): Show a progress bar while processing. (default: :obj:`True`)
 
     **STATS:**
 
@@ -177,10 +290,20 @@ class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
         pre_transform: Optional[Callable] = None,
         pre_filter: Optional[Callable] = None,
         force_reload: bool = False,
+        max_graphs: Optional[int] = None,
+        num_proc: Optional[int] = None,
+        progress: bool = True,
     ) -> None:
         if split not in SPLITS:
             raise ValueError(f"Expected split to be one of {list(SPLITS)} (got {split!r})")
+        if max_graphs is not None and max_graphs < 1:
+            raise ValueError(f"Expected max_graphs >= 1 or None (got {max_graphs})")
+        if num_proc is not None and num_proc < 1:
+            raise ValueError(f"Expected num_proc >= 1 or None (got {num_proc})")
         self.split = split
+        self.max_graphs = None if max_graphs is None else int(max_graphs)
+        self.num_proc = num_proc
+        self.progress = progress
         root = osp.abspath(root) if root is not None else osp.join(data_root(), 'LRGB')
         self.root = root  # raw_paths needs it before the base constructor runs
         rel = f'LRGB/{self.folder}'
@@ -198,6 +321,13 @@ class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
     @property
     def raw_dir(self) -> str:
         return osp.join(self.root, self.folder, 'raw')
+
+    def cache_key(self) -> Dict[str, Any]:
+        key = super().cache_key()
+        max_graphs = getattr(self, 'max_graphs', None)
+        if max_graphs is not None:  # full-dataset caches keep the key they always had
+            key['max_graphs'] = max_graphs
+        return key
 
     @property
     def cache_parent(self) -> str:
@@ -237,14 +367,13 @@ class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
 
     def process(self) -> None:
         import pandas as pd
-        from ogb.utils import smiles2graph
-        from rdkit import RDLogger
 
         csv_path, split_path = self.raw_paths
         self._check_md5(csv_path)
         self._check_md5(split_path)  # verified before unpickling
         with open(split_path, 'rb') as f:
             split_idx = pickle.load(f)
+        rows = {split: [int(i) for i in split_idx[split]][:self.max_graphs] for split in SPLITS}
 
         df = pd.read_csv(csv_path)
         labels = np.array([ast.literal_eval(s) for s in df['labels']], dtype=np.float32)
@@ -252,23 +381,22 @@ class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
             raise RuntimeError(f"Expected 10 labels per peptide in '{csv_path}' "
                                f"(got label array of shape {labels.shape})")
 
-        RDLogger.DisableLog('rdApp.*')
-        try:
-            graphs = []
-            for smiles, y in zip(df['smiles'], labels):
-                g = smiles2graph(smiles)
-                graphs.append(Data(
-                    x=torch.from_numpy(g['node_feat']).long(),
-                    edge_index=torch.from_numpy(g['edge_index']).long(),
-                    edge_attr=torch.from_numpy(g['edge_feat']).long(),
-                    y=torch.from_numpy(y).view(1, -1),
-                    num_nodes=int(g['num_nodes']),
-                ))
-        finally:
-            RDLogger.EnableLog('rdApp.*')
+        # Only the molecules that are kept are converted (max_graphs before processing).
+        needed = sorted(set().union(*rows.values()))
+        arrays = smiles_to_graphs(df['smiles'].iloc[needed].tolist(), self.num_proc,
+                                  self.progress, desc=f'{self.name}: SMILES to graphs')
+        graphs = {}
+        for row, (x, edge_index, edge_attr, num_nodes) in zip(needed, arrays):
+            graphs[row] = Data(
+                x=torch.from_numpy(x).long(),
+                edge_index=torch.from_numpy(edge_index).long(),
+                edge_attr=torch.from_numpy(edge_attr).long(),
+                y=torch.from_numpy(labels[row]).view(1, -1),
+                num_nodes=num_nodes,
+            )
 
         for split, path in zip(SPLITS, self.processed_paths):
-            data_list = [graphs[int(i)] for i in split_idx[split]]
+            data_list = [graphs[i] for i in rows[split]]
             if self.pre_filter is not None:
                 data_list = [d for d in data_list if self.pre_filter(d)]
             if self.pre_transform is not None:
@@ -295,6 +423,8 @@ def load_lrgb(
     pre_transform: Optional[Callable] = None,
     pre_filter: Optional[Callable] = None,
     force_reload: bool = False,
+    max_graphs: Optional[int] = None,
+    num_proc: Optional[int] = None,
 ) -> InMemoryDataset:
     r"""Loads one split of an LRGB dataset: Peptides-func through :class:`PeptidesFunctional`
     (original CSV, in the offline mirror), the others (Peptides-struct, PascalVOC-SP, COCO-SP,
@@ -308,13 +438,21 @@ def load_lrgb(
             (default: :obj:`"train"`)
         root (str, optional): Root directory. (default: ``<data_root()>/LRGB``)
         transform, pre_transform, pre_filter, force_reload: As in PyG datasets.
+        max_graphs (int, optional): Keep the first :obj:`max_graphs` graphs of the split. For
+            Peptides-func they are chosen before processing (only they are converted); PyG's
+            :class:`~torch_geometric.datasets.LRGBDataset` processes whole files, so the others
+            are sliced after loading. (default: :obj:`None`, all)
+        num_proc (int, optional): Processes for Peptides-func's SMILES conversion
+            (:class:`PeptidesFunctional`); ignored by the others. (default: the CPUs available)
     """
     name = lrgb_name(name)
     if split not in SPLITS:
         raise ValueError(f"Expected split to be one of {list(SPLITS)} (got {split!r})")
+    if max_graphs is not None and max_graphs < 1:
+        raise ValueError(f"Expected max_graphs >= 1 or None (got {max_graphs})")
     if name == 'Peptides-func':
         return PeptidesFunctional(root, split, transform, pre_transform, pre_filter,
-                                  force_reload)
+                                  force_reload, max_graphs=max_graphs, num_proc=num_proc)
 
     info = LRGB_INFO[name]
     root = osp.abspath(root) if root is not None else osp.join(data_root(), 'LRGB')
@@ -332,7 +470,77 @@ def load_lrgb(
             raise download_failed(exc, f'LRGB/{info.pyg_name}', folder, missing, name,
                                   hint) from exc
         raise
-    return dataset
+    return dataset if max_graphs is None else dataset[:max_graphs]
+
+
+def _hop_distances(edge_index: torch.Tensor, n: int) -> torch.Tensor:
+    # All-pairs hop distances of a small graph ([n, n], n + 1 where unreachable).
+    adj = torch.zeros(n, n, dtype=torch.bool)
+    adj[edge_index[0], edge_index[1]] = True
+    dist = torch.full((n, n), n + 1, dtype=torch.long)
+    reach = torch.eye(n, dtype=torch.bool)
+    dist[reach] = 0
+    for hops in range(1, n):
+        reach = reach | (reach.float() @ adj.float()).bool()
+        dist[reach & (dist > hops)] = hops
+    return dist
+
+
+def standin_graphs(name: str, num_graphs: int = 8, seed: int = 0) -> List[Data]:
+    r"""The graphs of :func:`lrgb_standin` (before any transform), as a list."""
+    from ogb.utils.features import get_atom_feature_dims, get_bond_feature_dims
+
+    info, gen = LRGB_INFO[lrgb_name(name)], torch.Generator().manual_seed(int(seed))
+    molecular = info.node_feature_dtype == torch.long
+    data_list = []
+    while len(data_list) < num_graphs:
+        n = int(torch.randint(8, 25, (1, ), generator=gen))
+        # A random tree (molecule backbone) plus a few chords, both directions stored.
+        parent = (torch.rand(n - 1, generator=gen) * torch.arange(1, n)).long()
+        row = torch.cat([torch.arange(1, n), torch.randint(n, (2, ), generator=gen)])
+        col = torch.cat([parent, torch.randint(n, (2, ), generator=gen)])
+        keep = row != col
+        row, col = row[keep], col[keep]
+        edge_index = torch.stack([torch.cat([row, col]), torch.cat([col, row])])
+        edge_index = torch.unique(edge_index, dim=1)
+        E = edge_index.size(1)
+        if molecular:
+            x = torch.stack([torch.randint(d, (n, ), generator=gen)
+                             for d in get_atom_feature_dims()], dim=1)
+            edge_attr = torch.stack([torch.randint(d, (E, ), generator=gen)
+                                     for d in get_bond_feature_dims()], dim=1)
+        else:
+            x = torch.rand(n, info.num_node_features, generator=gen)
+            edge_attr = torch.rand(E, info.num_edge_features, generator=gen)
+        data = Data(x=x, edge_index=edge_index, edge_attr=edge_attr)
+        if info.task == 'multilabel_classification':
+            data.y = torch.randint(2, (1, info.num_outputs), generator=gen).float()
+        elif info.task == 'regression':
+            data.y = torch.randn(1, info.num_outputs, generator=gen)
+        elif info.task == 'multiclass_classification':
+            data.y = torch.randint(info.num_outputs, (n, ), generator=gen)
+        else:
+            # Link prediction, laid out as LRGB stores PCQM-Contact: the "contacts" (both
+            # directions) first, then two negatives per contact from the same source. A learnable
+            # synthetic rule: atoms at least 3 bonds apart with the same chirality tag (feature
+            # column 1, 5 values). Graphs without a contact are redrawn (LRGB drops such
+            # molecules).
+            far = _hop_distances(edge_index, n) >= 3
+            same = x[:, 1].view(-1, 1) == x[:, 1].view(1, -1)
+            pos = (far & same).nonzero().t()
+            if pos.size(1) == 0:
+                continue
+            # For each contact (s, t): two distinct non-contacts of s (self allowed, as in LRGB).
+            allowed = ~(far & same)
+            keys = torch.rand(pos.size(1), n, generator=gen).masked_fill(~allowed[pos[0]], -1.)
+            top, dst = keys.topk(min(2, n), dim=1)
+            valid = top >= 0
+            neg = torch.stack([pos[0].view(-1, 1).expand_as(dst)[valid], dst[valid]])
+            data.edge_label_index = torch.cat([pos, neg], dim=1)
+            data.edge_label = torch.cat([torch.ones(pos.size(1), dtype=torch.long),
+                                         torch.zeros(neg.size(1), dtype=torch.long)])
+        data_list.append(data)
+    return data_list
 
 
 class LRGBStandIn(GeneratedDataset):
@@ -354,43 +562,7 @@ class LRGBStandIn(GeneratedDataset):
         return f'{self.info.pyg_name}_g{self.num_graphs}_s{self.seed}'
 
     def generate(self) -> List[Data]:
-        from ogb.utils.features import get_atom_feature_dims, get_bond_feature_dims
-
-        info, gen = self.info, torch.Generator().manual_seed(self.seed)
-        molecular = info.node_feature_dtype == torch.long
-        data_list = []
-        for _ in range(self.num_graphs):
-            n = int(torch.randint(8, 25, (1, ), generator=gen))
-            # A random tree (molecule backbone) plus a few chords, both directions stored.
-            parent = (torch.rand(n - 1, generator=gen) * torch.arange(1, n)).long()
-            row = torch.cat([torch.arange(1, n), torch.randint(n, (2, ), generator=gen)])
-            col = torch.cat([parent, torch.randint(n, (2, ), generator=gen)])
-            keep = row != col
-            row, col = row[keep], col[keep]
-            edge_index = torch.stack([torch.cat([row, col]), torch.cat([col, row])])
-            edge_index = torch.unique(edge_index, dim=1)
-            E = edge_index.size(1)
-            if molecular:
-                x = torch.stack([torch.randint(d, (n, ), generator=gen)
-                                 for d in get_atom_feature_dims()], dim=1)
-                edge_attr = torch.stack([torch.randint(d, (E, ), generator=gen)
-                                         for d in get_bond_feature_dims()], dim=1)
-            else:
-                x = torch.rand(n, info.num_node_features, generator=gen)
-                edge_attr = torch.rand(E, info.num_edge_features, generator=gen)
-            data = Data(x=x, edge_index=edge_index, edge_attr=edge_attr)
-            if info.task == 'multilabel_classification':
-                data.y = torch.randint(2, (1, info.num_outputs), generator=gen).float()
-            elif info.task == 'regression':
-                data.y = torch.randn(1, info.num_outputs, generator=gen)
-            elif info.task == 'multiclass_classification':
-                data.y = torch.randint(info.num_outputs, (n, ), generator=gen)
-            else:  # link prediction: labelled candidate pairs
-                L = 2 * n
-                data.edge_label_index = torch.randint(n, (2, L), generator=gen)
-                data.edge_label = torch.randint(2, (L, ), generator=gen)
-            data_list.append(data)
-        return data_list
+        return standin_graphs(self.info.name, self.num_graphs, self.seed)
 
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}({len(self)}, name={self.name!r})'
@@ -404,9 +576,70 @@ def lrgb_standin(name: str, num_graphs: int = 8, seed: int = 0,
     OGB-range categorical features for the molecular datasets, float features for the
     superpixel ones; :obj:`y` float [1, 10] / [1, 11] for Peptides-func / -struct, long [N] for
     PascalVOC-SP / COCO-SP, :obj:`edge_label_index` [2, L] and :obj:`edge_label` long [L] for
-    PCQM-Contact. Deterministic from :obj:`seed`. The stand-in's :obj:`info` attribute is the
-    dataset's :class:`LRGBInfo`."""
+    PCQM-Contact (the positive pairs in both directions, then two negatives per positive from its
+    source; positives follow a learnable rule: atoms at least 3 bonds apart with the same
+    chirality tag). Deterministic from :obj:`seed`. The stand-in's :obj:`info` attribute is the
+    dataset's :class:`LRGBInfo`. :func:`write_lrgb_raw_standin` writes the same graphs as PyG's
+    raw files."""
     return LRGBStandIn(name, num_graphs, seed, transform, pre_transform)
+
+
+
+def _raw_tuple(info: LRGBInfo, data: Data) -> tuple:
+    # One graph as the tuple PyG's LRGBDataset.process() unpacks (see its docstrings).
+    if info.level == 'link':
+        return (data.x, data.edge_attr, data.edge_index, data.edge_label_index, data.edge_label)
+    y = data.y
+    if info.pyg_name == 'coco-sp':  # the raw files hold the original, non-contiguous COCO ids
+        original = sorted(LRGBDataset.label_remap_coco(None).items(), key=lambda kv: kv[1])
+        y = torch.tensor([k for k, _ in original])[y]
+    return (data.x, data.edge_attr, data.edge_index, y)
+
+
+def write_lrgb_raw_standin(name: str, root: Optional[str] = None, num_graphs: int = 8,
+                           seed: int = 0, overwrite: bool = False) -> List[str]:
+    r"""Writes the graphs of :func:`lrgb_standin` as the *raw* files of PyG's
+    :class:`~torch_geometric.datasets.LRGBDataset`, in the layout its ``process()`` reads:
+    ``root/<pyg name>/raw/{train,val,test}.pt`` (:func:`torch.save` of a list of tuples) for
+    Peptides-func / -struct and PCQM-Contact, ``.pickle`` (:mod:`pickle` of a list of tuples) for
+    PascalVOC-SP / COCO-SP. Tuples: ``(x, edge_attr, edge_index, y)``, or
+    ``(x, edge_attr, edge_index, edge_label_index, edge_label)`` for PCQM-Contact; COCO-SP labels
+    in the original COCO category ids that PyG remaps. :func:`load_lrgb` then runs the real loading
+    path (PyG's processing, our cache) on them, without data or network. The split ``i`` (train,
+    val, test) uses seed ``seed + i``.
+
+    Args:
+        name (str): A key of :data:`LRGB_INFO` (case-insensitive).
+        root (str, optional): Root directory. (default: ``<data_root()>/LRGB``)
+        num_graphs (int, optional): Graphs per split. (default: :obj:`8`)
+        seed (int, optional): Seed of the train split. (default: :obj:`0`)
+        overwrite (bool, optional): Replace existing raw files; otherwise they are refused, since
+            they may be the real dataset. (default: :obj:`False`)
+
+    Returns:
+        The paths written.
+    """
+    from pyg_grf.datasets.mirror import check_not_in_mirror
+
+    info = LRGB_INFO[lrgb_name(name)]
+    root = osp.abspath(root) if root is not None else osp.join(data_root(), 'LRGB')
+    raw_dir = osp.join(root, info.pyg_name, 'raw')
+    check_not_in_mirror(raw_dir)
+    ext = 'pickle' if info.pyg_name.endswith('-sp') else 'pt'
+    paths = [osp.join(raw_dir, f'{split}.{ext}') for split in SPLITS]
+    existing = [p for p in paths if osp.exists(p)]
+    if existing and not overwrite:
+        raise FileExistsError(f"Refusing to overwrite the raw files {existing} (they may be the "
+                              f"real {info.name} dataset); pass overwrite=True or another root")
+    os.makedirs(raw_dir, exist_ok=True)
+    for i, path in enumerate(paths):
+        graphs = [_raw_tuple(info, d) for d in standin_graphs(info.name, num_graphs, seed + i)]
+        if ext == 'pt':
+            torch.save(graphs, path)
+        else:
+            with open(path, 'wb') as f:
+                pickle.dump(graphs, f)
+    return paths
 
 
 __all__ = [
@@ -417,5 +650,7 @@ __all__ = [
     'LRGBInfo',
     'LRGB_INFO',
     'LRGBStandIn',
+    'standin_graphs',
+    'write_lrgb_raw_standin',
     'DatasetNotFoundError',
 ]

@@ -13,6 +13,12 @@ from pyg_grf.lightning.datamodules import (
 )
 from pyg_grf.lightning.metrics import MultilabelAveragePrecision, multilabel_average_precision
 from pyg_grf.lightning.tasks import GraphLevelTask, NodeLevelTask
+from pyg_grf.lightning.link import LinkLevelTask
+from pyg_grf.lightning.link_metrics import (
+    LinkRankingMetrics,
+    filtered_link_ranks,
+    link_ranking_metrics,
+)
 
 __all__ = [
     'GraphLevelTask',
@@ -25,4 +31,8 @@ __all__ = [
     'EpochSeededRandomSampler',
     'MultilabelAveragePrecision',
     'multilabel_average_precision',
+    'LinkLevelTask',
+    'LinkRankingMetrics',
+    'filtered_link_ranks',
+    'link_ranking_metrics',
 ]

@@ -318,13 +318,16 @@ class TUDataModule(GraphDataModule):
 
 class LRGBDataModule(GraphDataModule):
     r"""A Long Range Graph Benchmark dataset (Dwivedi et al., 2022): Peptides-func from the
-    original CSV (:class:`~pyg_grf.datasets.PeptidesFunctional`, needs ``rdkit``) for
-    ``name='peptides-func'``, else :func:`~pyg_grf.datasets.load_lrgb`. Official splits.
+    original CSV (:class:`~pyg_grf.datasets.PeptidesFunctional`, needs ``rdkit``; its
+    ``num_proc`` goes in ``dataset_kwargs``) for ``name='peptides-func'``, else
+    :func:`~pyg_grf.datasets.load_lrgb`. Official splits. PCQM-Contact (``'pcqm-contact'``)
+    pairs with :class:`~pyg_grf.lightning.link.LinkLevelTask`.
 
     Args:
         name (str, optional): LRGB name (default: :obj:`'peptides-func'`).
         max_graphs (int, optional): keep only the first ``max_graphs`` graphs of each split, for
-            quick CPU runs (default: :obj:`None`, all).
+            quick CPU runs; for Peptides-func chosen before processing, so only those are
+            converted and pre-transformed (a cache of its own) (default: :obj:`None`, all).
         standin (int, optional): use :func:`~pyg_grf.datasets.lrgb_standin`, tiny random graphs
             with the dataset's fields and shapes, ``standin`` graphs per split: tests the wiring
             without data (default: :obj:`None`).
@@ -360,8 +363,9 @@ class LRGBDataModule(GraphDataModule):
         if self.root is not None:
             common['root'] = self.root
         if self._is_peptides_func():
+            # max_graphs before processing: only the kept molecules are converted.
             cls = _dataset_api('PeptidesFunctional')
-            return {split: _load_fresh(cls, split=split, **common)
+            return {split: _load_fresh(cls, split=split, max_graphs=self.max_graphs, **common)
                     for split in ('train', 'val', 'test')}
         load_lrgb = _dataset_api('load_lrgb')
         return {split: _load_fresh(load_lrgb, name=self.name, split=split, **common)

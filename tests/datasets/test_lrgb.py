@@ -1,6 +1,9 @@
 import os.path as osp
+import pickle
+import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 from torch_geometric.loader import DataLoader
@@ -125,3 +128,140 @@ def test_peptides_cache_per_pre_transform(tmp_path):
              folder(AddRWGNKFeatures(4, 0.5, 1.0, 3))}
     assert len(names) == 4
     assert folder(AddGraphRandomFeatures(num_walks=4, seed=0)) == grf4  # deterministic
+
+
+@pytest.mark.parametrize('name', ['Peptides-struct', 'PascalVOC-SP', 'COCO-SP', 'PCQM-Contact'])
+def test_raw_standin_files_load_through_pyg(name, monkeypatch, tmp_path):
+    # Stand-in files in PyG's raw format (what a user places under $PYG_GRF_DATA): load_lrgb runs
+    # PyG's own processing on them, offline, and gives back exactly the stand-in graphs (COCO-SP:
+    # PyG's label remapping undoes the original category ids written to the raw files).
+    from pyg_grf.datasets.lrgb import standin_graphs, write_lrgb_raw_standin
+    monkeypatch.setenv('PYG_GRF_OFFLINE', '1')
+    monkeypatch.delenv('PYG_GRF_MIRROR', raising=False)
+    monkeypatch.setenv('PYG_GRF_DATA', str(tmp_path))
+    info = LRGB_INFO[name]
+    paths = write_lrgb_raw_standin(name, num_graphs=5, seed=3)
+    ext = 'pickle' if name.endswith('-SP') else 'pt'
+    assert paths == [str(tmp_path / 'LRGB' / info.pyg_name / 'raw' / f'{s}.{ext}')
+                     for s in ('train', 'val', 'test')]
+    for i, split in enumerate(('train', 'val', 'test')):
+        dataset = load_lrgb(name, split)
+        expected = standin_graphs(name, 5, seed=3 + i)
+        assert len(dataset) == 5
+        for got, want in zip(dataset, expected):
+            assert set(got.keys()) == set(want.keys())
+            for key in want.keys():
+                assert torch.equal(got[key], want[key]), (split, key)
+    if name == 'PCQM-Contact':
+        data = expected[0]
+        pos = data.edge_label_index[:, data.edge_label == 1]
+        assert pos.size(1) > 0 and torch.equal(pos.flip(0).unique(dim=1), pos.unique(dim=1))
+    with pytest.raises(FileExistsError, match='Refusing to overwrite the raw files'):
+        write_lrgb_raw_standin(name, num_graphs=5)
+    write_lrgb_raw_standin(name, num_graphs=2, overwrite=True)
+
+
+SMILES = ['CCO', 'c1ccccc1O', 'CC(=O)N[C@@H](C)C(=O)O', 'C1CC1N', 'O=C=O',
+          'CN1C=NC2=C1C(=O)N(C)C(=O)N2C', 'CC(C)C[C@H](N)C(=O)O', 'c1ccncc1', 'C#N', 'OCC(O)CO', 'CCCCCCCC', 'N[C@@H](Cc1ccccc1)C(=O)O']
+
+
+def _graph_tuples_equal(a, b):
+    return len(a) == len(b) and all(
+        all(np.array_equal(u, v) for u, v in zip(ga, gb)) for ga, gb in zip(a, b))
+
+
+def test_smiles_to_graphs_parallel_equals_serial(monkeypatch, capsys):
+    pytest.importorskip('rdkit')
+    from ogb.utils import smiles2graph
+    from pyg_grf.datasets.lrgb import smiles_to_graphs
+    smiles = SMILES * 5  # 60 molecules: several chunks per worker
+    serial = smiles_to_graphs(smiles, num_proc=1, progress=False)
+    parallel = smiles_to_graphs(smiles, num_proc=2, progress=False)
+    assert _graph_tuples_equal(serial, parallel)  # same graphs, same order
+    ref = [smiles2graph(s) for s in smiles]  # independent: OGB directly, one by one
+    assert _graph_tuples_equal(serial, [(g['node_feat'], g['edge_index'], g['edge_feat'],
+                                         g['num_nodes']) for g in ref])
+    # Without tqdm: a plain progress line on stderr.
+    monkeypatch.setitem(sys.modules, 'tqdm.auto', None)
+    capsys.readouterr()
+    smiles_to_graphs(SMILES, num_proc=2, desc='mols')
+    err = capsys.readouterr().err
+    assert 'mols: 12/12' in err and 'mols: 1/12' in err
+    with pytest.raises(ValueError, match='num_proc must be >= 1, got 0'):
+        smiles_to_graphs(SMILES, num_proc=0)
+
+
+def _fake_peptides(root, num_rows=30):
+    # A small CSV + split pickle in the LRGB release layout (md5 sums patched in by the test).
+    import gzip
+    import pandas as pd
+    folder = root / 'peptides-functional'
+    (folder / 'raw').mkdir(parents=True)
+    rng = np.random.default_rng(0)
+    df = pd.DataFrame({'smiles': [SMILES[i % len(SMILES)] for i in range(num_rows)],
+                       'peptide_seq': ['X'] * num_rows,
+                       'labels': [str(rng.integers(0, 2, 10).tolist()) for _ in range(num_rows)],
+                       'identifier': range(num_rows)})
+    with gzip.open(folder / 'raw' / PeptidesFunctional.csv_name, 'wt') as f:
+        df.to_csv(f)
+    perm = rng.permutation(num_rows)
+    split = {'train': perm[:18], 'val': perm[18:24], 'test': perm[24:]}
+    with open(folder / PeptidesFunctional.split_name, 'wb') as f:
+        pickle.dump(split, f)
+    return df, split
+
+
+def test_peptides_max_graphs_before_processing(monkeypatch, tmp_path):
+    pytest.importorskip('rdkit')
+    import pyg_grf.datasets.lrgb as lrgb
+    from ogb.utils import smiles2graph
+    df, split = _fake_peptides(tmp_path)
+    md5 = {name: lrgb._md5(str(p)) for name, p in (
+        (PeptidesFunctional.csv_name,
+         tmp_path / 'peptides-functional' / 'raw' / PeptidesFunctional.csv_name),
+        (PeptidesFunctional.split_name,
+         tmp_path / 'peptides-functional' / PeptidesFunctional.split_name))}
+    monkeypatch.setattr(PeptidesFunctional, 'md5', md5)
+    converted = []
+    real = lrgb.smiles_to_graphs
+    monkeypatch.setattr(lrgb, 'smiles_to_graphs',
+                        lambda smiles, *a, **kw: converted.append(len(smiles)) or
+                        real(smiles, *a, **kw))
+
+    small = {s: PeptidesFunctional(str(tmp_path), split=s, max_graphs=4, num_proc=2,
+                                   progress=False) for s in ('train', 'val', 'test')}
+    assert converted == [12]  # only the first 4 molecules of each split, once
+    for s, dataset in small.items():
+        assert len(dataset) == 4
+        for data, row in zip(dataset, split[s][:4]):
+            g = smiles2graph(df['smiles'][row])
+            assert torch.equal(data.x, torch.from_numpy(g['node_feat']))
+            assert torch.equal(data.edge_index, torch.from_numpy(g['edge_index']))
+            assert torch.equal(data.y, torch.tensor([eval(df['labels'][row])]).float())
+    full = PeptidesFunctional(str(tmp_path), split='val', num_proc=1, progress=False)
+    assert converted == [12, 30] and len(full) == 6  # its own cache
+    assert small['val'].processed_dir != full.processed_dir
+    for a, b in zip(small['val'], full):  # the same graphs either way
+        assert torch.equal(a.x, b.x) and torch.equal(a.edge_attr, b.edge_attr)
+    PeptidesFunctional(str(tmp_path), split='test', max_graphs=4)
+    assert converted == [12, 30]  # cached
+    with pytest.raises(ValueError, match=r"max_graphs >= 1 or None \(got 0\)"):
+        PeptidesFunctional(str(tmp_path), max_graphs=0)
+    with pytest.raises(ValueError, match=r"num_proc >= 1 or None \(got 0\)"):
+        PeptidesFunctional(str(tmp_path), num_proc=0)
+
+
+@pytest.mark.data
+def test_peptides_max_graphs_on_mirror(offline_mirror):
+    import pandas as pd
+    from ogb.utils import smiles2graph
+    dataset = load_lrgb('Peptides-func', split='test', max_graphs=25, num_proc=2)
+    assert len(dataset) == 25
+    raw = osp.join(offline_mirror, 'LRGB', 'peptides-functional')
+    df = pd.read_csv(osp.join(raw, 'raw', PeptidesFunctional.csv_name))
+    with open(osp.join(raw, PeptidesFunctional.split_name), 'rb') as f:
+        rows = pickle.load(f)['test'][:25]
+    for data, row in zip(dataset, rows):
+        g = smiles2graph(df['smiles'][row])
+        assert torch.equal(data.edge_index, torch.from_numpy(g['edge_index']))
+        assert torch.equal(data.x, torch.from_numpy(g['node_feat']))

@@ -1,0 +1,323 @@
+r"""Ranking metrics of link prediction on batches of graphs (LRGB PCQM-Contact).
+
+Every positive pair :math:`(s, t)` of a graph is ranked against the nodes of the same graph as
+candidate targets of :math:`s`, with the other positive targets of :math:`s` filtered out: the
+*filtered* MRR and Hits@k that the LRGB code reports for PCQM-Contact (Dwivedi et al., 2022;
+the filtered variant follows Toenshoff et al., 2023, who pointed out that the original, raw ranking
+counts the other true contacts of a source as negatives). Ties count half: the rank is the mean of the optimistic and the
+pessimistic rank, as in OGB's link-prediction evaluator (the LRGB code breaks ties by the order
+``torch.argsort`` happens to return). Everything is vectorised over the pairs of a batch.
+
+* :func:`filtered_link_candidates`: the positive pairs and the candidate mask of each.
+* :func:`filtered_link_ranks`: ranks from per-graph score matrices.
+* :func:`link_ranks`: ranks of positives among given candidate scores.
+* :func:`link_ranking_metrics`, :class:`LinkRankingMetrics`: MRR and Hits@k, per graph
+  (LRGB) or per pair.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torchmetrics import Metric
+
+#: Hits@k reported by default (LRGB: Hits@1, Hits@3, Hits@10).
+LINK_HITS_KS = (1, 3, 10)
+LINK_REDUCTIONS = ('graph', 'edge')
+
+
+def link_ranks(pos_score: Tensor, cand_score: Tensor,
+               cand_mask: Optional[Tensor] = None) -> Tensor:
+    r"""The rank of each positive score among its candidate scores, ties counted half
+    (the convention of OGB's link-prediction evaluator):
+
+    .. math::
+        r_p = 1 + |\{j \in C_p : c_{pj} > s_p\}|
+              + \tfrac{1}{2}\, |\{j \in C_p : c_{pj} = s_p\}|,
+
+    where :math:`C_p` are the columns where :obj:`cand_mask` is :obj:`True`. Without ties this is
+    the position of the positive in the list sorted by decreasing score.
+
+    Args:
+        pos_score (Tensor): ``[P]`` score of each positive pair.
+        cand_score (Tensor): ``[P, C]`` scores of the candidates it is ranked against.
+        cand_mask (Tensor, optional): ``[P, C]`` boolean, which candidates count
+            (default: :obj:`None`, all).
+
+    Returns:
+        ``[P]`` float ranks, :math:`\ge 1`.
+    """
+    if pos_score.dim() != 1:
+        raise ValueError(f"expected pos_score of shape [P], got {tuple(pos_score.shape)}")
+    if cand_score.dim() != 2 or cand_score.size(0) != pos_score.size(0):
+        raise ValueError(f"expected cand_score of shape [P={pos_score.size(0)}, C], got "
+                         f"{tuple(cand_score.shape)}")
+    if cand_mask is None:
+        cand_mask = torch.ones_like(cand_score, dtype=torch.bool)
+    elif cand_mask.shape != cand_score.shape or cand_mask.dtype != torch.bool:
+        raise ValueError(f"expected a boolean cand_mask of shape {tuple(cand_score.shape)}, got "
+                         f"{tuple(cand_mask.shape)} ({cand_mask.dtype})")
+    if bool(torch.isnan(pos_score).any()) or bool((torch.isnan(cand_score) & cand_mask).any()):
+        raise ValueError("link_ranks got NaN scores; a rank is undefined (check the model's "
+                         "outputs)")
+    pos = pos_score.unsqueeze(1)
+    above = ((cand_score > pos) & cand_mask).sum(1)
+    tied = ((cand_score == pos) & cand_mask).sum(1)
+    return 1. + above.to(torch.float64) + 0.5 * tied.to(torch.float64)
+
+
+@dataclass
+class LinkCandidates:
+    r"""The positive pairs of a batch of graphs and, for each, the candidate targets it is ranked
+    against (see :func:`filtered_link_candidates`). Node ids are global (batch) ids in
+    :obj:`src` / :obj:`dst` and ids inside their graph in :obj:`src_local` / :obj:`dst_local`.
+
+    Attributes:
+        src, dst, graph, src_local, dst_local: ``[P]`` each.
+        mask: ``[P, N_max]`` boolean; ``mask[p, j]``: node ``j`` of the graph of pair ``p`` is
+            a candidate (a negative) for it.
+        num_nodes: ``[B]`` nodes per graph.
+    """
+    src: Tensor
+    dst: Tensor
+    graph: Tensor
+    src_local: Tensor
+    dst_local: Tensor
+    mask: Tensor
+    num_nodes: Tensor
+
+    @property
+    def num_graphs(self) -> int:
+        return self.num_nodes.numel()
+
+    @property
+    def max_num_nodes(self) -> int:
+        return self.mask.size(1)
+
+
+def filtered_link_candidates(edge_label_index: Tensor, edge_label: Tensor,
+                             batch: Optional[Tensor] = None, num_nodes: Optional[int] = None,
+                             *, exclude_self: bool = False) -> LinkCandidates:
+    r"""The filtered candidate sets of link ranking (LRGB PCQM-Contact): every positive pair
+    :math:`(s, t)` (``edge_label == 1``) of graph :math:`g` is ranked against the nodes
+    :math:`v` of :math:`g` such that :math:`(s, v)` is not a positive pair (this removes
+    :math:`t` itself and the other positive targets of :math:`s`); with
+    :obj:`exclude_self`, :math:`v = s` is removed too (LRGB's ``filtered_noself``).
+    Negative pairs in :obj:`edge_label_index` play no part: every non-positive node counts.
+
+    Args:
+        edge_label_index (Tensor): ``[2, L]`` labelled pairs, batch node ids.
+        edge_label (Tensor): ``[L]`` labels in :math:`\{0, 1\}` (any numeric or bool dtype).
+        batch (Tensor, optional): ``[N]`` sorted graph id of every node (default: one graph).
+        num_nodes (int, optional): :math:`N` when :obj:`batch` is :obj:`None`
+            (default: the largest index + 1).
+        exclude_self (bool, optional): also remove the source itself (default: :obj:`False`).
+    """
+    if edge_label_index.dim() != 2 or edge_label_index.size(0) != 2 or \
+            edge_label_index.is_floating_point() or edge_label_index.dtype == torch.bool:
+        raise ValueError(f"expected edge_label_index of shape [2, L] with integer node ids, got "
+                         f"shape {tuple(edge_label_index.shape)} ({edge_label_index.dtype})")
+    L = edge_label_index.size(1)
+    if edge_label.dim() != 1 or edge_label.numel() != L:
+        raise ValueError(f"expected edge_label of shape [L={L}] (one label per column of "
+                         f"edge_label_index), got {tuple(edge_label.shape)}")
+    if bool(((edge_label != 0) & (edge_label != 1)).any()):
+        bad = edge_label[(edge_label != 0) & (edge_label != 1)][:3].tolist()
+        raise ValueError(f"expected edge_label in {{0, 1}}, got values such as {bad}")
+    edge_label_index = edge_label_index.long()
+    device = edge_label_index.device
+    if batch is None:
+        if num_nodes is None:
+            num_nodes = int(edge_label_index.max()) + 1 if L > 0 else 0
+        batch = torch.zeros(num_nodes, dtype=torch.long, device=device)
+    if batch.dim() != 1 or batch.is_floating_point():
+        raise ValueError(f"expected batch of shape [N] with integer graph ids, got "
+                         f"{tuple(batch.shape)} ({batch.dtype})")
+    batch = batch.long()
+    N = batch.numel()
+    if N > 1 and bool((batch[1:] < batch[:-1]).any()):
+        raise ValueError("expected a sorted batch vector (nodes of a graph contiguous, as in a "
+                         "PyG Batch)")
+    if L > 0 and (int(edge_label_index.min()) < 0 or int(edge_label_index.max()) >= N):
+        raise ValueError(f"edge_label_index holds node ids outside [0, {N}) (got "
+                         f"{int(edge_label_index.min())}..{int(edge_label_index.max())})")
+    if L > 0 and bool((batch[edge_label_index[0]] != batch[edge_label_index[1]]).any()):
+        k = int((batch[edge_label_index[0]] != batch[edge_label_index[1]]).nonzero()[0])
+        raise ValueError(f"edge_label_index pairs must join two nodes of the same graph; pair "
+                         f"{k} joins graphs {int(batch[edge_label_index[0, k]])} and "
+                         f"{int(batch[edge_label_index[1, k]])}")
+
+    B = int(batch.max()) + 1 if N > 0 else 0
+    counts = torch.bincount(batch, minlength=B)
+    ptr = torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+    src, dst = edge_label_index[:, edge_label == 1]
+    graph = batch[src]
+    src_local, dst_local = src - ptr[graph], dst - ptr[graph]
+    n_max = int(counts.max()) if B > 0 else 0
+
+    cols = torch.arange(n_max, device=device)
+    mask = cols.unsqueeze(0) < counts[graph].unsqueeze(1)  # [P, N_max]: nodes of the graph
+    # Remove every positive target of the same source: one row of positives per distinct source.
+    sources, inverse = torch.unique(src, return_inverse=True)
+    positive = torch.zeros(sources.numel(), n_max, dtype=torch.bool, device=device)
+    positive[inverse, dst_local] = True
+    mask &= ~positive[inverse]
+    if exclude_self:
+        mask &= cols.unsqueeze(0) != src_local.unsqueeze(1)
+    return LinkCandidates(src, dst, graph, src_local, dst_local, mask, counts)
+
+
+def filtered_link_ranks(scores: Tensor, edge_label_index: Tensor, edge_label: Tensor,
+                        batch: Optional[Tensor] = None, *,
+                        exclude_self: bool = False) -> Tuple[Tensor, Tensor]:
+    r"""Filtered ranks of the positive pairs of a batch of graphs, LRGB PCQM-Contact style
+    (see :func:`filtered_link_candidates` for the candidate sets and :func:`link_ranks` for the
+    tie rule).
+
+    Args:
+        scores (Tensor): ``[B, N_max, N_max]``: ``scores[g, i, j]`` is the score of the pair
+            (node :math:`i`, node :math:`j`) of graph :math:`g`, in the order of its nodes,
+            padded to the largest graph (the layout of
+            :func:`torch_geometric.utils.to_dense_batch`); ``[N, N]`` for one graph.
+        edge_label_index (Tensor): ``[2, L]`` labelled pairs, batch node ids.
+        edge_label (Tensor): ``[L]`` labels in :math:`\{0, 1\}`.
+        batch (Tensor, optional): ``[N]`` graph id of every node (default: one graph).
+        exclude_self (bool, optional): do not rank the source itself as a candidate
+            (default: :obj:`False`).
+
+    Returns:
+        ``(ranks, graph)``: ``[P]`` float ranks of the positive pairs (in the order of
+        ``edge_label_index[:, edge_label == 1]``) and the graph of each.
+    """
+    if batch is None and scores.dim() == 2:
+        if scores.size(0) != scores.size(1):
+            raise ValueError(f"expected the scores of one graph as a square [N, N] matrix, got "
+                             f"{tuple(scores.shape)}")
+        scores = scores.unsqueeze(0)
+        num_nodes = scores.size(1)
+    else:
+        num_nodes = None
+    cand = filtered_link_candidates(edge_label_index, edge_label, batch, num_nodes,
+                                    exclude_self=exclude_self)
+    B, n = cand.num_graphs, cand.max_num_nodes
+    if scores.dim() != 3 or tuple(scores.shape) != (B, n, n):
+        raise ValueError(f"expected scores of shape [num_graphs={B}, N_max={n}, N_max={n}] (one "
+                         f"score matrix per graph, padded to the largest graph), got "
+                         f"{tuple(scores.shape)}")
+    rows = scores[cand.graph, cand.src_local]  # [P, N_max]
+    pos = rows.gather(1, cand.dst_local.unsqueeze(1)).squeeze(1)
+    return link_ranks(pos, rows, cand.mask), cand.graph
+
+
+def _link_stats(ranks: Tensor, ks: Sequence[int]) -> Tensor:
+    # [P, 1 + len(ks)]: reciprocal rank, then hit@k for every k.
+    hits = [(ranks <= k).to(torch.float64) for k in ks]
+    return torch.stack([1. / ranks.to(torch.float64), *hits], dim=1)
+
+
+def _reduce_link_stats(ranks: Tensor, graph: Optional[Tensor], ks: Sequence[int],
+                       reduction: str) -> Tuple[Tensor, int]:
+    r"""Sums of the per-unit means (units: graphs or pairs) and the number of units."""
+    if ranks.dim() != 1:
+        raise ValueError(f"expected ranks of shape [P], got {tuple(ranks.shape)}")
+    if bool((ranks < 1).any()) or bool(torch.isnan(ranks).any()):
+        raise ValueError("expected ranks >= 1 (ranks start at 1)")
+    stats = _link_stats(ranks, ks)
+    if reduction == 'edge' or ranks.numel() == 0:
+        return stats.sum(0), ranks.numel()
+    if graph is None or graph.shape != ranks.shape:
+        raise ValueError(f"reduction='graph' needs the graph id of every rank, of shape "
+                         f"{tuple(ranks.shape)} (got "
+                         f"{None if graph is None else tuple(graph.shape)})")
+    _, unit = torch.unique(graph, return_inverse=True)
+    G = int(unit.max()) + 1
+    sums = stats.new_zeros(G, stats.size(1)).index_add_(0, unit, stats)
+    count = torch.bincount(unit, minlength=G).to(stats.dtype)
+    return (sums / count.unsqueeze(1)).sum(0), G
+
+
+def _check_link_options(ks: Sequence[int], reduction: str) -> Tuple[int, ...]:
+    ks = tuple(int(k) for k in ks)
+    if not ks or any(k < 1 for k in ks):
+        raise ValueError(f"expected positive ks for Hits@k, got {ks}")
+    if reduction not in LINK_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {LINK_REDUCTIONS}, got {reduction!r}")
+    return ks
+
+
+def link_ranking_metrics(ranks: Tensor, graph: Optional[Tensor] = None, *,
+                         ks: Sequence[int] = LINK_HITS_KS,
+                         reduction: str = 'graph') -> Dict[str, Tensor]:
+    r"""Mean reciprocal rank and Hits@k of link ranks (from :func:`filtered_link_ranks`).
+
+    Args:
+        ranks (Tensor): ``[P]`` ranks of the positive pairs.
+        graph (Tensor, optional): ``[P]`` graph of each pair (needed for
+            ``reduction='graph'``).
+        ks (sequence of int, optional): the k of Hits@k (default: :obj:`(1, 3, 10)`).
+        reduction (str, optional): ``'graph'``: mean over graphs of the mean over each graph's
+            positive pairs (LRGB; graphs without positive pairs are left out); ``'edge'``: mean
+            over all positive pairs (default: :obj:`'graph'`).
+
+    Returns:
+        ``{'mrr': ..., 'hits@1': ..., 'hits@3': ..., 'hits@10': ...}`` (``NaN`` when there is no
+        positive pair).
+    """
+    ks = _check_link_options(ks, reduction)
+    total, count = _reduce_link_stats(ranks, graph, ks, reduction)
+    values = total / count if count > 0 else torch.full_like(total, float('nan'))
+    names = ['mrr'] + [f'hits@{k}' for k in ks]
+    return {name: values[i].float() for i, name in enumerate(names)}
+
+
+class LinkRankingMetrics(Metric):
+    r"""Accumulating :class:`~torchmetrics.Metric` for :func:`link_ranking_metrics` (MRR and
+    Hits@k of filtered link ranks; sums are reduced across processes in DDP). :meth:`compute`
+    returns a dict ``{'mrr': ..., 'hits@1': ..., ...}``.
+
+    Args:
+        ks (sequence of int, optional): the k of Hits@k (default: :obj:`(1, 3, 10)`).
+        reduction (str, optional): ``'graph'`` or ``'edge'`` (see :func:`link_ranking_metrics`)
+            (default: :obj:`'graph'`).
+    """
+
+    is_differentiable = False
+    higher_is_better = True
+    full_state_update = False
+
+    def __init__(self, ks: Sequence[int] = LINK_HITS_KS, reduction: str = 'graph',
+                 **kwargs: Any):
+        super().__init__(**kwargs)
+        self.ks = _check_link_options(ks, reduction)
+        self.reduction = reduction
+        self.add_state('total', default=torch.zeros(1 + len(self.ks), dtype=torch.float64),
+                       dist_reduce_fx='sum')
+        self.add_state('count', default=torch.zeros((), dtype=torch.float64),
+                       dist_reduce_fx='sum')
+
+    def update(self, ranks: Tensor, graph: Optional[Tensor] = None) -> None:
+        r"""Adds the ranks of one batch (a graph's pairs must all come in the same update)."""
+        total, count = _reduce_link_stats(ranks.detach(), graph, self.ks, self.reduction)
+        # Not in place: states reset under inference mode (trainer.validate) are inference
+        # tensors, which a later update outside it may not modify.
+        self.total = self.total + total.to(self.total.device)
+        self.count = self.count + count
+
+    def compute(self) -> Dict[str, Tensor]:
+        values = self.total / self.count if self.count > 0 else \
+            torch.full_like(self.total, float('nan'))
+        names = ['mrr'] + [f'hits@{k}' for k in self.ks]
+        return {name: values[i].float() for i, name in enumerate(names)}
+
+
+__all__ = [
+    'LINK_HITS_KS',
+    'LinkCandidates',
+    'LinkRankingMetrics',
+    'filtered_link_candidates',
+    'filtered_link_ranks',
+    'link_ranking_metrics',
+    'link_ranks',
+]
