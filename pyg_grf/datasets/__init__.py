@@ -1,4 +1,5 @@
-r"""Datasets: the synthetic GKAT tasks (no data needed), Peptides-func from the original LRGB CSV,
+r"""Datasets: the synthetic GKAT tasks and a mass-spring point-cloud dynamics task (no data
+needed), Peptides-func from the original LRGB CSV,
 TU and Planetoid benchmarks through the offline mirror, and Errica et al. cross-validation splits.
 
 The data root is ``$PYG_GRF_DATA`` (else ``./datasets``); ``$PYG_GRF_MIRROR`` names a read-only
@@ -22,11 +23,15 @@ from pyg_grf.datasets.lrgb import (
 )
 from pyg_grf.datasets.tu import TU_DATASETS, load_tu
 from pyg_grf.datasets.topology import TwoHopMajorityDataset
+from pyg_grf.datasets.point_cloud import MassSpringDataset, knn_edges, spring_forces
 from pyg_grf.datasets.planetoid import PLANETOID_DATASETS, load_planetoid
 from pyg_grf.datasets.splits import errica_splits
 
 __all__ = [
     'TwoHopMajorityDataset',
+    'MassSpringDataset',
+    'knn_edges',
+    'spring_forces',
     'MotifDataset',
     'InducedCycleDataset',
     'PeptidesFunctional',

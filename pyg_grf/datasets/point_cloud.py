@@ -1,0 +1,408 @@
+r"""A generated point-cloud dynamics task: an elastic sheet simulated as a mass-spring system.
+
+The point-cloud experiment of the GRF paper (Reid et al., 2024, *Linear Transformer Topological
+Masking with Graph Random Features*, Sec. 4 "PCTs" and App. C.3) predicts the next-step update of
+tens of thousands of particles with a transformer whose attention is masked by GRFs on a k-nearest
+neighbour graph of the particles. Its data (robot videos unprojected to 3D particles) is not public;
+:class:`MassSpringDataset` is a seeded stand-in with the same structure: a cloud of :math:`N`
+particles, a kNN graph over their *current* positions, and a target that depends on each particle's
+neighbours within a few hops (spring forces), generated in memory with no download.
+
+**The body.** :math:`N` particles on a jittered square lattice of spacing 1 in the plane
+:math:`z = 0` (the rest positions :math:`\mathbf{X}_i`), ``ceil(sqrt(N))`` per row; the particles on
+the outer rows and columns are pinned (a drum skin). Springs join every particle to its
+``spring_k`` nearest neighbours at rest (made symmetric). Each cloud draws its own stiffness
+:math:`\kappa`, pre-strain :math:`s` (The material is heterogeneous: stiffness :math:`\kappa_i`, pre-strain :math:`s_i`,
+velocity damping :math:`c_i` and the external acceleration :math:`\mathbf{g}_i` (gravity
+:math:`(0, 0, -g)` plus a random smooth force field) vary smoothly over the sheet (random fields,
+see below), and every particle draws its own mass :math:`m_i`. A spring takes the mean of its
+two ends' properties: :math:`\kappa_{ij} = (\kappa_i + \kappa_j)/2` and rest length
+:math:`L_{ij} = (1 - (s_i + s_j)/2)\,\lVert\mathbf{X}_i - \mathbf{X}_j\rVert`, so the pinned sheet
+is under tension and carries transverse waves. Every cloud thus covers the whole range of
+materials, and a model cannot learn per-cloud constants from a handful of training clouds.
+
+**The dynamics.** With :math:`\mathbf{d}_{ij} = \mathbf{x}_j - \mathbf{x}_i` and
+:math:`w_i = 1/m_i` (:math:`0` for pinned particles), the spring (Hooke) force on particle :math:`i`
+and its acceleration are
+
+.. math::
+    \mathbf{F}_i = \sum_{j \in \mathcal{S}(i)} \kappa_{ij}\,\big(\lVert\mathbf{d}_{ij}\rVert
+    - L_{ij}\big)\,\frac{\mathbf{d}_{ij}}{\lVert\mathbf{d}_{ij}\rVert}, \qquad
+    \mathbf{a}_i = w_i\,\mathbf{F}_i + [w_i > 0]\,(\mathbf{g}_i - c_i\,\mathbf{v}_i),
+
+integrated by semi-implicit (symplectic) Euler with step :math:`\Delta t`:
+:math:`\mathbf{v} \leftarrow \mathbf{v} + \Delta t\,\mathbf{a}(\mathbf{x}, \mathbf{v})`, then
+:math:`\mathbf{x} \leftarrow \mathbf{x} + \Delta t\,\mathbf{v}`. One *frame* is ``substeps``
+such steps, so the motion of a particle over a frame depends on the particles up to ``substeps``
+spring hops away, most strongly on its direct neighbours.
+
+**A sample.** The random fields are sums of ``num_modes`` plane waves
+:math:`\sum_m \mathbf{a}_m \sin(\mathbf{k}_m\cdot\mathbf{X} + \varphi_m)` with wavelengths in
+``wavelength`` lattice units and Gaussian amplitudes; a material property with range
+:math:`[a, b]` is :math:`a + (b - a)(1 + \tanh h(\mathbf{X}))/2` for such a field :math:`h` of unit
+RMS. The sheet starts from its rest state displaced and moving by such fields (zero at pinned
+particles), runs
+``warmup_frames`` frames, and then records the state :math:`(\mathbf{x}_t, \mathbf{v}_t)` and the
+target :math:`\mathbf{y} = \mathbf{x}_{t+1} - \mathbf{x}_t`, the displacement over the next frame.
+Spacing, modes and parameter ranges do not depend on :math:`N`, so every size poses the same local
+problem and errors are comparable across sizes.
+
+Each sample is a :class:`~torch_geometric.data.Data` with
+
+* ``pos`` ``[N, 3]``: current positions :math:`\mathbf{x}_t`;
+* ``x`` ``[N, 15]``: node features (:data:`FEATURE_NAMES`): displacement from rest
+  :math:`\mathbf{x}_t - \mathbf{X}` (3), the rest jitter (offset of :math:`\mathbf{X}_i` from its
+  lattice point, 2), velocity :math:`\mathbf{v}_t` (3), inverse mass :math:`w_i` (1; 0 when
+  pinned), :math:`\kappa_i, s_i, c_i` (3) and :math:`\mathbf{g}_i` (3). No absolute
+  position: the features are translation invariant, and no node can be told apart by position
+  alone (the task is local; an unmasked attention gains nothing from global position);
+* ``edge_index`` ``[2, E]``: the kNN graph over ``pos`` with ``graph_k`` neighbours per particle,
+  made symmetric (the graph a point-cloud model sees; it is not the spring graph);
+* ``y`` ``[N, 3]``: the displacement over the next frame;
+* ``rest_pos`` ``[N, 3]``: :math:`\mathbf{X}`.
+
+The cloud with index :math:`g` depends only on ``(seed, g)`` and the settings, not on
+``num_clouds``: clouds ``0..k-1`` are the same in every dataset of at least ``k`` clouds with the
+same seed.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, List, Optional, Tuple, Union
+
+import numpy as np
+import torch
+from torch import Tensor
+from torch_geometric.data import Data
+
+from pyg_grf.datasets.synthetic import GeneratedDataset, _check_root
+
+FEATURE_NAMES = ('ux', 'uy', 'uz', 'jitter_x', 'jitter_y', 'vx', 'vy', 'vz', 'inv_mass',
+                 'stiffness', 'prestrain', 'damping', 'gx', 'gy', 'gz')
+
+_KNN_CHUNK = 1 << 22  # cells of one cdist block in the fallback kNN
+
+
+def _pair(name: str, value, lo: float = 0.0, strict: bool = False) -> Tuple[float, float]:
+    try:
+        a, b = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ValueError(f"'{name}' must be a pair (low, high), got {value!r}") from None
+    if not (math.isfinite(a) and math.isfinite(b)) or a > b or a < lo or (strict and a <= lo):
+        raise ValueError(f"'{name}' must be a pair low <= high with low "
+                         f"{'>' if strict else '>='} {lo}, got {value!r}")
+    return a, b
+
+
+def _positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        raise ValueError(f"'{name}' must be an integer >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def knn_edges(pos: Tensor, k: int) -> Tensor:
+    r"""The directed k-nearest-neighbour edges ``[2, N k]`` (source = neighbour, target = point,
+    as :func:`torch_geometric.nn.knn_graph` with ``flow='source_to_target'``), self excluded,
+    exact in Euclidean distance.
+
+    Uses a k-d tree (:class:`scipy.spatial.cKDTree`, :math:`O(N \log N)`, a second for
+    :math:`N = 131{,}072`); without SciPy, blocks of :func:`torch.cdist` of at most
+    :math:`2^{22}` cells (:math:`O(N^2)` time, :math:`O(N)` memory).
+    """
+    if pos.dim() != 2 or pos.size(0) < 2:
+        raise ValueError(f"'pos' must be [N, D] with N >= 2, got {tuple(pos.shape)}")
+    N = pos.size(0)
+    k = _positive_int('k', k)
+    if k >= N:
+        raise ValueError(f"'k' must be smaller than the number of points ({N}), got {k}")
+    try:
+        from scipy.spatial import cKDTree
+    except ImportError:  # pragma: no cover (scipy is a core dependency)
+        cKDTree = None
+    if cKDTree is not None:
+        p = pos.detach().cpu().double().numpy()
+        _, nbr = cKDTree(p).query(p, k=k + 1)
+        nbr = torch.from_numpy(nbr.astype(np.int64))
+    else:  # pragma: no cover
+        rows = max(1, _KNN_CHUNK // N)
+        nbr = torch.cat([torch.cdist(pos[s:s + rows].double(), pos.double()).topk(
+            k + 1, dim=1, largest=False).indices for s in range(0, N, rows)])
+    # drop the point itself; with coincident points it may sit anywhere in the list, or not at all
+    own = torch.arange(N).view(-1, 1)
+    is_self = nbr == own
+    drop = torch.where(is_self.any(1), is_self.float().argmax(1), torch.full((N,), k))
+    keep = torch.ones_like(nbr, dtype=torch.bool)
+    keep[torch.arange(N), drop] = False
+    nbr = nbr[keep].view(N, k)
+    return torch.stack([nbr.reshape(-1), own.expand(N, k).reshape(-1)])
+
+
+def _symmetric_unique(edge_index: Tensor, num_nodes: int) -> Tensor:
+    # both directions, duplicates removed, sorted by (row, col)
+    row, col = torch.cat([edge_index, edge_index.flip(0)], dim=1)
+    key = torch.unique(row * num_nodes + col)
+    return torch.stack([key // num_nodes, key % num_nodes])
+
+
+def spring_forces(pos: Tensor, springs: Tensor, rest_length: Tensor,
+                  stiffness: Union[float, Tensor]) -> Tensor:
+    r"""Hooke forces :math:`\mathbf{F}_i = \sum_j \kappa_{ij} (\lVert\mathbf{d}_{ij}\rVert - L_{ij})
+    \mathbf{d}_{ij}/\lVert\mathbf{d}_{ij}\rVert` ``[N, 3]`` of the undirected springs
+    ``springs`` ``[2, S]`` (each listed once) with rest lengths ``rest_length`` ``[S]`` and
+    stiffness ``stiffness`` (a number or ``[S]``): one vectorised pass, equal and opposite forces
+    on the two ends."""
+    i, j = springs
+    d = pos[j] - pos[i]
+    length = d.norm(dim=1, keepdim=True).clamp_min(1e-12)
+    if isinstance(stiffness, Tensor):
+        stiffness = stiffness.view(-1, 1)
+    f = stiffness * (length - rest_length.view(-1, 1)) * d / length  # on i, towards j if stretched
+    out = torch.zeros_like(pos)
+    out.index_add_(0, i, f)
+    out.index_add_(0, j, -f)
+    return out
+
+
+def _smooth_field(X: Tensor, num_modes: int, wavelength: Tuple[float, float],
+                  amplitude: Tensor, gen: torch.Generator) -> Tensor:
+    # sum of num_modes random plane waves on the rest plane, amplitude per component [3]
+    M = num_modes
+    lam = torch.empty(M, dtype=X.dtype).uniform_(*wavelength, generator=gen)
+    theta = torch.rand(M, dtype=X.dtype, generator=gen) * 2 * math.pi
+    wave = (2 * math.pi / lam).view(-1, 1) * torch.stack([theta.cos(), theta.sin()], dim=1)
+    phase = torch.rand(M, dtype=X.dtype, generator=gen) * 2 * math.pi
+    amp = torch.randn(M, 3, dtype=X.dtype, generator=gen) * amplitude / math.sqrt(M)
+    return torch.sin(X[:, :2] @ wave.T + phase) @ amp  # [N, M] @ [M, 3]
+
+
+def _cloud_generator(seed: int, index: int) -> torch.Generator:
+    state = np.random.SeedSequence([int(seed), int(index)]).generate_state(2, dtype=np.uint32)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
+
+class MassSpringDataset(GeneratedDataset):
+    r"""Clouds of particles of an elastic sheet simulated as a mass-spring system, with the
+    displacement over the next frame as a node-level regression target; the seeded, embedded
+    stand-in for the point-cloud dynamics experiment of the GRF paper (Sec. 4 and App. C.3). The
+    physics, the equations and the stored attributes are described in
+    :mod:`pyg_grf.datasets.point_cloud`.
+
+    Args:
+        root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
+            (default: :obj:`None`)
+        num_points (int, optional): Particles per cloud :math:`N` (at least 16).
+            (default: :obj:`8192`)
+        num_clouds (int, optional): Number of clouds. (default: :obj:`4`)
+        seed (int, optional): Seed; cloud :math:`g` depends only on ``(seed, g)`` and the
+            settings. (default: :obj:`0`)
+        graph_k (int, optional): Neighbours per particle of the kNN graph in ``edge_index``.
+            (default: :obj:`6`)
+        spring_k (int, optional): Neighbours per particle at rest joined by springs.
+            (default: :obj:`8`)
+        jitter (float, optional): Rest positions are lattice points plus a uniform offset in
+            :math:`[-\mathrm{jitter}, \mathrm{jitter}]^2`, in :math:`[0, 0.5)`.
+            (default: :obj:`0.1`)
+        dt (float, optional): Integration step :math:`\Delta t`. (default: :obj:`0.04`)
+        substeps (int, optional): Integration steps per frame. (default: :obj:`5`)
+        warmup_frames (int, optional): Frames simulated before the recorded one.
+            (default: :obj:`2`)
+        stiffness (tuple, optional): Range of :math:`\kappa_i`. (default: :obj:`(5., 20.)`)
+        prestrain (tuple, optional): Range of :math:`s_i`, within :math:`[0, 1)`.
+            (default: :obj:`(0.02, 0.2)`)
+        damping (tuple, optional): Range of :math:`c_i`. (default: :obj:`(0., 0.5)`)
+        mass (tuple, optional): Range of the particle masses :math:`m_i` (uniform).
+            (default: :obj:`(0.5, 1.5)`)
+        gravity (float, optional): :math:`g`, the uniform part of the external acceleration
+            :math:`\mathbf{g}_i`, along :math:`-z`. (default: :obj:`0.3`)
+        forcing (float, optional): RMS per component of its random smooth part.
+            (default: :obj:`0.2`)
+        num_modes (int, optional): Plane waves of the initial fields. (default: :obj:`8`)
+        wavelength (tuple, optional): Range of their wavelengths, in lattice spacings.
+            (default: :obj:`(4., 16.)`)
+        displacement (tuple, optional): RMS amplitude (in-plane, out-of-plane) of the initial
+            displacement field. (default: :obj:`(0.15, 1.5)`)
+        velocity (tuple, optional): RMS amplitude (in-plane, out-of-plane) of the initial
+            velocity field. (default: :obj:`(0.05, 0.3)`)
+        transform, pre_transform, pre_filter, force_reload: as for any PyG dataset.
+
+    **STATS:** (defaults)
+
+    .. list-table::
+        :widths: 20 20 20 20
+        :header-rows: 1
+
+        * - #points
+          - #edges (kNN, directed, both ways)
+          - #features
+          - #targets
+        * - N
+          - ~7.4 N
+          - 15
+          - 3 (node-level regression)
+    """
+    folder = 'MassSpringDataset'
+
+    def __init__(
+        self,
+        root: Optional[str] = None,
+        num_points: int = 8192,
+        num_clouds: int = 4,
+        seed: int = 0,
+        graph_k: int = 6,
+        spring_k: int = 8,
+        jitter: float = 0.1,
+        dt: float = 0.04,
+        substeps: int = 5,
+        warmup_frames: int = 2,
+        stiffness: Tuple[float, float] = (5., 20.),
+        prestrain: Tuple[float, float] = (0.02, 0.2),
+        damping: Tuple[float, float] = (0., 0.5),
+        mass: Tuple[float, float] = (0.5, 1.5),
+        gravity: float = 0.3,
+        forcing: float = 0.2,
+        num_modes: int = 8,
+        wavelength: Tuple[float, float] = (4., 16.),
+        displacement: Tuple[float, float] = (0.15, 1.5),
+        velocity: Tuple[float, float] = (0.05, 0.3),
+        transform: Optional[Callable] = None,
+        pre_transform: Optional[Callable] = None,
+        pre_filter: Optional[Callable] = None,
+        force_reload: bool = False,
+    ) -> None:
+        _check_root(root)
+        self.num_points = _positive_int('num_points', num_points, 16)
+        self.num_clouds = _positive_int('num_clouds', num_clouds)
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+            raise ValueError(f"'seed' must be an integer >= 0, got {seed!r}")
+        self.seed = int(seed)
+        self.graph_k = _positive_int('graph_k', graph_k)
+        self.spring_k = _positive_int('spring_k', spring_k)
+        if max(self.graph_k, self.spring_k) >= self.num_points:
+            raise ValueError(f"'graph_k' and 'spring_k' must be smaller than 'num_points' "
+                             f"({self.num_points}), got {graph_k} and {spring_k}")
+        if not 0.0 <= float(jitter) < 0.5:
+            raise ValueError(f"'jitter' must lie in [0, 0.5) lattice spacings, got {jitter!r}")
+        self.jitter = float(jitter)
+        if not (math.isfinite(float(dt)) and float(dt) > 0):
+            raise ValueError(f"'dt' must be a positive number, got {dt!r}")
+        self.dt = float(dt)
+        self.substeps = _positive_int('substeps', substeps)
+        self.warmup_frames = _positive_int('warmup_frames', warmup_frames, 0)
+        self.stiffness = _pair('stiffness', stiffness, strict=True)
+        self.prestrain = _pair('prestrain', prestrain)
+        if self.prestrain[1] >= 1.0:
+            raise ValueError(f"'prestrain' must lie in [0, 1), got {prestrain!r}")
+        self.damping = _pair('damping', damping)
+        self.mass = _pair('mass', mass, strict=True)
+        if not (math.isfinite(float(gravity)) and float(gravity) >= 0):
+            raise ValueError(f"'gravity' must be a number >= 0, got {gravity!r}")
+        self.gravity = float(gravity)
+        if not (math.isfinite(float(forcing)) and float(forcing) >= 0):
+            raise ValueError(f"'forcing' must be a number >= 0, got {forcing!r}")
+        self.forcing = float(forcing)
+        self.num_modes = _positive_int('num_modes', num_modes)
+        self.wavelength = _pair('wavelength', wavelength, strict=True)
+        self.displacement = _pair('displacement', displacement)
+        self.velocity = _pair('velocity', velocity)
+        # explicit-Euler stability: the stiffest spring on the lightest particle, ~2 * spring_k
+        # springs' worth of curvature (a bound, not a tight one)
+        omega = math.sqrt(2 * self.spring_k * self.stiffness[1] / self.mass[0])
+        if self.dt * omega >= 2.0:
+            raise ValueError(f"'dt'={self.dt} is unstable for stiffness up to "
+                             f"{self.stiffness[1]} and mass down to {self.mass[0]}: need "
+                             f"dt < {2.0 / omega:.4g}")
+        self.name = f'mass-spring-{self.num_points}'
+        super().__init__(root, transform, pre_transform, pre_filter, force_reload)
+
+    @property
+    def tag(self) -> str:
+        s = (self.num_points, self.num_clouds, self.seed, self.graph_k, self.spring_k,
+             self.jitter, self.dt, self.substeps, self.warmup_frames, self.stiffness,
+             self.prestrain, self.damping, self.mass, self.gravity, self.forcing, self.num_modes,
+             self.wavelength, self.displacement, self.velocity)
+        return 'v1_' + '_'.join(str(v).replace(' ', '') for v in s)
+
+    def generate(self) -> List[Data]:
+        return [self.cloud(g) for g in range(self.num_clouds)]
+
+    # ---------------------------------------------------------------------------------------
+    def rest_state(self, gen: torch.Generator) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+        r"""Rest positions ``[N, 3]`` (float64), jitter ``[N, 2]``, pinned mask ``[N]`` and the
+        springs ``[2, S]`` (each pair once, ``i < j``)."""
+        N = self.num_points
+        nx = math.ceil(math.sqrt(N))
+        ny = math.ceil(N / nx)
+        idx = torch.arange(N)
+        a, b = idx % nx, idx // nx
+        jit = (torch.rand(N, 2, dtype=torch.float64, generator=gen) * 2 - 1) * self.jitter
+        X = torch.zeros(N, 3, dtype=torch.float64)
+        X[:, 0] = a.double() + jit[:, 0]
+        X[:, 1] = b.double() + jit[:, 1]
+        pinned = (a == 0) | (a == nx - 1) | (b == 0) | (b == ny - 1)
+        springs = _symmetric_unique(knn_edges(X, self.spring_k), N)
+        springs = springs[:, springs[0] < springs[1]]
+        return X, jit, pinned, springs
+
+    def step(self, pos: Tensor, vel: Tensor, springs: Tensor, rest_length: Tensor,
+             inv_mass: Tensor, stiffness: Tensor, damping: Tensor,
+             accel: Tensor) -> Tuple[Tensor, Tensor]:
+        r"""One semi-implicit Euler step of :math:`\Delta t` (see the module docstring):
+        ``stiffness`` and ``rest_length`` per spring ``[S]``, ``inv_mass`` and ``damping`` per
+        particle ``[N]``, the external acceleration ``accel`` ``[N, 3]``."""
+        free = (inv_mass > 0).to(pos.dtype).view(-1, 1)
+        acc = (inv_mass.view(-1, 1) * spring_forces(pos, springs, rest_length, stiffness)
+               + free * (accel - damping.view(-1, 1) * vel))
+        vel = vel + self.dt * acc
+        return pos + self.dt * vel, vel
+
+    def frame(self, pos: Tensor, vel: Tensor, *args) -> Tuple[Tensor, Tensor]:
+        r"""``substeps`` steps: one frame."""
+        for _ in range(self.substeps):  # over time steps; every step is vectorised
+            pos, vel = self.step(pos, vel, *args)
+        return pos, vel
+
+    def cloud(self, index: int) -> Data:
+        r"""Cloud number :obj:`index` (a function of the seed, the index and the settings)."""
+        gen = _cloud_generator(self.seed, index)
+        X, jit, pinned, springs = self.rest_state(gen)
+        N = self.num_points
+        f64 = torch.float64
+
+        def material(lo_hi):  # a smooth field with values in [lo, hi]
+            h = _smooth_field(X, self.num_modes, self.wavelength,
+                              torch.tensor([math.sqrt(2.0), 0.0, 0.0], dtype=f64), gen)[:, 0]
+            return lo_hi[0] + (lo_hi[1] - lo_hi[0]) * 0.5 * (1.0 + torch.tanh(h))
+
+        stiffness, prestrain, damping = (material(self.stiffness), material(self.prestrain),
+                                         material(self.damping))
+        F = self.forcing
+        accel = _smooth_field(X, self.num_modes, self.wavelength,
+                              torch.tensor([F, F, F], dtype=f64), gen)
+        accel[:, 2] -= self.gravity
+        mass = torch.empty(N, dtype=f64).uniform_(*self.mass, generator=gen)
+        inv_mass = torch.where(pinned, torch.zeros_like(mass), 1.0 / mass)
+        i, j = springs
+        spring_stiffness = 0.5 * (stiffness[i] + stiffness[j])
+        rest_length = (1.0 - 0.5 * (prestrain[i] + prestrain[j])) * (X[j] - X[i]).norm(dim=1)
+
+        def amp(lo_hi):
+            return torch.tensor([lo_hi[0], lo_hi[0], lo_hi[1]], dtype=f64)
+
+        free = (~pinned).to(f64).view(-1, 1)
+        u = _smooth_field(X, self.num_modes, self.wavelength, amp(self.displacement), gen) * free
+        vel = _smooth_field(X, self.num_modes, self.wavelength, amp(self.velocity), gen) * free
+        pos = X + u
+        args = (springs, rest_length, inv_mass, spring_stiffness, damping, accel)
+        for _ in range(self.warmup_frames):
+            pos, vel = self.frame(pos, vel, *args)
+        nxt, _ = self.frame(pos, vel, *args)
+
+        x = torch.cat([pos - X, jit, vel, inv_mass.view(-1, 1), stiffness.view(-1, 1),
+                       prestrain.view(-1, 1), damping.view(-1, 1), accel], dim=1)
+        edge_index = _symmetric_unique(knn_edges(pos, self.graph_k), N)
+        return Data(x=x.float(), pos=pos.float(), edge_index=edge_index,
+                    y=(nxt - pos).float(), rest_pos=X.float())
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}(num_points={self.num_points}, ' \
+               f'num_clouds={self.num_clouds}, seed={self.seed})'
