@@ -36,7 +36,7 @@ allocated). One JSON per (size, model, seed) goes to ``experiments/results/runs/
 ``experiments/results/point_cloud_scale.md``::
 
     OMP_NUM_THREADS=1 nice -n 5 python experiments/point_cloud_scale.py \
-        --config experiments/configs/point_cloud_scale.yaml
+        --config experiments/configs/scripts/point_cloud_scale.yaml
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ TABLE = osp.join(REPO, 'experiments', 'results', 'point_cloud_scale.md')
 MODELS = ('grf', 'performer', 'linear', 'gat', 'mlp')
 HEADER = '''# GRF scale experiment: mass-spring point clouds
 
-Written by `experiments/point_cloud_scale.py` (settings: `experiments/configs/point_cloud_scale.yaml`;
+Written by `experiments/point_cloud_scale.py` (settings: `experiments/configs/scripts/point_cloud_scale.yaml`;
 notes and analysis: `point_cloud_scale_notes.md`). Data: `MassSpringDataset` (elastic sheet,
 kNN graph over the current positions, target = displacement over the next frame); 4 training
 clouds, 1 validation cloud, 2 test clouds per size. Test MSE on standardised targets (predicting
@@ -76,7 +76,7 @@ on one thread. Every model: width 32, 4 heads, 2 blocks, parameters matched to w
 same CPU-time budget per size. Slope: least-squares slope of log(s / step) against log(N).
 
     OMP_NUM_THREADS=1 nice -n 5 python experiments/point_cloud_scale.py \\
-        --config experiments/configs/point_cloud_scale.yaml
+        --config experiments/configs/scripts/point_cloud_scale.yaml
 '''
 
 

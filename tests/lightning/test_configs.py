@@ -28,6 +28,8 @@ def test_config_instantiates(name, tmp_path):
     model = cli.model.model
     if cli.model.task == 'regression':
         assert model.out_channels == 11
+    elif cli.model.task == 'link':  # a node encoder: its output is the pair decoder's input
+        assert cli.model.metric_name == 'mrr'
     else:
         assert model.out_channels == cli.model.hparams.get('num_classes') or \
             model.out_channels == cli.model.hparams.get('num_labels')
