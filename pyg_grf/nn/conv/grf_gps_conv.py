@@ -139,6 +139,9 @@ class GRFGPSConv(torch.nn.Module):
         hs = []
         if self.conv is not None:  # local message passing
             h = self.conv(x, edge_index, **kwargs)
+            if h.shape != x.shape:  # it is added to x
+                raise ValueError(f"'conv' {self.conv!r} returned shape {tuple(h.shape)}, "
+                                 f"expected {tuple(x.shape)} ([N, channels])")
             h = F.dropout(h, p=self.dropout, training=self.training)
             hs.append(self._norm(self.norm1, h + x, batch))
         # global attention, never across graphs
