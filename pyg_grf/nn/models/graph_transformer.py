@@ -119,13 +119,17 @@ class PerformerAdapter(LinearAdapter):
     (:class:`pyg_grf.nn.feature_maps.FAVORPlus`) inside each graph. ``num_features`` sets the
     number of random features."""
 
-    def build(self, channels, heads, dropout, num_features: Optional[int] = None, **kwargs):
+    def build(self, channels, heads, dropout, **kwargs):
         from pyg_grf.nn.attention.reference import LinearAttention
-        fm_kwargs = dict(kwargs.pop('feature_map_kwargs', None) or {})
-        if num_features is not None:
-            fm_kwargs['num_features'] = num_features
-        return LinearAttention(channels, heads=heads, dropout=dropout, feature_map='favor+',
-                               feature_map_kwargs=fm_kwargs, **kwargs)
+        return LinearAttention(channels, heads=heads, dropout=dropout, **_performer(**kwargs))
+
+
+def _performer(num_features: Optional[int] = None, **kwargs: Any) -> Dict[str, Any]:
+    # LinearAttention arguments of attention='performer': FAVOR+ with num_features.
+    fm_kwargs = dict(kwargs.pop('feature_map_kwargs', None) or {})
+    if num_features is not None:
+        fm_kwargs['num_features'] = num_features
+    return dict(feature_map='favor+', feature_map_kwargs=fm_kwargs, **kwargs)
 
 
 class SoftmaxAdapter(AttentionAdapter):
@@ -255,12 +259,16 @@ LOCAL_MPS = ('gine', 'gin', 'gat')
 #: Layouts of the layers of :class:`GraphTransformer`.
 BLOCKS = ('pre_norm', 'gps')
 #: ``block='gps'``: attention name of :class:`GraphTransformer` -> ``attn_type`` of
-#: :class:`~pyg_grf.nn.GRFGPSConv` (exact softmax attention per graph is ``'multihead'`` there).
+#: :class:`~pyg_grf.nn.GRFGPSConv`. ``'performer'`` is the same FAVOR+ linear attention as in
+#: ``block='pre_norm'`` (``attn_type='linear'`` with ``feature_map='favor+'``; PyG's
+#: :class:`~torch_geometric.nn.attention.PerformerAttention` lets the padding of smaller graphs
+#: into its normaliser), ``'softmax'`` is exact softmax attention per graph, which is
+#: ``'multihead'`` (:class:`torch.nn.MultiheadAttention` with a key padding mask) there.
 GPS_ATTENTIONS = {
     'grf': 'grf',
     'gkat': 'gkat',
     'linear': 'linear',
-    'performer': 'performer',
+    'performer': 'linear',
     'softmax': 'multihead',
 }
 #: ``block='gps'``: the norms (``'layer_norm'`` is per node, as in ``block='pre_norm'``).
@@ -674,6 +682,8 @@ class GraphTransformer(torch.nn.Module):
                             f"attn_dropout, not attention_kwargs['dropout']")
         attn_type = GPS_ATTENTIONS[self.attention]
         attn_kwargs = dict(self.attention_kwargs, dropout=self.attn_dropout)
+        if self.attention == 'performer':
+            attn_kwargs = _performer(**attn_kwargs)
         norm_kwargs = {'mode': 'node'} if self.norm == 'layer_norm' else None
         try:
             return GRFGPSConv(C, self._make_local_mp(self.local_mp, C, self.heads),
@@ -780,7 +790,7 @@ class GraphTransformer(torch.nn.Module):
                 if x.size(-1) != self.in_channels:
                     raise ValueError(f"expected data.x with {self.in_channels} features "
                                      f"(in_channels), got shape {tuple(x.shape)}")
-                h = self.node_encoder(x.float())
+                h = self.node_encoder(x.to(self.node_encoder.weight.dtype))
             else:  # embedding, atom
                 h = _embed(self.node_encoder, self.node_encoder_kind, x)
 
@@ -793,7 +803,7 @@ class GraphTransformer(torch.nn.Module):
                 # Eigenvectors are defined up to sign: flip at random in training.
                 sign = torch.randint(0, 2, (1, pe.size(-1)), device=pe.device) * 2 - 1
                 pe = pe * sign
-            h = h + self.pe_encoder(pe.float())
+            h = h + self.pe_encoder(pe.to(self.pe_encoder.weight.dtype))
         return h
 
     def forward(self, data) -> Tensor:
@@ -813,7 +823,7 @@ class GraphTransformer(torch.nn.Module):
             if self.edge_encoder_kind == 'linear':
                 if edge_attr.dim() == 1:
                     edge_attr = edge_attr.unsqueeze(-1)
-                edge_attr = self.edge_encoder(edge_attr.float())
+                edge_attr = self.edge_encoder(edge_attr.to(self.edge_encoder.weight.dtype))
             else:  # embedding, bond
                 edge_attr = _embed(self.edge_encoder, self.edge_encoder_kind, edge_attr)
 
