@@ -1,7 +1,8 @@
 r"""A GPS-style graph transformer whose global attention is any of this package's attentions.
 
 Data flows one way: node (and edge) encoders, an optional positional encoding, then
-:obj:`num_layers` pre-norm blocks
+:obj:`num_layers` pre-norm blocks (or, with ``block='gps'``, :class:`~pyg_grf.nn.GRFGPSConv`
+layers, PyG :class:`~torch_geometric.nn.conv.GPSConv`'s post-norm layout)
 
 .. math::
     \mathbf{h} &= \mathrm{Norm}_1(\mathbf{x}) \\
@@ -516,12 +517,21 @@ class GraphTransformer(torch.nn.Module):
     r"""A graph transformer with the topology-aware linear-cost attention of the `"Linear
     Transformer Topological Masking with Graph Random Features"
     <https://arxiv.org/abs/2410.03462>`_ paper (Sec. 4), in GPS-style blocks as in
-    :class:`torch_geometric.nn.conv.GPSConv`, but pre-norm.
+    :class:`torch_geometric.nn.conv.GPSConv`, pre-norm by default
+    (``block='pre_norm'``):
 
     .. math::
         \mathbf{x}^{(l+1)} = \mathbf{y} + \mathrm{FFN}(\mathrm{Norm}(\mathbf{y})), \quad
         \mathbf{y} = \mathbf{x}^{(l)} + \mathrm{Attn}_M(\mathrm{Norm}(\mathbf{x}^{(l)}))
         + \mathrm{MPNN}(\mathrm{Norm}(\mathbf{x}^{(l)}))
+
+    or built from :class:`~pyg_grf.nn.GRFGPSConv` layers (``block='gps'``, the post-norm
+    layout of :class:`~torch_geometric.nn.conv.GPSConv`, no final norm):
+
+    .. math::
+        \mathbf{h} = \mathrm{Norm}(\mathbf{x}^{(l)} + \mathrm{MPNN}(\mathbf{x}^{(l)}))
+        + \mathrm{Norm}(\mathbf{x}^{(l)} + \mathrm{Attn}_M(\mathbf{x}^{(l)})), \quad
+        \mathbf{x}^{(l+1)} = \mathrm{Norm}(\mathbf{h} + \mathrm{MLP}(\mathbf{h}))
 
     Args:
         in_channels (int): node feature size (for ``node_encoder='linear'``; the number of
@@ -536,8 +546,14 @@ class GraphTransformer(torch.nn.Module):
             ``local_mp`` is set) (default: :obj:`'grf'`).
         attention_kwargs (dict, optional): options of the attention layer, e.g.
             ``{'feature_map': 'relu', 'max_length': 4}`` (default: :obj:`None`).
-        local_mp (str, optional): local message passing beside the attention: ``'gine'`` (needs
-            edge features), ``'gin'``, ``'gat'`` or :obj:`None` (default: :obj:`None`).
+        local_mp (str or MessagePassing, optional): local message passing beside the
+            attention: ``'gine'`` (needs edge features), ``'gin'``, ``'gat'``, a
+            :class:`~torch_geometric.nn.conv.MessagePassing` instance mapping
+            ``hidden_channels`` to ``hidden_channels`` features (as ``conv`` of
+            :class:`~torch_geometric.nn.conv.GPSConv`; every layer gets its own deep copy,
+            reset by ``reset_parameters()``, and the encoded ``edge_attr`` when its ``forward``
+            takes one; in a config, a ``class_path``/``init_args`` block) or :obj:`None`
+            (default: :obj:`None`).
         pe (str, optional): positional encoding added to the node embedding: ``'rwpe'`` (reads
             ``data.random_walk_pe`` from :class:`~torch_geometric.transforms.AddRandomWalkPE`),
             ``'lappe'`` (``data.laplacian_eigenvector_pe`` from
@@ -567,6 +583,13 @@ class GraphTransformer(torch.nn.Module):
             (default: :obj:`'layer_norm'`).
         head_layers (int, optional): layers of the output MLP, ``1`` = linear
             (default: :obj:`2`).
+        block (str, optional): ``'pre_norm'`` (the pre-norm blocks above) or ``'gps'`` (every
+            layer a :class:`~pyg_grf.nn.GRFGPSConv` with this model's attention,
+            ``attention_kwargs`` plus ``attn_dropout``, ``local_mp``, ``dropout``, ``act`` and
+            ``norm``; ``attention`` in :data:`GPS_ATTENTIONS` (``'softmax'`` is
+            ``attn_type='multihead'``, ``'performer'`` the same FAVOR+ linear attention as
+            here), ``norm`` in :data:`GPS_NORMS` (``'layer_norm'`` per node), ``ffn_ratio=2``)
+            (default: :obj:`'pre_norm'`).
 
     Shapes:
         - **input:** a :class:`~torch_geometric.data.Data` or
