@@ -100,19 +100,29 @@ def check_hparams_class_paths(hparams: Any, where: str = 'hparams') -> None:
             check_hparams_class_paths(value, f'{where}[{i}]')
 
 
+def _build_spec(spec: Dict[str, Any], where: str) -> torch.nn.Module:
+    # A jsonargparse-style {'class_path', 'init_args'} spec whose init_args may hold nested
+    # module specs (e.g. GraphTransformer's local_mp conv), built inside out, every class
+    # checked against ALLOWED_MODEL_PACKAGES before anything is imported.
+    check_hparams_class_paths(spec, where)
+    cls = _resolve_model_class(spec['class_path'], where)
+    init_args = spec.get('init_args', {}) or {}
+    if not isinstance(init_args, dict):
+        raise UntrustedClassError(f"'{where}.init_args' must be a dict (got "
+                                  f"{type(init_args).__name__})")
+    init_args = {key: _build_spec(value, f'{where}.init_args.{key}')
+                 if isinstance(value, dict) and 'class_path' in value else value
+                 for key, value in init_args.items()}
+    return cls(**init_args)
+
+
 def _build_model(model: Union[torch.nn.Module, Dict[str, Any]]) -> torch.nn.Module:
     if isinstance(model, torch.nn.Module):
         return model
     if isinstance(model, dict):
         model = dict(model)
         if 'class_path' in model:  # a jsonargparse-style spec
-            cls = _resolve_model_class(model['class_path'])
-            init_args = model.get('init_args', {}) or {}
-            if not isinstance(init_args, dict):
-                raise UntrustedClassError(f"'model.init_args' must be a dict (got "
-                                          f"{type(init_args).__name__})")
-            check_hparams_class_paths(init_args, 'model.init_args')
-            return cls(**init_args)
+            return _build_spec(model, 'model')
         from pyg_grf.nn.models.graph_transformer import GraphTransformer
         return GraphTransformer(**model)
     raise TypeError(f"'model' must be a torch.nn.Module or a dict of GraphTransformer arguments, "

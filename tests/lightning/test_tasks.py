@@ -163,3 +163,23 @@ def test_metric_must_fit_the_task():
         GraphLevelTask(torch.nn.Identity(), task='regression', metric='macro_f1')
     with pytest.raises(ValueError, match="must be one of"):
         GraphLevelTask(torch.nn.Identity(), task='multilabel', num_labels=3, metric='acc')
+
+
+def test_model_spec_with_a_nested_conv_spec():
+    # A checkpoint's model spec may hold module specs in its init_args (GraphTransformer's
+    # local_mp by class_path): they are built too, each class checked before it is imported.
+    from torch_geometric.nn import GATConv
+
+    from pyg_grf.lightning.tasks import UntrustedClassError
+    conv = {'class_path': 'torch_geometric.nn.GATConv',
+            'init_args': {'in_channels': 16, 'out_channels': 8, 'heads': 2}}
+    spec = {'class_path': 'pyg_grf.nn.GraphTransformer',
+            'init_args': {'in_channels': 4, 'hidden_channels': 16, 'out_channels': 2,
+                          'num_layers': 1, 'heads': 2, 'attention': 'linear',
+                          'local_mp': conv, 'block': 'gps'}}
+    model = GraphLevelTask(spec, num_classes=2).model
+    assert isinstance(model.local_mp, GATConv) and isinstance(model.blocks[0].conv, GATConv)
+    bad = {**spec, 'init_args': {**spec['init_args'],
+                                 'local_mp': {'class_path': 'os.system', 'init_args': {}}}}
+    with pytest.raises(UntrustedClassError, match=r"model\.init_args\.local_mp.*'os.system'"):
+        GraphLevelTask(bad, num_classes=2)

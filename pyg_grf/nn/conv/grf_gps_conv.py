@@ -57,7 +57,10 @@ class GRFGPSConv(torch.nn.Module):
             ``'linear'`` (unmasked linear attention per graph), ``'performer'``
             (:class:`torch_geometric.nn.attention.PerformerAttention`) or ``'multihead'``
             (:class:`torch.nn.MultiheadAttention`); the last two padded per graph as in
-            :class:`~torch_geometric.nn.conv.GPSConv` (default: :obj:`"grf"`).
+            :class:`~torch_geometric.nn.conv.GPSConv` (as there, the performer masks the padded
+            values but not the padded keys, so padding enters its normaliser; ``'linear'`` with
+            ``attn_kwargs={'feature_map': 'favor+'}`` is FAVOR+ strictly per graph)
+            (default: :obj:`"grf"`).
         attn_kwargs (dict, optional): arguments of the attention layer, e.g.
             ``{'max_length': 4, 'global_beta': 0.1}`` for ``'grf'`` (default: :obj:`None`).
 
@@ -139,6 +142,9 @@ class GRFGPSConv(torch.nn.Module):
         hs = []
         if self.conv is not None:  # local message passing
             h = self.conv(x, edge_index, **kwargs)
+            if h.shape != x.shape:  # it is added to x
+                raise ValueError(f"'conv' {self.conv!r} returned shape {tuple(h.shape)}, "
+                                 f"expected {tuple(x.shape)} ([N, channels])")
             h = F.dropout(h, p=self.dropout, training=self.training)
             hs.append(self._norm(self.norm1, h + x, batch))
         # global attention, never across graphs

@@ -1,7 +1,8 @@
 r"""A GPS-style graph transformer whose global attention is any of this package's attentions.
 
 Data flows one way: node (and edge) encoders, an optional positional encoding, then
-:obj:`num_layers` pre-norm blocks
+:obj:`num_layers` pre-norm blocks (or, with ``block='gps'``, :class:`~pyg_grf.nn.GRFGPSConv`
+layers, PyG :class:`~torch_geometric.nn.conv.GPSConv`'s post-norm layout)
 
 .. math::
     \mathbf{h} &= \mathrm{Norm}_1(\mathbf{x}) \\
@@ -20,8 +21,10 @@ graph with :func:`~torch_geometric.utils.to_dense_batch`.
 """
 from __future__ import annotations
 
+import copy
+import inspect
 import re
-from typing import Any, Callable, Dict, Optional, Tuple, Type
+from typing import Any, Callable, Dict, Optional, Tuple, Type, Union
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +40,7 @@ from torch_geometric.nn import (
     global_max_pool,
     global_mean_pool,
 )
+from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.resolver import activation_resolver
 
 from pyg_grf._validation import batch_or_zeros
@@ -116,13 +120,17 @@ class PerformerAdapter(LinearAdapter):
     (:class:`pyg_grf.nn.feature_maps.FAVORPlus`) inside each graph. ``num_features`` sets the
     number of random features."""
 
-    def build(self, channels, heads, dropout, num_features: Optional[int] = None, **kwargs):
+    def build(self, channels, heads, dropout, **kwargs):
         from pyg_grf.nn.attention.reference import LinearAttention
-        fm_kwargs = dict(kwargs.pop('feature_map_kwargs', None) or {})
-        if num_features is not None:
-            fm_kwargs['num_features'] = num_features
-        return LinearAttention(channels, heads=heads, dropout=dropout, feature_map='favor+',
-                               feature_map_kwargs=fm_kwargs, **kwargs)
+        return LinearAttention(channels, heads=heads, dropout=dropout, **_performer(**kwargs))
+
+
+def _performer(num_features: Optional[int] = None, **kwargs: Any) -> Dict[str, Any]:
+    # LinearAttention arguments of attention='performer': FAVOR+ with num_features.
+    fm_kwargs = dict(kwargs.pop('feature_map_kwargs', None) or {})
+    if num_features is not None:
+        fm_kwargs['num_features'] = num_features
+    return dict(feature_map='favor+', feature_map_kwargs=fm_kwargs, **kwargs)
 
 
 class SoftmaxAdapter(AttentionAdapter):
@@ -177,24 +185,32 @@ class GRFAdapter(AttentionAdapter):
         return self.attn(x, grf=fields['_grf'], batch=batch)
 
     def _loads(self, num_nodes: int, batch: Tensor, fields: Dict[str, Any]) -> GRFLoads:
-        # Full-graph training sees the same tensors at every step: keep their GRFLoads (and all
-        # it has built) while the tensors are unchanged (same storage, same version).
-        names = self.requires + tuple(f for f in self.optional if f in fields)
-        tensors = [fields[n] for n in names] + ([] if batch is None else [batch])
-        stamp = None
-        if not any(t.is_inference() for t in tensors):  # inference tensors have no version
-            stamp = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in tensors)
-            stamp += (num_nodes,)
-        cached = getattr(self, '_last_loads', None)
-        if stamp is not None and cached is not None and cached[0] == stamp:
-            return cached[1]
-        key = None
-        if all(f in fields for f in self.optional):
-            key = GRFLoads(*(fields[f] for f in self.optional), num_nodes, batch=batch)
-        grf = GRFLoads(fields['grf_index'], fields['grf_length'], fields['grf_load'],
-                       num_nodes, batch=batch, key=key)
-        self._last_loads = None if stamp is None else (stamp, grf)
-        return grf
+        return _grf_loads(self, num_nodes, batch, fields)
+
+
+def _grf_loads(owner: torch.nn.Module, num_nodes: int, batch: Tensor,
+               fields: Dict[str, Any]) -> GRFLoads:
+    r"""The batch's :class:`~pyg_grf.features.GRFLoads` (with the key-side loads when the fields
+    have them), cached on :obj:`owner` while the tensors are unchanged."""
+    # Full-graph training sees the same tensors at every step: keep their GRFLoads (and all
+    # it has built) while the tensors are unchanged (same storage, same version).
+    requires, optional = GRFAdapter.requires, GRFAdapter.optional
+    names = requires + tuple(f for f in optional if f in fields)
+    tensors = [fields[n] for n in names] + ([] if batch is None else [batch])
+    stamp = None
+    if not any(t.is_inference() for t in tensors):  # inference tensors have no version
+        stamp = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in tensors)
+        stamp += (num_nodes,)
+    cached = getattr(owner, '_last_loads', None)
+    if stamp is not None and cached is not None and cached[0] == stamp:
+        return cached[1]
+    key = None
+    if all(f in fields for f in optional):
+        key = GRFLoads(*(fields[f] for f in optional), num_nodes, batch=batch)
+    grf = GRFLoads(fields['grf_index'], fields['grf_length'], fields['grf_load'],
+                   num_nodes, batch=batch, key=key)
+    owner._last_loads = None if stamp is None else (stamp, grf)
+    return grf
 
 
 class GKATAdapter(AttentionAdapter):
@@ -241,6 +257,23 @@ ATTENTIONS: Dict[str, Type[AttentionAdapter]] = {
 }
 
 LOCAL_MPS = ('gine', 'gin', 'gat')
+#: Layouts of the layers of :class:`GraphTransformer`.
+BLOCKS = ('pre_norm', 'gps')
+#: ``block='gps'``: attention name of :class:`GraphTransformer` -> ``attn_type`` of
+#: :class:`~pyg_grf.nn.GRFGPSConv`. ``'performer'`` is the same FAVOR+ linear attention as in
+#: ``block='pre_norm'`` (``attn_type='linear'`` with ``feature_map='favor+'``; PyG's
+#: :class:`~torch_geometric.nn.attention.PerformerAttention` lets the padding of smaller graphs
+#: into its normaliser), ``'softmax'`` is exact softmax attention per graph, which is
+#: ``'multihead'`` (:class:`torch.nn.MultiheadAttention` with a key padding mask) there.
+GPS_ATTENTIONS = {
+    'grf': 'grf',
+    'gkat': 'gkat',
+    'linear': 'linear',
+    'performer': 'linear',
+    'softmax': 'multihead',
+}
+#: ``block='gps'``: the norms (``'layer_norm'`` is per node, as in ``block='pre_norm'``).
+GPS_NORMS = ('layer_norm', 'batch_norm', None)
 PES = ('rwpe', 'lappe', 'graph_bridge')
 POOLINGS: Dict[str, Callable] = {
     'mean': global_mean_pool,
@@ -291,14 +324,87 @@ def _upgrade_mlp_keys(module, state_dict, prefix, *args) -> None:
             state_dict[f'{prefix}{name}.{index[i]}.{param}'] = state_dict.pop(key)
 
 
+def _takes_edge_attr(conv: torch.nn.Module) -> bool:
+    # Whether a message passing layer's forward has an `edge_attr` argument.
+    try:
+        return 'edge_attr' in inspect.signature(conv.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover - forward without a signature
+        return False
+
+
+def _check_conv(conv: MessagePassing, C: int, edge_encoder: Optional[str]) -> None:
+    # A user's local_mp instance: its sizes must fit the hidden size (where it states them).
+    name = type(conv).__name__
+    in_channels = getattr(conv, 'in_channels', None)
+    sizes = in_channels if isinstance(in_channels, (tuple, list)) else (in_channels, )
+    if any(isinstance(c, int) and c not in (-1, C) for c in sizes):
+        raise ValueError(f"local_mp {conv!r} takes in_channels={in_channels}, expected "
+                         f"hidden_channels={C} (it runs on the hidden node states)")
+    out_channels = getattr(conv, 'out_channels', None)
+    if isinstance(out_channels, int):
+        heads = getattr(conv, 'heads', 1) if getattr(conv, 'concat', False) else 1
+        if out_channels * heads != C:
+            got = f'out_channels={out_channels}' + (f' x heads={heads}' if heads != 1 else '')
+            raise ValueError(f"local_mp {conv!r} gives {got} = {out_channels * heads} "
+                             f"features, expected hidden_channels={C} (its output is added to "
+                             f"the residual stream)")
+    edge_dim = getattr(conv, 'edge_dim', None)
+    if (edge_encoder is not None and isinstance(edge_dim, int) and edge_dim != C
+            and _takes_edge_attr(conv)):
+        raise ValueError(f"local_mp {conv!r} has edge_dim={edge_dim}, expected "
+                         f"hidden_channels={C} (edge features are encoded to hidden_channels) "
+                         f"or None")
+    if isinstance(conv, GINEConv) and edge_encoder is None:
+        raise ValueError(f"local_mp {name} needs edge features: set edge_encoder ('linear' "
+                         f"with edge_dim, 'bond' or 'embedding')")
+
+
+def _check_local_mp(local_mp: Any) -> None:
+    # local_mp is a name, a MessagePassing instance or None.
+    if local_mp is None or isinstance(local_mp, MessagePassing):
+        return
+    if isinstance(local_mp, str):
+        if local_mp not in LOCAL_MPS:
+            raise ValueError(f"local_mp must be one of {LOCAL_MPS}, a MessagePassing instance "
+                             f"or None, got '{local_mp}'")
+        return
+    if isinstance(local_mp, type) and issubclass(local_mp, MessagePassing):
+        hint = f"pass an instance, e.g. {local_mp.__name__}(hidden_channels, ...)"
+    elif isinstance(local_mp, dict):
+        hint = ("a dict is a config spec: LightningCLI builds it from class_path/init_args; "
+                "in Python pass the layer itself")
+    else:
+        hint = "other modules do not take (x, edge_index)"
+    raise TypeError(f"local_mp must be one of {LOCAL_MPS}, a "
+                    f"torch_geometric.nn.conv.MessagePassing instance or None, got "
+                    f"{type(local_mp).__name__} ({hint})")
+
+
+def _check_block(block: str, attention, norm: Optional[str], ffn_ratio: float) -> None:
+    # block='gps' builds GRFGPSConv layers: the attentions, norms and MLP width they have.
+    if block not in BLOCKS:
+        raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
+    if block == 'pre_norm':
+        return
+    if not isinstance(attention, str) or attention not in GPS_ATTENTIONS:
+        raise ValueError(f"block='gps' builds every layer as a GRFGPSConv, whose attention is one "
+                         f"of {tuple(GPS_ATTENTIONS)}, got attention={attention!r} (use "
+                         f"block='pre_norm' for it)")
+    if norm not in GPS_NORMS:
+        raise ValueError(f"block='gps' supports norm in {GPS_NORMS}, got {norm!r} (use "
+                         f"block='pre_norm' for it)")
+    if ffn_ratio != 2:
+        raise ValueError(f"block='gps' uses GPSConv's MLP of width 2 * hidden_channels, so "
+                         f"ffn_ratio must be 2, got {ffn_ratio}")
+
+
 def _check_options(in_channels, attention, local_mp, pe, node_encoder, edge_encoder, edge_dim,
                    pooling) -> None:
     # The string options of GraphTransformer, checked up front with the allowed values.
     if isinstance(attention, str) and attention not in ATTENTIONS:
         raise ValueError(f"attention must be one of {sorted(ATTENTIONS)} (or None, or an "
                          f"AttentionAdapter subclass), got '{attention}'")
-    if local_mp is not None and local_mp not in LOCAL_MPS:
-        raise ValueError(f"local_mp must be one of {LOCAL_MPS} or None, got '{local_mp}'")
+    _check_local_mp(local_mp)
     if pe is not None and pe not in PES:
         raise ValueError(f"pe must be one of {PES} or None, got '{pe}'")
     if pooling is not None and pooling not in POOLINGS:
@@ -315,7 +421,7 @@ def _check_options(in_channels, attention, local_mp, pe, node_encoder, edge_enco
     if attention is None and local_mp is None:
         raise ValueError("attention and local_mp cannot both be None (the model would ignore "
                          "the graph)")
-    if local_mp == 'gine' and edge_encoder is None:
+    if isinstance(local_mp, str) and local_mp == 'gine' and edge_encoder is None:
         raise ValueError("local_mp='gine' needs edge features: set edge_encoder ('linear' "
                          "with edge_dim, 'bond' or 'embedding')")
     if edge_encoder in ('linear', 'embedding') and edge_dim is None:
@@ -368,6 +474,7 @@ class GraphTransformerBlock(torch.nn.Module):
         self.attn = attention
         self.local_mp = local_mp
         self.local_mp_kind = local_mp_kind
+        self.local_mp_edge_attr = local_mp is not None and _takes_edge_attr(local_mp)
         self.dropout = dropout
         self.norm1 = _norm(norm, channels)
         self.norm2 = _norm(norm, channels)
@@ -390,11 +497,13 @@ class GraphTransformerBlock(torch.nn.Module):
             out = out + F.dropout(a, p=self.dropout, training=self.training)
         # Local message passing beside it (GPS).
         if self.local_mp is not None:
-            if self.local_mp_kind == 'gine' or (self.local_mp_kind == 'gat'
-                                                and edge_attr is not None):
-                m = self.local_mp(h, edge_index, edge_attr)
+            if self.local_mp_edge_attr and edge_attr is not None:
+                m = self.local_mp(h, edge_index, edge_attr=edge_attr)
             else:
                 m = self.local_mp(h, edge_index)
+            if m.shape != h.shape:
+                raise ValueError(f"local_mp {self.local_mp!r} returned shape {tuple(m.shape)}, "
+                                 f"expected {tuple(h.shape)} ([N, hidden_channels])")
             out = out + F.dropout(m, p=self.dropout, training=self.training)
         # Feed-forward.
         return out + self.ffn(self.norm2(out))
@@ -408,12 +517,21 @@ class GraphTransformer(torch.nn.Module):
     r"""A graph transformer with the topology-aware linear-cost attention of the `"Linear
     Transformer Topological Masking with Graph Random Features"
     <https://arxiv.org/abs/2410.03462>`_ paper (Sec. 4), in GPS-style blocks as in
-    :class:`torch_geometric.nn.conv.GPSConv`, but pre-norm.
+    :class:`torch_geometric.nn.conv.GPSConv`, pre-norm by default
+    (``block='pre_norm'``):
 
     .. math::
         \mathbf{x}^{(l+1)} = \mathbf{y} + \mathrm{FFN}(\mathrm{Norm}(\mathbf{y})), \quad
         \mathbf{y} = \mathbf{x}^{(l)} + \mathrm{Attn}_M(\mathrm{Norm}(\mathbf{x}^{(l)}))
         + \mathrm{MPNN}(\mathrm{Norm}(\mathbf{x}^{(l)}))
+
+    or built from :class:`~pyg_grf.nn.GRFGPSConv` layers (``block='gps'``, the post-norm
+    layout of :class:`~torch_geometric.nn.conv.GPSConv`, no final norm):
+
+    .. math::
+        \mathbf{h} = \mathrm{Norm}(\mathbf{x}^{(l)} + \mathrm{MPNN}(\mathbf{x}^{(l)}))
+        + \mathrm{Norm}(\mathbf{x}^{(l)} + \mathrm{Attn}_M(\mathbf{x}^{(l)})), \quad
+        \mathbf{x}^{(l+1)} = \mathrm{Norm}(\mathbf{h} + \mathrm{MLP}(\mathbf{h}))
 
     Args:
         in_channels (int): node feature size (for ``node_encoder='linear'``; the number of
@@ -428,8 +546,14 @@ class GraphTransformer(torch.nn.Module):
             ``local_mp`` is set) (default: :obj:`'grf'`).
         attention_kwargs (dict, optional): options of the attention layer, e.g.
             ``{'feature_map': 'relu', 'max_length': 4}`` (default: :obj:`None`).
-        local_mp (str, optional): local message passing beside the attention: ``'gine'`` (needs
-            edge features), ``'gin'``, ``'gat'`` or :obj:`None` (default: :obj:`None`).
+        local_mp (str or MessagePassing, optional): local message passing beside the
+            attention: ``'gine'`` (needs edge features), ``'gin'``, ``'gat'``, a
+            :class:`~torch_geometric.nn.conv.MessagePassing` instance mapping
+            ``hidden_channels`` to ``hidden_channels`` features (as ``conv`` of
+            :class:`~torch_geometric.nn.conv.GPSConv`; every layer gets its own deep copy,
+            reset by ``reset_parameters()``, and the encoded ``edge_attr`` when its ``forward``
+            takes one; in a config, a ``class_path``/``init_args`` block) or :obj:`None`
+            (default: :obj:`None`).
         pe (str, optional): positional encoding added to the node embedding: ``'rwpe'`` (reads
             ``data.random_walk_pe`` from :class:`~torch_geometric.transforms.AddRandomWalkPE`),
             ``'lappe'`` (``data.laplacian_eigenvector_pe`` from
@@ -459,6 +583,13 @@ class GraphTransformer(torch.nn.Module):
             (default: :obj:`'layer_norm'`).
         head_layers (int, optional): layers of the output MLP, ``1`` = linear
             (default: :obj:`2`).
+        block (str, optional): ``'pre_norm'`` (the pre-norm blocks above) or ``'gps'`` (every
+            layer a :class:`~pyg_grf.nn.GRFGPSConv` with this model's attention,
+            ``attention_kwargs`` plus ``attn_dropout``, ``local_mp``, ``dropout``, ``act`` and
+            ``norm``; ``attention`` in :data:`GPS_ATTENTIONS` (``'softmax'`` is
+            ``attn_type='multihead'``, ``'performer'`` the same FAVOR+ linear attention as
+            here), ``norm`` in :data:`GPS_NORMS` (``'layer_norm'`` per node), ``ffn_ratio=2``)
+            (default: :obj:`'pre_norm'`).
 
     Shapes:
         - **input:** a :class:`~torch_geometric.data.Data` or
@@ -478,7 +609,7 @@ class GraphTransformer(torch.nn.Module):
         heads: int = 1,
         attention: Optional[str] = 'grf',
         attention_kwargs: Optional[Dict[str, Any]] = None,
-        local_mp: Optional[str] = None,
+        local_mp: Union[str, MessagePassing, None] = None,
         pe: Optional[str] = None,
         pe_dim: int = 16,
         node_encoder: Optional[str] = 'linear',
@@ -491,6 +622,7 @@ class GraphTransformer(torch.nn.Module):
         act: str = 'gelu',
         norm: Optional[str] = 'layer_norm',
         head_layers: int = 2,
+        block: str = 'pre_norm',
     ):
         super().__init__()
         self.in_channels = in_channels
@@ -500,7 +632,9 @@ class GraphTransformer(torch.nn.Module):
         self.heads = heads
         self.attention = attention
         self.attention_kwargs = dict(attention_kwargs or {})
-        self.local_mp = local_mp
+        # A MessagePassing instance is a template (each layer gets a reset deep copy): kept as a
+        # plain attribute, not a submodule, so its parameters are not the model's.
+        object.__setattr__(self, 'local_mp', local_mp)
         self.pe = pe
         self.pe_dim = pe_dim
         self.node_encoder_kind = node_encoder
@@ -513,10 +647,14 @@ class GraphTransformer(torch.nn.Module):
         self.act = act
         self.norm = norm
         self.head_layers = head_layers
+        self.block = block
 
         C = hidden_channels
         _check_options(in_channels, attention, local_mp, pe, node_encoder, edge_encoder, edge_dim,
                        pooling)
+        _check_block(block, attention, norm, ffn_ratio)
+        if isinstance(local_mp, MessagePassing):
+            _check_conv(local_mp, C, edge_encoder)
         self.node_emb = None
         self.node_encoder = _encoder(node_encoder, in_channels, C)
         if self.node_encoder is None:  # graphs without features: one learned vector
@@ -526,7 +664,8 @@ class GraphTransformer(torch.nn.Module):
         self.pe_encoder = self._make_pe_encoder(pe, pe_dim, C, edge_encoder)
         self.attention_cls = _attention_class(attention)
         self.blocks = torch.nn.ModuleList([self._make_block() for _ in range(num_layers)])
-        self.final_norm = _norm(norm, C)
+        # Post-norm GPS layers end with a norm already.
+        self.final_norm = _norm(norm, C) if block == 'pre_norm' else torch.nn.Identity()
 
         # Head.
         if head_layers == 1:
@@ -539,8 +678,10 @@ class GraphTransformer(torch.nn.Module):
         self._register_load_state_dict_pre_hook(_upgrade_mlp_keys, with_module=True)
         self.reset_parameters()
 
-    def _make_block(self) -> 'GraphTransformerBlock':
+    def _make_block(self) -> torch.nn.Module:
         C, heads = self.hidden_channels, self.heads
+        if self.block == 'gps':
+            return self._make_gps_layer()
         attn = None
         if self.attention_cls is not None:
             try:
@@ -550,8 +691,39 @@ class GraphTransformer(torch.nn.Module):
                 raise TypeError(f"attention={self.attention!r} with attention_kwargs="
                                 f"{self.attention_kwargs}: {exc}") from exc
         return GraphTransformerBlock(C, attn, self._make_local_mp(self.local_mp, C, heads),
-                                     self.local_mp, ffn_ratio=self.ffn_ratio,
+                                     self._local_mp_kind, ffn_ratio=self.ffn_ratio,
                                      dropout=self.dropout, act=self.act, norm=self.norm)
+
+    def _make_gps_layer(self) -> 'GRFGPSConv':
+        # block='gps': one GRFGPSConv (PyG GPSConv's post-norm layout) with the model's
+        # attention, attention_kwargs (+ attn_dropout), local_mp, dropout, act and norm.
+        from pyg_grf.nn.conv.grf_gps_conv import GRFGPSConv
+        C = self.hidden_channels
+        if 'dropout' in self.attention_kwargs:
+            raise TypeError(f"attention={self.attention!r} with attention_kwargs="
+                            f"{self.attention_kwargs}: set the attention dropout with "
+                            f"attn_dropout, not attention_kwargs['dropout']")
+        attn_type = GPS_ATTENTIONS[self.attention]
+        attn_kwargs = dict(self.attention_kwargs, dropout=self.attn_dropout)
+        if self.attention == 'performer':
+            attn_kwargs = _performer(**attn_kwargs)
+        norm_kwargs = {'mode': 'node'} if self.norm == 'layer_norm' else None
+        try:
+            return GRFGPSConv(C, self._make_local_mp(self.local_mp, C, self.heads),
+                              heads=self.heads, dropout=self.dropout, act=self.act,
+                              norm=self.norm, norm_kwargs=norm_kwargs, attn_type=attn_type,
+                              attn_kwargs=attn_kwargs)
+        except TypeError as exc:  # e.g. a misspelt attention_kwargs key
+            raise TypeError(f"attention={self.attention!r} (GRFGPSConv attn_type="
+                            f"{attn_type!r}) with attention_kwargs={self.attention_kwargs}: "
+                            f"{exc}") from exc
+
+    @property
+    def _local_mp_kind(self) -> Optional[str]:
+        # The name of the local message passing: its kind, or the class of an instance.
+        if isinstance(self.local_mp, MessagePassing):
+            return type(self.local_mp).__name__
+        return self.local_mp
 
     @staticmethod
     def _make_pe_encoder(pe: Optional[str], pe_dim: int, C: int,
@@ -564,9 +736,13 @@ class GraphTransformer(torch.nn.Module):
                                pe_channels=pe_dim)
         return None
 
-    def _make_local_mp(self, kind: Optional[str], C: int, heads: int):
+    def _make_local_mp(self, kind: Union[str, MessagePassing, None], C: int, heads: int):
         if kind is None:
             return None
+        if isinstance(kind, MessagePassing):  # a layer's own copy, not shared with the others
+            conv = copy.deepcopy(kind)
+            conv.reset_parameters()
+            return conv
         if kind == 'gine':
             return GINEConv(_two_layer_mlp(C, C, C, self.act), edge_dim=C)
         if kind == 'gin':
@@ -637,7 +813,7 @@ class GraphTransformer(torch.nn.Module):
                 if x.size(-1) != self.in_channels:
                     raise ValueError(f"expected data.x with {self.in_channels} features "
                                      f"(in_channels), got shape {tuple(x.shape)}")
-                h = self.node_encoder(x.float())
+                h = self.node_encoder(x.to(self.node_encoder.weight.dtype))
             else:  # embedding, atom
                 h = _embed(self.node_encoder, self.node_encoder_kind, x)
 
@@ -650,7 +826,7 @@ class GraphTransformer(torch.nn.Module):
                 # Eigenvectors are defined up to sign: flip at random in training.
                 sign = torch.randint(0, 2, (1, pe.size(-1)), device=pe.device) * 2 - 1
                 pe = pe * sign
-            h = h + self.pe_encoder(pe.float())
+            h = h + self.pe_encoder(pe.to(self.pe_encoder.weight.dtype))
         return h
 
     def forward(self, data) -> Tensor:
@@ -670,7 +846,7 @@ class GraphTransformer(torch.nn.Module):
             if self.edge_encoder_kind == 'linear':
                 if edge_attr.dim() == 1:
                     edge_attr = edge_attr.unsqueeze(-1)
-                edge_attr = self.edge_encoder(edge_attr.float())
+                edge_attr = self.edge_encoder(edge_attr.to(self.edge_encoder.weight.dtype))
             else:  # embedding, bond
                 edge_attr = _embed(self.edge_encoder, self.edge_encoder_kind, edge_attr)
 
@@ -691,8 +867,11 @@ class GraphTransformer(torch.nn.Module):
                     fields[name] = data[name]
 
         # Blocks.
-        for block in self.blocks:
-            x = block(x, edge_index, edge_attr, batch, num_graphs, fields)
+        if self.block == 'gps':
+            x = self._gps_layers(x, edge_index, edge_attr, batch, fields)
+        else:
+            for block in self.blocks:
+                x = block(x, edge_index, edge_attr, batch, num_graphs, fields)
         x = self.final_norm(x)
 
         # Readout.
@@ -702,8 +881,28 @@ class GraphTransformer(torch.nn.Module):
             x = POOLINGS[self.pooling](x, batch, size=num_graphs)
         return self.head(x)
 
+    def _gps_layers(self, x: Tensor, edge_index: Tensor, edge_attr: Optional[Tensor],
+                    batch: Tensor, fields: Dict[str, Any]) -> Tensor:
+        # block='gps': the GRFGPSConv layers, with what their attention and conv read.
+        grf = rwgnk = None
+        if self.attention == 'grf':  # validated and precomputed once, for all layers
+            grf = _grf_loads(self, x.size(0), batch, fields)
+        elif self.attention == 'gkat':
+            names = GKATAdapter.requires
+            if all(name in fields for name in GKATAdapter.optional):
+                names = names + GKATAdapter.optional
+            rwgnk = tuple(fields[name] for name in names)
+        kwargs = {}  # edge features go to the local conv when it takes them
+        conv = self.blocks[0].conv if len(self.blocks) > 0 else None
+        if edge_attr is not None and conv is not None and _takes_edge_attr(conv):
+            kwargs['edge_attr'] = edge_attr
+        for layer in self.blocks:
+            x = layer(x, edge_index, grf, batch, rwgnk=rwgnk, **kwargs)
+        return x
+
     def __repr__(self) -> str:
+        block = f', block={self.block!r}' if self.block != 'pre_norm' else ''
         return (f'{self.__class__.__name__}({self.in_channels}, {self.hidden_channels}, '
                 f'{self.out_channels}, num_layers={self.num_layers}, heads={self.heads}, '
                 f'attention={self.attention!r}, local_mp={self.local_mp!r}, pe={self.pe!r}, '
-                f'pooling={self.pooling!r})')
+                f'pooling={self.pooling!r}{block})')

@@ -85,3 +85,11 @@ def test_repr_and_bad_input():
         GRFGPSConv(C, 'gine')
     with pytest.raises(ValueError, match="needs rwgnk="):
         GRFGPSConv(C, None, attn_type='gkat')(b.x, b.edge_index, batch=b.batch)
+
+
+def test_conv_with_the_wrong_output_size():
+    from torch_geometric.nn import GINConv
+    b = make_batch()
+    conv = GRFGPSConv(C, GINConv(torch.nn.Linear(C, 4)), attn_type='linear')
+    with pytest.raises(ValueError, match=r"returned shape \(25, 4\), expected \(25, 8\)"):
+        conv(b.x, b.edge_index, batch=b.batch)

@@ -228,3 +228,204 @@ def test_checkpoints_with_the_old_mlp_layout_load(graphs, local_mp):
     parent.model = GraphTransformer(4, 16, 3, **kwargs).eval()
     parent.load_state_dict({f'model.{k}': v for k, v in old.items()})
     assert torch.equal(parent.model(batch), model(batch))
+
+
+# A MessagePassing instance as local_mp ###################################################
+
+
+def _head(model, x):
+    # head_layers=2, eval mode: linear -> act (gelu) -> linear.
+    lin0, lin1 = model.head.lins
+    return lin1(torch.nn.functional.gelu(lin0(x)))
+
+
+@pytest.mark.parametrize('edge_attr', [True, False])
+def test_local_mp_instance_equals_hand_composition(graphs, edge_attr):
+    # Pre-norm blocks with a user's conv: x + Attn(h) + conv(h, edge_index[, edge_attr]),
+    # h = Norm1(x), then the residual FFN; edge features go to the conv when its forward
+    # takes them (TransformerConv does).
+    from torch_geometric.nn import TransformerConv, global_mean_pool
+    batch = Batch.from_data_list(graphs)
+    conv = TransformerConv(16, 8, heads=2, edge_dim=16 if edge_attr else None)
+    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attention='linear',
+                             local_mp=conv, edge_encoder='linear' if edge_attr else None,
+                             edge_dim=3).eval()
+    x = batch.x @ model.node_encoder.weight.T + model.node_encoder.bias
+    e = None
+    if edge_attr:
+        e = batch.edge_attr @ model.edge_encoder.weight.T + model.edge_encoder.bias
+    for block in model.blocks:
+        h = block.norm1(x)
+        m = (block.local_mp(h, batch.edge_index, edge_attr=e) if edge_attr else
+             block.local_mp(h, batch.edge_index))
+        y = x + block.attn.attn(h, batch.batch) + m
+        x = y + block.ffn(block.norm2(y))
+    ref = _head(model, global_mean_pool(model.final_norm(x), batch.batch))
+    assert torch.allclose(model(batch), ref, atol=1e-5)
+    if edge_attr:  # the edge features do reach the conv
+        other = batch.clone()
+        other.edge_attr = torch.randn_like(batch.edge_attr)
+        assert not torch.allclose(model(other), ref, atol=1e-4)
+
+
+def test_local_mp_instance_is_copied_per_layer(graphs):
+    from torch_geometric.nn import GATConv
+    conv = GATConv(16, 8, heads=2)
+    template = {k: v.clone() for k, v in conv.state_dict().items()}
+    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attention='linear',
+                             local_mp=conv)
+    first, second = model.blocks[0].local_mp, model.blocks[1].local_mp
+    assert isinstance(first, GATConv) and first is not conv and first is not second
+    # Reset copies: own, different weights; the template is untouched and not a submodule.
+    assert not torch.equal(first.lin.weight, second.lin.weight)
+    assert all(torch.equal(v, conv.state_dict()[k]) for k, v in template.items())
+    own = {id(p) for p in model.parameters()}
+    assert not any(id(p) in own for p in conv.parameters())
+    assert not any(k.startswith('local_mp') for k in model.state_dict())
+    assert str(model) == ("GraphTransformer(4, 16, 3, num_layers=2, heads=2, "
+                          "attention='linear', local_mp=GATConv(16, 8, heads=2), pe=None, "
+                          "pooling='mean')")
+    model(Batch.from_data_list(graphs)).sum().backward()
+    assert first.lin.weight.grad is not None and second.lin.weight.grad is not None
+
+
+def test_local_mp_instance_bad_input(graphs):
+    from torch_geometric.nn import GATConv, GCNConv, GINConv, GINEConv
+    kw = dict(num_layers=1, attention='linear')
+    with pytest.raises(TypeError, match=r"MessagePassing instance or None, got Linear"):
+        GraphTransformer(4, 16, 2, local_mp=torch.nn.Linear(16, 16), **kw)
+    with pytest.raises(TypeError, match=r"pass an instance, e.g. GATConv\(hidden_channels"):
+        GraphTransformer(4, 16, 2, local_mp=GATConv, **kw)
+    with pytest.raises(TypeError, match="class_path/init_args"):
+        GraphTransformer(4, 16, 2, local_mp={'class_path': 'torch_geometric.nn.GATConv'}, **kw)
+    with pytest.raises(ValueError, match=r"in_channels=8, expected hidden_channels=16"):
+        GraphTransformer(4, 16, 2, local_mp=GCNConv(8, 16), **kw)
+    with pytest.raises(ValueError, match=r"out_channels=4 x heads=2 = 8 features, expected "
+                                         r"hidden_channels=16"):
+        GraphTransformer(4, 16, 2, local_mp=GATConv(16, 4, heads=2), **kw)
+    with pytest.raises(ValueError, match=r"edge_dim=5, expected hidden_channels=16"):
+        GraphTransformer(4, 16, 2, local_mp=GATConv(16, 16, edge_dim=5),
+                         edge_encoder='linear', edge_dim=3, **kw)
+    with pytest.raises(ValueError, match="GINEConv needs edge features"):
+        GraphTransformer(4, 16, 2, local_mp=GINEConv(torch.nn.Linear(16, 16)), **kw)
+    # A conv without stated sizes is checked on its first output.
+    model = GraphTransformer(4, 16, 2, local_mp=GINConv(torch.nn.Linear(16, 8)), **kw)
+    with pytest.raises(ValueError, match=r"returned shape \(17, 8\), expected \(17, 16\)"):
+        model(Batch.from_data_list(graphs))
+
+
+# block='gps': GRFGPSConv layers ##########################################################
+
+
+GPS_KWARGS = {'grf': {'max_length': 3, 'global_beta': 0.1}, 'performer': {'num_features': 8}}
+
+
+def _gps_batch(graphs):
+    return Batch.from_data_list(graphs)
+
+
+@pytest.mark.parametrize('attention', ['grf', 'gkat', 'linear', 'performer', 'softmax'])
+@pytest.mark.parametrize('local_mp,norm', [(None, 'batch_norm'), ('gine', 'layer_norm'),
+                                           ('gat', None), ('instance', 'batch_norm')])
+def test_gps_block_equals_hand_composition(graphs, attention, local_mp, norm):
+    # GraphTransformer(block='gps') = encoders -> GRFGPSConv layers (built here, by hand, with
+    # the model's weights) -> mean pooling -> head, in float64.
+    from torch_geometric.nn import GATConv, GINEConv, MLP, global_mean_pool
+
+    from pyg_grf.features import GRFLoads
+    from pyg_grf.nn import GRFGPSConv
+    C, heads = 16, 2
+    batch = _gps_batch(graphs)
+
+    def conv():
+        if local_mp == 'gine':
+            return GINEConv(MLP([C, C, C], act='gelu', norm=None), edge_dim=C)
+        if local_mp == 'gat':
+            return GATConv(C, C // heads, heads=heads, edge_dim=C)
+        if local_mp == 'instance':
+            return GATConv(C, C, heads=heads, concat=False, edge_dim=C)
+        return None
+
+    torch.manual_seed(0)
+    model = GraphTransformer(4, C, 3, num_layers=2, heads=heads, attention=attention,
+                             attention_kwargs=GPS_KWARGS.get(attention),
+                             local_mp=conv() if local_mp == 'instance' else local_mp,
+                             edge_encoder='linear', edge_dim=3, norm=norm, act='gelu',
+                             block='gps').double().eval()
+    assert all(type(layer) is GRFGPSConv for layer in model.blocks)
+
+    # The reference: GRFGPSConv layers as a user builds them (per-node LayerNorm; exact
+    # softmax attention is attn_type='multihead'; the performer is FAVOR+ linear attention, as
+    # in block='pre_norm'), loaded with the model's weights.
+    attn_type = {'softmax': 'multihead', 'performer': 'linear'}.get(attention, attention)
+    attn_kwargs = GPS_KWARGS.get(attention)
+    if attention == 'performer':
+        attn_kwargs = {'feature_map': 'favor+', 'feature_map_kwargs': {'num_features': 8}}
+    layers = []
+    for layer in model.blocks:
+        ref_layer = GRFGPSConv(C, conv(), heads=heads, act='gelu', norm=norm,
+                               norm_kwargs={'mode': 'node'} if norm == 'layer_norm' else None,
+                               attn_type=attn_type, attn_kwargs=attn_kwargs)
+        ref_layer.load_state_dict(layer.state_dict())  # strict: the same parts
+        layers.append(ref_layer.double().eval())
+    x = batch.x.double() @ model.node_encoder.weight.T + model.node_encoder.bias
+    e = batch.edge_attr.double() @ model.edge_encoder.weight.T + model.edge_encoder.bias
+    grf = GRFLoads.from_data(batch) if attention == 'grf' else None
+    rwgnk = (batch.rwgnk_index, batch.rwgnk_value) if attention == 'gkat' else None
+    for layer in layers:
+        kwargs = {'edge_attr': e} if local_mp is not None else {}
+        x = layer(x, batch.edge_index, grf, batch.batch, rwgnk=rwgnk, **kwargs)
+    ref = _head(model, global_mean_pool(x, batch.batch))
+
+    double = batch.clone()
+    double.x, double.edge_attr = batch.x.double(), batch.edge_attr.double()
+    out = model(double)
+    assert out.dtype == torch.float64
+    assert torch.allclose(out, ref, atol=1e-6)
+    # Attention never crosses graphs: the batch equals the graphs one by one.
+    per_graph = torch.cat([model(double.get_example(i)) for i in range(3)])
+    assert torch.allclose(out, per_graph, atol=1e-6)
+
+
+@pytest.mark.parametrize('attention', ['grf', 'gkat', 'softmax'])
+def test_gps_block_gradients_flow(graphs, attention):
+    batch = _gps_batch(graphs)
+    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attention=attention,
+                             attention_kwargs=GPS_KWARGS.get(attention), local_mp='gine',
+                             edge_encoder='linear', edge_dim=3, dropout=0.1, block='gps')
+    model(batch).square().sum().backward()
+    missing = [name for name, p in model.named_parameters() if p.grad is None]
+    assert not missing
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters())
+    if attention == 'grf':
+        assert model.blocks[0].attn.f.grad.abs().sum() > 0
+
+
+def test_gps_block_repr_and_errors():
+    model = GraphTransformer(4, 16, 2, num_layers=1, heads=2, attention='grf', local_mp='gin',
+                             block='gps')
+    assert str(model) == ("GraphTransformer(4, 16, 2, num_layers=1, heads=2, attention='grf', "
+                          "local_mp='gin', pe=None, pooling='mean', block='gps')")
+    assert str(model.blocks[0]).startswith("GRFGPSConv(16, conv=GINConv(")
+    assert isinstance(model.final_norm, torch.nn.Identity)  # the layers end with a norm
+    with pytest.raises(ValueError, match=r"block must be one of \('pre_norm', 'gps'\), got "
+                                         r"'post_norm'"):
+        GraphTransformer(4, 16, 2, num_layers=1, block='post_norm')
+    for attention in ('samsa', 'power_series', None):
+        with pytest.raises(ValueError, match=rf"block='gps' builds every layer as a GRFGPSConv, "
+                                             rf"whose attention is one of .* got "
+                                             rf"attention={attention!r}"):
+            GraphTransformer(4, 16, 2, num_layers=1, attention=attention, local_mp='gin',
+                             block='gps')
+    with pytest.raises(ValueError, match=r"block='gps' supports norm in .* got 'rms_norm'"):
+        GraphTransformer(4, 16, 2, num_layers=1, attention='linear', norm='rms_norm',
+                         block='gps')
+    with pytest.raises(ValueError, match=r"ffn_ratio must be 2, got 4"):
+        GraphTransformer(4, 16, 2, num_layers=1, attention='linear', ffn_ratio=4, block='gps')
+    with pytest.raises(TypeError, match=r"attn_dropout, not attention_kwargs\['dropout'\]"):
+        GraphTransformer(4, 16, 2, num_layers=1, attention='linear',
+                         attention_kwargs={'dropout': 0.1}, block='gps')
+    with pytest.raises(TypeError, match=r"attention='grf' \(GRFGPSConv attn_type='grf'\) with "
+                                        r"attention_kwargs=\{'max_lenght': 3\}"):
+        GraphTransformer(4, 16, 2, num_layers=1, attention='grf',
+                         attention_kwargs={'max_lenght': 3}, block='gps')
