@@ -24,7 +24,13 @@ from pyg_grf.lightning.link_metrics import (
     filtered_link_candidates,
     link_ranks,
 )
-from pyg_grf.lightning.tasks import SPLITS, _build_model, _from_cli, _Task
+from pyg_grf.lightning.tasks import (
+    SPLITS,
+    _build_model,
+    _check_schedule,
+    _hparams_ignore,
+    _Task,
+)
 from pyg_grf.nn.models.link_decoder import LinkDecoder
 
 
@@ -128,25 +134,15 @@ class LinkLevelTask(_SharedTask):
         super().__init__()
         if num_negatives is not None and num_negatives < 1:
             raise ValueError(f"num_negatives must be None or >= 1, got {num_negatives}")
-        if warmup_epochs < 0 or min_lr_ratio < 0 or min_lr_ratio > 1:
-            raise ValueError(f"expected warmup_epochs >= 0 and 0 <= min_lr_ratio <= 1, got "
-                             f"{warmup_epochs} and {min_lr_ratio}")
-        ignore = None
-        if isinstance(model, torch.nn.Module) and not _from_cli():
-            ignore = ['model']
-        self.save_hyperparameters(ignore=ignore)
+        _check_schedule(warmup_epochs, min_lr_ratio)
+        self.save_hyperparameters(ignore=_hparams_ignore(model))
         self.model = _build_model(model)
         self.task = 'link'
         self.decoder_kind = decoder
         self.decoder_kwargs = dict(decoder_kwargs or {})
         self.num_negatives = num_negatives
         self.exclude_self = exclude_self
-        self.lr = lr
-        self.weight_decay = weight_decay
-        self.warmup_epochs = warmup_epochs
-        self.max_epochs = max_epochs
-        self.min_lr_ratio = min_lr_ratio
-        self.betas = tuple(betas)
+        self._set_optimisation(lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas)
         channels = getattr(self.model, 'out_channels', None)
         if not isinstance(channels, int):
             raise ValueError(f"LinkLevelTask needs a model with an integer 'out_channels' (the "

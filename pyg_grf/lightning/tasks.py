@@ -137,6 +137,21 @@ def _from_cli() -> bool:
     return _given_hyperparameters.get() is not None
 
 
+def _check_schedule(warmup_epochs: float, min_lr_ratio: float) -> None:
+    if warmup_epochs < 0 or min_lr_ratio < 0 or min_lr_ratio > 1:
+        raise ValueError(f"expected warmup_epochs >= 0 and 0 <= min_lr_ratio <= 1, got "
+                         f"{warmup_epochs} and {min_lr_ratio}")
+
+
+def _hparams_ignore(model: Any) -> Optional[list]:
+    # A module passed as an object is saved in the state dict, not as a hyperparameter; under
+    # LightningCLI the hyperparameters are the parsed config, model spec included, so that
+    # `load_from_checkpoint` can rebuild the model.
+    if isinstance(model, torch.nn.Module) and not _from_cli():
+        return ['model']
+    return None
+
+
 def _rng_states() -> Dict[str, Any]:
     # Stored as tensors and plain Python objects so `torch.load(weights_only=True)` accepts them.
     name, keys, pos, has_gauss, gauss = np.random.get_state()
@@ -250,32 +265,30 @@ class _Task(pl.LightningModule):
         loss = loss or _DEFAULT_LOSS[task]
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got '{loss}'")
-        if warmup_epochs < 0 or min_lr_ratio < 0 or min_lr_ratio > 1:
-            raise ValueError(f"expected warmup_epochs >= 0 and 0 <= min_lr_ratio <= 1, got "
-                             f"{warmup_epochs} and {min_lr_ratio}")
-        # A module passed as an object is saved in the state dict, not as a hyperparameter;
-        # under LightningCLI the hyperparameters are the parsed config, model spec included,
-        # so that `load_from_checkpoint` can rebuild the model.
-        ignore = None
-        if isinstance(model, torch.nn.Module) and not _from_cli():
-            ignore = ['model']
-        self.save_hyperparameters(ignore=ignore)
+        _check_schedule(warmup_epochs, min_lr_ratio)
+        self.save_hyperparameters(ignore=_hparams_ignore(model))
         self.model = _build_model(model)
         self.task = task
         self.num_classes = num_classes
         self.num_labels = num_labels
         self.loss_name = loss
+        self._set_optimisation(lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas)
+        # One metric object per split.
+        self.metric_name = metric or METRICS[task][0]
+        # (ModuleDict keys must not shadow nn.Module attributes such as `train`.)
+        self.metrics = torch.nn.ModuleDict({f'{split}_metric': self._make_metric()
+                                            for split in SPLITS})
+
+
+    def _set_optimisation(self, lr: float, weight_decay: float, warmup_epochs: float,
+                          max_epochs: Optional[int], min_lr_ratio: float, betas) -> None:
+        # What configure_optimizers reads (shared with LinkLevelTask).
         self.lr = lr
         self.weight_decay = weight_decay
         self.warmup_epochs = warmup_epochs
         self.max_epochs = max_epochs
         self.min_lr_ratio = min_lr_ratio
         self.betas = tuple(betas)
-        # One metric object per split.
-        self.metric_name = metric or METRICS[task][0]
-        # (ModuleDict keys must not shadow nn.Module attributes such as `train`.)
-        self.metrics = torch.nn.ModuleDict({f'{split}_metric': self._make_metric()
-                                            for split in SPLITS})
 
     def _make_metric(self) -> Metric:
         if self.task == 'binary':
