@@ -260,6 +260,13 @@ class SyntheticDataModule(GraphDataModule):
                            transform=self.transform, pre_transform=self.pre_transform,
                            **self.dataset_kwargs)
 
+    def prepare_data(self) -> None:
+        # Without a disk cache there is nothing to prepare once per node, and processing here
+        # would advance a seeded pre_transform's generator on local rank 0 only: every rank
+        # then drew other walks for the same graphs in setup().
+        if self.cache:
+            super().prepare_data()
+
     def split(self, dataset):
         idx = _random_split(len(dataset), self.split_fractions, self.split_seed)
         return tuple(dataset[i] for i in idx)

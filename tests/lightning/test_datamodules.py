@@ -42,6 +42,20 @@ def test_synthetic_splits_cache_and_loaders(tmp_path):
     assert dm3.train_dataset._data.grf_load.numel() != dm.train_dataset._data.grf_load.numel()
 
 
+def test_uncached_walks_are_the_same_on_every_rank():
+    # Under DDP only local rank 0 calls prepare_data(); every rank calls setup(). Without a disk
+    # cache, both must see the same seeded walks for the same graphs.
+    kwargs = dict(num_graphs=12, split=(0.5, 0.25, 0.25), cache=False, batch_size=4,
+                  dataset_kwargs={'num_nodes': 8, 'motif': 'grid'})
+    rank0 = SyntheticDataModule(pre_transform=_grf(), **kwargs)
+    rank0.prepare_data()
+    rank0.setup('fit')
+    rank1 = SyntheticDataModule(pre_transform=_grf(), **kwargs)
+    rank1.setup('fit')
+    for a, b in zip(rank0.test_dataset, rank1.test_dataset):
+        assert torch.equal(a.grf_index, b.grf_index) and torch.equal(a.grf_load, b.grf_load)
+
+
 def test_bad_options():
     with pytest.raises(ValueError, match='task must be one of'):
         SyntheticDataModule(task='cliques')
