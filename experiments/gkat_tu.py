@@ -230,7 +230,7 @@ def write_table():
         'thread per run, two runs side by side on the 2-core machine.',
         '',
         '| dataset | model | folds | test acc (ours) | paper GKAT | val acc | epochs (mean) | '
-        'params | s / fold |',
+        'params | s / fold (median) |',
         '|---|---|---|---|---|---|---|---|---|',
     ]
     for r in rows:
@@ -242,7 +242,7 @@ def write_table():
             f"{statistics.mean(accs):.1f} ± {std:.1f} | {PAPER.get(r['args']['dataset'], '-')} | "
             f"{statistics.mean(100 * f['val_acc'] for f in folds):.1f} | "
             f"{statistics.mean(f['epochs'] for f in folds):.0f} | {folds[0]['params']} | "
-            f"{statistics.mean(f['seconds'] for f in folds):.0f} |")
+            f"{statistics.median(f['seconds'] for f in folds):.0f} |")
     if osp.exists(NOTES):
         with open(NOTES) as f:
             lines += ['', f.read().rstrip()]
