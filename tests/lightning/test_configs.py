@@ -80,14 +80,19 @@ def test_other_lrgb_configs_run_on_standin(name, metric, tmp_path):
     assert {f'test/{metric}', 'test/loss'} <= set(cli.trainer.callback_metrics)
 
 
+def _fit_motifs_briefly(config: str, tmp_path):
+    # Two training steps, one validation and one test batch of a motifs config, through the CLI.
+    from pyg_grf.lightning.cli import main
+    return main(['fit', '--config', str(CONFIG_DIR / config),
+                 f'--trainer.default_root_dir={tmp_path}', '--trainer.max_epochs=1',
+                 '--trainer.limit_train_batches=2', '--trainer.limit_val_batches=1',
+                 '--trainer.limit_test_batches=1', '--trainer.enable_progress_bar=false',
+                 '--data.init_args.num_graphs=64', f'--data.init_args.root={tmp_path / "data"}'])
+
+
 def test_gkat_motifs_config_runs(tmp_path):
     # A few steps of fit + test (test_after_fit: the test loop's inference tensors included).
-    from pyg_grf.lightning.cli import main
-    cli = main(['fit', '--config', str(CONFIG_DIR / 'motifs_gkat.yaml'),
-                f'--trainer.default_root_dir={tmp_path}', '--trainer.max_epochs=1',
-                '--trainer.limit_train_batches=2', '--trainer.limit_val_batches=1',
-                '--trainer.limit_test_batches=1', '--trainer.enable_progress_bar=false',
-                '--data.init_args.num_graphs=64', f'--data.init_args.root={tmp_path / "data"}'])
+    cli = _fit_motifs_briefly('motifs_gkat.yaml', tmp_path)
     assert cli.trainer.global_step == 2
     assert {'test/acc', 'test/loss'} <= set(cli.trainer.callback_metrics)
     block = cli.model.model.blocks[0]
@@ -113,14 +118,9 @@ def test_gps_block_config_fits_and_reloads(tmp_path):
     from torch_geometric.data import Batch
     from torch_geometric.nn import GATConv
 
-    from pyg_grf.lightning.cli import main
     from pyg_grf.lightning.tasks import GraphLevelTask
     from pyg_grf.nn import GRFGPSConv
-    cli = main(['fit', '--config', str(CONFIG_DIR / 'motifs_grf_gpsconv.yaml'),
-                f'--trainer.default_root_dir={tmp_path}', '--trainer.max_epochs=1',
-                '--trainer.limit_train_batches=2', '--trainer.limit_val_batches=1',
-                '--trainer.limit_test_batches=1', '--trainer.enable_progress_bar=false',
-                '--data.init_args.num_graphs=64', f'--data.init_args.root={tmp_path / "data"}'])
+    cli = _fit_motifs_briefly('motifs_grf_gpsconv.yaml', tmp_path)
     assert cli.trainer.global_step == 2
     assert {'test/acc', 'test/loss'} <= set(cli.trainer.callback_metrics)
     model = cli.model.model
