@@ -152,7 +152,10 @@ def load(name: str, setting: GKATSetting, args):
     if 'PYG_GRF_MIRROR' not in os.environ and osp.isdir(mirror):
         os.environ['PYG_GRF_MIRROR'] = mirror
     from pyg_grf.datasets.tu import load_tu
-    dataset = load_tu(name)
+    # Errica et al.'s features: ENZYMES with its 18 continuous node attributes beside the 3 node
+    # labels (21 inputs, their ENZYMES dataset class); the others with node labels, or one-hot
+    # degrees where there are none (the social datasets).
+    dataset = load_tu(name, use_node_attr=name == 'ENZYMES')
     graphs = [dataset[i] for i in range(len(dataset))]  # degree one-hots applied once
     if args.model == 'gkat':  # RWGNK features drawn once per graph (a pre-transform)
         rwgnk = AddRWGNKFeatures(num_walks=args.num_walks, lam=args.lam, alpha=1.0,
