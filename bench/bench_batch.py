@@ -185,7 +185,7 @@ def gkat_rows(b: Batch, x: torch.Tensor, repeats: int) -> dict:
     kernel = (g.rwgnk_kernel_index, g.rwgnk_kernel_value)
     rows = {}
     for mode, backend in (('linear', 'sparse'), ('linear', 'pairs'), ('softmax', 'auto')):
-        layer = GKATAttention(C, heads=H, mode=mode, out_channels=C // H, backend=backend)
+        layer = GKATAttention(C, heads=H, mode=mode, head_channels=C // H, backend=backend)
         rows[f'GKAT {mode} {backend}'] = timeit(fwd_bwd(
             layer, lambda m, x: m(x, g.rwgnk_index, g.rwgnk_value, g.batch, kernel=kernel), x),
             repeats)

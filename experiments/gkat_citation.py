@@ -61,9 +61,9 @@ class GKAT(torch.nn.Module):
         super().__init__()
         self.dropout = dropout
         kw = dict(mode=mode, dropout=dropout, threshold=threshold, cached=True,
-                  kernel_weighting=kernel_weighting)
-        self.conv1 = GKATAttention(in_channels, heads=heads, out_channels=hidden, **kw)
-        self.conv2 = GKATAttention(hidden * heads, heads=1, out_channels=num_classes,
+                  kernel_weighting=kernel_weighting, project=False)  # GAT-shaped layers
+        self.conv1 = GKATAttention(in_channels, heads=heads, head_channels=hidden, **kw)
+        self.conv2 = GKATAttention(hidden * heads, heads=1, head_channels=num_classes,
                                    concat=False, **kw)
 
     def forward(self, data):

@@ -54,10 +54,9 @@ class Net(torch.nn.Module):
         super().__init__()
         self.kind = kind
         if kind == 'gkat':
-            self.conv1 = GKATAttention(in_channels, heads=heads, out_channels=hidden, mode=mode,
-                                       threshold=threshold)
-            self.conv2 = GKATAttention(heads * hidden, heads=heads, out_channels=hidden,
-                                       mode=mode, threshold=threshold)
+            kw = dict(mode=mode, threshold=threshold, project=False)  # GAT-shaped layers
+            self.conv1 = GKATAttention(in_channels, heads=heads, head_channels=hidden, **kw)
+            self.conv2 = GKATAttention(heads * hidden, heads=heads, head_channels=hidden, **kw)
             out = heads * hidden
         elif kind == 'gat':
             self.conv1 = GATConv(in_channels, hidden, heads=heads)

@@ -107,8 +107,9 @@ class AttentionClassifier(torch.nn.Module):
         hidden = s.heads * s.head_channels
         if kind == 'gkat':
             kw = dict(mode='softmax', dropout=s.dropout)
-            self.att1 = GKATAttention(width, heads=s.heads, out_channels=s.head_channels, **kw)
-            self.att2 = GKATAttention(hidden, heads=1, out_channels=hidden, **kw)
+            self.att1 = GKATAttention(width, heads=s.heads, head_channels=s.head_channels,
+                                      project=False, **kw)
+            self.att2 = GKATAttention(hidden, heads=1, head_channels=hidden, project=False, **kw)
         else:
             self.att1 = GATConv(width, s.head_channels, heads=s.heads, dropout=s.dropout)
             self.att2 = GATConv(hidden, hidden, heads=1, dropout=s.dropout)

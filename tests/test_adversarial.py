@@ -441,7 +441,7 @@ def test_04_favor_output_independent_of_other_graphs(kind):
     # Graph B's keys sit on FAVOR+ projection directions: the largest logits a key can have
     # (|w|^2 / 2, ~32 here), far above graph A's.
     fm = layer.feature_map
-    lin_k = layer.lin_k if kind == 'gkat' else layer.to_k
+    lin_k = layer.to_k
     C = fm.dim
     target = (C ** 0.25 * fm.projection[:4]).repeat(1, 2)  # [4, H * C]
     b.x = torch.linalg.lstsq(lin_k.weight, (target - (lin_k.bias if getattr(

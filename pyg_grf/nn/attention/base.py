@@ -16,9 +16,45 @@ def reset_hop_coefficients(f: Tensor, f_init: float) -> None:
         f.copy_(f_init ** torch.arange(f.size(-1), dtype=torch.float).expand_as(f))
 
 
+def key_dropout(v: Tensor, p: float, training: bool) -> Tensor:
+    r"""Coefficient dropout of the linear attention paths: zeroes the values of whole keys
+    (``v`` is ``[N, H, C]``; one draw per key and head, shared by every query) and scales the
+    kept ones by :math:`1 / (1 - p)`. Passing the result as the values, with the normaliser
+    computed from the keys as usual, gives
+    :math:`\mathbf{o}_i = \sum_j a_{ij} \frac{z_{jh}}{1 - p} \mathbf{v}_j` with the undropped
+    coefficients :math:`a_{ij}`: every :math:`a_{ij}` is zeroed with probability :math:`p`, and
+    :math:`\mathbb{E}[\mathbf{o}_i]` is the output without dropout."""
+    if not training or p == 0.0:
+        return v
+    keep = torch.empty(v.size(0), v.size(1), 1, dtype=v.dtype, device=v.device)
+    keep.bernoulli_(1.0 - p)
+    return v * (keep / (1.0 - p))
+
+
+def contract_repr(layer: nn.Module, extra: str = '') -> str:
+    r"""``Name(channels, heads=H[, head_channels=C][extra][, dropout=p])``: the one ``repr``
+    format of the attention layers (``head_channels`` only when it differs from
+    ``channels // heads``, ``dropout`` only when positive)."""
+    hc = ''
+    if layer.head_channels * layer.heads != layer.channels:
+        hc = f', head_channels={layer.head_channels}'
+    drop = f', dropout={layer.dropout}' if layer.dropout > 0 else ''
+    return f'{layer.__class__.__name__}({layer.channels}, heads={layer.heads}{hc}{extra}{drop})'
+
+
 class QKVAttention(nn.Module):
-    r"""Base of the attention layers: ``to_q``, ``to_k``, ``to_v`` project ``[N, channels]`` to
-    ``heads`` heads of ``head_channels``; ``to_out`` projects back; dropout on the mixed values.
+    r"""Base of the attention layers, and the contract every attention layer of the package
+    follows (GRF, GKAT, SAMSA, the masked-linear and reference layers):
+
+    * constructor vocabulary ``(channels, heads=1, head_channels=None, dropout=0.0, bias=True,
+      ...)``, with ``head_channels`` defaulting to ``channels // heads``;
+    * ``to_q``, ``to_k``, ``to_v`` project ``[N, channels]`` to ``heads`` heads of
+      ``head_channels`` (``bias`` sets their biases), and ``to_out`` projects the concatenated
+      heads back to ``[N, channels]``;
+    * ``dropout``: see :func:`key_dropout`, on the attention coefficients only, never on the
+      output;
+    * ``reset_parameters()`` re-initialises every parameter, ``repr`` is
+      :func:`contract_repr`.
 
     Subclasses implement the mixing of ``q, k, v`` (``[N, H, C]`` each).
     """
@@ -72,11 +108,14 @@ class QKVAttention(nn.Module):
         # keys are stabilised per graph of the batch (never across graphs)
         return qk_features(self.feature_map, q, k, batch)
 
+    def drop_keys(self, v: Tensor) -> Tensor:
+        r"""The values with the layer's coefficient dropout of the linear paths
+        (:func:`key_dropout`); identity in evaluation mode."""
+        return key_dropout(v, self.dropout, self.training)
+
     def finish(self, out: Tensor) -> Tensor:
-        out = nn.functional.dropout(out.reshape(out.size(0), self.heads * self.head_channels),
-                                    p=self.dropout,
-                                    training=self.training)
-        return self.to_out(out)
+        r"""Concatenates the heads and applies ``to_out`` (no dropout here: see the class)."""
+        return self.to_out(out.reshape(out.size(0), self.heads * self.head_channels))
 
     def _extra_repr(self) -> str:
         return ''
@@ -85,5 +124,4 @@ class QKVAttention(nn.Module):
         fm = '' if self.feature_map is None else f', feature_map={self.feature_map!r}'
         fm = fm.replace("feature_map=relu", "feature_map='relu'").replace(
             "feature_map=elu", "feature_map='elu'")
-        return (f'{self.__class__.__name__}({self.channels}, heads={self.heads}{fm}'
-                f'{self._extra_repr()})')
+        return contract_repr(self, f'{fm}{self._extra_repr()}')

@@ -3,6 +3,7 @@ App. A.5)."""
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -16,6 +17,7 @@ from torch_geometric.utils import softmax
 
 from pyg_grf._validation import check_index_range
 from pyg_grf.masks.rwgnk import RWGNKMask
+from pyg_grf.nn.attention.base import contract_repr, key_dropout
 from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
 from pyg_grf.nn.functional import masked_linear_attention, pair_masked_linear_attention
 from pyg_grf.ops import SparsePattern, head_spmm
@@ -94,26 +96,28 @@ class GKATAttention(torch.nn.Module):
     node attends across graphs, in every mode.
 
     Args:
-        channels (int): input size (and output size with the default ``out_channels`` and
-            ``concat=True``, as in a transformer block).
+        channels (int): input size, and output size with the default ``project=True``.
         heads (int): number of heads :math:`H` (default: ``1``).
         mode (str): ``'linear'``, ``'softmax'`` or ``'dense'`` (default: ``'linear'``).
         feature_map (str or FeatureMap): :math:`\phi` of ``'linear'`` mode: ``'elu'``
             (:math:`\mathrm{ELU}+1`), ``'relu'`` or ``'favor+'`` (default: ``'elu'``).
         concat (bool): concatenate the heads (``[N, H * C]``) or average them (``[N, C]``)
             (default: :obj:`True`).
-        dropout (float): dropout on the normalised attention coefficients, as in GAT; used by
-            ``'softmax'`` and ``'dense'`` (``'linear'`` never forms the coefficients)
-            (default: ``0.``).
+        dropout (float): dropout on the normalised attention coefficients only, as in GAT, in
+            ``'softmax'`` and ``'dense'`` modes; ``'linear'`` never forms the coefficients and
+            drops whole key columns per head instead (numerator only, unbiased:
+            :func:`~pyg_grf.nn.attention.base.key_dropout`) (default: ``0.``).
         negative_slope (float): LeakyReLU slope of ``score='gat'`` (default: ``0.2``).
-        out_channels (int, optional): channels per head :math:`C` (default:
+        head_channels (int, optional): channels per head :math:`C` (default:
             ``channels // heads`` if ``concat`` else ``channels``).
         score (str): logits of ``'softmax'``/``'dense'``: ``'gat'`` or ``'dot'``
             (default: ``'gat'``).
         kernel_weighting (bool): weight the coefficients by :math:`\mathcal{K}_{ij}`; if
             :obj:`False`, :math:`\mathcal{K}` only gives the support (an ablation)
             (default: :obj:`True`).
-        bias (bool): add a learnable bias to the output (default: :obj:`True`).
+        bias (bool): a learnable bias on the output: in ``to_out`` with ``project``, else added
+            to the heads as in GAT (default: :obj:`True`). The value, query and key
+            projections ``to_v``, ``to_q``, ``to_k`` have none, as in GAT.
         threshold (float): in ``'softmax'`` and ``'dense'`` modes, pairs with
             :math:`\mathcal{K}_{ij} \le` ``threshold`` are left out of the support: a sparser,
             faster approximation (with ``alpha=1``, :math:`\mathcal{K}_{ii} = 1` is always kept)
@@ -131,21 +135,36 @@ class GKATAttention(torch.nn.Module):
             (``'pairs'`` when ``kernel`` is given, else ``'sparse'``) (default: ``'auto'``).
             With a positive ``kernel_threshold`` the stored pairs drop the small entries, so
             ``'pairs'`` then approximates ``'sparse'``.
+        project (bool): project the combined heads back to ``channels`` with ``to_out``, as
+            every attention layer of the package does (default: :obj:`True`). With
+            :obj:`False` the layer is the paper's GAT-shaped one (no output projection), e.g. to
+            stack it as a convolution with ``concat=False`` for class scores.
+        out_channels (int, optional): deprecated name of ``head_channels``.
 
     Shapes:
         - **input:** node features :math:`(N, F)`, ``rwgnk_index`` :math:`(2, |\Psi|)`,
           ``rwgnk_value`` :math:`(|\Psi|)`, batch vector :math:`(N)` *(optional)*
-        - **output:** :math:`(N, H * C)` if ``concat`` else :math:`(N, C)`
+        - **output:** :math:`(N, \mathrm{channels})`; with ``project=False``,
+          :math:`(N, H * C)` if ``concat`` else :math:`(N, C)`
     """
 
     def __init__(self, channels: int, heads: int = 1, mode: str = 'linear',
                  feature_map: Any = 'elu', concat: bool = True, dropout: float = 0.,
-                 negative_slope: float = 0.2, out_channels: Optional[int] = None,
+                 negative_slope: float = 0.2, head_channels: Optional[int] = None,
                  score: str = 'gat', kernel_weighting: bool = True, bias: bool = True,
                  threshold: float = 0.0, cached: bool = False,
                  feature_map_kwargs: Optional[Dict[str, Any]] = None, eps: float = 1e-6,
-                 backend: str = 'auto'):
+                 backend: str = 'auto', project: bool = True,
+                 out_channels: Optional[int] = None):
         super().__init__()
+        if out_channels is not None:
+            if head_channels is not None and head_channels != out_channels:
+                raise ValueError(f"'out_channels' is the old name of 'head_channels'; got both "
+                                 f"({out_channels} and {head_channels})")
+            warnings.warn("GKATAttention(out_channels=...) is deprecated: it is the size per "
+                          "head, now called 'head_channels' as in every attention layer",
+                          FutureWarning, stacklevel=2)
+            head_channels = out_channels
         if backend not in LINEAR_BACKENDS:
             raise ValueError(f"'backend' must be one of {LINEAR_BACKENDS}, got {backend!r}")
         self.backend = backend
@@ -155,36 +174,40 @@ class GKATAttention(torch.nn.Module):
             raise ValueError(f"'score' must be one of {SCORES}, got {score!r}")
         if threshold < 0:
             raise ValueError(f"'threshold' must be >= 0, got {threshold}")
-        if heads < 1:
-            raise ValueError(f"'heads' must be >= 1, got {heads}")
-        if out_channels is None:
+        if channels < 1 or heads < 1:
+            raise ValueError(f"'channels' and 'heads' must be positive, got {channels} and "
+                             f"{heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"'dropout' must lie in [0, 1), got {dropout}")
+        if head_channels is None:
             if concat and channels % heads != 0:
                 raise ValueError(f"'channels' ({channels}) must be divisible by 'heads' "
-                                 f"({heads}) when concat=True and out_channels is not given")
-            out_channels = channels // heads if concat else channels
+                                 f"({heads}) when concat=True and head_channels is not given")
+            head_channels = channels // heads if concat else channels
         self.channels = channels
         self.heads = heads
         self.mode = mode
         self.concat = concat
         self.dropout = dropout
         self.negative_slope = negative_slope
-        self.out_channels = out_channels
+        self.head_channels = head_channels
         self.score = score
         self.kernel_weighting = kernel_weighting
         self.threshold = threshold
         self.cached = cached
         self.feature_map_kwargs = feature_map_kwargs or {}
         self.eps = eps
+        self.project = project
         self._cache: Optional[Tuple[Tensor, Tensor, SparsePattern]] = None
-        H, C = heads, out_channels
+        H, C = heads, head_channels
 
-        self.lin = Linear(channels, H * C, bias=False, weight_initializer='glorot')
+        self.to_v = Linear(channels, H * C, bias=False, weight_initializer='glorot')
         if mode == 'linear' or score == 'dot':
-            self.lin_q = Linear(channels, H * C, bias=False, weight_initializer='glorot')
-            self.lin_k = Linear(channels, H * C, bias=False, weight_initializer='glorot')
+            self.to_q = Linear(channels, H * C, bias=False, weight_initializer='glorot')
+            self.to_k = Linear(channels, H * C, bias=False, weight_initializer='glorot')
         else:
-            self.register_module('lin_q', None)
-            self.register_module('lin_k', None)
+            self.register_module('to_q', None)
+            self.register_module('to_k', None)
         if mode != 'linear' and score == 'gat':
             self.att_src = Parameter(torch.empty(1, H, C))
             self.att_dst = Parameter(torch.empty(1, H, C))
@@ -196,24 +219,47 @@ class GKATAttention(torch.nn.Module):
         else:
             self.feature_map = None
         self.feature_map_name = feature_map
-        if bias:
-            self.bias = Parameter(torch.empty(H * C if concat else C))
-        else:
+        heads_out = H * C if concat else C
+        if project:  # the contract's output projection back to 'channels'
+            self.to_out = torch.nn.Linear(heads_out, channels, bias=bias)
             self.register_parameter('bias', None)
+        else:  # the paper's GAT-shaped layer: heads out, plus a bias
+            self.register_module('to_out', None)
+            if bias:
+                self.bias = Parameter(torch.empty(heads_out))
+            else:
+                self.register_parameter('bias', None)
         self.reset_parameters()
+
+    @property
+    def out_channels(self) -> int:
+        r"""Size of the output: ``channels`` with ``project``, else ``heads * head_channels``
+        (``concat``) or ``head_channels``."""
+        if self.project:
+            return self.channels
+        return self.heads * self.head_channels if self.concat else self.head_channels
 
     def reset_parameters(self):
         r"""Resets all learnable parameters of the module."""
-        self.lin.reset_parameters()
-        if self.lin_q is not None:
-            self.lin_q.reset_parameters()
-            self.lin_k.reset_parameters()
+        self.to_v.reset_parameters()
+        if self.to_q is not None:
+            self.to_q.reset_parameters()
+            self.to_k.reset_parameters()
+        if self.to_out is not None:
+            self.to_out.reset_parameters()
         glorot(self.att_src)
         glorot(self.att_dst)
         zeros(self.bias)
         if self.feature_map is not None and hasattr(self.feature_map, 'redraw'):
             self.feature_map.redraw()
         self._cache = None
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # checkpoints written before the attention contract named the projections lin/lin_q/lin_k
+        for old, new in (('lin.', 'to_v.'), ('lin_q.', 'to_q.'), ('lin_k.', 'to_k.')):
+            for key in [k for k in state_dict if k.startswith(prefix + old)]:
+                state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def forward(self, x: Tensor, rwgnk_index: Tensor, rwgnk_value: Tensor,
                 batch: OptTensor = None, kernel: Optional[Tuple[Tensor, Tensor]] = None
@@ -237,7 +283,7 @@ class GKATAttention(torch.nn.Module):
         if rwgnk_value.dim() != 1 or rwgnk_value.numel() != rwgnk_index.size(1):
             raise ValueError(f"'rwgnk_value' must have shape [{rwgnk_index.size(1)}] to match "
                              f"'rwgnk_index', got {tuple(rwgnk_value.shape)}")
-        N, H, C = x.size(0), self.heads, self.out_channels
+        N, H, C = x.size(0), self.heads, self.head_channels
         # Ids in [0, N): checked once per batch tensor, not in every layer (see
         # pyg_grf._validation); a negative id used to wrap around ('dense') or abort the
         # process ('softmax').
@@ -245,15 +291,17 @@ class GKATAttention(torch.nn.Module):
         rwgnk_value = rwgnk_value.to(x.dtype)
 
         # Values, one set per head: [N, H, C].
-        v = self.lin(x).view(N, H, C)
+        v = self.to_v(x).view(N, H, C)
 
         if self.mode == 'linear':
             # Low-rank masked attention: phi(q_i)^T sum_j K_ij phi(k_j) v_j^T / (...), with
             # K X = Psi (Psi^T X) (FTFI Sec. 4.2, Algorithm 1).
-            phi_q = self.feature_map(self.lin_q(x).view(N, H, C), is_query=True)
+            phi_q = self.feature_map(self.to_q(x).view(N, H, C), is_query=True)
             # Keys are stabilised per graph (never by a quantity of other graphs).
-            phi_k = apply_feature_map(self.feature_map, self.lin_k(x).view(N, H, C),
+            phi_k = apply_feature_map(self.feature_map, self.to_k(x).view(N, H, C),
                                       batch=batch)
+            # Coefficient dropout without coefficients: whole key columns, numerator only.
+            v = key_dropout(v, self.dropout, self.training)
             use_pairs = self.backend == 'pairs' or (self.backend == 'auto' and kernel is not None)
             if use_pairs:
                 # The kernel on its nonzeros: one sampled product, one sparse product.
@@ -295,6 +343,8 @@ class GKATAttention(torch.nn.Module):
 
         # Combine heads.
         out = out.reshape(N, H * C) if self.concat else out.mean(dim=1)
+        if self.to_out is not None:
+            return self.to_out(out)
         if self.bias is not None:
             out = out + self.bias
         return out
@@ -319,8 +369,8 @@ class GKATAttention(torch.nn.Module):
             else:
                 e = a_dst[pairs[0]] + a_src[pairs[1]]
             return F.leaky_relu(e, self.negative_slope)
-        q = self.lin_q(x).view(N, H, C)
-        k = self.lin_k(x).view(N, H, C)
+        q = self.to_q(x).view(N, H, C)
+        k = self.to_k(x).view(N, H, C)
         if pairs is None:
             return torch.einsum('ihc,jhc->hij', q, k) / math.sqrt(C)
         return (q[pairs[0]] * k[pairs[1]]).sum(-1) / math.sqrt(C)
@@ -344,12 +394,13 @@ class GKATAttention(torch.nn.Module):
         return torch.einsum('hij,jhc->ihc', alpha, v)
 
     def __repr__(self) -> str:
+        extra = f', mode={self.mode!r}'
         if self.mode == 'linear':
-            extra = f', feature_map={self.feature_map_name!r}'
+            extra += f', feature_map={self.feature_map_name!r}'
             extra += f', backend={self.backend!r}' if self.backend != 'auto' else ''
         else:
-            extra = f', score={self.score!r}'
+            extra += f', score={self.score!r}'
             extra += f', threshold={self.threshold}' if self.threshold else ''
-        return (f'{self.__class__.__name__}({self.channels}, {self.out_channels}, '
-                f'heads={self.heads}, mode={self.mode!r}{extra}, concat={self.concat}, '
-                f'dropout={self.dropout})')
+        extra += '' if self.concat else ', concat=False'
+        extra += '' if self.project else ', project=False'
+        return contract_repr(self, extra)

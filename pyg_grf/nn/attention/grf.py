@@ -61,8 +61,10 @@ class GRFAttention(QKVAttention):
         f_init (float, optional): initial :math:`f_l = \mathrm{f\_init}^l` (decaying, so longer
             walks start with less weight; :math:`f_0 = 1`) (default: :obj:`0.5`).
         learn_f (bool, optional): whether :math:`f` is learnable (default: :obj:`True`).
-        dropout (float, optional): dropout on the attention output in the linear modes, on the
-            attention coefficients in ``'sparse_softmax'`` mode (default: :obj:`0.`).
+        dropout (float, optional): dropout on the attention coefficients only: each pair's in
+            ``'sparse_softmax'`` mode; in the linear modes, which never form the coefficients,
+            whole key columns per head (one draw per key and head, numerator only, unbiased:
+            :func:`~pyg_grf.nn.attention.base.key_dropout`) (default: :obj:`0.`).
         bias (bool, optional): biases in the projections (default: :obj:`True`).
         eps (float, optional): added to the normaliser (default: :obj:`1e-6`).
         backend (str, optional): how the masked attention is computed, same result:
@@ -166,6 +168,7 @@ class GRFAttention(QKVAttention):
             return self.to_out(out.reshape(out.size(0), H * C))
         # Linear modes: masked sums [N, H, C + 1] (numerator, then the normaliser).
         phi_q, phi_k = self.features(q, k, grf.batch if batch is None else batch)
+        v = self.drop_keys(v)  # coefficient dropout: whole key columns, numerator only
         o = self._linear_sums(grf, phi_q, phi_k, v, backend, batch)
         if self.beta is not None:  # M = beta * 1 1^T (per graph) + GRF mask
             o = o + self.beta.to(o.dtype).view(1, H, 1) * F.packing_sums(

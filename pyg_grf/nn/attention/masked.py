@@ -50,7 +50,9 @@ class MaskedLinearAttention(QKVAttention):
         feature_map_kwargs (dict, optional): arguments of the feature map.
         mask_module (torch.nn.Module, optional): builds the mask from the keyword arguments of
             :meth:`forward` (default: :obj:`None`).
-        dropout (float, optional): dropout on the attention output (default: :obj:`0.`).
+        dropout (float, optional): dropout on the attention coefficients: whole key columns
+            per head, unbiased (:func:`~pyg_grf.nn.attention.base.key_dropout`) (default:
+            :obj:`0.`).
         bias (bool, optional): biases in the projections (default: :obj:`True`).
         eps (float, optional): added to the normaliser (default: :obj:`1e-6`).
 
@@ -126,7 +128,7 @@ class MaskedLinearAttention(QKVAttention):
             raise ValueError(f"the mask has {mask.num_heads} heads but the layer has "
                              f"{self.heads}")
         phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
-        out = masked_linear_attention(phi_q, phi_k, v, mask, eps=self.eps)
+        out = masked_linear_attention(phi_q, phi_k, self.drop_keys(v), mask, eps=self.eps)
         return self.finish(out)
 
     def _extra_repr(self) -> str:

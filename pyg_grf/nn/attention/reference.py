@@ -42,7 +42,8 @@ class LinearAttention(QKVAttention):
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         q, k, v = self.project(x)
         phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
-        out = masked_linear_attention(phi_q, phi_k, v, PackingMask(batch_or_zeros(batch, x.size(0), x.device)),
+        out = masked_linear_attention(phi_q, phi_k, self.drop_keys(v),
+                                      PackingMask(batch_or_zeros(batch, x.size(0), x.device)),
                                       eps=self.eps)
         return self.finish(out)
 
@@ -89,7 +90,8 @@ class PowerSeriesAttention(QKVAttention):
         q, k, v = self.project(x)
         phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
         M = DenseMask(self.dense_mask(edge_index, x.size(0), edge_weight).to(x.dtype))
-        return self.finish(masked_linear_attention(phi_q, phi_k, v, M, eps=self.eps))
+        return self.finish(masked_linear_attention(phi_q, phi_k, self.drop_keys(v), M,
+                                                   eps=self.eps))
 
     def _extra_repr(self) -> str:
         return f', max_length={self.max_length}'
@@ -118,6 +120,7 @@ class SoftmaxAttention(QKVAttention):
         B, Nmax = valid.shape
         qd, kd, vd = (t.view(B, Nmax, H, C).transpose(1, 2) for t in (qd, kd, vd))
         attn_mask = valid.view(B, 1, 1, Nmax)
-        out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=attn_mask)
+        out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=attn_mask,
+                                             dropout_p=self.dropout if self.training else 0.0)
         out = out.transpose(1, 2)[valid]  # [N, H, C]
         return self.finish(out)

@@ -17,6 +17,8 @@ from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.typing import OptTensor
 from torch_geometric.utils import to_dense_batch
 
+from pyg_grf.nn.attention.base import contract_repr
+
 MODES = ('soft', 'hard')
 
 
@@ -67,8 +69,7 @@ class SAMSAAttention(torch.nn.Module):
 
     Args:
         channels (int): Size of each input and output sample.
-        heads (int, optional): Number of attention heads; must divide :obj:`channels`.
-            (default: :obj:`1`)
+        heads (int, optional): Number of attention heads. (default: :obj:`1`)
         num_samples (int, optional): Number :math:`k` of key/value tokens each head keeps per
             graph. (default: :obj:`32`)
         mode (str, optional): :obj:`"hard"` (straight-through) or :obj:`"soft"` (relaxed
@@ -86,6 +87,8 @@ class SAMSAAttention(torch.nn.Module):
             (default: :obj:`None`)
         bias (bool, optional): If set to :obj:`False`, the projections do not learn an additive
             bias. (default: :obj:`True`)
+        head_channels (int, optional): Size per head; if set to :obj:`None`,
+            :obj:`channels // heads`, which must then divide evenly. (default: :obj:`None`)
 
     Shapes:
         - **input:** tokens :math:`(N, F)`, batch vector :math:`(N)` *(optional)*
@@ -106,12 +109,20 @@ class SAMSAAttention(torch.nn.Module):
         act: Union[str, Callable, None] = 'gelu',
         act_kwargs: Optional[dict] = None,
         bias: bool = True,
+        head_channels: Optional[int] = None,
     ):
         super().__init__()
         if channels < 1:
             raise ValueError(f"'channels' must be positive (got {channels})")
-        if heads < 1 or channels % heads != 0:
-            raise ValueError(f"'channels' ({channels}) must be divisible by 'heads' ({heads})")
+        if heads < 1:
+            raise ValueError(f"'heads' must be positive (got {heads})")
+        if head_channels is None:
+            if channels % heads != 0:
+                raise ValueError(f"'channels' ({channels}) must be divisible by 'heads' "
+                                 f"({heads}) unless 'head_channels' is given")
+            head_channels = channels // heads
+        if head_channels < 1:
+            raise ValueError(f"'head_channels' must be positive (got {head_channels})")
         if num_samples < 1:
             raise ValueError(f"'num_samples' must be at least 1 (got {num_samples})")
         if mode not in MODES:
@@ -125,7 +136,7 @@ class SAMSAAttention(torch.nn.Module):
 
         self.channels = channels
         self.heads = heads
-        self.head_channels = channels // heads
+        self.head_channels = head_channels
         self.num_samples = num_samples
         self.mode = mode
         self.num_support = 2 * num_samples if num_support is None else num_support
@@ -137,9 +148,9 @@ class SAMSAAttention(torch.nn.Module):
         self.bias = bias
 
         H, D, S = heads, self.head_channels, self.num_support
-        self.to_q = Linear(channels, channels, bias=bias)
-        self.to_kv = Linear(channels, 2 * channels, bias=bias)
-        self.to_out = Linear(channels, channels, bias=bias)
+        self.to_q = Linear(channels, H * D, bias=bias)
+        self.to_kv = Linear(channels, 2 * H * D, bias=bias)
+        self.to_out = Linear(H * D, channels, bias=bias)
         # importance-score network (Sec. 4.4: "a simple multi-layer perceptron")
         self.score_lin1 = Linear(channels, self.score_channels)
         self.score_act = activation_resolver(act, **(act_kwargs or {}))
@@ -298,5 +309,4 @@ class SAMSAAttention(torch.nn.Module):
         return out
 
     def __repr__(self) -> str:
-        return (f'{self.__class__.__name__}({self.channels}, heads={self.heads}, '
-                f'num_samples={self.num_samples}, mode={self.mode!r})')
+        return contract_repr(self, f', num_samples={self.num_samples}, mode={self.mode!r}')

@@ -576,7 +576,9 @@ class GraphTransformer(torch.nn.Module):
             outputs (default: :obj:`'mean'`).
         dropout (float, optional): dropout of the residual branches and the head
             (default: :obj:`0.`).
-        attn_dropout (float, optional): dropout inside the attention (default: :obj:`0.`).
+        attn_dropout (float, optional): dropout on the attention coefficients (the contract of
+            every attention layer: whole key columns in the linear paths, see
+            :func:`~pyg_grf.nn.attention.base.key_dropout`) (default: :obj:`0.`).
         ffn_ratio (float, optional): FFN hidden size / ``hidden_channels`` (default: :obj:`2.`).
         act (str, optional): activation (default: :obj:`'gelu'`).
         norm (str, optional): ``'layer_norm'``, ``'batch_norm'``, ``'rms_norm'`` or :obj:`None`

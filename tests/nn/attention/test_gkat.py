@@ -33,11 +33,11 @@ def dense_kernel(batch):
 
 def reference(layer, x, kernel):
     """Independent dense implementation of every mode, with the layer's weights."""
-    N, H, C = x.size(0), layer.heads, layer.out_channels
-    v = (x @ layer.lin.weight.t()).view(N, H, C)
+    N, H, C = x.size(0), layer.heads, layer.head_channels
+    v = (x @ layer.to_v.weight.t()).view(N, H, C)
     if layer.mode == 'linear':
-        q = F.elu((x @ layer.lin_q.weight.t()).view(N, H, C)) + 1
-        k = F.elu((x @ layer.lin_k.weight.t()).view(N, H, C)) + 1
+        q = F.elu((x @ layer.to_q.weight.t()).view(N, H, C)) + 1
+        k = F.elu((x @ layer.to_k.weight.t()).view(N, H, C)) + 1
         att = torch.einsum('ihc,jhc->hij', q, k) * kernel
         out = torch.einsum('hij,jhc->ihc', att, v) / (att.sum(-1).t().unsqueeze(-1) + layer.eps)
     else:
@@ -46,28 +46,33 @@ def reference(layer, x, kernel):
             d = (v * layer.att_dst).sum(-1)
             e = F.leaky_relu(d.t()[:, :, None] + s.t()[:, None, :], layer.negative_slope)
         else:
-            q = (x @ layer.lin_q.weight.t()).view(N, H, C)
-            k = (x @ layer.lin_k.weight.t()).view(N, H, C)
+            q = (x @ layer.to_q.weight.t()).view(N, H, C)
+            k = (x @ layer.to_k.weight.t()).view(N, H, C)
             e = torch.einsum('ihc,jhc->hij', q, k) / math.sqrt(C)
         weight = kernel if layer.kernel_weighting else (kernel != 0).double()
         att = weight * torch.exp(e - e.amax(-1, keepdim=True))
         att = att / att.sum(-1, keepdim=True)
         out = torch.einsum('hij,jhc->ihc', att, v)
     out = out.reshape(N, H * C) if layer.concat else out.mean(1)
+    if layer.project:
+        return out @ layer.to_out.weight.t() + layer.to_out.bias
     return out + layer.bias
 
 
 @pytest.mark.parametrize('mode,score', [('linear', 'gat'), ('softmax', 'gat'),
                                         ('softmax', 'dot'), ('dense', 'gat'), ('dense', 'dot')])
 @pytest.mark.parametrize('concat', [True, False])
-def test_matches_dense_reference(mode, score, concat):
+@pytest.mark.parametrize('project', [True, False])
+def test_matches_dense_reference(mode, score, concat, project):
     batch = make_batch()
     torch.manual_seed(1)
-    layer = GKATAttention(8, heads=2, mode=mode, score=score, concat=concat, out_channels=3)
+    layer = GKATAttention(8, heads=2, mode=mode, score=score, concat=concat, head_channels=3,
+                          project=project)
     layer = layer.double()
-    torch.nn.init.normal_(layer.bias)
+    torch.nn.init.normal_(layer.to_out.bias if project else layer.bias)
     out = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value, batch.batch)
-    assert out.shape == (batch.num_nodes, 6 if concat else 3)
+    assert out.shape == (batch.num_nodes, 8 if project else 6 if concat else 3)
+    assert layer.out_channels == out.size(1)
     ref = reference(layer, batch.x, dense_kernel(batch))
     assert torch.allclose(out, ref, atol=1e-6, rtol=0)
 
@@ -100,7 +105,7 @@ def test_no_cross_graph_attention(mode):
 def test_gradcheck(mode):
     batch = make_batch()
     data = batch.get_example(0)
-    layer = GKATAttention(8, heads=2, mode=mode, out_channels=2).double()
+    layer = GKATAttention(8, heads=2, mode=mode, head_channels=2).double()
     x = data.x.clone().requires_grad_()
     value = data.rwgnk_value.clone().requires_grad_()
     assert torch.autograd.gradcheck(lambda x, v: layer(x, data.rwgnk_index, v), (x, value))
@@ -125,11 +130,10 @@ def test_dropout_and_cache():
 
 def test_repr_and_defaults():
     layer = GKATAttention(16, heads=4)
-    assert str(layer) == ("GKATAttention(16, 4, heads=4, mode='linear', feature_map='elu', "
-                          "concat=True, dropout=0.0)")
-    assert str(GKATAttention(16, heads=2, mode='softmax', dropout=0.6)) == (
-        "GKATAttention(16, 8, heads=2, mode='softmax', score='gat', concat=True, dropout=0.6)")
-    assert layer.att_src is None and layer.lin_q is not None
+    assert str(layer) == "GKATAttention(16, heads=4, mode='linear', feature_map='elu')"
+    assert str(GKATAttention(16, heads=2, mode='softmax', dropout=0.6, project=False)) == (
+        "GKATAttention(16, heads=2, mode='softmax', score='gat', project=False, dropout=0.6)")
+    assert layer.att_src is None and layer.to_q is not None
     x = torch.randn(3, 16)
     out = layer(x, torch.tensor([[0, 1, 2], [0, 1, 2]]), torch.ones(3))
     assert out.shape == (3, 16)
@@ -207,8 +211,8 @@ def test_linear_backends_equal_dense_reference(backend, with_kernel):
     from pyg_grf.nn.attention.gkat import rwgnk_kernel
     batch = make_batch()
     torch.manual_seed(1)
-    layer = GKATAttention(8, heads=2, mode='linear', out_channels=3, backend=backend).double()
-    torch.nn.init.normal_(layer.bias)
+    layer = GKATAttention(8, heads=2, mode='linear', head_channels=3, backend=backend).double()
+    torch.nn.init.normal_(layer.to_out.bias)
     kernel = rwgnk_kernel(batch.rwgnk_index, batch.rwgnk_value, batch.num_nodes) \
         if with_kernel else None
     x = batch.x.clone().requires_grad_()
@@ -216,7 +220,7 @@ def test_linear_backends_equal_dense_reference(backend, with_kernel):
     ref = reference(layer, batch.x, dense_kernel(batch))
     assert torch.allclose(out, ref, atol=1e-9, rtol=0)
     out.sum().backward()
-    assert layer.lin_q.weight.grad is not None and x.grad is not None
+    assert layer.to_q.weight.grad is not None and x.grad is not None
 
 
 def test_linear_backend_repr_and_bad_value():
@@ -224,3 +228,21 @@ def test_linear_backend_repr_and_bad_value():
     assert "backend='pairs'" in str(GKATAttention(8, heads=2, backend='pairs'))
     with pytest.raises(ValueError, match="'backend' must be one of"):
         GKATAttention(8, backend='dense')
+
+
+def test_deprecated_out_channels_and_old_state_dict():
+    with pytest.warns(FutureWarning, match='head_channels'):
+        old = GKATAttention(8, heads=2, mode='softmax', out_channels=3, project=False)
+    assert old.head_channels == 3
+    with pytest.raises(ValueError, match="old name of 'head_channels'"):
+        GKATAttention(8, heads=2, out_channels=3, head_channels=4)
+    # a checkpoint from before the contract (lin, lin_q, lin_k) loads into the new names
+    layer = GKATAttention(8, heads=2, mode='softmax', score='dot', head_channels=3,
+                          project=False)
+    state = {k.replace('to_v.', 'lin.').replace('to_q.', 'lin_q.').replace('to_k.', 'lin_k.'): v
+             for k, v in layer.state_dict().items()}
+    assert 'lin.weight' in state
+    fresh = GKATAttention(8, heads=2, mode='softmax', score='dot', head_channels=3,
+                          project=False)
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.to_v.weight, layer.to_v.weight)

@@ -21,8 +21,10 @@ def batch_of_three(channels=8, seed=0):
     return Batch.from_data_list([t(g) for g in graphs])
 
 
-def dense_grf_attention(layer, x, index, length, load):
-    """Independent O(N^2) re-implementation of GRFAttention from its weights."""
+def dense_grf_attention(layer, x, index, length, load, key_scale=None):
+    """Independent O(N^2) re-implementation of GRFAttention from its weights; ``key_scale``
+    ``[N, H]`` multiplies the coefficients of each key column in the numerator only (the
+    linear modes' dropout)."""
     N, H, C = x.size(0), layer.heads, layer.head_channels
     q = (x @ layer.to_q.weight.T + layer.to_q.bias).view(N, H, C)
     k = (x @ layer.to_k.weight.T + layer.to_k.bias).view(N, H, C)
@@ -39,7 +41,8 @@ def dense_grf_attention(layer, x, index, length, load):
             M = phi @ phi.T if layer.mode == 'symmetric' else phi
             fq, fk = layer.feature_map(q[:, h]), layer.feature_map(k[:, h])
             s = (fq @ fk.T) * M
-        outs.append(s @ v[:, h] / s.sum(1, keepdim=True))
+        num = s if key_scale is None else s * key_scale[:, h].unsqueeze(0)
+        outs.append(num @ v[:, h] / s.sum(1, keepdim=True))
     out = torch.cat(outs, dim=1)
     return out @ layer.to_out.weight.T + layer.to_out.bias
 
