@@ -19,7 +19,7 @@ where the value gradient is a gather over the nonzeros (an SDDMM), :math:`O(\mat
 """
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -65,6 +65,7 @@ class SparsePattern:
         self.crow = torch.ops.aten._convert_indices_from_coo_to_csr(row, R)
         self._t = None
         self._repeats = {}
+        self._block_of: Optional[Tuple['SparsePattern', int]] = None  # set by repeat()
 
     def repeat(self, heads: int) -> 'SparsePattern':
         r"""The pattern of the block-diagonal ``[heads * R, heads * S]`` matrix with this pattern in
@@ -77,7 +78,9 @@ class SparsePattern:
             off = torch.arange(heads, device=self.row.device).view(-1, 1)
             index = torch.stack([(self.row.view(1, -1) + off * R).view(-1),
                                  (self.col.view(1, -1) + off * S).view(-1)])
-            self._repeats[heads] = SparsePattern(index, (heads * R, heads * S), _trusted=True)
+            rep = SparsePattern(index, (heads * R, heads * S), _trusted=True)
+            rep._block_of = (self, heads)
+            self._repeats[heads] = rep
         return self._repeats[heads]
 
     def repeat_values(self, values: Tensor) -> Tensor:
@@ -90,11 +93,27 @@ class SparsePattern:
     def _transpose(self):
         # Column-major order of the nonzeros, computed on first use and cached.
         if self._t is None:
-            R, S = self.size
-            perm_t = torch.argsort(self.col * R + self.row, stable=True)
-            crow_t = torch.ops.aten._convert_indices_from_coo_to_csr(self.col[perm_t], S)
-            self._t = (perm_t, crow_t, self.row[perm_t])
+            if self._block_of is not None:
+                self._t = self._block_transpose(*self._block_of)
+            else:
+                R, S = self.size
+                perm_t = torch.argsort(self.col * R + self.row, stable=True)
+                crow_t = torch.ops.aten._convert_indices_from_coo_to_csr(self.col[perm_t], S)
+                self._t = (perm_t, crow_t, self.row[perm_t])
         return self._t
+
+    @staticmethod
+    def _block_transpose(base: 'SparsePattern', heads: int):
+        # The transpose of a block-diagonal repeat is the repeat of the block's transpose: one
+        # sort of nnz keys instead of heads * nnz (same order as the stable sort would give).
+        perm_t, crow_t, col_t = base._transpose()
+        nnz, R = base.nnz, base.size[0]
+        off = torch.arange(heads, device=perm_t.device).view(-1, 1)
+        perm = (perm_t.view(1, -1) + off * nnz).reshape(-1)
+        crow = torch.cat([(crow_t[:-1].view(1, -1) + off * nnz).reshape(-1),
+                          crow_t.new_full((1, ), heads * nnz)])
+        col = (col_t.view(1, -1) + off * R).reshape(-1)
+        return perm, crow, col
 
     def _sorted(self, values: Tensor) -> Tensor:
         return values if self.perm is None else values[self.perm]

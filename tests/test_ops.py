@@ -35,3 +35,17 @@ def test_head_spmm_bad_shape():
     pattern = SparsePattern(torch.tensor([[0, 1], [1, 0]]), (2, 2))
     with pytest.raises(ValueError, match=r"'x' must have shape \[rows, 3, C\]"):
         head_spmm(pattern, torch.ones(3, 2), torch.ones(2, 2, 4))
+
+
+def test_repeat_transpose_equals_direct_sort():
+    # The repeat's transpose is derived from the block's (one small sort); it must equal the
+    # transpose computed by sorting the repeated pattern's own keys.
+    gen = torch.Generator().manual_seed(1)
+    R, S, H = 6, 5, 4
+    index = torch.stack([torch.randint(R, (20, ), generator=gen),
+                         torch.randint(S, (20, ), generator=gen)])  # duplicates included
+    rep = SparsePattern(index, (R, S)).repeat(H)
+    direct = SparsePattern(torch.stack([rep.row, rep.col]), rep.size)
+    assert direct._block_of is None
+    for a, b in zip(rep._transpose(), direct._transpose()):
+        assert torch.equal(a, b)
