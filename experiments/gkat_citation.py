@@ -96,7 +96,19 @@ def run_seed(data, num_classes, args, seed):
                      kernel_weighting=not args.support_only)
     else:
         model = GAT(data.num_features, num_classes)
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
+    return dict(seed=seed, **train(model, data, args))
+
+
+def train(model, data, args):
+    r"""Full-batch training with early stopping on validation accuracy (ties: validation
+    loss); returns the validation and test accuracy at the selected epoch. Parameters a module
+    lists in ``no_weight_decay()`` (GRF's modulation ``f`` and global ``beta``) get no decay."""
+    exempt = {f'{m_name}.{n}' if m_name else n for m_name, m in model.named_modules()
+              if hasattr(m, 'no_weight_decay') for n in m.no_weight_decay()}
+    groups = [[p for n, p in model.named_parameters() if (n in exempt) == flag]
+              for flag in (False, True)]
+    opt = torch.optim.Adam([{'params': groups[0], 'weight_decay': args.weight_decay},
+                            {'params': groups[1], 'weight_decay': 0.0}], lr=args.lr)
     best = (-1.0, float('inf'), 0.0, 0)  # val acc, val loss, test acc, epoch
     bad, epochs, t0 = 0, 0, time.perf_counter()
     for epoch in range(1, args.epochs + 1):
@@ -123,7 +135,7 @@ def run_seed(data, num_classes, args, seed):
             if bad >= args.patience:
                 break
     sec = (time.perf_counter() - t0) / epochs
-    return {'seed': seed, 'val_acc': best[0], 'test_acc': best[2], 'best_epoch': best[3],
+    return {'val_acc': best[0], 'test_acc': best[2], 'best_epoch': best[3],
             'epochs': epochs, 'sec_per_epoch': sec}
 
 

@@ -11,7 +11,10 @@ Models (2 message-passing / attention layers each, then mean pooling and a linea
   features from walks of length tau = 3 (as in the paper) stored by
   :class:`~pyg_grf.transforms.AddRWGNKFeatures` as a pre-transform;
 * GAT: two :class:`~torch_geometric.nn.GATConv` layers with 2 heads;
-* GCN: two :class:`~torch_geometric.nn.GCNConv` layers.
+* GCN: two :class:`~torch_geometric.nn.GCNConv` layers;
+* GRF: a linear input layer, then two :class:`~pyg_grf.nn.GRFAttention` layers (2 heads,
+  symmetric GRF mask estimated from walks stored by
+  :class:`~pyg_grf.transforms.AddGraphRandomFeatures`, linear cost) in GKAT's place.
 
 The paper uses 2 heads x 9 hidden for GAT/GKAT and 32 hidden for GCN "to make all models of
 comparable sizes"; here the hidden sizes of GAT and GCN are chosen so their parameter counts match
@@ -40,20 +43,33 @@ from torch_geometric.nn import GATConv, GCNConv, global_mean_pool
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from torch_geometric.transforms import Compose  # noqa: E402
+
 from pyg_grf.datasets import MotifDataset  # noqa: E402
-from pyg_grf.nn import GKATAttention  # noqa: E402
-from pyg_grf.transforms import AddRWGNKFeatures  # noqa: E402
+from pyg_grf.features import GRFLoads  # noqa: E402
+from pyg_grf.nn import GKATAttention, GRFAttention  # noqa: E402
+from pyg_grf.transforms import AddGraphRandomFeatures, AddRWGNKFeatures  # noqa: E402
 
 TABLE = osp.join(REPO, 'experiments', 'results', 'gkat_motifs.md')
 NOTES = osp.join(REPO, 'experiments', 'results', 'gkat_motifs_notes.md')
-RUNS = osp.join(REPO, 'experiments', 'results', 'runs', 'gkat_motifs')
+RUNS = osp.join(REPO, 'experiments', 'results', 'gkat_motifs')  # one JSON per run (committed)
+KINDS = ('gkat', 'gat', 'gcn', 'grf')
 
 
 class Net(torch.nn.Module):
-    def __init__(self, kind, in_channels, hidden, heads=2, mode='softmax', threshold=0.0):
+    def __init__(self, kind, in_channels, hidden, heads=2, mode='softmax', threshold=0.0,
+                 max_length=3):
         super().__init__()
         self.kind = kind
-        if kind == 'gkat':
+        self.lin = None
+        if kind == 'grf':
+            out = heads * hidden
+            self.lin = torch.nn.Linear(in_channels, out)
+            self.conv1 = GRFAttention(out, heads=heads, head_channels=hidden,
+                                      max_length=max_length)
+            self.conv2 = GRFAttention(out, heads=heads, head_channels=hidden,
+                                      max_length=max_length)
+        elif kind == 'gkat':
             kw = dict(mode=mode, threshold=threshold, project=False)  # GAT-shaped layers
             self.conv1 = GKATAttention(in_channels, heads=heads, head_channels=hidden, **kw)
             self.conv2 = GKATAttention(heads * hidden, heads=heads, head_channels=hidden, **kw)
@@ -70,6 +86,11 @@ class Net(torch.nn.Module):
 
     def forward(self, data):
         kw = {}
+        if self.kind == 'grf':
+            grf = GRFLoads.from_data(data)  # validated once, shared by both layers
+            x = F.elu(self.conv1(self.lin(data.x), grf=grf))
+            x = F.elu(self.conv2(x, grf=grf))
+            return self.head(global_mean_pool(x, data.batch))
         if self.kind == 'gkat':
             args = (data.rwgnk_index, data.rwgnk_value)
             if getattr(data, 'rwgnk_kernel_index', None) is not None:  # pairs stored once
@@ -102,7 +123,8 @@ def accuracy(model, loader):
 
 def run(kind, hidden, train_loader, val_loader, in_channels, args, seed):
     torch.manual_seed(seed)
-    model = Net(kind, in_channels, hidden, mode=args.mode, threshold=args.threshold)
+    model = Net(kind, in_channels, hidden, mode=args.mode, threshold=args.threshold,
+                max_length=args.walk_length)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     best, bad, epochs, t0 = 0.0, 0, 0, time.perf_counter()
     for epoch in range(1, args.epochs + 1):
@@ -138,6 +160,9 @@ def main(argv=None):
     p.add_argument('--num-walks', type=int, default=8)
     p.add_argument('--lam', type=float, default=0.8)
     p.add_argument('--alpha', type=float, default=1.0)
+    p.add_argument('--grf-walks', type=int, default=16, help='GRF: walks per node')
+    p.add_argument('--p-halt', type=float, default=0.25, help='GRF: halting probability')
+    p.add_argument('--models', nargs='+', default=list(KINDS), choices=KINDS)
     p.add_argument('--threads', type=int, default=1)
     p.add_argument('--tag', default='', help='name of the saved run (default: the motifs)')
     args = p.parse_args(argv)
@@ -145,26 +170,52 @@ def main(argv=None):
 
     in_channels = 5
     gkat_params = count(Net('gkat', in_channels, args.hidden, mode=args.mode))
-    hidden = {'gkat': args.hidden,
-              'gat': matched_hidden('gat', in_channels, gkat_params),
-              'gcn': matched_hidden('gcn', in_channels, gkat_params)}
+    hidden = {k: args.hidden if k == 'gkat' else matched_hidden(k, in_channels, gkat_params)
+              for k in args.models}
     params = {k: count(Net(k, in_channels, h, mode=args.mode)) for k, h in hidden.items()}
     for k in hidden:
         print(f'{k}: hidden {hidden[k]}, {params[k]} parameters', flush=True)
 
-    rows = []
+    cmd = 'python experiments/gkat_motifs.py ' + ' '.join(
+        argv if argv is not None else sys.argv[1:])
+    header = (
+        f'MotifDataset, {args.num_graphs} graphs per motif (paper: 4096), 75/25 train/val '
+        f'split, at most {args.epochs} epochs with early stopping after {args.patience} epochs '
+        f'without a better validation accuracy (paper: 500 and 80), Adam lr {args.lr}, '
+        f'batch {args.batch_size}; best validation accuracy (%) over epochs, mean ± std over '
+        f'{args.seeds} seeds. 2 layers each + mean pooling + linear classifier. GKAT: '
+        f'mode={args.mode!r}, 2 heads x {args.hidden}, RWGNK tau={args.walk_length}, '
+        f'n={args.num_walks}, lam={args.lam}, alpha={args.alpha}, threshold={args.threshold}. '
+        f'GRF: 2 heads, symmetric mask, L={args.walk_length}, {args.grf_walks} walks, '
+        f'p_halt={args.p_halt}. '
+        f'Hidden sizes of the others chosen to match the GKAT parameter count: '
+        + ', '.join(f'{k.upper()} hidden {hidden[k]} ({params[k]} params)' for k in hidden)
+        + f'. CPU, {args.threads} thread(s) per run.')
+    os.makedirs(RUNS, exist_ok=True)
+    name = args.tag or '_'.join(args.motifs)
+
+    def save():
+        with open(osp.join(RUNS, name + '.json'), 'w') as f:
+            json.dump({'header': header, 'rows': rows, 'per_seed': per_seed, 'command': cmd},
+                      f, indent=1)
+        write_table()
+
+    rows, per_seed = [], {}
     for motif in args.motifs:
         # Softmax mode: the kernel pairs are stored with the dataset too (not recomputed by every
         # layer in every step).
-        pre = AddRWGNKFeatures(num_walks=args.num_walks, lam=args.lam, alpha=args.alpha,
-                               max_length=args.walk_length, seed=0,
-                               kernel_threshold=args.threshold if args.mode == 'softmax' else None)
+        pre = Compose([
+            AddRWGNKFeatures(num_walks=args.num_walks, lam=args.lam, alpha=args.alpha,
+                             max_length=args.walk_length, seed=0,
+                             kernel_threshold=args.threshold if args.mode == 'softmax' else None),
+            AddGraphRandomFeatures(num_walks=args.grf_walks, p_halt=args.p_halt,
+                                   max_length=args.walk_length, seed=0)])
         ds = MotifDataset(motif=motif, num_graphs=args.num_graphs, seed=0, pre_transform=pre)
         perm = torch.randperm(len(ds), generator=torch.Generator().manual_seed(0))
         split = int(0.75 * len(ds))
         train_loader = DataLoader(ds[perm[:split]], batch_size=args.batch_size, shuffle=True)
         val_loader = DataLoader(ds[perm[split:]], batch_size=256)
-        for kind in ('gkat', 'gat', 'gcn'):
+        for kind in args.models:
             accs, secs, eps = [], [], []
             for seed in range(args.seeds):
                 acc, sec, _, ep = run(kind, hidden[kind], train_loader, val_loader, in_channels,
@@ -177,25 +228,8 @@ def main(argv=None):
             std = statistics.stdev(accs) if len(accs) > 1 else 0.0
             rows.append((motif, kind, params[kind], statistics.mean(accs), std,
                          statistics.mean(secs), statistics.mean(eps)))
-
-    cmd = 'python experiments/gkat_motifs.py ' + ' '.join(
-        argv if argv is not None else sys.argv[1:])
-    header = (
-        f'MotifDataset, {args.num_graphs} graphs per motif (paper: 4096), 75/25 train/val '
-        f'split, at most {args.epochs} epochs with early stopping after {args.patience} epochs '
-        f'without a better validation accuracy (paper: 500 and 80), Adam lr {args.lr}, '
-        f'batch {args.batch_size}; best validation accuracy (%) over epochs, mean ± std over '
-        f'{args.seeds} seeds. 2 layers each + mean pooling + linear classifier. GKAT: '
-        f'mode={args.mode!r}, 2 heads x {args.hidden}, RWGNK tau={args.walk_length}, '
-        f'n={args.num_walks}, lam={args.lam}, alpha={args.alpha}, threshold={args.threshold}. '
-        f'Hidden sizes of GAT (2 heads) and GCN chosen to match the GKAT parameter count: '
-        + ', '.join(f'{k.upper()} hidden {hidden[k]} ({params[k]} params)' for k in hidden)
-        + f'. CPU, {args.threads} thread(s) per run.')
-    os.makedirs(RUNS, exist_ok=True)
-    name = args.tag or '_'.join(args.motifs)
-    with open(osp.join(RUNS, name + '.json'), 'w') as f:
-        json.dump({'header': header, 'rows': rows, 'command': cmd}, f, indent=1)
-    write_table()
+            per_seed[f'{motif}/{kind}'] = accs
+            save()  # after every model: a stopped run keeps what finished
 
 
 def write_table():
@@ -204,7 +238,7 @@ def write_table():
     for path in sorted(glob.glob(osp.join(RUNS, '*.json'))):
         with open(path) as f:
             runs.append(json.load(f))
-    lines = ['# Motif detection: GKAT vs GAT vs GCN (FTFI paper, Sec. 5.1.1)', '']
+    lines = ['# Motif detection: GKAT vs GAT vs GCN vs GRF (FTFI paper, Sec. 5.1.1)', '']
     for header in dict.fromkeys(r['header'] for r in runs):
         lines += [header, '']
     lines += ['| motif | model | params | val acc | epochs (mean) | s / epoch |',
