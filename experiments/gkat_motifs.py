@@ -171,10 +171,11 @@ def main(argv=None):
 
     in_channels = 5
     gkat_params = count(Net('gkat', in_channels, args.hidden, mode=args.mode))
+    # Sized for every model, not only --models, so that runs of one protocol share one header.
     hidden = {k: args.hidden if k == 'gkat' else matched_hidden(k, in_channels, gkat_params)
-              for k in args.models}
+              for k in KINDS}
     params = {k: count(Net(k, in_channels, h, mode=args.mode)) for k, h in hidden.items()}
-    for k in hidden:
+    for k in args.models:
         print(f'{k}: hidden {hidden[k]}, {params[k]} parameters', flush=True)
 
     cmd = 'python experiments/gkat_motifs.py ' + ' '.join(
