@@ -51,17 +51,18 @@ TABLE = osp.join(REPO, 'experiments', 'results', 'cora_grf_gps.md')
 
 class GRFGPS(torch.nn.Module):
     def __init__(self, in_channels, num_classes, local='none', heads=4, max_length=3,
-                 global_beta=0.1, hidden=8, gat_heads=8, dropout=0.6):
+                 global_beta=0.1, hidden=8, gat_heads=8, dropout=0.6, attn_type='grf'):
         super().__init__()
         self.dropout = dropout
         width = hidden * gat_heads
         self.conv1 = GATConv(in_channels, hidden, heads=gat_heads, dropout=dropout)
         conv = (GATConv(width, hidden, heads=gat_heads, dropout=dropout) if local == 'gat'
                 else None)
+        attn_kwargs = dict(dropout=dropout)
+        if attn_type == 'grf':
+            attn_kwargs.update(max_length=max_length, global_beta=global_beta)
         self.gps = GRFGPSConv(width, conv, heads=heads, dropout=dropout, act='elu', norm=None,
-                              attn_type='grf',
-                              attn_kwargs=dict(max_length=max_length, global_beta=global_beta,
-                                               dropout=dropout))
+                              attn_type=attn_type, attn_kwargs=attn_kwargs)
         self.conv2 = GATConv(width, num_classes, heads=1, concat=False, dropout=dropout)
 
     def forward(self, data):
@@ -79,7 +80,7 @@ def run_seed(data, num_classes, args, seed):
         data = AddGraphRandomFeatures(num_walks=args.num_walks, p_halt=args.p_halt,
                                       max_length=args.max_length, seed=seed)(data)
         model = GRFGPS(data.num_features, num_classes, args.local, args.heads, args.max_length,
-                       args.global_beta)
+                       args.global_beta, attn_type=args.attn_type)
     else:
         model = GAT(data.num_features, num_classes)
     params = sum(p.numel() for p in model.parameters())
@@ -130,13 +131,21 @@ def write_table():
         a = r['args']
         accs = [100 * s['test_acc'] for s in r['seeds']]
         std = statistics.stdev(accs) if len(accs) > 1 else 0.0
-        settings = (f"local={a['local']}, heads={a['heads']}, max_length={a['max_length']}, "
-                    f"global_beta={a['global_beta']}, walks={a['num_walks']}, "
-                    f"p_halt={a['p_halt']}" + (f" (selected on val. from {len(r['search'])})"
-                                               if r.get('search') else '')
-                    if a['model'] == 'grf_gps' else '8x8 heads, then 1')
+        attn = a.get('attn_type', 'grf')
+        if a['model'] != 'grf_gps':
+            settings, label = '8x8 heads, then 1', 'GAT'
+        elif attn == 'grf':
+            settings = (f"local={a['local']}, heads={a['heads']}, max_length={a['max_length']}, "
+                        f"global_beta={a['global_beta']}, walks={a['num_walks']}, "
+                        f"p_halt={a['p_halt']}" + (f" (selected on val. from {len(r['search'])})"
+                                                   if r.get('search') else ''))
+            label = 'GRF-GPS'
+        else:
+            settings = (f"local={a['local']}, heads={a['heads']}, unmasked {attn} attention in "
+                        "GRF's place (control)")
+            label = f'GPS, {attn} attention'
         lines.append(
-            f"| {a['model'].upper().replace('_', '-')} | {settings} | {r['seeds'][0]['params']} "
+            f"| {label} | {settings} | {r['seeds'][0]['params']} "
             f"| {len(accs)} | {statistics.mean(accs):.1f} ± {std:.1f} | "
             f"{', '.join(f'{x:.1f}' for x in accs)} | "
             f"{statistics.mean(100 * s['val_acc'] for s in r['seeds']):.1f} | "
@@ -168,6 +177,8 @@ def main(argv=None):
                    help='initial beta of the global term; <= 0 disables it')
     p.add_argument('--num-walks', type=int, default=32)
     p.add_argument('--p-halt', type=float, default=0.25)
+    p.add_argument('--attn-type', default='grf', choices=['grf', 'linear'],
+                   help="'linear': the same block with unmasked linear attention (control)")
     p.add_argument('--search', action='store_true')
     p.add_argument('--threads', type=int, default=1)
     p.add_argument('--verbose', action='store_true')
@@ -198,7 +209,8 @@ def main(argv=None):
     os.makedirs(OUT, exist_ok=True)
     command = 'python experiments/cora_grf_gps.py ' + ' '.join(
         argv if argv is not None else sys.argv[1:])
-    with open(osp.join(OUT, f'{args.model}.json'), 'w') as f:
+    name = args.model + ('' if args.attn_type == 'grf' else '_' + args.attn_type)
+    with open(osp.join(OUT, f'{name}.json'), 'w') as f:
         json.dump({'args': vars(args), 'seeds': results, 'command': command,
                    'search': searched}, f, indent=1)
     write_table()
