@@ -19,6 +19,8 @@ results (per-seed JSON) go to ``experiments/results/cora_grf_gps/`` and the tabl
 
     python experiments/cora_grf_gps.py --model gat --seeds 5
     python experiments/cora_grf_gps.py --model grf_gps --search --seeds 5
+    python experiments/cora_grf_gps.py --model grf_gps --attn-type linear --local none \
+        --max-length 2 --seeds 5   # control: unmasked linear attention in the same block
 """
 from __future__ import annotations
 

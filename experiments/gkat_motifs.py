@@ -244,7 +244,7 @@ def write_table():
     for path in sorted(glob.glob(osp.join(RUNS, '*.json'))):
         with open(path) as f:
             runs.append(json.load(f))
-    lines = ['# Motif detection: GKAT vs GAT vs GCN vs GRF (FTFI paper, Sec. 5.1.1)', '']
+    lines = ['# Motif detection: GKAT vs GAT vs GCN vs GRF (FTFI paper, Sec. 5.1.1-5.1.2)', '']
     for header in dict.fromkeys(r['header'] for r in runs):
         lines += [header, '']
     lines += ['| motif | graphs | model | params | val acc | per seed | epochs (mean) | '

@@ -10,7 +10,7 @@
 # initialisation and the batch order (the walks are drawn once per dataset, seed 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: run_recipe_peptides.sh OUT_DIR [MINUTES]}
+OUT=${1:?usage: run_recipe_peptides.sh OUT_DIR [MINUTES] [SLOWDOWN_PERCENT] [SEED]}
 MIN=${2:-15}
 SLOW=${3:-100}
 SEED=${4:-0}
