@@ -1,4 +1,4 @@
-r"""Datasets: the synthetic GKAT tasks and a mass-spring point-cloud dynamics task (no data
+r"""Datasets: the synthetic GKAT tasks, scikit-learn's digits as patch-grid graphs and a mass-spring point-cloud dynamics task (no data
 needed), Peptides-func from the original LRGB CSV,
 TU and Planetoid benchmarks through the offline mirror, and Errica et al. cross-validation splits.
 
@@ -12,6 +12,7 @@ from pyg_grf.datasets.mirror import (
     is_offline,
     mirror_root,
 )
+from pyg_grf.datasets.images import DigitsGridDataset, grid_edge_index, image_patches
 from pyg_grf.datasets.synthetic import MOTIFS, InducedCycleDataset, MotifDataset, motif_graph
 from pyg_grf.datasets.lrgb import (
     LRGB_INFO,
@@ -28,6 +29,9 @@ from pyg_grf.datasets.planetoid import PLANETOID_DATASETS, load_planetoid
 from pyg_grf.datasets.splits import errica_splits
 
 __all__ = [
+    'DigitsGridDataset',
+    'grid_edge_index',
+    'image_patches',
     'TwoHopMajorityDataset',
     'MassSpringDataset',
     'knn_edges',

@@ -30,7 +30,7 @@ to every layer):
 """
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -114,11 +114,14 @@ class GRFLoads:
         key (GRFLoads, optional): loads of independent key-side walks on the same nodes
             (unbiased diagonal, GRF paper Sec. 3.3): the symmetric mask becomes
             :math:`\widehat\Phi_Q\widehat\Phi_K^\top`.
+        draw (Tensor, optional): ``[nnz]`` id of the independent walk draw of every entry
+            (``AddGraphRandomFeatures(num_draws=D)``); the layers give each head its own draw
+            (:meth:`fold`). :obj:`None`: one draw.
     """
 
     def __init__(self, index: Tensor, hop: Tensor, load: Tensor, num_nodes: int,
                  batch: Optional[Tensor] = None, max_length: Optional[int] = None,
-                 key: Optional['GRFLoads'] = None):
+                 key: Optional['GRFLoads'] = None, draw: Optional[Tensor] = None):
         _check_tensor('grf_index', index, 2)
         if index.size(0) != 2:
             raise ValueError(f"'grf_index' must have shape [2, nnz], got {tuple(index.shape)}")
@@ -165,7 +168,27 @@ class GRFLoads:
             if key.num_nodes != num_nodes:
                 raise ValueError(f"'key' covers {key.num_nodes} nodes but the query side covers "
                                  f"{num_nodes}")
+        self.num_draws = 1
+        if draw is not None:
+            _check_tensor('grf_draw', draw, 1)
+            if draw.numel() != nnz or draw.is_floating_point():
+                raise ValueError(f"'grf_draw' must be an integer tensor of shape [{nnz}] (one "
+                                 f"draw id per entry), got {draw.dtype} {tuple(draw.shape)}")
+            if nnz > 0:
+                dlo, dhi = torch.aminmax(draw)
+                if int(dlo) < 0:
+                    raise ValueError(f"'grf_draw' (draw ids) must be >= 0, got {int(dlo)}")
+                self.num_draws = int(dhi) + 1
+        if key is not None and key.num_draws != self.num_draws:
+            raise ValueError(f"the key-side loads hold {key.num_draws} walk draws but the query "
+                             f"side holds {self.num_draws}: use the same num_draws for both")
         self.index, self.hop, self.load = index, hop, load
+        self.draw = draw
+        # Set on the loads that fold() returns: the group (head) of every entry, one
+        # coefficient row per group (num_groups of them, each spanning group_graphs graphs).
+        self.group: Optional[Tensor] = None
+        self.num_groups = 1
+        self.group_graphs = 1
         self.num_nodes = num_nodes
         self.batch = batch
         self.max_length = max_length
@@ -198,7 +221,8 @@ class GRFLoads:
         if key_prefix is not None:
             key = cls.from_data(data, key_prefix, max_length=max_length)
         return cls(data[f'{prefix}_index'], data[f'{prefix}_length'], data[f'{prefix}_load'],
-                   data.num_nodes, batch=batch, max_length=max_length, key=key)
+                   data.num_nodes, batch=batch, max_length=max_length, key=key,
+                   draw=getattr(data, f'{prefix}_draw', None))
 
     @property
     def nnz(self) -> int:
@@ -210,8 +234,90 @@ class GRFLoads:
 
     def __repr__(self) -> str:
         key = '' if self.key is None else ', key=True'
+        draws = '' if self.num_draws == 1 else f', num_draws={self.num_draws}'
+        groups = '' if self.num_groups == 1 else f', num_groups={self.num_groups}'
         return (f'GRFLoads(num_nodes={self.num_nodes}, nnz={self.nnz}, max_hop={self.max_hop}'
-                f'{key})')
+                f'{draws}{groups}{key})')
+
+    # Walk draws and shared graphs ##################################################################
+
+    def fold(self, draws: Sequence[int], batch: Optional[Tensor] = None) -> 'GRFLoads':
+        r"""The loads of the walk draws ``draws`` (one per head, e.g.
+        :meth:`GRFAttention.draws() <pyg_grf.nn.GRFAttention.draws>`) as one graph of
+        :math:`G N` nodes, :math:`G` = ``len(draws)``: copy :math:`g` holds the entries of draw
+        ``draws[g]`` on nodes :math:`g N + i`. A layer runs its :math:`G` heads as one head on
+        the folded nodes, with one coefficient row per copy (:attr:`group`), so that per-head
+        walks cost one pass of every backend instead of a loop over heads. With :math:`G = 1`
+        it is the plain selection of one draw. Cached per ``(draws, batch)``.
+
+        Args:
+            draws (sequence of int): a draw id in ``[0, num_draws)`` per head.
+            batch (Tensor, optional): overrides the stored batch vector.
+        """
+        draws = tuple(int(d) for d in draws)
+        if not draws or any(not 0 <= d < self.num_draws for d in draws):
+            raise ValueError(f"'draws' must be a non-empty sequence of draw ids in [0, "
+                             f"{self.num_draws}), got {draws}")
+        if self.group is not None:
+            raise ValueError("these loads are already folded")
+        if batch is None:
+            batch = self.batch
+        key = ('fold', draws, None if batch is None else (batch.data_ptr(), batch.numel()))
+        return self._cached(key, lambda: self._build_fold(draws, batch))
+
+    def _build_fold(self, draws: Tuple[int, ...], batch: Optional[Tensor]) -> 'GRFLoads':
+        G, N, dev = len(draws), self.num_nodes, self.device
+        draw = self.draw.long() if self.draw is not None else torch.zeros(
+            self.nnz, dtype=torch.long, device=dev)
+        e, g = (draw.unsqueeze(1) == torch.tensor(draws, device=dev)).nonzero(as_tuple=True)
+        order = torch.argsort(g, stable=True)  # group-major: each copy stays sorted
+        e, g = e[order], g[order]
+        if G * N >= 2 ** 31 and self.index.dtype == torch.int32:
+            index = self.index.long()[:, e] + g * N
+        else:
+            index = self.index[:, e] + (g * N).to(self.index.dtype)
+        graphs = 1
+        copies = torch.arange(G, device=dev).repeat_interleave(N)
+        if batch is not None and N > 0:
+            graphs = int(batch.max()) + 1
+            fbatch = copies * graphs + batch.long().repeat(G)
+        else:
+            fbatch = copies
+        key = None if self.key is None else self.key._build_fold(draws, batch)
+        out = GRFLoads(index, self.hop[e], self.load[e], G * N, batch=fbatch,
+                       max_length=self.max_length, key=key)
+        if G > 1:
+            out.group, out.num_groups, out.group_graphs = g, G, graphs
+        return out
+
+    def cell_group(self, cell: Tensor, layout: 'BlockLayout') -> Tensor:
+        r"""The group (head copy, see :meth:`fold`) of flat cells of the dense-block layout."""
+        return (cell // (layout.n * layout.n)) // self.group_graphs
+
+    def repeat(self, copies: int) -> 'GRFLoads':
+        r"""The loads of ``copies`` disjoint copies of this graph, as a batch (copy :math:`b`
+        on nodes :math:`b N + i`, ``batch`` set): one shared graph for a batch of samples, e.g.
+        the patch grid of a batch of images (GRF paper, Sec. 4). Cached per ``copies``, so a
+        model that keeps one ``GRFLoads`` for its grid builds every per-batch structure once."""
+        if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
+            raise ValueError(f"'copies' must be a positive integer, got {copies!r}")
+        if copies == 1 and self.batch is None:
+            return self
+        if self.batch is not None and self.num_nodes > 0 and int(self.batch.max()) > 0:
+            raise ValueError("repeat() needs the loads of one graph, got a batch")
+        return self._cached(('repeat', copies), lambda: self._build_repeat(copies))
+
+    def _build_repeat(self, copies: int) -> 'GRFLoads':
+        N, nnz, dev = self.num_nodes, self.nnz, self.device
+        offset = torch.arange(copies, device=dev).repeat_interleave(nnz) * N
+        index = self.index.long().repeat(1, copies) + offset
+        if copies * N < 2 ** 31:
+            index = index.to(self.index.dtype)
+        key = None if self.key is None else self.key._build_repeat(copies)
+        draw = None if self.draw is None else self.draw.repeat(copies)
+        batch = torch.arange(copies, device=dev).repeat_interleave(N)
+        return GRFLoads(index, self.hop.repeat(copies), self.load.repeat(copies), copies * N,
+                        batch=batch, max_length=self.max_length, key=key, draw=draw)
 
     def _cached(self, name: Any, fn):
         if name not in self._cache:
@@ -243,17 +349,25 @@ class GRFLoads:
         or ``[H, L + 1]``): ``[P]`` or ``[H, P]``, differentiable in ``f``."""
         inv, pattern = self.pairs()
         v = self.entry_values(f)
-        if f.dim() == 1:
+        if v.dim() == 1:
             return v.new_zeros(pattern.nnz).index_add(0, inv, v)
-        return v.new_zeros(f.size(0), pattern.nnz).index_add(1, inv, v)
+        return v.new_zeros(v.size(0), pattern.nnz).index_add(1, inv, v)
 
     def entry_values(self, f: Tensor) -> Tensor:
-        r""":math:`f_{l_e}\,\mathrm{load}_e` per entry (``[nnz]`` or ``[H, nnz]``)."""
+        r""":math:`f_{l_e}\,\mathrm{load}_e` per entry (``[nnz]`` or ``[H, nnz]``). On folded
+        loads (:meth:`fold`) ``f`` is ``[G, L + 1]``, one row per group, and the result
+        ``[1, nnz]`` (entry :math:`e` takes the row of its group)."""
         if f.dim() not in (1, 2):
             raise ValueError(f"'f' must have shape [L + 1] or [H, L + 1], got {tuple(f.shape)}")
         self.check_coefficients(f.size(-1) - 1)
         hop = self._cached('hop_long', lambda: self.hop.long())
-        return hop_values(f, hop, self.load)
+        if self.group is None:
+            return hop_values(f, hop, self.load)
+        if f.dim() != 2 or f.size(0) != self.num_groups:
+            raise ValueError(f"folded loads need one coefficient row per group: 'f' of shape "
+                             f"[{self.num_groups}, L + 1], got {tuple(f.shape)}")
+        flat = self.group * f.size(1) + hop
+        return hop_values(f.reshape(-1), flat, self.load).unsqueeze(0)
 
     def check_coefficients(self, max_length: int, who: str = 'f'):
         r"""Raises if the loads have hop counts beyond ``max_length`` (their entries would get

@@ -34,7 +34,7 @@ def _dataset_api(name: str):
     package = importlib.import_module('pyg_grf.datasets')
     if hasattr(package, name):
         return getattr(package, name)
-    for sub in ('synthetic', 'tu', 'splits', 'planetoid', 'mirror', 'lrgb', 'peptides'):
+    for sub in ('synthetic', 'images', 'tu', 'splits', 'planetoid', 'mirror', 'lrgb', 'peptides'):
         try:
             module = importlib.import_module(f'pyg_grf.datasets.{sub}')
         except ImportError:
@@ -217,7 +217,10 @@ class SyntheticDataModule(GraphDataModule):
     download.
 
     Args:
-        task (str, optional): ``'motifs'`` or ``'induced_cycles'`` (default: :obj:`'motifs'`).
+        task (str, optional): ``'motifs'``, ``'induced_cycles'`` or ``'digits_grid'``
+            (:class:`~pyg_grf.datasets.DigitsGridDataset`: scikit-learn's digits as patch
+            grids, the GRF paper's image setting; ``num_graphs`` at most 1797 per copy)
+            (default: :obj:`'motifs'`).
         num_graphs (int, optional): dataset size (default: :obj:`1024`).
         split (tuple, optional): train / val / test fractions (default: :obj:`(0.8, 0.1, 0.1)`).
         data_seed (int, optional): generator seed (default: :obj:`0`).
@@ -229,7 +232,8 @@ class SyntheticDataModule(GraphDataModule):
         **kwargs: of :class:`GraphDataModule`.
     """
 
-    TASKS = {'motifs': 'MotifDataset', 'induced_cycles': 'InducedCycleDataset'}
+    TASKS = {'motifs': 'MotifDataset', 'induced_cycles': 'InducedCycleDataset',
+             'digits_grid': 'DigitsGridDataset'}
 
     def __init__(self, task: str = 'motifs', num_graphs: int = 1024,
                  split: Tuple[float, float, float] = (0.8, 0.1, 0.1), data_seed: int = 0,

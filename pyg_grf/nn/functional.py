@@ -113,11 +113,16 @@ def block_mask(terms, coef: Tensor, layout) -> Tensor:
     (:class:`~pyg_grf.features.loads.BlockTerms`) and per-head coefficients ``coef``
     ``[H, num_coef]``: one ``[P, K] x [K, H]`` product and a scatter, differentiable in
     ``coef``."""
+    return blocks_from_values(coef @ terms.stats.t(), terms.cell, layout)
+
+
+def blocks_from_values(values: Tensor, cell: Tensor, layout) -> Tensor:
+    r"""Dense ``[B, H, n, n]`` blocks (zero elsewhere) holding ``values`` ``[H, P]`` on the
+    flat cells ``cell`` ``[P]`` of the ``[B, n, n]`` layout; differentiable in ``values``."""
     B, n = layout.num_graphs, layout.n
-    H = coef.size(0)
-    vals = terms.stats @ coef.t()  # [P, H]
-    out = vals.new_zeros(B, n * n, H)
-    out = out.index_put((terms.cell // (n * n), terms.cell % (n * n)), vals)
+    H = values.size(0)
+    out = values.new_zeros(B, n * n, H)
+    out = out.index_put((cell // (n * n), cell % (n * n)), values.t())
     return out.permute(0, 2, 1).reshape(B, H, n, n)
 
 

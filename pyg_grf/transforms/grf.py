@@ -55,14 +55,24 @@ class AddGraphRandomFeatures(BaseTransform):
             torch's global generator (default: :obj:`None`).
         attr_prefix (str): prefix of the stored attributes (default: ``'grf'``). Use e.g.
             ``'grf_key'`` for an independent key-side sample.
+        num_draws (int): independent walk sets :math:`D` (default: :obj:`1`). With :math:`D > 1`
+            the entries of all draws are stored together with ``grf_draw`` ``[nnz]`` (draw id,
+            ``int16``), and head :math:`h` of a layer with ``layer_index`` :math:`l` uses draw
+            :math:`(l H + h) \bmod D` (:class:`~pyg_grf.nn.GRFAttention`): :math:`D = H` gives
+            every head its own walks, :math:`D = H \cdot L_{layers}` every head of every layer,
+            as the GRF paper does for its ViTs (Sec. 4). Storage and walk time grow
+            :math:`D`-fold; the attention costs the same per head.
     """
 
     def __init__(self, num_walks: int = 16, p_halt: Optional[float] = 0.5, max_length: int = 4,
                  walker: str = 'iid', normalization: Optional[str] = 'sym',
                  importance: bool = True, fixed_length: bool = False,
                  use_edge_weight: bool = False, seed: Optional[int] = None,
-                 attr_prefix: str = 'grf'):
+                 attr_prefix: str = 'grf', num_draws: int = 1):
         _check_args(num_walks, p_halt, max_length, walker, fixed_length)
+        if isinstance(num_draws, bool) or not isinstance(num_draws, int) or not (
+                1 <= num_draws <= 2 ** 15 - 1):
+            raise ValueError(f"'num_draws' must be an integer in [1, 32767], got {num_draws!r}")
         if normalization not in NORMALIZATIONS:
             raise ValueError(f"'normalization' must be one of {NORMALIZATIONS}, got "
                              f"{normalization!r}")
@@ -79,6 +89,7 @@ class AddGraphRandomFeatures(BaseTransform):
         self.seed = seed
         self.rng = TransformRNG(seed)
         self.attr_prefix = attr_prefix
+        self.num_draws = num_draws
 
     def forward(self, data: Data) -> Data:
         data = copy.copy(data)  # never mutate the input
@@ -90,14 +101,23 @@ class AddGraphRandomFeatures(BaseTransform):
         if self.use_edge_weight and edge_weight is None:
             raise ValueError("'use_edge_weight=True' but the graph has no 'edge_weight'")
         gen = self.rng.generator(edge_index.device)  # None when unseeded
+        D = self.num_draws
+        if D > 1:  # D independent draws = one draw on D disjoint copies of the graph
+            E = edge_index.size(1)
+            edge_index = (edge_index.repeat(1, D)
+                          + torch.arange(D, device=edge_index.device).repeat_interleave(E) * N)
+            edge_weight = None if edge_weight is None else edge_weight.repeat(D)
         index, length, load = grf_loads(
-            edge_index, N, self.num_walks, self.p_halt, self.max_length,
+            edge_index, N * D, self.num_walks, self.p_halt, self.max_length,
             edge_weight=edge_weight, normalization=self.normalization, walker=self.walker,
             importance=self.importance, fixed_length=self.fixed_length, generator=gen)
         if not bool(torch.isfinite(load).all()):
             raise ValueError(f"the GRF loads overflowed float32 (normalization="
                              f"{self.normalization!r}, max_length={self.max_length}): use "
                              f"normalization='sym' or 'rw', or a smaller max_length")
+        if D > 1:  # walks never leave their copy: the copy of the start node is the draw
+            data[f'{self.attr_prefix}_draw'] = (index[0] // N).to(torch.int16)
+            index = index % N
         # Compact storage (cached with the dataset): node ids in int32, hop counts in int8.
         data[f'{self.attr_prefix}_index'] = index.to(_index_dtype(N))
         data[f'{self.attr_prefix}_length'] = length.to(
@@ -110,4 +130,5 @@ class AddGraphRandomFeatures(BaseTransform):
                 f'max_length={self.max_length}, walker={self.walker!r}, '
                 f'normalization={self.normalization!r}, importance={self.importance}, '
                 f'fixed_length={self.fixed_length}, use_edge_weight={self.use_edge_weight}, '
-                f'seed={self.seed}, attr_prefix={self.attr_prefix!r})')
+                f'seed={self.seed}, attr_prefix={self.attr_prefix!r}'
+                + ('' if self.num_draws == 1 else f', num_draws={self.num_draws}') + ')')

@@ -2,7 +2,7 @@ r"""GRF-masked linear attention (GRF paper, Sec. 3, Algorithm 1; App. D)."""
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -61,6 +61,20 @@ class GRFAttention(QKVAttention):
         f_init (float, optional): initial :math:`f_l = \mathrm{f\_init}^l` (decaying, so longer
             walks start with less weight; :math:`f_0 = 1`) (default: :obj:`0.5`).
         learn_f (bool, optional): whether :math:`f` is learnable (default: :obj:`True`).
+        positive_f (bool, optional): the mask uses :math:`|f|` (:meth:`coefficients`), so
+            that :math:`\widehat\Phi \ge 0` and :math:`M \ge 0` entrywise (the loads are
+            non-negative for non-negative edge weights). With a non-negative feature map
+            (``'relu'``, ``'elu'``, ``'favor+'``) every output is then a convex combination of
+            the values and the normaliser cannot change sign. :obj:`False` gives the paper's
+            unconstrained :math:`f` (any real power series, Eq. 4), whose estimated mask can
+            have negative entries that drive the normaliser towards 0 and the output to
+            :math:`\pm\infty`; see ``docs/grf_mask_value.md`` (default: :obj:`True`).
+        layer_index (int, optional): which walk draws this layer uses when the loads hold
+            several independent draws (``AddGraphRandomFeatures(num_draws=D)``): head
+            :math:`h` uses draw :math:`(\mathrm{layer\_index} \cdot H + h) \bmod D`, so
+            :math:`D = H` gives every head its own walks and :math:`D = H \cdot L_{layers}`
+            every head of every layer (GRF paper, Sec. 4: walks frozen per head and layer).
+            :class:`~pyg_grf.nn.GraphTransformer` sets it per layer (default: :obj:`0`).
         dropout (float, optional): dropout on the attention coefficients only: each pair's in
             ``'sparse_softmax'`` mode; in the linear modes, which never form the coefficients,
             whole key columns per head (one draw per key and head, numerator only, unbiased:
@@ -90,7 +104,8 @@ class GRFAttention(QKVAttention):
                  feature_map_kwargs: Optional[Dict[str, Any]] = None, mode: str = 'symmetric',
                  f_init: float = 0.5, learn_f: bool = True, dropout: float = 0.0,
                  bias: bool = True, eps: float = 1e-6, backend: str = 'auto',
-                 global_beta: Optional[float] = None):
+                 global_beta: Optional[float] = None, positive_f: bool = True,
+                 layer_index: int = 0):
         if mode not in MODES:
             raise ValueError(f"'mode' must be one of {MODES}, got {mode!r}")
         if global_beta is not None:
@@ -108,7 +123,11 @@ class GRFAttention(QKVAttention):
         super().__init__(channels, heads, head_channels,
                          None if mode == 'sparse_softmax' else feature_map, feature_map_kwargs,
                          dropout, bias)
+        if isinstance(layer_index, bool) or not isinstance(layer_index, int) or layer_index < 0:
+            raise ValueError(f"'layer_index' must be an integer >= 0, got {layer_index!r}")
         self.max_length = max_length
+        self.positive_f = bool(positive_f)
+        self.layer_index = layer_index
         self.mode = mode
         self.f_init = f_init
         self.learn_f = learn_f
@@ -126,6 +145,16 @@ class GRFAttention(QKVAttention):
             with torch.no_grad():
                 self.beta_raw.fill_(math.log(math.expm1(self.global_beta)))
 
+    def coefficients(self) -> Tensor:
+        r"""The hop coefficients the mask uses, ``[H, L + 1]``: :math:`|f|` with
+        ``positive_f=True`` (the default), else :math:`f` itself."""
+        return self.f.abs() if self.positive_f else self.f
+
+    def draws(self, num_draws: int) -> Tuple[int, ...]:
+        r"""The walk draw of every head when the loads hold ``num_draws`` draws."""
+        H = self.heads
+        return tuple((self.layer_index * H + h) % num_draws for h in range(H))
+
     def mask(self, grf_index: Union[Tensor, GRFLoads], grf_length: Optional[Tensor] = None,
              grf_load: Optional[Tensor] = None, num_nodes: Optional[int] = None) -> GRFMask:
         r"""The layer's current :class:`~pyg_grf.masks.GRFMask` (one mask per head), from a
@@ -134,23 +163,46 @@ class GRFAttention(QKVAttention):
             grf = grf_index
         else:
             grf = _as_loads(grf_index, grf_length, grf_load, num_nodes, None)
-        return GRFMask.from_loads(grf, f=self.f, asymmetric=self.mode != 'symmetric')
+        if grf.num_draws > 1:
+            raise ValueError("GRFAttention.mask() needs loads with one walk draw; these hold "
+                             f"{grf.num_draws} (select one with grf.fold((d,)))")
+        return GRFMask.from_loads(grf, f=self.coefficients(),
+                                  asymmetric=self.mode != 'symmetric')
 
     def forward(self, x: Tensor, grf_index: Union[Tensor, GRFLoads, None] = None,
                 grf_length: Optional[Tensor] = None, grf_load: Optional[Tensor] = None,
                 batch: Optional[Tensor] = None, *, grf: Optional[GRFLoads] = None) -> Tensor:
         r"""
         Args:
-            x (Tensor): ``[N, channels]`` node features.
+            x (Tensor): ``[N, channels]`` node features, or ``[B, n, channels]``: ``B`` samples
+                (e.g. the patches of ``B`` images) on one shared graph of ``n`` nodes, whose
+                loads ``grf`` cover ``n`` nodes (no PyG ``Batch`` of copies needed).
             grf_index, grf_length, grf_load (Tensor): the transform's loads; or pass
                 ``grf=GRFLoads.from_data(batch)`` instead (also accepted in place of
                 ``grf_index``), which validates them once and shares the per-batch
                 precomputation between all layers.
-            batch (Tensor, optional): ``[N]`` graph ids (sorted, as in PyG batches); needed by
-                the dense-block backend when ``grf`` does not carry it.
+            batch (Tensor, optional): ``[N]`` graph ids (sorted, as in PyG batches). The GRF
+                mask never crosses graphs, but the global term (``global_beta``) and FAVOR+'s
+                key stabilisation are per graph: they need it (or ``grf`` carrying it) when
+                ``x`` holds several graphs.
         """
         if isinstance(grf_index, GRFLoads):
             grf, grf_index = grf_index, None
+        if x.dim() == 3:  # samples on one shared graph: the loads repeated per sample
+            B, n, _ = x.shape
+            if batch is not None:
+                raise ValueError("'batch' is not used with x of shape [B, n, channels] (every "
+                                 "sample is one copy of the shared graph)")
+            grf = _as_loads(grf_index, grf_length, grf_load, n, None, grf)
+            if grf.num_nodes != n:
+                raise ValueError(f"x of shape {tuple(x.shape)} holds {B} samples of {n} nodes, "
+                                 f"but the GRF loads cover {grf.num_nodes} nodes (pass the loads "
+                                 f"of the one shared graph)")
+            return self.forward(x.reshape(B * n, -1), grf=grf.repeat(B)).view(B, n, -1)
+        if x.dim() != 2:
+            raise ValueError(f"{self.__class__.__name__} expects x of shape [N, {self.channels}] "
+                             f"(nodes) or [B, n, {self.channels}] (samples on one shared graph), "
+                             f"got {tuple(x.shape)}")
         grf = _as_loads(grf_index, grf_length, grf_load, x.size(0), batch, grf)
         if grf.num_nodes != x.size(0):
             raise ValueError(f"the GRF loads cover {grf.num_nodes} nodes but 'x' has {x.size(0)} "
@@ -158,18 +210,28 @@ class GRFAttention(QKVAttention):
         grf.check_coefficients(self.max_length, f'{self.__class__.__name__}(max_length='
                                                 f'{self.max_length})')
         q, k, v = self.project(x)
-        H, C = self.heads, self.head_channels
-        m = C if self.feature_map is None else self.feature_map.output_dim(C)
-        backend = self.backend
-        if backend == 'auto':
-            backend = choose_backend(grf, self.mode, H, m, C, batch)
-        if self.mode == 'sparse_softmax':  # dropout on the coefficients, not again on the output
-            out = self._softmax(grf, q, k, v, backend, batch)
-            return self.to_out(out.reshape(out.size(0), H * C))
-        # Linear modes: masked sums [N, H, C + 1] (numerator, then the normaliser).
-        phi_q, phi_k = self.features(q, k, grf.batch if batch is None else batch)
-        v = self.drop_keys(v)  # coefficient dropout: whole key columns, numerator only
-        o = self._linear_sums(grf, phi_q, phi_k, v, backend, batch)
+        N, H, C = x.size(0), self.heads, self.head_channels
+        f = self.coefficients()
+        linear = self.mode != 'sparse_softmax'
+        if linear:
+            phi_q, phi_k = self.features(q, k, grf.batch if batch is None else batch)
+            v = self.drop_keys(v)  # coefficient dropout: whole key columns, numerator only
+        else:
+            phi_q, phi_k = q, k
+        if grf.num_draws > 1:  # independent walks per head: heads folded into the node axis
+            draws = self.draws(grf.num_draws)
+            run = grf.fold(draws, batch)
+            if run.num_groups > 1:
+                def fold(t: Tensor) -> Tensor:
+                    return t.transpose(0, 1).reshape(H * N, 1, t.size(-1))
+                o = self._attend(run, fold(phi_q), fold(phi_k), fold(v), f, None)
+                o = o.view(H, N, -1).transpose(0, 1)
+            else:
+                o = self._attend(run, phi_q, phi_k, v, f, None)
+        else:
+            o = self._attend(grf, phi_q, phi_k, v, f, batch)
+        if not linear:  # dropout on the coefficients, not again on the output
+            return self.to_out(o.reshape(N, H * C))
         if self.beta is not None:  # M = beta * 1 1^T (per graph) + GRF mask
             o = o + self.beta.to(o.dtype).view(1, H, 1) * F.packing_sums(
                 phi_q, phi_k, v, grf.layout(batch))
@@ -184,44 +246,61 @@ class GRFAttention(QKVAttention):
         r"""Weights :math:`\beta_h \ge 0` of the global term (:obj:`None` if disabled)."""
         return None if self.beta_raw is None else nn.functional.softplus(self.beta_raw)
 
-    def _coef(self, K: int, symmetric: bool) -> Tensor:
-        # f (asymmetric) or f (x) f flattened (symmetric), for hop counts < K
-        coef = self.f[:, :K]
-        if symmetric:
-            coef = (coef.unsqueeze(-1) * coef.unsqueeze(-2)).reshape(self.heads, K * K)
-        return coef
+    def _attend(self, grf: GRFLoads, a: Tensor, b: Tensor, v: Tensor, f: Tensor,
+                batch: Optional[Tensor]) -> Tensor:
+        # a, b: phi_q, phi_k (linear modes) or q, k (softmax), [N', h, .]; h is the number of
+        # heads, or 1 when the heads are folded into the nodes (grouped loads, one coefficient
+        # row per group). Linear modes return the sums [N', h, C + 1], softmax the output.
+        backend = self.backend
+        if backend == 'auto':
+            backend = choose_backend(grf, self.mode, a.size(1), a.size(-1), v.size(-1), batch)
+        if self.mode == 'sparse_softmax':
+            return self._softmax(grf, a, b, v, backend, batch, f)
+        return self._linear_sums(grf, a, b, v, backend, batch, f)
+
+    @staticmethod
+    def _term_values(grf: GRFLoads, terms, f: Tensor, symmetric: bool, layout) -> Tensor:
+        # mask values on the cells of the block terms: [h, P]
+        K = int(round(terms.num_coef ** 0.5)) if symmetric else terms.num_coef
+        coef = f[:, :K]
+        if symmetric:  # f (x) f flattened, id l K + l'
+            coef = (coef.unsqueeze(-1) * coef.unsqueeze(-2)).reshape(f.size(0), K * K)
+        if grf.group is None:
+            return coef @ terms.stats.t()
+        return (terms.stats * coef[grf.cell_group(terms.cell, layout)]).sum(-1).unsqueeze(0)
 
     def _softmax(self, grf: GRFLoads, q: Tensor, k: Tensor, v: Tensor, backend: str,
-                 batch: Optional[Tensor]) -> Tensor:
+                 batch: Optional[Tensor], f: Tensor) -> Tensor:
         if backend == 'dense':
             lay = grf.layout(batch)
-            terms = grf.block_terms(False, batch, self.f.dtype)
-            W = F.block_mask(terms, self._coef(terms.num_coef, False), lay)
+            terms = grf.block_terms(False, batch, f.dtype)
+            W = F.blocks_from_values(self._term_values(grf, terms, f, False, lay), terms.cell,
+                                     lay)
             out = F.block_weighted_softmax_attention(
                 F.to_blocks(q, lay), F.to_blocks(k, lay), F.to_blocks(v, lay), W,
                 grf.block_support(batch), self.dropout, self.training)
             return F.from_blocks(out, lay)
         # the sparse and pair backends coincide: softmax on the nonzeros of Phi
         _, pat = grf.pairs()
-        return F.pair_weighted_softmax_attention(q, k, v, pat, grf.values(self.f), self.dropout,
+        return F.pair_weighted_softmax_attention(q, k, v, pat, grf.values(f), self.dropout,
                                                  self.training)
 
     def _linear_sums(self, grf: GRFLoads, phi_q: Tensor, phi_k: Tensor, v: Tensor,
-                     backend: str, batch: Optional[Tensor]) -> Tensor:
-        f = self.f
+                     backend: str, batch: Optional[Tensor], f: Tensor) -> Tensor:
         symmetric = self.mode == 'symmetric'
         if backend == 'dense':
             lay = grf.layout(batch)
             terms = grf.block_terms(symmetric, batch, f.dtype)
-            K = int(round(terms.num_coef ** 0.5)) if symmetric else terms.num_coef
-            M = F.block_mask(terms, self._coef(K, symmetric), lay)
+            M = F.blocks_from_values(self._term_values(grf, terms, f, symmetric, lay),
+                                     terms.cell, lay)
             o = F.block_masked_linear_attention(F.to_blocks(phi_q, lay), F.to_blocks(phi_k, lay),
                                                 F.to_blocks(v, lay), M, return_sums=True)
             return F.from_blocks(o, lay)
         if backend == 'pairs':
             if symmetric:
+                lay = grf.layout(batch)
                 terms = grf.block_terms(True, batch, f.dtype)
-                vals = self._coef(int(round(terms.num_coef ** 0.5)), True) @ terms.stats.t()
+                vals = self._term_values(grf, terms, f, True, lay)
                 return F.pair_masked_linear_attention(phi_q, phi_k, v, grf.mask_pattern(batch),
                                                       vals, return_sums=True)
             return F.pair_masked_linear_attention(phi_q, phi_k, v, grf.pairs()[1],

@@ -8,16 +8,18 @@ from typing import Any, Dict, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.utils import to_dense_batch
+from torch_geometric.utils import to_dense_adj, to_dense_batch
 
 from pyg_grf._validation import batch_or_zeros
 from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.features.exact import power_series_kernel
-from pyg_grf.features.grf import self_convolution
+from pyg_grf.features.grf import normalized_adjacency, self_convolution
+from pyg_grf.features.loads import block_layout
 from pyg_grf.masks.base import DenseMask
 from pyg_grf.masks.packing import PackingMask
 from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients
-from pyg_grf.nn.functional import masked_linear_attention
+from pyg_grf.nn.functional import (block_masked_linear_attention, from_blocks,
+                                   masked_linear_attention, to_blocks)
 
 
 class LinearAttention(QKVAttention):
@@ -58,6 +60,8 @@ class PowerSeriesAttention(QKVAttention):
 
     Args:
         normalization (str, optional): of :math:`W` (default: ``'sym'``).
+        positive_f (bool, optional): the kernel uses :math:`|f|`, as
+            :class:`~pyg_grf.nn.GRFAttention` does by default (default: :obj:`True`).
         Others: as :class:`~pyg_grf.nn.GRFAttention`.
     """
 
@@ -65,10 +69,11 @@ class PowerSeriesAttention(QKVAttention):
                  head_channels: Optional[int] = None, feature_map: Any = 'relu',
                  feature_map_kwargs: Optional[Dict[str, Any]] = None, f_init: float = 0.5,
                  normalization: Optional[str] = 'sym', dropout: float = 0.0, bias: bool = True,
-                 eps: float = 1e-6):
+                 eps: float = 1e-6, positive_f: bool = True):
         super().__init__(channels, heads, head_channels, feature_map, feature_map_kwargs,
                          dropout, bias)
         self.max_length = max_length
+        self.positive_f = bool(positive_f)
         self.f_init = f_init
         self.normalization = normalization
         self.eps = eps
@@ -81,17 +86,64 @@ class PowerSeriesAttention(QKVAttention):
 
     def dense_mask(self, edge_index: Tensor, num_nodes: int,
                    edge_weight: Optional[Tensor] = None) -> Tensor:
-        alpha = torch.stack([self_convolution(f) for f in self.f])  # [H, 2L + 1], loop over heads
+        coef = self.f.abs() if self.positive_f else self.f  # as GRFAttention.coefficients()
+        alpha = torch.stack([self_convolution(f) for f in coef])  # [H, 2L + 1], loop over heads
         return power_series_kernel(edge_index, num_nodes, alpha, edge_weight=edge_weight,
                                    normalization=self.normalization)
 
     def forward(self, x: Tensor, edge_index: Tensor, batch: Optional[Tensor] = None,
                 edge_weight: Optional[Tensor] = None) -> Tensor:
+        r"""``x`` ``[N, channels]`` with the graphs of a PyG batch (``batch``), or
+        ``[B, n, channels]``: ``B`` samples on the one graph ``edge_index`` of ``n`` nodes
+        (e.g. the patch grid of a batch of images). The kernel is built per graph, as
+        ``[B, H, n, n]`` dense blocks (one for a shared graph), never over the whole batch."""
+        if x.dim() == 3:
+            B, n, _ = x.shape
+            if batch is not None:
+                raise ValueError("'batch' is not used with x of shape [B, n, channels] (every "
+                                 "sample is one copy of the shared graph)")
+            if edge_index.numel() > 0 and int(edge_index.max()) >= n:
+                raise ValueError(f"x of shape {tuple(x.shape)} holds {B} samples of {n} nodes, "
+                                 f"but 'edge_index' has node ids up to {int(edge_index.max())}")
+            q, k, v = self.project(x.reshape(B * n, -1))
+            M = self._blocks(edge_index, torch.zeros(n, dtype=torch.long, device=x.device),
+                             n, edge_weight, x.dtype)                       # [1, H, n, n]
+            H, C = self.heads, self.head_channels
+            phi_q, phi_k = qk_features(self.feature_map, q, k,
+                                       torch.arange(B, device=x.device).repeat_interleave(n))
+            blocks = [t.view(B, n, H, -1).transpose(1, 2) for t in (phi_q, phi_k,
+                                                                     self.drop_keys(v))]
+            out = block_masked_linear_attention(*blocks, M, eps=self.eps)   # [B, H, n, C]
+            return self.finish(out.transpose(1, 2).reshape(B * n, H, C)).view(B, n, -1)
+        if x.dim() != 2:
+            raise ValueError(f"{self.__class__.__name__} expects x of shape [N, {self.channels}] "
+                             f"or [B, n, {self.channels}], got {tuple(x.shape)}")
+        N = x.size(0)
+        if edge_index.numel() > 0 and int(edge_index.max()) >= N:
+            raise ValueError(f"'edge_index' has node ids up to {int(edge_index.max())} but 'x' "
+                             f"has {N} rows")
+        batch = batch_or_zeros(batch, N, x.device)
+        lay = block_layout(batch, N)
         q, k, v = self.project(x)
         phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
-        M = DenseMask(self.dense_mask(edge_index, x.size(0), edge_weight).to(x.dtype))
-        return self.finish(masked_linear_attention(phi_q, phi_k, self.drop_keys(v), M,
-                                                   eps=self.eps))
+        M = self._blocks(edge_index, batch, N, edge_weight, x.dtype)    # [B, H, n, n]
+        out = block_masked_linear_attention(to_blocks(phi_q, lay), to_blocks(phi_k, lay),
+                                            to_blocks(self.drop_keys(v), lay), M, eps=self.eps)
+        return self.finish(from_blocks(out, lay))
+
+    def _blocks(self, edge_index: Tensor, batch: Tensor, num_nodes: int,
+                edge_weight: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+        # sum_k alpha_k W^k per graph by Horner's rule on the padded [B, n, n] blocks of W
+        coef = self.f.abs() if self.positive_f else self.f
+        alpha = torch.stack([self_convolution(f) for f in coef]).to(dtype)  # [H, 2L + 1]
+        w = normalized_adjacency(edge_index, num_nodes, edge_weight, self.normalization)
+        W = to_dense_adj(edge_index, batch, edge_attr=w.to(dtype)).unsqueeze(1)  # [B, 1, n, n]
+        eye = torch.eye(W.size(-1), dtype=dtype, device=W.device)
+        K = alpha.size(-1)
+        out = alpha[:, K - 1, None, None] * eye                                 # [H, n, n]
+        for i in range(K - 2, -1, -1):  # loop over series terms
+            out = out @ W + alpha[:, i, None, None] * eye
+        return out.expand(W.size(0), -1, -1, -1) if out.dim() == 3 else out
 
     def _extra_repr(self) -> str:
         return f', max_length={self.max_length}'

@@ -170,7 +170,7 @@ class GRFAdapter(AttentionAdapter):
     layers."""
 
     requires = ('grf_index', 'grf_length', 'grf_load')
-    optional = ('grf_key_index', 'grf_key_length', 'grf_key_load')
+    optional = ('grf_key_index', 'grf_key_length', 'grf_key_load', 'grf_draw', 'grf_key_draw')
     hint = ("add the transform pyg_grf.transforms.AddGraphRandomFeatures (best as the dataset's "
             "pre_transform, so the walks are sampled once and cached); a second one with "
             "attr_prefix='grf_key' gives independent key-side walks (unbiased diagonal)")
@@ -205,10 +205,11 @@ def _grf_loads(owner: torch.nn.Module, num_nodes: int, batch: Tensor,
     if stamp is not None and cached is not None and cached[0] == stamp:
         return cached[1]
     key = None
-    if all(f in fields for f in optional):
-        key = GRFLoads(*(fields[f] for f in optional), num_nodes, batch=batch)
+    if all(f'grf_key_{s}' in fields for s in ('index', 'length', 'load')):
+        key = GRFLoads(*(fields[f'grf_key_{s}'] for s in ('index', 'length', 'load')), num_nodes,
+                       batch=batch, draw=fields.get('grf_key_draw'))
     grf = GRFLoads(fields['grf_index'], fields['grf_length'], fields['grf_load'],
-                   num_nodes, batch=batch, key=key)
+                   num_nodes, batch=batch, key=key, draw=fields.get('grf_draw'))
     owner._last_loads = None if stamp is None else (stamp, grf)
     return grf
 
@@ -666,6 +667,12 @@ class GraphTransformer(torch.nn.Module):
         self.pe_encoder = self._make_pe_encoder(pe, pe_dim, C, edge_encoder)
         self.attention_cls = _attention_class(attention)
         self.blocks = torch.nn.ModuleList([self._make_block() for _ in range(num_layers)])
+        if 'layer_index' not in self.attention_kwargs:  # walk draws per layer (num_draws > 1)
+            from pyg_grf.nn.attention.grf import GRFAttention
+            for i, block in enumerate(self.blocks):
+                for module in block.modules():
+                    if isinstance(module, GRFAttention):
+                        module.layer_index = i
         # Post-norm GPS layers end with a norm already.
         self.final_norm = _norm(norm, C) if block == 'pre_norm' else torch.nn.Identity()
 

@@ -404,7 +404,7 @@ def test_auto_skips_the_join_for_hub_graphs():
 def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
     # the join behind the mask statistics against Phi Phi^T formed densely, also for entries
     # in arbitrary order
-    from pyg_grf.nn.functional import block_mask
+    from pyg_grf.nn.functional import blocks_from_values
     t = AddGraphRandomFeatures(num_walks=6, p_halt=0.3, max_length=3, seed=1)
     b = Batch.from_data_list([t(Data(edge_index=er_graph(n, 0.3, seed=n), num_nodes=n))
                               for n in (7, 12, 3, 9)])
@@ -420,7 +420,8 @@ def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
     terms = grf.block_terms(True, dtype=D)
     assert terms.num_coef == 16
     lay = grf.layout()
-    M = block_mask(terms, layer._coef(4, True), lay)  # [B, H, n, n]
+    vals = layer._term_values(grf, terms, layer.coefficients(), True, lay)  # [H, P]
+    M = blocks_from_values(vals, terms.cell, lay)  # [B, H, n, n]
     N = b.num_nodes
     for h in range(3):
         phi = dense_phi(b.grf_index, b.grf_length, b.grf_load, f[h], N)

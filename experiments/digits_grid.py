@@ -1,0 +1,151 @@
+r"""The GRF paper's Table 1 variants and its ablations (Sec. 4, App. C.2) on an image grid, through
+the product's training stack (``pyg_grf.lightning``: the config
+``experiments/configs/digits_grid_grf.yaml`` plus per-variant overrides, fitted and tested by
+the same CLI class as ``pyg-grf fit``), several seeds per variant.
+
+Every variant is the same ViT (2 blocks, 64 channels, 4 heads, equal parameters up to the mask
+coefficients) on the same data split; only the attention changes. The seed sets the model
+initialisation, the batch order and the walks (the transform's seed).
+
+    python experiments/digits_grid.py --variants grf,linear,power_series --seeds 0,1,2,3,4 \
+        --out experiments/results/digits_grid
+
+Results are appended to ``OUT/runs.jsonl`` after every run (a stopped run keeps what it has;
+finished (variant, seed) pairs are skipped on restart) and summarised in ``OUT/summary.md``
+(mean ± std over seeds, and the paired difference to unmasked linear attention).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import os.path as osp
+import sys
+import tempfile
+import time
+import warnings
+from typing import Dict, List
+
+CONFIG = osp.join(osp.dirname(__file__), 'configs', 'digits_grid_grf.yaml')
+M = '--model.init_args.model.init_args.'
+T = '--data.init_args.pre_transform.init_args.'
+GRF = {'max_length': 4, 'feature_map': 'relu'}
+
+
+def _kw(**kwargs) -> str:
+    return M + 'attention_kwargs=' + json.dumps(kwargs)
+
+
+#: variant -> CLI overrides of the config (the GRF transform stays in the data pipeline of every
+#: variant, so all variants see the same batches).
+VARIANTS: Dict[str, List[str]] = {
+    # Table 1 (slow variants first, then the O(N) ones)
+    'softmax': [M + 'attention=softmax', _kw()],
+    'power_series': [M + 'attention=power_series', _kw(max_length=4, feature_map='relu')],
+    'linear': [M + 'attention=linear', _kw(feature_map='relu')],
+    'grf': [],  # the config: |f|, walks per head and layer (num_draws = 8 = 4 heads x 2 layers)
+    # what changed: one walk set shared by every head and layer, and/or the unconstrained f
+    'grf_shared_walks': [T + 'num_draws=1'],
+    'grf_free_f': [_kw(positive_f=False, **GRF)],
+    'grf_old_defaults': [T + 'num_draws=1', _kw(positive_f=False, **GRF)],
+    # App. C.2 ablations: walker count, importance weights
+    'grf_walks4': [T + 'num_walks=4'],
+    'grf_walks16': [T + 'num_walks=16'],
+    'grf_walks128': [T + 'num_walks=128'],
+    'grf_no_importance': [T + 'importance=false'],
+}
+
+
+def run_one(variant: str, seed: int, epochs: int, root: str) -> Dict[str, float]:
+    from pyg_grf.lightning.cli import GRFLightningCLI
+    args = ['--config', CONFIG, f'--seed_everything={seed}', f'--trainer.max_epochs={epochs}',
+            f'--trainer.default_root_dir={root}', '--trainer.enable_checkpointing=true',
+            f'--data.init_args.seed={seed}', f'{T}seed={seed}', '--data.init_args.cache=false',
+            *VARIANTS[variant]]
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message="LightningCLI's args parameter")
+        cli = GRFLightningCLI(args=args, run=False)
+    params = sum(p.numel() for p in cli.model.parameters())
+    start = time.perf_counter()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    fit_s = time.perf_counter() - start
+    ckpt = cli.trainer.checkpoint_callback
+    metrics = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path='best',
+                               verbose=False)[0]
+    return {'variant': variant, 'seed': seed, 'epochs': epochs, 'params': params,
+            'fit_s': round(fit_s, 1), 'best_val_acc': float(ckpt.best_model_score),
+            **{k: float(v) for k, v in metrics.items()}}
+
+
+def _stats(xs: List[float]):
+    n = len(xs)
+    mean = sum(xs) / n
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else float('nan')
+    return mean, std
+
+
+def summarise(rows: List[Dict], out: str) -> str:
+    by: Dict[str, Dict[int, Dict]] = {}
+    for r in rows:
+        by.setdefault(r['variant'], {})[r['seed']] = r
+    base = by.get('linear', {})
+    lines = ['| variant | seeds | test acc % (mean ± std) | paired vs unmasked linear (mean ± SE) '
+             '| min seed | params | s / run |', '|---|---|---|---|---|---|---|']
+    for v in [v for v in VARIANTS if v in by]:
+        runs = by[v]
+        acc = [100 * runs[s]['test/acc'] for s in sorted(runs)]
+        mean, std = _stats(acc)
+        diff = [100 * (runs[s]['test/acc'] - base[s]['test/acc']) for s in sorted(runs)
+                if s in base]
+        paired = ''
+        if v != 'linear' and len(diff) > 1:
+            dm, ds = _stats(diff)
+            paired = f'{dm:+.1f} ± {ds / math.sqrt(len(diff)):.1f} ({sum(d > 0 for d in diff)}/' \
+                     f'{len(diff)} seeds better)'
+        fit = sum(runs[s]['fit_s'] for s in runs) / len(runs)
+        params = runs[next(iter(runs))]['params']
+        lines.append(f'| {v} | {len(acc)} | {mean:.1f} ± {std:.1f} | {paired} | {min(acc):.1f} '
+                     f'| {params} | {fit:.0f} |')
+    text = '\n'.join(lines) + '\n'
+    with open(osp.join(out, 'summary.md'), 'w') as f:
+        f.write(text)
+    return text
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--variants', default=','.join(VARIANTS))
+    parser.add_argument('--seeds', default='0,1,2,3,4')
+    parser.add_argument('--epochs', type=int, default=40)
+    parser.add_argument('--out', default='experiments/results/digits_grid')
+    parser.add_argument('--summary-only', action='store_true')
+    opts = parser.parse_args(argv)
+    os.makedirs(opts.out, exist_ok=True)
+    path = osp.join(opts.out, 'runs.jsonl')
+    rows = []
+    if osp.exists(path):
+        with open(path) as f:
+            rows = [json.loads(line) for line in f if line.strip()]
+    if not opts.summary_only:
+        variants = [v for v in opts.variants.split(',') if v]
+        unknown = [v for v in variants if v not in VARIANTS]
+        if unknown:
+            sys.exit(f'unknown variants {unknown}; known: {list(VARIANTS)}')
+        done = {(r['variant'], r['seed'], r['epochs']) for r in rows}
+        for seed in [int(s) for s in opts.seeds.split(',')]:
+            for v in variants:
+                if (v, seed, opts.epochs) in done:
+                    continue
+                with tempfile.TemporaryDirectory() as root:
+                    row = run_one(v, seed, opts.epochs, root)
+                rows.append(row)
+                with open(path, 'a') as f:
+                    f.write(json.dumps(row) + '\n')
+                print(f"{v} seed {seed}: test acc {100 * row['test/acc']:.1f} "
+                      f"({row['fit_s']:.0f} s)", flush=True)
+    print(summarise([r for r in rows if r['epochs'] == opts.epochs], opts.out))
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,273 @@
+r"""Independent walks per head and layer (AddGraphRandomFeatures(num_draws=D), GRFLoads.fold),
+non-negative mask coefficients (positive_f) and samples on one shared graph (x [B, n, C]),
+against dense references computed head by head."""
+import math
+
+import pytest
+import torch
+from torch_geometric.data import Batch, Data
+from torch_geometric.utils import erdos_renyi_graph, to_undirected
+
+from pyg_grf.datasets import grid_edge_index
+from pyg_grf.features import GRFLoads, power_series_kernel
+from pyg_grf.masks import GRFMask
+from pyg_grf.nn import GraphTransformer, GRFAttention
+from pyg_grf.nn.functional import dense_masked_linear_attention
+from pyg_grf.transforms import AddGraphRandomFeatures
+
+D = torch.float64
+
+
+def er(n, p, seed):
+    torch.manual_seed(seed)
+    return to_undirected(erdos_renyi_graph(n, p))
+
+
+def batch_with_draws(num_draws, sizes=(7, 12, 9), seed=0, key=False):
+    t = AddGraphRandomFeatures(num_walks=8, max_length=3, seed=seed, num_draws=num_draws)
+    tk = AddGraphRandomFeatures(num_walks=8, max_length=3, seed=seed + 1, num_draws=num_draws,
+                                attr_prefix='grf_key')
+    graphs = []
+    for i, n in enumerate(sizes):
+        g = t(Data(edge_index=er(n, 0.4, i), num_nodes=n, x=torch.randn(n, 8)))
+        graphs.append(tk(g) if key else g)
+    return Batch.from_data_list(graphs)
+
+
+def reference(layer, x, grf, batch):
+    # head h: its own draw's mask, dense, with coefficients layer.coefficients()[h]
+    q, k, v = layer.project(x)
+    f = layer.coefficients()
+    if layer.mode != 'sparse_softmax':
+        pq, pk = layer.features(q, k, batch)
+    outs = []
+    for h, d in enumerate(layer.draws(grf.num_draws)):
+        sub = grf.fold((d,), batch)
+        M = GRFMask.from_loads(sub, f=f[h], asymmetric=layer.mode != 'symmetric').to_dense()
+        if layer.mode == 'sparse_softmax':
+            s = (q[:, h] @ k[:, h].t()) * layer.head_channels ** -0.5
+            s = s.masked_fill(M == 0, float('-inf'))
+            e = torch.exp(s - s.amax(-1, keepdim=True)) * M
+            outs.append((e / e.sum(-1, keepdim=True)) @ v[:, h])
+        else:
+            outs.append(dense_masked_linear_attention(pq[:, h:h + 1], pk[:, h:h + 1],
+                                                      v[:, h:h + 1], M)[:, 0])
+    return layer.to_out(torch.stack(outs, 1).reshape(x.size(0), -1))
+
+
+@pytest.mark.parametrize('mode', ['symmetric', 'asymmetric', 'sparse_softmax'])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense', 'auto'])
+def test_per_head_draws_equal_dense_reference(mode, backend):
+    b = batch_with_draws(6)
+    grf = GRFLoads.from_data(b)
+    assert grf.num_draws == 6
+    x = b.x.to(D)
+    for layer_index in (0, 1):
+        torch.manual_seed(1)
+        layer = GRFAttention(8, heads=4, max_length=3, mode=mode, backend=backend,
+                             layer_index=layer_index, positive_f=False).to(D)
+        with torch.no_grad():
+            layer.f.copy_(torch.rand(4, 4) + 0.05)
+        assert layer.draws(6) == ((0, 1, 2, 3) if layer_index == 0 else (4, 5, 0, 1))
+        out = layer(x, grf=grf, batch=b.batch)
+        assert torch.allclose(out, reference(layer, x, grf, b.batch), atol=1e-12)
+
+
+def test_per_head_draws_gradients_and_key_side():
+    b = batch_with_draws(4, key=True)
+    grf = GRFLoads.from_data(b, key_prefix='grf_key')
+    x = b.x.to(D).requires_grad_()
+    outs = {}
+    for backend in ('sparse', 'pairs', 'dense'):
+        torch.manual_seed(2)
+        layer = GRFAttention(8, heads=4, max_length=3, backend=backend).to(D)
+        out = layer(x, grf=grf, batch=b.batch)
+        gx, gf = torch.autograd.grad(out.square().sum(), (x, layer.f))
+        outs[backend] = (out, gx, gf)
+    for backend in ('pairs', 'dense'):
+        for a, r in zip(outs[backend], outs['sparse']):
+            assert torch.allclose(a, r, atol=1e-11)
+    # the key side folds with the query side: head h's mask is Phi_Q^(d) Phi_K^(d)T
+    sub = grf.fold((2,), b.batch)
+    assert sub.key is not None and sub.key.nnz == int((b.grf_key_draw == 2).sum())
+
+
+def test_draws_are_independent_samples_of_one_estimator():
+    # every draw estimates F = sum_l f_l W^l (asymmetric features, unbiased); the mean of the D
+    # draws converges like 1 / sqrt(D): a statistic with a variance-derived tolerance
+    n, Dn = 10, 400
+    ei = er(n, 0.5, 3)
+    data = AddGraphRandomFeatures(num_walks=4, p_halt=0.4, max_length=3, seed=0,
+                                  num_draws=Dn)(Data(edge_index=ei, num_nodes=n))
+    grf = GRFLoads.from_data(data)
+    f = torch.tensor([1.0, 0.7, 0.5, 0.3], dtype=D)
+    phis = torch.stack([GRFMask.from_loads(grf.fold((d,)), f=f, asymmetric=True).to_dense()
+                        for d in range(Dn)])  # [D, n, n]
+    F = power_series_kernel(ei, n, f)  # the exact sum_l f_l W^l, by Horner's rule
+    mean, se = phis.mean(0), phis.std(0) / math.sqrt(Dn)
+    assert float(((mean - F).abs() - 5 * se - 1e-9).clamp_min(0).max()) == 0
+    # distinct draws are not copies of each other
+    assert not torch.allclose(phis[0], phis[1])
+
+
+def test_fold_and_draw_errors():
+    b = batch_with_draws(3)
+    grf = GRFLoads.from_data(b)
+    with pytest.raises(ValueError, match=r"draw ids in \[0, 3\)"):
+        grf.fold((0, 3))
+    with pytest.raises(ValueError, match="already folded"):
+        grf.fold((0, 1)).fold((0,))
+    with pytest.raises(ValueError, match="'grf_draw' .* must be >= 0"):
+        GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes, draw=-b.grf_draw.long() - 1)
+    with pytest.raises(ValueError, match="one draw id per entry"):
+        GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes, draw=b.grf_draw[:-1])
+    one = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes)
+    with pytest.raises(ValueError, match="key-side loads hold 1 walk draws"):
+        GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes, draw=b.grf_draw, key=one)
+    with pytest.raises(ValueError, match="'num_draws' must be an integer"):
+        AddGraphRandomFeatures(num_draws=0)
+    with pytest.raises(ValueError, match="'layer_index' must be an integer"):
+        GRFAttention(8, layer_index=-1)
+    with pytest.raises(ValueError, match="one walk draw"):
+        GRFAttention(8, heads=2, max_length=3).mask(grf)
+
+
+def test_one_draw_is_the_old_transform():
+    # num_draws=1 stores exactly what the transform stored before (no grf_draw)
+    data = Data(edge_index=er(12, 0.3, 0), num_nodes=12)
+    a = AddGraphRandomFeatures(num_walks=8, max_length=3, seed=4)(data)
+    b = AddGraphRandomFeatures(num_walks=8, max_length=3, seed=4, num_draws=1)(data)
+    assert 'grf_draw' not in b
+    for name in ('grf_index', 'grf_length', 'grf_load'):
+        assert torch.equal(a[name], b[name])
+
+
+def test_graph_transformer_gives_each_layer_its_draws():
+    b = batch_with_draws(8)
+    model = GraphTransformer(8, 16, 3, num_layers=2, heads=4, attention='grf',
+                             attention_kwargs={'max_length': 3})
+    layers = [m for m in model.modules() if isinstance(m, GRFAttention)]
+    assert [m.layer_index for m in layers] == [0, 1]
+    assert layers[1].draws(8) == (4, 5, 6, 7)
+    out = model(b)
+    assert out.shape == (3, 3) and torch.isfinite(out).all()
+
+
+# Non-negative coefficients ########################################################################
+
+
+def test_positive_f_keeps_outputs_convex_combinations():
+    # adversarial coefficients (the paper's unconstrained f at -0.9): with |f| every output row
+    # is a convex combination of the value rows, so |out| <= max |v| before to_out
+    b = batch_with_draws(1, sizes=(30, 25))
+    grf = GRFLoads.from_data(b)
+    x = torch.randn(b.num_nodes, 8, dtype=D) * 3
+    bounds = {}
+    for positive in (True, False):
+        torch.manual_seed(0)
+        layer = GRFAttention(8, heads=2, max_length=3, f_init=-0.9, positive_f=positive,
+                             backend='sparse').to(D)
+        layer.to_out = torch.nn.Identity()
+        v = layer.to_v(x)
+        out = layer(x, grf=grf)
+        bounds[positive] = float(out.abs().max() / v.abs().max())
+        mask = GRFMask.from_loads(grf, f=layer.coefficients()).to_dense()
+        assert (float(mask.min()) >= 0) == positive
+    assert bounds[True] <= 1 + 1e-9
+    assert bounds[False] > 1.5  # what the guard prevents: the normaliser near 0
+
+
+def test_coefficients_and_old_state_dicts():
+    layer = GRFAttention(8, heads=2, max_length=2)
+    with torch.no_grad():
+        layer.f.copy_(torch.tensor([[1.0, -0.5, 0.2], [0.3, 0.1, -0.7]]))
+    assert torch.equal(layer.coefficients(), layer.f.abs())
+    free = GRFAttention(8, heads=2, max_length=2, positive_f=False)
+    free.load_state_dict(layer.state_dict())  # same parameters, only the mapping differs
+    assert torch.equal(free.coefficients(), layer.f)
+    assert 'positive_f' not in repr(layer)
+
+
+# One graph shared by a batch of samples ##########################################################
+
+
+@pytest.mark.parametrize('num_draws', [1, 4])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+def test_shared_graph_equals_batch_of_copies(backend, num_draws):
+    B, h, w = 5, 3, 4
+    grid = Data(edge_index=grid_edge_index(h, w), num_nodes=h * w)
+    grid = AddGraphRandomFeatures(num_walks=6, max_length=3, seed=0, num_draws=num_draws)(grid)
+    grf = GRFLoads.from_data(grid)
+    x = torch.randn(B, h * w, 16, dtype=D)
+    torch.manual_seed(0)
+    layer = GRFAttention(16, heads=4, max_length=3, backend=backend,
+                         global_beta=0.3).to(D)
+    out = layer(x, grf=grf)
+    assert out.shape == (B, h * w, 16)
+    copies = Batch.from_data_list([grid.clone() for _ in range(B)])
+    ref = layer(x.reshape(B * h * w, 16), grf=GRFLoads.from_data(copies), batch=copies.batch)
+    assert torch.allclose(out.reshape(B * h * w, 16), ref, atol=1e-12)
+    assert grf.repeat(B) is grf.repeat(B)  # built once per batch size
+
+
+def test_shared_graph_errors():
+    grid = AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0)(
+        Data(edge_index=grid_edge_index(3, 3), num_nodes=9))
+    grf = GRFLoads.from_data(grid)
+    layer = GRFAttention(8, heads=2, max_length=2)
+    with pytest.raises(ValueError, match="holds 2 samples of 10 nodes, but the GRF loads cover 9"):
+        layer(torch.randn(2, 10, 8), grf=grf)
+    with pytest.raises(ValueError, match=r"expects x of shape \[N, 8\] .* got \(2, 3, 9, 8\)"):
+        layer(torch.randn(2, 3, 9, 8), grf=grf)
+    with pytest.raises(ValueError, match="'batch' is not used"):
+        layer(torch.randn(2, 9, 8), grf=grf, batch=torch.zeros(18, dtype=torch.long))
+    with pytest.raises(ValueError, match="needs the loads of one graph"):
+        GRFLoads.from_data(Batch.from_data_list([grid, grid])).repeat(2)
+    with pytest.raises(ValueError, match="'copies' must be a positive integer"):
+        grf.repeat(0)
+
+
+# The exact mask (PowerSeriesAttention) per graph and on a shared graph ###########################
+
+
+def _power_series_dense(layer, x, edge_index, batch):
+    # the O(N^2) reference over the whole batch: the dense kernel of the batch's block-diagonal
+    # adjacency and the one masked-linear primitive
+    from pyg_grf.masks import DenseMask
+    from pyg_grf.nn.functional import masked_linear_attention
+    q, k, v = layer.project(x)
+    pq, pk = layer.features(q, k, batch)
+    M = DenseMask(layer.dense_mask(edge_index, x.size(0)).to(x.dtype))
+    return layer.finish(masked_linear_attention(pq, pk, v, M, eps=layer.eps))
+
+
+@pytest.mark.parametrize('positive_f', [True, False])
+def test_power_series_blocks_equal_whole_batch_kernel(positive_f):
+    from pyg_grf.nn.attention.reference import PowerSeriesAttention
+    b = batch_with_draws(1, sizes=(7, 12, 1, 9))
+    x = torch.randn(b.num_nodes, 8, dtype=D)
+    torch.manual_seed(0)
+    layer = PowerSeriesAttention(8, heads=2, max_length=3, f_init=-0.4,
+                                 positive_f=positive_f).to(D)
+    out = layer(x, b.edge_index, b.batch)
+    if positive_f:  # dense_mask is the paper's kernel of f; the layer uses |f|
+        with torch.no_grad():
+            layer.f.abs_()
+    assert torch.allclose(out, _power_series_dense(layer, x, b.edge_index, b.batch), atol=1e-12)
+
+
+def test_power_series_shared_graph_equals_batch_of_copies():
+    from pyg_grf.nn.attention.reference import PowerSeriesAttention
+    B, n = 4, 12
+    ei = grid_edge_index(3, 4)
+    x = torch.randn(B, n, 8, dtype=D)
+    torch.manual_seed(0)
+    layer = PowerSeriesAttention(8, heads=2, max_length=2).to(D)
+    out = layer(x, ei)
+    copies = Batch.from_data_list([Data(edge_index=ei, num_nodes=n) for _ in range(B)])
+    ref = layer(x.reshape(B * n, 8), copies.edge_index, copies.batch)
+    assert torch.allclose(out.reshape(B * n, 8), ref, atol=1e-12)
+    with pytest.raises(ValueError, match="'edge_index' has node ids up to 11 but 'x' has 8 rows"):
+        layer(torch.randn(8, 8, dtype=D), ei)
+    with pytest.raises(ValueError, match="holds 2 samples of 6 nodes"):
+        layer(torch.randn(2, 6, 8, dtype=D), ei)
