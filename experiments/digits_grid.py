@@ -57,12 +57,13 @@ VARIANTS: Dict[str, List[str]] = {
 }
 
 
-def run_one(variant: str, seed: int, epochs: int, root: str) -> Dict[str, float]:
+def run_one(variant: str, seed: int, epochs: int, root: str,
+            overrides: List[str] = ()) -> Dict[str, float]:
     from pyg_grf.lightning.cli import GRFLightningCLI
     args = ['--config', CONFIG, f'--seed_everything={seed}', f'--trainer.max_epochs={epochs}',
             f'--trainer.default_root_dir={root}', '--trainer.enable_checkpointing=true',
             f'--data.init_args.seed={seed}', f'{T}seed={seed}', '--data.init_args.cache=false',
-            *VARIANTS[variant]]
+            *overrides, *VARIANTS[variant]]
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message="LightningCLI's args parameter")
         cli = GRFLightningCLI(args=args, run=False)
@@ -117,9 +118,12 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--variants', default=','.join(VARIANTS))
     parser.add_argument('--seeds', default='0,1,2,3,4')
-    parser.add_argument('--epochs', type=int, default=40)
+    parser.add_argument('--epochs', type=int, default=15)
     parser.add_argument('--out', default='experiments/results/digits_grid')
     parser.add_argument('--summary-only', action='store_true')
+    parser.add_argument('--override', action='append', default=[],
+                        help='extra CLI override for every run, e.g. '
+                        '--override=--data.init_args.dataset_kwargs.noise=0.05 (repeatable)')
     opts = parser.parse_args(argv)
     os.makedirs(opts.out, exist_ok=True)
     path = osp.join(opts.out, 'runs.jsonl')
@@ -138,7 +142,8 @@ def main(argv=None):
                 if (v, seed, opts.epochs) in done:
                     continue
                 with tempfile.TemporaryDirectory() as root:
-                    row = run_one(v, seed, opts.epochs, root)
+                    row = run_one(v, seed, opts.epochs, root, opts.override)
+                row['overrides'] = opts.override
                 rows.append(row)
                 with open(path, 'a') as f:
                     f.write(json.dumps(row) + '\n')

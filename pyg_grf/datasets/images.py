@@ -84,11 +84,12 @@ class DigitsGridDataset(GeneratedDataset):
       encoder then adds a learned absolute position embedding, as the paper's ViTs do);
     * ``edge_index``: the 4-neighbour patch grid (:func:`grid_edge_index`), the same for every
       image;
-    * ``y`` ``[1]``: the digit.
+    * ``y`` ``[1]``: the digit;
+    * ``source`` ``[1]``: the index of the source image in scikit-learn's set.
 
-    Each source digit appears ``copies`` times with independent placements (copies of one digit
-    are consecutive; a random split then puts copies of one digit into different splits, so
-    keep ``copies=1`` for a clean test set).
+    Each source digit appears ``copies`` times with independent placements (augmentation). Split
+    by ``source`` (``SyntheticDataModule(split_by='source')``) so that the copies of one digit
+    never land in different splits.
 
     Args:
         root (str, optional): cache folder; :obj:`None` keeps the dataset in memory only.
@@ -129,7 +130,7 @@ class DigitsGridDataset(GeneratedDataset):
 
     @property
     def tag(self) -> str:
-        return (f'v1_c{self.canvas}_p{self.patch}_s{self.scale[0]}-{self.scale[1]}'
+        return (f'v2_c{self.canvas}_p{self.patch}_s{self.scale[0]}-{self.scale[1]}'
                 f'_n{self.noise}_k{self.copies}_g{self.num_graphs}_seed{self.seed}')
 
     @property
@@ -147,6 +148,7 @@ class DigitsGridDataset(GeneratedDataset):
         labels = torch.from_numpy(np.asarray(digits.target, dtype=np.int64))
         images = images.repeat_interleave(self.copies, 0)[:self.num_graphs]
         labels = labels.repeat_interleave(self.copies, 0)[:self.num_graphs]
+        source = torch.arange(NUM_DIGITS).repeat_interleave(self.copies)[:self.num_graphs]
         gen = torch.Generator().manual_seed(self.seed)
         canvas = _place_digits(images, self.canvas, self.scale, self.noise, gen)
         x = image_patches(canvas, self.patch)                      # [B, P, patch^2]
@@ -154,7 +156,7 @@ class DigitsGridDataset(GeneratedDataset):
         pos = torch.eye(P).expand(x.size(0), P, P)
         x = torch.cat([x, pos], -1)
         edge_index = grid_edge_index(*self.grid_shape)
-        return [Data(x=x[g], edge_index=edge_index, y=labels[g:g + 1])
+        return [Data(x=x[g], edge_index=edge_index, y=labels[g:g + 1], source=source[g:g + 1])
                 for g in range(x.size(0))]
 
     @property

@@ -434,6 +434,29 @@ class GRFLoads:
         cell, kid = ckey // KK, ckey % KK
         return _coalesce_terms(cell, kid, value, KK, lay.num_cells)
 
+    def block_cells(self, batch: Optional[Tensor] = None) -> Tensor:
+        r"""``[nnz]`` flat cell ``(b n + r) n + c`` of every entry in the ``[B, n, n]`` dense-block
+        layout (cached; checks once that no entry crosses graphs)."""
+        lay = self.layout(batch)
+
+        def build():
+            prow, pcol = _block_coords(lay, self.index)
+            return prow * lay.n + pcol
+        return self._cached(('cells', lay.pos.data_ptr()), build)
+
+    def phi_blocks(self, f: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+        r""":math:`\widehat\Phi` as dense ``[B, h, n, n]`` blocks per graph, for coefficients
+        ``f`` ``[H, L + 1]`` (:math:`h = H`) or, on folded loads, one row per group
+        (:math:`h = 1`); differentiable in ``f``. The symmetric mask of a dense-block layer is
+        then one batched product :math:`\widehat\Phi_Q\widehat\Phi_K^\top` per graph
+        (:math:`O(B h n^3)`, no join of the entries)."""
+        lay = self.layout(batch)
+        v = self.entry_values(f)
+        if v.dim() == 1:
+            v = v.unsqueeze(0)
+        out = v.new_zeros(v.size(0), lay.num_cells).index_add(1, self.block_cells(batch), v)
+        return out.view(-1, lay.num_graphs, lay.n, lay.n).transpose(0, 1)
+
     def block_support(self, batch: Optional[Tensor] = None) -> Tensor:
         r"""``[B, n, n]`` boolean: the cells holding an entry of :math:`\widehat\Phi`."""
         lay = self.layout(batch)

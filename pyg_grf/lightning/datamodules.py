@@ -229,6 +229,10 @@ class SyntheticDataModule(GraphDataModule):
             'num_nodes': 100, 'features': 'neighbor_degrees'}`` (default: :obj:`None`).
         cache (bool, optional): cache the processed dataset on disk under ``root`` (one folder
             per ``pre_transform``) (default: :obj:`True`).
+        split_by (str, optional): a per-graph attribute (``[1]`` integer) whose groups stay
+            together: the split is drawn over the groups, e.g. ``'source'`` so that the
+            augmented copies of one image of ``'digits_grid'`` never land in different splits
+            (default: :obj:`None`, graphs split independently).
         **kwargs: of :class:`GraphDataModule`.
     """
 
@@ -240,9 +244,11 @@ class SyntheticDataModule(GraphDataModule):
                  split_seed: int = 0, dataset_kwargs: Optional[Dict[str, Any]] = None,
                  cache: bool = True, batch_size: int = 32, num_workers: int = 0,
                  pre_transform: TransformArg = None, transform: TransformArg = None,
-                 root: Optional[str] = None, seed: int = 0, pin_memory: bool = False):
+                 root: Optional[str] = None, seed: int = 0, pin_memory: bool = False,
+                 split_by: Optional[str] = None):
         super().__init__(batch_size, num_workers, pre_transform, transform, root, seed,
                          pin_memory)
+        self.split_by = split_by
         if task not in self.TASKS:
             raise ValueError(f"task must be one of {sorted(self.TASKS)}, got '{task}'")
         self.task = task
@@ -272,8 +278,20 @@ class SyntheticDataModule(GraphDataModule):
             super().prepare_data()
 
     def split(self, dataset):
-        idx = _random_split(len(dataset), self.split_fractions, self.split_seed)
-        return tuple(dataset[i] for i in idx)
+        if self.split_by is None:
+            idx = _random_split(len(dataset), self.split_fractions, self.split_seed)
+            return tuple(dataset[i] for i in idx)
+        groups = getattr(dataset._data, self.split_by, None) if len(dataset) else None
+        if groups is None or groups.numel() != len(dataset):
+            raise ValueError(f"split_by={self.split_by!r} needs one '{self.split_by}' value per "
+                             f"graph of {type(dataset).__name__}, got "
+                             f"{None if groups is None else tuple(groups.shape)}")
+        uniq, inv = torch.unique(groups.view(-1), return_inverse=True)
+        parts = _random_split(uniq.numel(), self.split_fractions, self.split_seed)
+        which = torch.empty(uniq.numel(), dtype=torch.long)
+        for k, part in enumerate(parts):
+            which[part] = k
+        return tuple(dataset[(which[inv] == k).nonzero().view(-1)] for k in range(3))
 
 
 class TUDataModule(GraphDataModule):

@@ -28,9 +28,12 @@ def masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     r"""Masked low-rank (linear) attention.
 
     Args:
-        phi_q (Tensor): ``[N, H, m]`` query features :math:`\phi(\mathbf{q}_i)`.
-        phi_k (Tensor): ``[N, H, m]`` key features :math:`\phi(\mathbf{k}_j)`.
-        v (Tensor): ``[N, H, d]`` values.
+        phi_q (Tensor): ``[N, H, m]`` query features :math:`\phi(\mathbf{q}_i)`, or
+            ``[B, N, H, m]``: ``B`` samples on the same ``N`` nodes (e.g. the patches of ``B``
+            images), all masked by the one ``mask``, which then multiplies them in one product
+            (the samples ride along in the columns).
+        phi_k (Tensor): ``[N, H, m]`` (``[B, N, H, m]``) key features :math:`\phi(\mathbf{k}_j)`.
+        v (Tensor): ``[N, H, d]`` (``[B, N, H, d]``) values.
         mask (MaskOperator, optional): the mask :math:`M` (shared or one per head). :obj:`None`
             means all pairs attend (:math:`M = \mathbf{1}\mathbf{1}^\top`, plain linear attention
             over all ``N`` rows; use :class:`~pyg_grf.masks.PackingMask` for per-graph attention
@@ -38,11 +41,35 @@ def masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
         eps (float): added to the normaliser, which must then be positive (default: ``1e-6``).
 
     Returns:
-        Tensor ``[N, H, d]``.
+        Tensor ``[N, H, d]`` (``[B, N, H, d]``).
     """
+    if phi_q.dim() == 4 and phi_k.dim() == 4 and v.dim() == 4:
+        if phi_q.shape != phi_k.shape or v.shape[:3] != phi_k.shape[:3]:
+            raise ValueError(f"expected phi_q, phi_k [B, N, H, m] and v [B, N, H, d], got "
+                             f"{tuple(phi_q.shape)}, {tuple(phi_k.shape)}, {tuple(v.shape)}")
+        B, N, H, m = phi_k.shape
+        d = v.size(-1)
+        kv = (phi_k.unsqueeze(-1) * v.unsqueeze(-2)).reshape(B, N, H, m * d)
+        x = torch.cat([kv, phi_k], dim=-1).permute(1, 2, 0, 3)          # [N, H, B, md + m]
+        if mask is None:
+            mx = x.sum(0, keepdim=True).expand(N, -1, -1, -1)
+        else:
+            if mask.num_nodes != N:
+                raise ValueError(f"the mask covers {mask.num_nodes} nodes but the samples have "
+                                 f"{N} rows")
+            if mask.num_heads is None:  # one product for every head and sample
+                mx = mask.matmul(x.reshape(N, -1)).view(N, H, B, -1)
+            else:
+                mx = mask.matmul(x.reshape(N, H, -1)).view(N, H, B, -1)
+        mx = mx.permute(2, 0, 1, 3)                                     # [B, N, H, md + m]
+        mkv, mk = mx.split([m * d, m], dim=-1)
+        num = torch.einsum('bnhm,bnhmd->bnhd', phi_q, mkv.reshape(B, N, H, m, d))
+        den = torch.einsum('bnhm,bnhm->bnh', phi_q, mk)
+        return num / (den.unsqueeze(-1) + eps)
     if phi_q.dim() != 3 or phi_k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"expected phi_q, phi_k [N, H, m] and v [N, H, d], got "
-                         f"{tuple(phi_q.shape)}, {tuple(phi_k.shape)}, {tuple(v.shape)}")
+        raise ValueError(f"expected phi_q, phi_k [N, H, m] and v [N, H, d] (or [B, N, H, .] for "
+                         f"samples on one shared mask), got {tuple(phi_q.shape)}, "
+                         f"{tuple(phi_k.shape)}, {tuple(v.shape)}")
     if phi_q.shape != phi_k.shape:
         raise ValueError(f"phi_q and phi_k must have the same shape, got {tuple(phi_q.shape)} "
                          f"and {tuple(phi_k.shape)}")

@@ -102,3 +102,27 @@ def test_planetoid(mirror):
     dm.setup()
     data = next(iter(dm.train_dataloader()))
     assert int(data.train_mask.sum()) == 140 and dm.num_classes == 7
+
+
+def test_digits_grid_split_by_source_keeps_copies_together():
+    pytest.importorskip('sklearn')
+    dm = SyntheticDataModule(task='digits_grid', num_graphs=600, split=(0.6, 0.2, 0.2),
+                             dataset_kwargs={'copies': 3}, split_by='source', cache=False)
+    dm.setup()
+    parts = [torch.cat([d.source for d in ds]) for ds in
+             (dm.train_dataset, dm.val_dataset, dm.test_dataset)]
+    assert sum(p.numel() for p in parts) == 600
+    sets = [set(p.tolist()) for p in parts]
+    assert not (sets[0] & sets[1] or sets[0] & sets[2] or sets[1] & sets[2])
+    assert [len(s) for s in sets] == [120, 40, 40]  # 200 source digits, 3 copies each
+    assert all(p.numel() == 3 * len(s) for p, s in zip(parts, sets))
+    # without split_by the copies of a digit are scattered over the splits
+    dm2 = SyntheticDataModule(task='digits_grid', num_graphs=600, split=(0.6, 0.2, 0.2),
+                              dataset_kwargs={'copies': 3}, cache=False)
+    dm2.setup()
+    s2 = [set(torch.cat([d.source for d in ds]).tolist()) for ds in
+          (dm2.train_dataset, dm2.test_dataset)]
+    assert s2[0] & s2[1]
+    bad = SyntheticDataModule(task='motifs', num_graphs=20, split_by='source', cache=False)
+    with pytest.raises(ValueError, match="split_by='source' needs one 'source' value per graph"):
+        bad.setup()

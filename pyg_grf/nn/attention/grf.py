@@ -288,11 +288,12 @@ class GRFAttention(QKVAttention):
     def _linear_sums(self, grf: GRFLoads, phi_q: Tensor, phi_k: Tensor, v: Tensor,
                      backend: str, batch: Optional[Tensor], f: Tensor) -> Tensor:
         symmetric = self.mode == 'symmetric'
-        if backend == 'dense':
+        if backend == 'dense':  # M per graph from dense Phi blocks: no join of the entries
             lay = grf.layout(batch)
-            terms = grf.block_terms(symmetric, batch, f.dtype)
-            M = F.blocks_from_values(self._term_values(grf, terms, f, symmetric, lay),
-                                     terms.cell, lay)
+            M = grf.phi_blocks(f, batch)
+            if symmetric:
+                key = grf if grf.key is None else grf.key
+                M = M @ (M if grf.key is None else key.phi_blocks(f, batch)).transpose(-1, -2)
             o = F.block_masked_linear_attention(F.to_blocks(phi_q, lay), F.to_blocks(phi_k, lay),
                                                 F.to_blocks(v, lay), M, return_sums=True)
             return F.from_blocks(o, lay)
@@ -360,7 +361,9 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
       (symmetric) or :math:`P_\Phi`;
     * ``'dense'`` (padded blocks): :math:`c_4 B n_{max}^2 H (m + d + 1)(1 + n_{max} / 256)`
       (larger blocks fall out of cache), times 1.6 for the softmax mode;
-    * the join (symmetric mask, pair and dense backends), once per batch: :math:`c_6 T`
+    * ``'dense'``, symmetric: plus :math:`c_7 \cdot 3 B n_{max}^3 H` for the batched products
+      :math:`\widehat\Phi_Q\widehat\Phi_K^\top` per graph (forward and backward);
+    * the join (symmetric mask, pair backend), once per batch: :math:`c_6 T`
       (several times more per term for one big graph, whose :math:`N^2` cells need a sort),
       counted as spread over two layers. It is only run when that share plus the pair cost of
       :math:`P_\Phi` pairs (a lower bound) is below the sparse estimate and its memory stays
@@ -396,6 +399,9 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
             costs['pairs'] = P_phi * heads * (m + d + 1) * _C_PAIR
             costs['dense'] = dense
             return costs
+        # dense blocks: the mask is Phi_Q Phi_K^T per graph, one batched product (B n^3 per head
+        # and product, forward and two in the backward), no join
+        costs['dense'] = dense + 3 * lay.num_cells * lay.n * heads * _C_BMM
         T = grf.num_join_terms()
         # batches coalesce the join by a mark array over their padded cells; one big graph
         # (N^2 cells) needs a sort of the T terms, several times slower per term
@@ -407,7 +413,6 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
         if lower < costs['sparse'] and T * 64 < _JOIN_MEMORY:
             P = grf.mask_pattern(batch).nnz
             costs['pairs'] = P * heads * (m + d + 1) * _C_PAIR + join
-            costs['dense'] = dense + join
         return costs
     return grf._cached(key, compute)
 
@@ -419,4 +424,5 @@ _C_PAIR = 1.8e-9
 _C_CELL = 1.5e-8
 _C_JOIN = 7.0e-8
 _C_JOIN_SORT = 4.0e-7  # 262k grid: 10.7 s for 29M terms, default allocator
+_C_BMM = 2.0e-10  # per multiply-add of the batched Phi Phi^T products
 _JOIN_MEMORY = 2 ** 31  # bytes

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
+import torch
 from torch import Tensor, nn
 
 from pyg_grf._validation import batch_or_zeros
@@ -45,8 +46,9 @@ class MaskedLinearAttention(QKVAttention):
         heads (int, optional): number of heads :math:`H` (default: :obj:`1`).
         head_channels (int, optional): size per head (default: ``channels // heads``).
         feature_map (str or FeatureMap, optional): :math:`\phi`: ``'relu'``, ``'elu'`` or
-            ``'favor+'`` (default: ``'elu'``). The mask should be non-negative when
-            :math:`\phi` is, so that the normaliser stays positive.
+            ``'favor+'`` (default: ``'relu'``, as every other layer; it was ``'elu'`` before).
+            The mask should be non-negative when :math:`\phi` is, so that the normaliser stays
+            positive.
         feature_map_kwargs (dict, optional): arguments of the feature map.
         mask_module (torch.nn.Module, optional): builds the mask from the keyword arguments of
             :meth:`forward` (default: :obj:`None`).
@@ -79,7 +81,7 @@ class MaskedLinearAttention(QKVAttention):
     """
 
     def __init__(self, channels: int, heads: int = 1, head_channels: Optional[int] = None,
-                 feature_map: Any = 'elu', feature_map_kwargs: Optional[Dict[str, Any]] = None,
+                 feature_map: Any = 'relu', feature_map_kwargs: Optional[Dict[str, Any]] = None,
                  mask_module: Optional[nn.Module] = None, dropout: float = 0.0,
                  bias: bool = True, eps: float = 1e-6):
         super().__init__(channels, heads, head_channels, feature_map, feature_map_kwargs,
@@ -101,13 +103,22 @@ class MaskedLinearAttention(QKVAttention):
                 batch: Optional[Tensor] = None, **mask_kwargs: Any) -> Tensor:
         r"""
         Args:
-            x (Tensor): ``[N, channels]``.
+            x (Tensor): ``[N, channels]``, or ``[B, n, channels]``: ``B`` samples (e.g. the
+                patches of ``B`` images) all masked by the one mask over ``n`` nodes, in one
+                mask product (without a mask: unmasked linear attention within each sample).
             mask (MaskOperator, optional): the mask; overrides the mask module.
             batch (Tensor, optional): ``[N]`` graph ids, used only when there is no mask at all
                 (per-graph unmasked attention).
             **mask_kwargs: passed to the mask module.
         """
+        samples = None
+        if x.dim() == 3:  # samples on one shared mask
+            if batch is not None:
+                raise ValueError("'batch' is not used with x of shape [B, n, channels]")
+            samples, x = x.size(0), x.reshape(-1, x.size(-1))
         N = x.size(0) if x.dim() == 2 else -1
+        if samples is not None:
+            N = N // samples
         if mask is None and self.mask_module is not None:
             mask = self.mask_module(**mask_kwargs)
             if not isinstance(mask, MaskOperator):
@@ -116,20 +127,28 @@ class MaskedLinearAttention(QKVAttention):
         elif mask_kwargs:
             raise TypeError(f"unexpected keyword arguments {sorted(mask_kwargs)}: they are "
                             f"passed to the mask module, and this layer has none")
-        if mask is None:
+        if mask is None and samples is None:
             mask = PackingMask(batch_or_zeros(batch, max(N, 0), x.device))
-        elif not isinstance(mask, MaskOperator):
+        elif mask is not None and not isinstance(mask, MaskOperator):
             raise TypeError(f"'mask' must be a pyg_grf.masks.MaskOperator, got "
                             f"{type(mask).__name__}")
         q, k, v = self.project(x)
-        if mask.num_nodes != N:
-            raise ValueError(f"the mask covers {mask.num_nodes} nodes but 'x' has {N} rows")
-        if mask.num_heads is not None and mask.num_heads != self.heads:
+        if mask is not None and mask.num_nodes != N:
+            raise ValueError(f"the mask covers {mask.num_nodes} nodes but 'x' has {N} rows"
+                             + ('' if samples is None else f' per sample ({samples} samples)'))
+        if mask is not None and mask.num_heads is not None and mask.num_heads != self.heads:
             raise ValueError(f"the mask has {mask.num_heads} heads but the layer has "
                              f"{self.heads}")
-        phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
-        out = masked_linear_attention(phi_q, phi_k, self.drop_keys(v), mask, eps=self.eps)
-        return self.finish(out)
+        if samples is None:
+            phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
+            out = masked_linear_attention(phi_q, phi_k, self.drop_keys(v), mask, eps=self.eps)
+            return self.finish(out)
+        sample = torch.arange(samples, device=x.device).repeat_interleave(N)
+        phi_q, phi_k = qk_features(self.feature_map, q, k, sample)  # keys per sample
+        H = self.heads
+        out = masked_linear_attention(*(t.view(samples, N, H, -1) for t in (
+            phi_q, phi_k, self.drop_keys(v))), mask, eps=self.eps)
+        return self.finish(out.reshape(samples * N, H, -1)).view(samples, N, -1)
 
     def _extra_repr(self) -> str:
         if self.mask_module is None:

@@ -2,6 +2,7 @@ r"""The GPS layer of PyG with topology-aware linear-cost attention."""
 from __future__ import annotations
 
 import inspect
+import warnings
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -124,21 +125,43 @@ class GRFGPSConv(torch.nn.Module):
             return h
         return norm(h, batch=batch) if self.norm_with_batch else norm(h)
 
-    def forward(self, x: Tensor, edge_index: Adj, grf: Optional[GRFLoads] = None,
-                batch: Optional[Tensor] = None,
-                rwgnk: Optional[Tuple[Tensor, ...]] = None, **kwargs) -> Tensor:
-        r"""Runs the forward pass of the module.
+    def forward(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor] = None, *args,
+                grf: Optional[GRFLoads] = None, rwgnk: Optional[Tuple[Tensor, ...]] = None,
+                **kwargs) -> Tensor:
+        r"""Runs the forward pass of the module, with the call shape of PyG's
+        :class:`~torch_geometric.nn.conv.GPSConv`: ``conv(x, edge_index, batch, **kwargs)``.
 
         Args:
             x (Tensor): node features.
             edge_index (Tensor or SparseTensor): the graph, for ``conv``.
-            grf (GRFLoads, optional): the batch's GRF loads (``attn_type='grf'``), e.g.
-                ``GRFLoads.from_data(batch)``, built once and passed to every layer.
-            batch (Tensor, optional): graph id of every node.
-            rwgnk (tuple, optional): ``(rwgnk_index, rwgnk_value)``, optionally followed by
-                ``(rwgnk_kernel_index, rwgnk_kernel_value)`` (``attn_type='gkat'``).
+            batch (Tensor, optional): graph id of every node; attention never crosses graphs.
+            grf (GRFLoads, optional): keyword only: the batch's GRF loads
+                (``attn_type='grf'``), e.g. ``GRFLoads.from_data(batch)``, built once and
+                passed to every layer.
+            rwgnk (tuple, optional): keyword only: ``(rwgnk_index, rwgnk_value)``, optionally
+                followed by ``(rwgnk_kernel_index, rwgnk_kernel_value)`` (``attn_type='gkat'``).
             **kwargs: further arguments of ``conv`` (e.g. ``edge_attr``).
+
+        The old call ``conv(x, edge_index, grf, batch)`` (``grf`` third) still works for one
+        release with a :class:`FutureWarning`; any other extra positional argument is an
+        error, so a batch vector can never be taken for the loads.
         """
+        legacy_none = batch is None and len(args) == 1 and isinstance(args[0], Tensor)
+        if isinstance(batch, GRFLoads) or legacy_none:  # the old order (x, edge_index, grf, batch)
+            warnings.warn("GRFGPSConv.forward(x, edge_index, grf, batch) is deprecated: use "
+                          "PyG GPSConv's order, conv(x, edge_index, batch, grf=grf)",
+                          FutureWarning, stacklevel=2)
+            if grf is not None:
+                raise TypeError("GRFGPSConv.forward got the GRF loads twice (third positional "
+                                "argument and grf=)")
+            grf, batch = batch, (args[0] if args else kwargs.pop('batch', None))
+            args = args[1:]
+        if args:
+            raise TypeError(f"GRFGPSConv.forward takes (x, edge_index, batch) positionally, as "
+                            f"PyG's GPSConv; pass grf=, rwgnk= and the conv's arguments by "
+                            f"keyword (got {len(args)} more positional argument(s))")
+        if batch is not None and not isinstance(batch, Tensor):
+            raise TypeError(f"'batch' must be a tensor of graph ids, got {type(batch).__name__}")
         hs = []
         if self.conv is not None:  # local message passing
             h = self.conv(x, edge_index, **kwargs)

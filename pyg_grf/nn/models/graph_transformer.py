@@ -906,7 +906,7 @@ class GraphTransformer(torch.nn.Module):
         if edge_attr is not None and conv is not None and _takes_edge_attr(conv):
             kwargs['edge_attr'] = edge_attr
         for layer in self.blocks:
-            x = layer(x, edge_index, grf, batch, rwgnk=rwgnk, **kwargs)
+            x = layer(x, edge_index, batch, grf=grf, rwgnk=rwgnk, **kwargs)
         return x
 
     def __repr__(self) -> str:

@@ -15,7 +15,11 @@ def dense_reference(layer: MaskedLinearAttention, x: torch.Tensor, m: torch.Tens
     q = (x @ layer.to_q.weight.t() + layer.to_q.bias).view(N, H, C)
     k = (x @ layer.to_k.weight.t() + layer.to_k.bias).view(N, H, C)
     v = (x @ layer.to_v.weight.t() + layer.to_v.bias).view(N, H, C)
-    fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    if layer.feature_map_name == 'elu':
+        fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
+    else:
+        assert layer.feature_map_name == 'relu'
+        fq, fk = torch.relu(q), torch.relu(k)
     m = m if m.dim() == 3 else m.expand(H, N, N)
     outs = []
     for h in range(H):
@@ -48,9 +52,10 @@ def masks():
 
 
 @pytest.mark.parametrize('mask', masks(), ids=lambda m: type(m).__name__)
-def test_layer_equals_dense_reimplementation(mask):
+@pytest.mark.parametrize('fmap', ['relu', 'elu'])
+def test_layer_equals_dense_reimplementation(mask, fmap):
     torch.manual_seed(1)
-    layer = MaskedLinearAttention(12, heads=2).double()
+    layer = MaskedLinearAttention(12, heads=2, feature_map=fmap).double()
     x = torch.randn(8, 12, dtype=torch.float64)
     out = layer(x, mask)
     ref = dense_reference(layer, x, mask.to_dense().double())
@@ -133,3 +138,54 @@ def test_bad_input():
     bad = MaskedLinearAttention(8, mask_module=torch.nn.Identity())
     with pytest.raises(TypeError, match='must return a MaskOperator'):
         bad(x, input=x)
+
+
+# Samples on one shared mask (x [B, n, C]) ########################################################
+
+
+def _block_diag_reference(layer, x, mask_dense):
+    # the same samples as one batch of B copies: a block-diagonal [B n, B n] dense mask
+    from pyg_grf.masks import DenseMask
+    B, n, C = x.shape
+    dense = mask_dense if mask_dense.dim() == 3 else mask_dense.unsqueeze(0)
+    big = torch.stack([torch.block_diag(*([m] * B)) for m in dense])
+    big = big if mask_dense.dim() == 3 else big[0]
+    return layer(x.reshape(B * n, C), DenseMask(big),
+                 batch=torch.arange(B).repeat_interleave(n)).view(B, n, C)
+
+
+@pytest.mark.parametrize('per_head', [False, True])
+def test_shared_mask_over_samples_equals_block_diagonal_batch(per_head):
+    from pyg_grf.masks import GridRPEMask
+    torch.manual_seed(0)
+    B, shape, H = 3, (3, 4), 2
+    K = sum(s - 1 for s in shape) + 1
+    f = torch.rand(H, K, dtype=torch.float64) + 0.1 if per_head else \
+        torch.rand(K, dtype=torch.float64) + 0.1
+    mask = GridRPEMask(shape, f)
+    layer = MaskedLinearAttention(8, heads=H).double()
+    x = torch.randn(B, 12, 8, dtype=torch.float64)
+    out = layer(x, mask)
+    assert out.shape == (B, 12, 8)
+    assert torch.allclose(out, _block_diag_reference(layer, x, mask.to_dense()), atol=1e-12)
+
+
+def test_shared_mask_without_mask_is_per_sample_linear_attention():
+    torch.manual_seed(0)
+    layer = MaskedLinearAttention(8, heads=2).double()
+    x = torch.randn(3, 5, 8, dtype=torch.float64)
+    out = layer(x)
+    ref = torch.stack([layer(x[b]) for b in range(3)])  # one sample = one graph
+    assert torch.allclose(out, ref, atol=1e-12)
+    assert layer.feature_map_name == 'relu'  # the default of every layer now
+
+
+def test_shared_mask_errors():
+    from pyg_grf.masks import GridRPEMask
+    layer = MaskedLinearAttention(8, heads=2)
+    mask = GridRPEMask((3, 4), torch.rand(6))
+    with pytest.raises(ValueError, match=r"covers 12 nodes but 'x' has 10 rows per sample "
+                                         r"\(2 samples\)"):
+        layer(torch.randn(2, 10, 8), mask)
+    with pytest.raises(ValueError, match="'batch' is not used"):
+        layer(torch.randn(2, 12, 8), mask, batch=torch.zeros(24, dtype=torch.long))

@@ -39,13 +39,46 @@ def test_equals_pyg_gpsconv_with_the_same_weights(attn_type, attn_kwargs):
                           atol=1e-6)
 
 
+@pytest.mark.parametrize('attn_type', ['multihead', 'performer'])
+def test_pyg_call_shape_is_gpsconvs(attn_type):
+    # exactly as PyG's examples/graph_gps.py calls GPSConv: conv(x, edge_index, batch, edge_attr=)
+    # (the batch third, positionally); the attention must stay inside each graph
+    b = make_batch()
+    torch.manual_seed(1)
+    ref = GPSConv(C, gine(), heads=2, attn_type=attn_type)
+    ours = GRFGPSConv(C, gine(), heads=2, attn_type=attn_type)
+    ours.load_state_dict(ref.state_dict())
+    ref.eval(), ours.eval()
+    out = ours(b.x, b.edge_index, b.batch, edge_attr=b.edge_attr)
+    assert torch.allclose(out, ref(b.x, b.edge_index, b.batch, edge_attr=b.edge_attr), atol=1e-6)
+    # graphs do not mix: changing graph 0 leaves the others' outputs unchanged
+    x2 = b.x.clone()
+    x2[b.batch == 0] += 1.0
+    out2 = ours(x2, b.edge_index, b.batch, edge_attr=b.edge_attr)
+    assert torch.allclose(out2[b.batch != 0], out[b.batch != 0], atol=1e-6)
+
+
+def test_old_grf_third_call_warns_and_bad_calls_raise():
+    b = make_batch()
+    conv = GRFGPSConv(C, gine(), heads=2, attn_kwargs={'max_length': 3}).eval()
+    grf = GRFLoads.from_data(b)
+    new = conv(b.x, b.edge_index, b.batch, grf=grf, edge_attr=b.edge_attr)
+    with pytest.warns(FutureWarning, match="conv\\(x, edge_index, batch, grf=grf\\)"):
+        old = conv(b.x, b.edge_index, grf, b.batch, edge_attr=b.edge_attr)
+    assert torch.equal(old, new)
+    with pytest.raises(TypeError, match="takes \\(x, edge_index, batch\\) positionally"):
+        conv(b.x, b.edge_index, b.batch, grf, edge_attr=b.edge_attr)
+    with pytest.raises(TypeError, match="'batch' must be a tensor"):
+        conv(b.x, b.edge_index, [0, 1], grf=grf, edge_attr=b.edge_attr)
+
+
 @pytest.mark.parametrize('norm', ['batch_norm', 'layer_norm', None])
 def test_grf_equals_hand_written_composition_of_its_parts(norm):
     b = make_batch()
     conv = GRFGPSConv(C, gine(), heads=2, dropout=0.0, norm=norm,
                       attn_kwargs={'max_length': 3, 'global_beta': 0.2})
     grf = GRFLoads.from_data(b)
-    out = conv(b.x, b.edge_index, grf, b.batch, edge_attr=b.edge_attr)
+    out = conv(b.x, b.edge_index, b.batch, grf=grf, edge_attr=b.edge_attr)
 
     def norm_(m, h):
         if m is None:

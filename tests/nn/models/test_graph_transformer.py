@@ -374,7 +374,7 @@ def test_gps_block_equals_hand_composition(graphs, attention, local_mp, norm):
     rwgnk = (batch.rwgnk_index, batch.rwgnk_value) if attention == 'gkat' else None
     for layer in layers:
         kwargs = {'edge_attr': e} if local_mp is not None else {}
-        x = layer(x, batch.edge_index, grf, batch.batch, rwgnk=rwgnk, **kwargs)
+        x = layer(x, batch.edge_index, batch.batch, grf=grf, rwgnk=rwgnk, **kwargs)
     ref = _head(model, global_mean_pool(x, batch.batch))
 
     double = batch.clone()
