@@ -42,6 +42,7 @@ def _kw(**kwargs) -> str:
 VARIANTS: Dict[str, List[str]] = {
     # Table 1 (slow variants first, then the O(N) ones)
     'softmax': [M + 'attention=softmax', _kw()],
+    'grid_rpe': [M + 'attention=grid_rpe', _kw(grid_shape=[4, 4], feature_map='relu')],
     'power_series': [M + 'attention=power_series', _kw(max_length=4, feature_map='relu')],
     'linear': [M + 'attention=linear', _kw(feature_map='relu')],
     'grf': [],  # the config: |f|, walks per head and layer (num_draws = 8 = 4 heads x 2 layers)

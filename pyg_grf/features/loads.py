@@ -102,6 +102,15 @@ class GRFLoads:
     ``grf=``. The inputs are validated once here (index range, hop counts, finite loads), not in
     every layer.
 
+    *Snapshot semantics.* The tensors are copied when the object is built (``nnz``-sized, cheap
+    next to one layer), so later in-place edits of the data's tensors, through ``.data`` or not,
+    never reach it or anything it has cached. Everything cached (pairs, layouts, mask
+    statistics) is keyed on the version counters of the object's own tensors: an in-place edit
+    of ``grf.load`` (or ``index``, ``hop``, ``batch``, ``draw``) drops the caches instead of
+    serving stale structures. Cached structures are always built outside inference mode, so a
+    payload first used under ``torch.inference_mode()`` (e.g. ``trainer.validate`` before
+    ``fit``) still trains.
+
     Args:
         index (Tensor): ``[2, nnz]`` (start node, visited node) of every entry.
         hop (Tensor): ``[nnz]`` hop count :math:`l \ge 0` of every entry.
@@ -182,8 +191,13 @@ class GRFLoads:
         if key is not None and key.num_draws != self.num_draws:
             raise ValueError(f"the key-side loads hold {key.num_draws} walk draws but the query "
                              f"side holds {self.num_draws}: use the same num_draws for both")
-        self.index, self.hop, self.load = index, hop, load
-        self.draw = draw
+        # snapshot: later edits of the caller's tensors never reach this object (normal tensors
+        # even under inference mode, so that the payload can serve training later)
+        with torch.inference_mode(False):
+            self.index, self.hop, self.load = index.clone(), hop.clone(), load.clone()
+            self.draw = None if draw is None else draw.clone()
+            if batch is not None:
+                batch = batch.clone()
         # Set on the loads that fold() returns: the group (head) of every entry, one
         # coefficient row per group (num_groups of them, each spanning group_graphs graphs).
         self.group: Optional[Tensor] = None
@@ -319,9 +333,17 @@ class GRFLoads:
         return GRFLoads(index, self.hop.repeat(copies), self.load.repeat(copies), copies * N,
                         batch=batch, max_length=self.max_length, key=key, draw=draw)
 
+    def _versions(self) -> Tuple[int, ...]:
+        return tuple(-1 if t is None else t._version for t in (
+            self.index, self.hop, self.load, self.batch, self.draw))
+
     def _cached(self, name: Any, fn):
+        versions = self._versions()
+        if self._cache.get('_versions') != versions:  # an in-place edit: nothing cached holds
+            self._cache = {'_versions': versions}
         if name not in self._cache:
-            self._cache[name] = fn()
+            with torch.inference_mode(False):  # cached tensors must serve training too
+                self._cache[name] = fn()
         return self._cache[name]
 
     # Sparse backend ################################################################################

@@ -12,6 +12,10 @@ from pyg_grf.masks.base import MaskOperator
 from pyg_grf.masks.toeplitz import next_fast_len
 
 
+#: :class:`GridRPEMask` with ``method='auto'`` multiplies densely up to this many nodes.
+DENSE_MAX_NODES = 1024
+
+
 class GridRPEMask(MaskOperator):
     r"""Mask of the nodes of a grid of shape :math:`(s_1, \dots, s_d)` (pixels, patches, voxels,
     video frames) numbered in row-major (C) order, weighted by a function of the grid
@@ -35,13 +39,19 @@ class GridRPEMask(MaskOperator):
             is then ``H``), with ``f[..., r]`` the weight of grid distance :math:`r`.
             :math:`K \ge \sum_k (s_k - 1) + 1` (the grid diameter plus one); extra entries are
             ignored.
+        method (str, optional): ``'fft'`` (:math:`O(N \log N)`), ``'dense'`` (the
+            :math:`N \times N` mask times :math:`X`, :math:`O(N^2)`, faster for small grids) or
+            ``'auto'``: dense up to :data:`DENSE_MAX_NODES` nodes (ViT-sized patch grids, where
+            the FFT's constant costs 5-47x), FFT beyond (default: ``'auto'``).
 
     Shapes:
         - **input:** ``[N, C]`` or ``[N, H, C]``
         - **output:** same shape (``[N, H, C]`` for a per-head ``f``)
     """
 
-    def __init__(self, shape: Sequence[int], f: Tensor):
+    def __init__(self, shape: Sequence[int], f: Tensor, method: str = 'auto'):
+        if method not in ('auto', 'fft', 'dense'):
+            raise ValueError(f"'method' must be 'auto', 'fft' or 'dense', got {method!r}")
         if isinstance(shape, int):
             shape = (shape, )
         shape = tuple(shape)
@@ -64,6 +74,9 @@ class GridRPEMask(MaskOperator):
         self.num_distances = K
         self.num_heads = f.size(0) if f.dim() == 2 else None
         self.fft_shape = tuple(next_fast_len(2 * s - 1) for s in self.shape)
+        if method == 'auto':
+            method = 'dense' if self.num_nodes <= DENSE_MAX_NODES else 'fft'
+        self.method = method
 
     def _distance_index(self, device) -> Tuple[Tensor, Tensor]:
         # For every position of the circulant kernel (index k along dim t means offset k if
@@ -90,6 +103,11 @@ class GridRPEMask(MaskOperator):
         return torch.fft.rfftn(kern, s=self.fft_shape, dim=dims)
 
     def _matmul(self, x: Tensor) -> Tensor:
+        if self.method == 'dense':
+            M = self.to_dense().to(x.dtype)
+            if M.dim() == 2:
+                return (M @ x.reshape(self.num_nodes, -1)).view(x.shape)
+            return torch.einsum('hij,jhc->ihc', M, x)
         d, N = len(self.shape), self.num_nodes
         kf = self._kernel_fft(x.dtype)
         rest = tuple(x.shape[1:])  # (C,) or (H, C)
@@ -117,3 +135,41 @@ class GridRPEMask(MaskOperator):
     def __repr__(self) -> str:
         heads = '' if self.num_heads is None else f', heads={self.num_heads}'
         return f'GridRPEMask(shape={self.shape}{heads})'
+
+
+class GridRPE(torch.nn.Module):
+    r"""A learnable grid relative-position mask (FTFI paper, Sec. 3.2): a mask module for
+    :class:`~pyg_grf.nn.attention.masked.MaskedLinearAttention` that returns
+    :class:`GridRPEMask` ``(shape, |f|)`` with one learnable :math:`f` per head over the grid
+    distances, initialised to :math:`f_r = \mathrm{f\_init}^r`. :math:`|f|` keeps the mask
+    non-negative, so the normaliser of linear attention cannot vanish (as
+    :class:`~pyg_grf.nn.GRFAttention` does with ``positive_f``). This is the
+    "Toeplitz-masked linear" variant of the GRF paper's Table 1.
+
+    Args:
+        shape (tuple of int): the grid's shape.
+        heads (int): number of heads (default: :obj:`1`).
+        f_init (float): initial decay per unit of grid distance (default: :obj:`0.5`).
+        method (str): as :class:`GridRPEMask` (default: ``'auto'``).
+    """
+
+    def __init__(self, shape: Sequence[int], heads: int = 1, f_init: float = 0.5,
+                 method: str = 'auto'):
+        super().__init__()
+        self.shape = tuple(int(s) for s in ((shape,) if isinstance(shape, int) else shape))
+        if not self.shape or any(s < 1 for s in self.shape):
+            raise ValueError(f"'shape' must be a non-empty tuple of positive integers, got "
+                             f"{shape}")
+        self.heads, self.f_init, self.method = heads, f_init, method
+        self.f = torch.nn.Parameter(torch.empty(heads, sum(s - 1 for s in self.shape) + 1))
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        with torch.no_grad():
+            self.f.copy_(self.f_init ** torch.arange(self.f.size(1), dtype=torch.float))
+
+    def forward(self, **kwargs) -> GridRPEMask:
+        return GridRPEMask(self.shape, self.f.abs(), method=self.method)
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}({self.shape}, heads={self.heads})'

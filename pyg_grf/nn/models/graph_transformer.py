@@ -161,6 +161,40 @@ class PowerSeriesAdapter(AttentionAdapter):
         return self.attn(x, fields['edge_index'], batch)
 
 
+class GridRPEAdapter(AttentionAdapter):
+    r"""Linear attention masked by a learnable grid relative-position mask
+    :math:`M_{ij} = |f_h|(\lVert \mathbf{c}_i - \mathbf{c}_j \rVert_1)`
+    (:class:`~pyg_grf.masks.grid.GridRPE` in :class:`~pyg_grf.nn.attention.masked.
+    MaskedLinearAttention`; FTFI paper, Sec. 3.2): the "Toeplitz-masked linear" variant of the
+    GRF paper's Table 1. Every graph of the batch must be the same grid, its nodes in row-major
+    order (e.g. :class:`~pyg_grf.datasets.DigitsGridDataset`): ``attention_kwargs`` needs
+    ``grid_shape`` (and takes ``f_init``, ``method`` and the layer's options). The samples share
+    the one mask: one mask product for the whole batch."""
+
+    def build(self, channels, heads, dropout, grid_shape=None, f_init=0.5, method='auto',
+              **kwargs):
+        from pyg_grf.masks.grid import GridRPE
+        from pyg_grf.nn.attention.masked import MaskedLinearAttention
+        if grid_shape is None:
+            raise ValueError("attention='grid_rpe' needs the grid's shape: attention_kwargs="
+                             "{'grid_shape': [height, width]}")
+        rpe = GridRPE(grid_shape, heads, f_init, method)
+        self.grid_nodes = 1
+        for size in rpe.shape:
+            self.grid_nodes *= size
+        return MaskedLinearAttention(channels, heads=heads, dropout=dropout, mask_module=rpe,
+                                     **kwargs)
+
+    def forward(self, x, batch, num_graphs, fields):
+        n = self.grid_nodes
+        if x.size(0) != num_graphs * n or (num_graphs > 1 and bool(
+                (batch != torch.arange(num_graphs, device=x.device).repeat_interleave(n)).any())):
+            raise ValueError(f"attention='grid_rpe' needs every graph of the batch to be the grid "
+                             f"of {n} nodes (grid_shape); got {x.size(0)} nodes in {num_graphs} "
+                             f"graphs")
+        return self.attn(x.view(num_graphs, n, -1)).view(x.size(0), -1)
+
+
 class GRFAdapter(AttentionAdapter):
     r"""Linear attention masked by graph random features,
     :class:`pyg_grf.nn.attention.grf.GRFAttention` (GRF paper, Algorithm 1). Needs the
@@ -252,6 +286,7 @@ ATTENTIONS: Dict[str, Type[AttentionAdapter]] = {
     'linear': LinearAdapter,
     'softmax': SoftmaxAdapter,
     'power_series': PowerSeriesAdapter,
+    'grid_rpe': GridRPEAdapter,
     'performer': PerformerAdapter,
     'gkat': GKATAdapter,
     'samsa': SAMSAAdapter,
@@ -542,7 +577,8 @@ class GraphTransformer(torch.nn.Module):
         num_layers (int): number of blocks.
         heads (int, optional): attention heads (default: :obj:`1`).
         attention (str or type, optional): one of :data:`ATTENTIONS` (``'grf'``, ``'linear'``,
-            ``'softmax'``, ``'power_series'``, ``'performer'``, ``'gkat'``, ``'samsa'``), an
+            ``'softmax'``, ``'power_series'``, ``'grid_rpe'``, ``'performer'``, ``'gkat'``,
+            ``'samsa'``), an
             :class:`AttentionAdapter` subclass, or :obj:`None` for no attention (a pure MPNN when
             ``local_mp`` is set) (default: :obj:`'grf'`).
         attention_kwargs (dict, optional): options of the attention layer, e.g.
