@@ -366,8 +366,8 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
     * the join (symmetric mask, pair backend), once per batch: :math:`c_6 T`
       (several times more per term for one big graph, whose :math:`N^2` cells need a sort),
       counted as spread over two layers. It is only run when that share plus the pair cost of
-      :math:`P_\Phi` pairs (a lower bound) is below the sparse estimate and its memory stays
-      under 2 GiB (:math:`T` is known beforehand; hub nodes make it large).
+      :math:`P_\Phi` pairs (a lower bound) is below the sparse and dense estimates and its
+      memory stays under 2 GiB (:math:`T` is known beforehand; hub nodes make it large).
 
     Measured per layer on one core (LRGB-sized batch / TU-sized batch / 16k grid, symmetric):
     sparse 334-355 / 83-108 / 631-673 ms, pairs 51-57 / 17-26 / 111-114 ms, dense 122-160 /
@@ -410,7 +410,7 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
         # the mask has at least the pairs of Phi: a lower bound of the pair backend before the
         # join is run; the join's memory (~64 bytes a term) is bounded too
         lower = join + P_phi * heads * (m + d + 1) * _C_PAIR
-        if lower < costs['sparse'] and T * 64 < _JOIN_MEMORY:
+        if lower < min(costs['sparse'], costs['dense']) and T * 64 < _JOIN_MEMORY:
             P = grf.mask_pattern(batch).nnz
             costs['pairs'] = P * heads * (m + d + 1) * _C_PAIR + join
         return costs
