@@ -53,7 +53,8 @@ TABLE = osp.join(REPO, 'experiments', 'results', 'cora_grf_gps.md')
 
 class GRFGPS(torch.nn.Module):
     def __init__(self, in_channels, num_classes, local='none', heads=4, max_length=3,
-                 global_beta=0.1, hidden=8, gat_heads=8, dropout=0.6, attn_type='grf'):
+                 global_beta=0.1, hidden=8, gat_heads=8, dropout=0.6, attn_type='grf',
+                 positive_f=True):
         super().__init__()
         self.dropout = dropout
         width = hidden * gat_heads
@@ -62,7 +63,8 @@ class GRFGPS(torch.nn.Module):
                 else None)
         attn_kwargs = dict(dropout=dropout)
         if attn_type == 'grf':
-            attn_kwargs.update(max_length=max_length, global_beta=global_beta)
+            attn_kwargs.update(max_length=max_length, global_beta=global_beta,
+                               positive_f=positive_f)
         self.gps = GRFGPSConv(width, conv, heads=heads, dropout=dropout, act='elu', norm=None,
                               attn_type=attn_type, attn_kwargs=attn_kwargs)
         self.conv2 = GATConv(width, num_classes, heads=1, concat=False, dropout=dropout)
@@ -71,7 +73,7 @@ class GRFGPS(torch.nn.Module):
         grf = GRFLoads.from_data(data)
         x = F.dropout(data.x, self.dropout, self.training)
         x = F.elu(self.conv1(x, data.edge_index))
-        x = self.gps(x, data.edge_index, grf)
+        x = self.gps(x, data.edge_index, grf=grf)
         x = F.dropout(x, self.dropout, self.training)
         return self.conv2(x, data.edge_index)
 
@@ -80,9 +82,11 @@ def run_seed(data, num_classes, args, seed):
     torch.manual_seed(seed)
     if args.model == 'grf_gps':
         data = AddGraphRandomFeatures(num_walks=args.num_walks, p_halt=args.p_halt,
-                                      max_length=args.max_length, seed=seed)(data)
+                                      max_length=args.max_length, seed=seed,
+                                      num_draws=getattr(args, 'num_draws', 1))(data)
         model = GRFGPS(data.num_features, num_classes, args.local, args.heads, args.max_length,
-                       args.global_beta, attn_type=args.attn_type)
+                       args.global_beta, attn_type=args.attn_type,
+                       positive_f=not getattr(args, 'free_f', True))
     else:
         model = GAT(data.num_features, num_classes)
     params = sum(p.numel() for p in model.parameters())
@@ -139,8 +143,10 @@ def write_table():
         elif attn == 'grf':
             settings = (f"local={a['local']}, heads={a['heads']}, max_length={a['max_length']}, "
                         f"global_beta={a['global_beta']}, walks={a['num_walks']}, "
-                        f"p_halt={a['p_halt']}" + (f" (selected on val. from {len(r['search'])})"
-                                                   if r.get('search') else ''))
+                        f"p_halt={a['p_halt']}, draws={a.get('num_draws', 1)}, "
+                        + ('|f|' if not a.get('free_f', True) else 'unconstrained f')
+                        + (f" (selected on val. from {len(r['search'])})"
+                           if r.get('search') else ''))
             label = 'GRF-GPS'
         else:
             settings = (f"local={a['local']}, heads={a['heads']}, unmasked {attn} attention in "
@@ -152,6 +158,23 @@ def write_table():
             f"{', '.join(f'{x:.1f}' for x in accs)} | "
             f"{statistics.mean(100 * s['val_acc'] for s in r['seeds']):.1f} | "
             f"{statistics.mean(s['sec_per_epoch'] for s in r['seeds']):.3f} |")
+    control = [r for r in rows if r['args']['model'] == 'grf_gps'
+               and r['args'].get('attn_type', 'grf') == 'linear']
+    if control:  # what the mask adds: paired over seeds against the unmasked-linear control
+        base = {s['seed']: 100 * s['test_acc'] for s in control[0]['seeds']}
+        lines += ['', 'GRF-GPS minus the same block with unmasked linear attention, paired by '
+                  'seed (mean ± standard error):', '']
+        for r in rows:
+            a = r['args']
+            if a['model'] != 'grf_gps' or a.get('attn_type', 'grf') != 'grf':
+                continue
+            diff = [100 * s['test_acc'] - base[s['seed']] for s in r['seeds'] if s['seed'] in base]
+            if len(diff) > 1:
+                se = statistics.stdev(diff) / len(diff) ** 0.5
+                lines.append(f"* draws={a.get('num_draws', 1)}, "
+                             f"{'|f|' if not a.get('free_f', True) else 'unconstrained f'}: "
+                             f"{statistics.mean(diff):+.1f} ± {se:.1f} over {len(diff)} seeds "
+                             f"({sum(d > 0 for d in diff)} better)")
     for r in rows:
         if r.get('search'):
             lines += ['', 'Validation search (mean of seeds 100, 101):', '',
@@ -181,6 +204,11 @@ def main(argv=None):
     p.add_argument('--p-halt', type=float, default=0.25)
     p.add_argument('--attn-type', default='grf', choices=['grf', 'linear'],
                    help="'linear': the same block with unmasked linear attention (control)")
+    p.add_argument('--num-draws', type=int, default=1,
+                   help='GRF walk draws (heads = one per head of the one GPS layer)')
+    p.add_argument('--free-f', action='store_true',
+                   help="the paper's unconstrained f (positive_f=False; the runs before the "
+                   "change used it)")
     p.add_argument('--search', action='store_true')
     p.add_argument('--threads', type=int, default=1)
     p.add_argument('--verbose', action='store_true')
@@ -212,6 +240,8 @@ def main(argv=None):
     command = 'python experiments/cora_grf_gps.py ' + ' '.join(
         argv if argv is not None else sys.argv[1:])
     name = args.model + ('' if args.attn_type == 'grf' else '_' + args.attn_type)
+    if args.model == 'grf_gps' and args.attn_type == 'grf':
+        name += f'_draws{args.num_draws}' + ('_free_f' if args.free_f else '')
     with open(osp.join(OUT, f'{name}.json'), 'w') as f:
         json.dump({'args': vars(args), 'seeds': results, 'command': command,
                    'search': searched}, f, indent=1)

@@ -14,7 +14,10 @@ Models (2 message-passing / attention layers each, then mean pooling and a linea
 * GCN: two :class:`~torch_geometric.nn.GCNConv` layers;
 * GRF: a linear input layer, then two :class:`~pyg_grf.nn.GRFAttention` layers (2 heads,
   symmetric GRF mask estimated from walks stored by
-  :class:`~pyg_grf.transforms.AddGraphRandomFeatures`, linear cost) in GKAT's place.
+  :class:`~pyg_grf.transforms.AddGraphRandomFeatures`, linear cost) in GKAT's place, with the
+  current defaults: |f| mask coefficients and one walk draw per head and layer
+  (``--grf-draws 4``; ``--grf-draws 1 --grf-free-f`` is the old setting, GRF_V1 in the table);
+* LINEAR: the GRF model with unmasked linear attention (what the mask adds).
 
 The paper uses 2 heads x 9 hidden for GAT/GKAT and 32 hidden for GCN "to make all models of
 comparable sizes"; here the hidden sizes of GAT and GCN are chosen so their parameter counts match
@@ -48,27 +51,35 @@ from torch_geometric.transforms import Compose  # noqa: E402
 from pyg_grf.datasets import MOTIFS, InducedCycleDataset, MotifDataset  # noqa: E402
 from pyg_grf.features import GRFLoads  # noqa: E402
 from pyg_grf.nn import GKATAttention, GRFAttention  # noqa: E402
+from pyg_grf.nn.attention.reference import LinearAttention  # noqa: E402
 from pyg_grf.transforms import AddGraphRandomFeatures, AddRWGNKFeatures  # noqa: E402
 
 TABLE = osp.join(REPO, 'experiments', 'results', 'gkat_motifs.md')
 NOTES = osp.join(REPO, 'experiments', 'results', 'gkat_motifs_notes.md')
 RUNS = osp.join(REPO, 'experiments', 'results', 'gkat_motifs')  # one JSON per run (committed)
-KINDS = ('gkat', 'gat', 'gcn', 'grf')
+KINDS = ('gkat', 'gat', 'gcn', 'grf', 'linear')
 
 
 class Net(torch.nn.Module):
     def __init__(self, kind, in_channels, hidden, heads=2, mode='softmax', threshold=0.0,
-                 max_length=3):
+                 max_length=3, positive_f=True):
         super().__init__()
         self.kind = kind
         self.lin = None
-        if kind == 'grf':
+        if kind == 'grf':  # layer_index: each layer's heads take their own walk draws
             out = heads * hidden
             self.lin = torch.nn.Linear(in_channels, out)
             self.conv1 = GRFAttention(out, heads=heads, head_channels=hidden,
-                                      max_length=max_length)
+                                      max_length=max_length, positive_f=positive_f,
+                                      layer_index=0)
             self.conv2 = GRFAttention(out, heads=heads, head_channels=hidden,
-                                      max_length=max_length)
+                                      max_length=max_length, positive_f=positive_f,
+                                      layer_index=1)
+        elif kind == 'linear':  # the GRF model with unmasked linear attention (the control)
+            out = heads * hidden
+            self.lin = torch.nn.Linear(in_channels, out)
+            self.conv1 = LinearAttention(out, heads=heads, head_channels=hidden)
+            self.conv2 = LinearAttention(out, heads=heads, head_channels=hidden)
         elif kind == 'gkat':
             kw = dict(mode=mode, threshold=threshold, project=False)  # GAT-shaped layers
             self.conv1 = GKATAttention(in_channels, heads=heads, head_channels=hidden, **kw)
@@ -90,6 +101,10 @@ class Net(torch.nn.Module):
             grf = GRFLoads.from_data(data)  # validated once, shared by both layers
             x = F.elu(self.conv1(self.lin(data.x), grf=grf))
             x = F.elu(self.conv2(x, grf=grf))
+            return self.head(global_mean_pool(x, data.batch))
+        if self.kind == 'linear':
+            x = F.elu(self.conv1(self.lin(data.x), data.batch))
+            x = F.elu(self.conv2(x, data.batch))
             return self.head(global_mean_pool(x, data.batch))
         if self.kind == 'gkat':
             args = (data.rwgnk_index, data.rwgnk_value)
@@ -124,7 +139,7 @@ def accuracy(model, loader):
 def run(kind, hidden, train_loader, val_loader, in_channels, args, seed):
     torch.manual_seed(seed)
     model = Net(kind, in_channels, hidden, mode=args.mode, threshold=args.threshold,
-                max_length=args.walk_length)
+                max_length=args.walk_length, positive_f=not args.grf_free_f)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     best, bad, epochs, t0 = 0.0, 0, 0, time.perf_counter()
     for epoch in range(1, args.epochs + 1):
@@ -163,6 +178,11 @@ def main(argv=None):
     p.add_argument('--alpha', type=float, default=1.0)
     p.add_argument('--grf-walks', type=int, default=16, help='GRF: walks per node')
     p.add_argument('--p-halt', type=float, default=0.25, help='GRF: halting probability')
+    p.add_argument('--grf-draws', type=int, default=4,
+                   help='GRF: independent walk draws (4 = one per head and layer; 1 = one walk '
+                   'set shared by all, the old default)')
+    p.add_argument('--grf-free-f', action='store_true',
+                   help="GRF: the paper's unconstrained f (positive_f=False, the old default)")
     p.add_argument('--models', nargs='+', default=list(KINDS), choices=KINDS)
     p.add_argument('--threads', type=int, default=1)
     p.add_argument('--tag', default='', help='name of the saved run (default: the motifs)')
@@ -189,7 +209,9 @@ def main(argv=None):
         f'mode={args.mode!r}, 2 heads x {args.hidden}, RWGNK tau={args.walk_length}, '
         f'n={args.num_walks}, lam={args.lam}, alpha={args.alpha}, threshold={args.threshold}. '
         f'GRF: 2 heads, symmetric mask, L={args.walk_length}, {args.grf_walks} walks, '
-        f'p_halt={args.p_halt}. '
+        f'p_halt={args.p_halt}, {args.grf_draws} walk draw(s) (one per head and layer when 4), '
+        f'{"unconstrained f" if args.grf_free_f else "|f| (positive_f)"}; LINEAR: the GRF '
+        f'model with unmasked linear attention. '
         f'Hidden sizes of the others chosen to match the GKAT parameter count: '
         + ', '.join(f'{k.upper()} hidden {hidden[k]} ({params[k]} params)' for k in hidden)
         + f'. CPU, {args.threads} thread(s) per run.')
@@ -212,7 +234,8 @@ def main(argv=None):
                              max_length=args.walk_length, seed=0,
                              kernel_threshold=args.threshold if args.mode == 'softmax' else None),
             AddGraphRandomFeatures(num_walks=args.grf_walks, p_halt=args.p_halt,
-                                   max_length=args.walk_length, seed=0)])
+                                   max_length=args.walk_length, seed=0,
+                                   num_draws=args.grf_draws)])
         if motif == 'induced_cycle':  # Sec. 5.1.2: trees closed into one cycle, 50 nodes each
             ds = InducedCycleDataset(num_graphs=args.num_graphs, seed=0, pre_transform=pre)
         else:
