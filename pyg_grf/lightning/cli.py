@@ -178,6 +178,8 @@ class GRFLightningCLI(LightningCLI):
         ckpt_path = kwargs.get('ckpt_path')
         if ckpt_path is not None:
             kwargs['ckpt_path'] = resolve_ckpt_path(self.trainer, ckpt_path, subcommand)
+            if 'weights_only' in kwargs and kwargs['weights_only'] is None:
+                kwargs['weights_only'] = True  # tensors and plain data only: no code
             if subcommand == 'fit':
                 reuse_log_version(self.trainer, kwargs['ckpt_path'])
         return kwargs
@@ -239,7 +241,14 @@ def resolve_ckpt_path(trainer: pl.Trainer, ckpt_path: str, subcommand: str) -> O
 
     Raises:
         FileNotFoundError: for ``'best'`` when no run with a monitored checkpoint is found.
+        ValueError: for a remote path (``scheme://...``): a downloaded checkpoint is read by
+            Lightning without ``weights_only`` and could run code; download it, check it, and
+            pass the local file.
     """
+    if isinstance(ckpt_path, str) and re.match(r'^[A-Za-z][A-Za-z0-9+.-]*://', ckpt_path):
+        raise ValueError(f"--ckpt_path {ckpt_path!r}: remote checkpoints are refused (Lightning "
+                         f"unpickles downloads without weights_only, which can run code); "
+                         f"download the file, check it, and pass the local path")
     ckpt = trainer.checkpoint_callback
     if ckpt_path == 'last':
         last = find_last_checkpoint(trainer)

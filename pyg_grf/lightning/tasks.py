@@ -42,30 +42,90 @@ METRICS = {
 }
 
 
-#: Packages whose :class:`torch.nn.Module` subclasses a model spec (``class_path``) may name,
-#: in a config or a checkpoint's hyperparameters. Anything else is refused before it is imported.
-ALLOWED_MODEL_PACKAGES = ('pyg_grf', 'torch_geometric', 'torch')
+#: The classes a model spec (``class_path``) may name, in a config's model or a checkpoint's
+#: hyperparameters, by their public dotted names: an explicit list, not whole packages (a
+#: package-wide rule admitted e.g. ``torch_geometric.nn.Sequential``, which evaluates strings).
+#: Their defining-module names (``torch_geometric.nn.conv.gat_conv.GATConv``) are accepted too.
+#: Anything else is refused before it is imported; add your own with
+#: :func:`register_model_class`.
+MODEL_CLASS_PATHS = (
+    # pyg_grf models, blocks and layers
+    'pyg_grf.nn.GraphTransformer', 'pyg_grf.nn.models.samsa.SAMSAModel', 'pyg_grf.nn.GRFGPSConv',
+    'pyg_grf.nn.GRFAttention', 'pyg_grf.nn.GKATAttention', 'pyg_grf.nn.SAMSAAttention',
+    'pyg_grf.nn.MaskedLinearAttention', 'pyg_grf.nn.GraphBridge',
+    'pyg_grf.nn.attention.reference.LinearAttention',
+    'pyg_grf.nn.attention.reference.SoftmaxAttention',
+    'pyg_grf.nn.attention.reference.PowerSeriesAttention',
+    'pyg_grf.masks.grid.GridRPE',
+    # the tasks themselves (a checkpoint's hyperparameters name their own class)
+    'pyg_grf.lightning.tasks.GraphLevelTask', 'pyg_grf.lightning.tasks.NodeLevelTask',
+    'pyg_grf.lightning.link.LinkLevelTask',
+    # PyG message passing layers a user puts beside the attention (local_mp / conv)
+    'torch_geometric.nn.GATConv', 'torch_geometric.nn.GATv2Conv', 'torch_geometric.nn.GINConv',
+    'torch_geometric.nn.GINEConv', 'torch_geometric.nn.GCNConv', 'torch_geometric.nn.SAGEConv',
+    'torch_geometric.nn.GraphConv', 'torch_geometric.nn.TransformerConv',
+    'torch_geometric.nn.ResGatedGraphConv', 'torch_geometric.nn.GENConv',
+    'torch_geometric.nn.MLP',
+    # torch building blocks of those (nn in GINConv, ...)
+    'torch.nn.Linear', 'torch.nn.Sequential', 'torch.nn.Identity', 'torch.nn.Dropout',
+    'torch.nn.ReLU', 'torch.nn.GELU', 'torch.nn.ELU', 'torch.nn.LeakyReLU', 'torch.nn.SiLU',
+    'torch.nn.Tanh', 'torch.nn.Sigmoid', 'torch.nn.LayerNorm', 'torch.nn.BatchNorm1d',
+    # OGB's molecule encoders (Peptides configs)
+    'ogb.graphproppred.mol_encoder.AtomEncoder', 'ogb.graphproppred.mol_encoder.BondEncoder',
+)
+
+_REGISTERED: Dict[str, type] = {}
+_ALLOWED: Optional[Dict[str, str]] = None
+
+
+def register_model_class(cls: type) -> type:
+    r"""Allows a :class:`torch.nn.Module` subclass of your own in model specs (configs and
+    checkpoint hyperparameters), under ``f'{cls.__module__}.{cls.__qualname__}'``. Usable as a
+    class decorator. Register only code you trust: a checkpoint may name any registered class."""
+    if not (isinstance(cls, type) and issubclass(cls, torch.nn.Module)):
+        raise TypeError(f"register_model_class needs a torch.nn.Module subclass, got {cls!r}")
+    _REGISTERED[f'{cls.__module__}.{cls.__qualname__}'] = cls
+    return cls
+
+
+def allowed_class_paths() -> Dict[str, str]:
+    r"""Every class path a model spec may name (:data:`MODEL_CLASS_PATHS`, their defining-module
+    names, and :func:`register_model_class`'s), mapped to the canonical one."""
+    global _ALLOWED
+    if _ALLOWED is None:
+        import importlib
+        allowed = {}
+        for path in MODEL_CLASS_PATHS:
+            module, name = path.rsplit('.', 1)
+            try:  # trusted packages only: importing them runs no foreign code
+                cls = getattr(importlib.import_module(module), name)
+            except (ImportError, AttributeError):  # e.g. ogb not installed
+                continue
+            canonical = f'{cls.__module__}.{cls.__qualname__}'
+            allowed[path] = allowed[canonical] = canonical
+        _ALLOWED = allowed
+    return {**_ALLOWED, **{path: path for path in _REGISTERED}}
 
 
 class UntrustedClassError(ValueError):
-    r"""Raised when a model spec (from a config or a checkpoint) names a class outside
-    :data:`ALLOWED_MODEL_PACKAGES` or something that is not a :class:`torch.nn.Module`
-    subclass."""
+    r"""Raised when a model spec (from a config or a checkpoint) names a class that is not in
+    :data:`MODEL_CLASS_PATHS` (nor registered with :func:`register_model_class`) or something
+    that is not a :class:`torch.nn.Module` subclass."""
 
 
 def _check_class_path(class_path: Any, where: str = 'model') -> str:
-    r"""Refuses a ``class_path`` outside :data:`ALLOWED_MODEL_PACKAGES` *before* importing it."""
+    r"""Refuses a ``class_path`` that is not an allowed class *before* importing anything."""
     if not isinstance(class_path, str) or not all(
             part.isidentifier() for part in class_path.split('.')) or '.' not in class_path:
         raise UntrustedClassError(f"'{where}.class_path' must be a dotted name such as "
                                   f"'pyg_grf.nn.models.GraphTransformer' (got {class_path!r})")
-    root = class_path.split('.', 1)[0]
-    if root not in ALLOWED_MODEL_PACKAGES:
+    if class_path not in allowed_class_paths():
         raise UntrustedClassError(
-            f"Refusing to build '{where}' from class_path {class_path!r}: only torch.nn.Module "
-            f"subclasses from the packages {list(ALLOWED_MODEL_PACKAGES)} may be named in a "
-            f"config or checkpoint (a checkpoint that names other code could run it). Build the "
-            f"model yourself and pass it: GraphLevelTask.load_from_checkpoint(path, "
+            f"Refusing to build '{where}' from class_path {class_path!r}: only the "
+            f"torch.nn.Module subclasses listed in pyg_grf.lightning.tasks.MODEL_CLASS_PATHS "
+            f"(or registered with register_model_class) may be named in a config or checkpoint "
+            f"(a checkpoint that names other code could run it). Register your class, or build "
+            f"the model yourself and pass it: GraphLevelTask.load_from_checkpoint(path, "
             f"model=my_model).")
     return class_path
 
@@ -73,6 +133,8 @@ def _check_class_path(class_path: Any, where: str = 'model') -> str:
 def _resolve_model_class(class_path: str, where: str = 'model') -> type:
     import importlib
     _check_class_path(class_path, where)
+    if class_path in _REGISTERED:
+        return _REGISTERED[class_path]
     module, name = class_path.rsplit('.', 1)
     try:
         cls = getattr(importlib.import_module(module), name)
@@ -87,7 +149,7 @@ def _resolve_model_class(class_path: str, where: str = 'model') -> type:
 
 def check_hparams_class_paths(hparams: Any, where: str = 'hparams') -> None:
     r"""Walks a (checkpoint's) hyperparameters and refuses every ``class_path`` /
-    ``_class_path`` outside :data:`ALLOWED_MODEL_PACKAGES` (the task class itself may come from
+    ``_class_path`` outside :data:`MODEL_CLASS_PATHS` (the task class itself may come from
     :obj:`pyg_grf` only)."""
     if isinstance(hparams, dict):
         for key, value in hparams.items():
@@ -103,7 +165,7 @@ def check_hparams_class_paths(hparams: Any, where: str = 'hparams') -> None:
 def _build_spec(spec: Dict[str, Any], where: str) -> torch.nn.Module:
     # A jsonargparse-style {'class_path', 'init_args'} spec whose init_args may hold nested
     # module specs (e.g. GraphTransformer's local_mp conv), built inside out, every class
-    # checked against ALLOWED_MODEL_PACKAGES before anything is imported.
+    # checked against MODEL_CLASS_PATHS before anything is imported.
     check_hparams_class_paths(spec, where)
     cls = _resolve_model_class(spec['class_path'], where)
     init_args = spec.get('init_args', {}) or {}
@@ -392,7 +454,7 @@ class _Task(pl.LightningModule):
                              strict=None, weights_only=True, **kwargs):
         r"""Lightning's :meth:`~lightning.pytorch.LightningModule.load_from_checkpoint`, after
         checking the checkpoint's hyperparameters: every ``class_path`` in them must name a
-        class from :data:`ALLOWED_MODEL_PACKAGES`, otherwise :class:`UntrustedClassError` is
+        class from :data:`MODEL_CLASS_PATHS`, otherwise :class:`UntrustedClassError` is
         raised before anything is imported or built. The checkpoint is read with
         ``torch.load(weights_only=True)``. Pass ``model=...`` to use a model built yourself."""
         from lightning.fabric.utilities.cloud_io import _load as pl_load

@@ -180,3 +180,31 @@ def test_cv_prints_one_model_summary(tmp_path, capsys, monkeypatch):
     logging.getLogger('lightning.pytorch').info('after the command')
     logging.getLogger('lightning.pytorch').info('after the command')
     assert log.getvalue().count('after the command') == 2
+
+
+@pytest.mark.parametrize('url', ['http://127.0.0.1:9/evil.ckpt', 's3://bucket/x.ckpt',
+                                 'file:///tmp/x.ckpt'])
+def test_remote_checkpoint_paths_are_refused(tmp_path, url):
+    # issue #15 item 13: Lightning reads a URL checkpoint without weights_only; nothing is
+    # fetched, the CLI refuses before Lightning sees the path
+    config = write_config(tmp_path / 'tiny.yaml', tiny_config(tmp_path / 'run'))
+    with pytest.raises(ValueError, match="remote checkpoints are refused"):
+        main(['test', '--config', config, f'--ckpt_path={url}'])
+
+
+def test_local_checkpoints_are_read_weights_only(tmp_path, monkeypatch):
+    import torch
+    config = write_config(tmp_path / 'tiny.yaml',
+                          tiny_config(tmp_path / 'run', limit_train_batches=2,
+                                      limit_val_batches=1, log_every_n_steps=1))
+    cli = main(['fit', '--config', config])
+    last = cli.trainer.checkpoint_callback.last_model_path
+    seen = []
+    real = torch.load
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get('weights_only'))
+        return real(*args, **kwargs)
+    monkeypatch.setattr(torch, 'load', spy)
+    main(['test', '--config', config, f'--ckpt_path={last}'])
+    assert seen and all(w is True for w in seen)
