@@ -176,7 +176,22 @@ class LinkLevelTask(_SharedTask):
             bad = label[(label != 0) & (label != 1)][:3].tolist()
             raise ValueError(f"expected edge_label in {{0, 1}} (1 = link), got values such as "
                              f"{bad}")
-        return index.long(), label
+        index = index.long()
+        # every step checks the pairs (training and predict too): ids in range, one graph each
+        N = batch.num_nodes
+        if index.numel() > 0:
+            lo, hi = int(index.min()), int(index.max())
+            if lo < 0 or hi >= N:
+                raise ValueError(f"edge_label_index holds node ids outside [0, {N}) (got "
+                                 f"{lo}..{hi})")
+            vec = LinkLevelTask._batch_vector(batch)
+            cross = vec[index[0]] != vec[index[1]]
+            if bool(cross.any()):
+                k = int(cross.nonzero()[0])
+                raise ValueError(f"edge_label_index pairs must join two nodes of the same graph; "
+                                 f"pair {k} joins graphs {int(vec[index[0, k]])} and "
+                                 f"{int(vec[index[1, k]])}")
+        return index, label
 
     @staticmethod
     def _batch_vector(batch) -> Tensor:

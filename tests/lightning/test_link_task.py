@@ -225,3 +225,20 @@ def test_pcqm_contact_standin_learns(tmp_path, monkeypatch):
                                  verbose=False)[0]
     print(f"val MRR untrained {before['val/mrr']:.3f}, trained {after['val/mrr']:.3f}")
     assert after['val/mrr'] > before['val/mrr'] + 0.1
+
+
+@pytest.mark.parametrize('step', ['training_step', 'validation_step', 'predict_step'])
+def test_every_step_refuses_bad_pairs(step):
+    # issue #15 item 4: training and predict used to return a loss / logits for pairs with -1 or
+    # pairs across graphs (PyG would index node -1 = the last node)
+    module = LinkLevelTask(dict(ENCODER), num_negatives=None)
+    _silent(module)
+    batch = _batch()
+    batch.edge_label_index[0, 0] = -1
+    with pytest.raises(ValueError, match=r"node ids outside \[0, \d+\) \(got -1\.\."):
+        getattr(module, step)(batch, 0)
+    batch = _batch()
+    first = int((batch.batch == 0).sum())
+    batch.edge_label_index[:, 0] = torch.tensor([0, first])  # graph 0 -> graph 1
+    with pytest.raises(ValueError, match="pair 0 joins graphs 0 and 1"):
+        getattr(module, step)(batch, 0)

@@ -113,6 +113,11 @@ class QKVAttention(nn.Module):
         (:func:`key_dropout`); identity in evaluation mode."""
         return key_dropout(v, self.dropout, self.training)
 
+    def empty_output(self, x: Tensor) -> Tensor:
+        r"""The output for an input without rows (an empty batch): ``[0, channels]``, still
+        connected to the layer's parameters."""
+        return self.to_out(x.new_zeros(0, self.heads * self.head_channels)) + 0 * x.sum()
+
     def finish(self, out: Tensor) -> Tensor:
         r"""Concatenates the heads and applies ``to_out`` (no dropout here: see the class)."""
         return self.to_out(out.reshape(out.size(0), self.heads * self.head_channels))

@@ -42,6 +42,9 @@ class LinearAttention(QKVAttention):
         self.reset_parameters()
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+        if x.dim() == 2 and x.size(0) == 0:  # an empty batch
+            self.project(x)  # shape checks
+            return self.empty_output(x)
         q, k, v = self.project(x)
         phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
         out = masked_linear_attention(phi_q, phi_k, self.drop_keys(v),
@@ -119,6 +122,9 @@ class PowerSeriesAttention(QKVAttention):
             raise ValueError(f"{self.__class__.__name__} expects x of shape [N, {self.channels}] "
                              f"or [B, n, {self.channels}], got {tuple(x.shape)}")
         N = x.size(0)
+        if N == 0:  # an empty batch
+            self.project(x)
+            return self.empty_output(x)
         if edge_index.numel() > 0 and int(edge_index.max()) >= N:
             raise ValueError(f"'edge_index' has node ids up to {int(edge_index.max())} but 'x' "
                              f"has {N} rows")
@@ -162,6 +168,9 @@ class SoftmaxAttention(QKVAttention):
         self.reset_parameters()
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+        if x.dim() == 2 and x.size(0) == 0:  # an empty batch
+            self.project(x)
+            return self.empty_output(x)
         batch = batch_or_zeros(batch, x.size(0), x.device)
         q, k, v = self.project(x)
         N, H, C = q.shape

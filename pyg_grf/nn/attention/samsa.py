@@ -202,6 +202,12 @@ class SAMSAAttention(torch.nn.Module):
         N = x.size(0)
         if batch is not None and (batch.dim() != 1 or batch.numel() != N):
             raise ValueError(f"Expected 'batch' of shape [{N}] (got {list(batch.shape)})")
+        if N == 0:  # an empty batch: no tokens, nothing selected
+            out = self.to_out(x.new_zeros(0, self.to_out.in_features)) + 0 * x.sum()
+            if return_index:
+                return out, torch.empty(0, self.num_samples, self.heads, dtype=torch.long,
+                                        device=x.device)
+            return out
 
         batch_size = None
         if batch is not None and N > 0:

@@ -193,6 +193,8 @@ class GRFGPSConv(torch.nn.Module):
             return self.attn(x, rwgnk[0], rwgnk[1], batch, kernel=kernel)
         if self.attn_type == 'linear':
             return self.attn(x, batch)
+        if x.size(0) == 0:  # an empty batch: nothing to pad
+            return x * 0
         # padded per graph, as GPSConv runs these
         h, mask = to_dense_batch(x, batch)
         if self.attn_type == 'multihead':

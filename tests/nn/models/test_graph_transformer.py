@@ -5,6 +5,7 @@ from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkP
 from torch_geometric.utils import erdos_renyi_graph, to_undirected
 
 from pyg_grf.nn.models.graph_transformer import ATTENTIONS, AttentionAdapter, GraphTransformer
+from pyg_grf.transforms import AddGraphRandomFeatures
 
 KWARGS = {
     'grf': {'max_length': 3},
@@ -430,3 +431,25 @@ def test_gps_block_repr_and_errors():
                                         r"attention_kwargs=\{'max_lenght': 3\}"):
         GraphTransformer(4, 16, 2, num_layers=1, attention='grf',
                          attention_kwargs={'max_lenght': 3}, block='gps')
+
+
+@pytest.mark.parametrize('attention', ['softmax', 'performer', 'samsa', 'linear', 'grf',
+                                       'power_series', 'gkat'])
+@pytest.mark.parametrize('block', ['pre_norm', 'gps'])
+def test_empty_batch(attention, block):
+    # issue #15 item 9: a batch without nodes gives empty node outputs / one pooled row per
+    # (empty) graph, and gradients, instead of torch-internal errors
+    from pyg_grf.transforms import AddRWGNKFeatures
+    if block == 'gps' and attention in ('samsa', 'power_series'):
+        pytest.skip('no GPS layer for this attention')
+    d = Data(x=torch.zeros(0, 4), edge_index=torch.zeros(2, 0, dtype=torch.long), num_nodes=0)
+    d = AddGraphRandomFeatures(num_walks=2, max_length=2, seed=0)(d)
+    d = AddRWGNKFeatures(num_walks=2, max_length=2, lam=0.5, alpha=1.0, seed=0)(d)
+    b = Batch.from_data_list([d])
+    kw = {'max_length': 2} if attention in ('grf', 'power_series') else None
+    for pooling, shape in (('mean', (1, 3)), (None, (0, 3))):
+        model = GraphTransformer(4, 8, 3, num_layers=1, heads=2, attention=attention,
+                                 pooling=pooling, block=block, attention_kwargs=kw)
+        out = model(b)
+        assert out.shape == shape and torch.isfinite(out).all()
+        out.sum().backward()
