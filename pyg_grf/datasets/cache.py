@@ -31,6 +31,8 @@ import uuid
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, Optional
 
+import torch
+
 MANIFEST = 'MANIFEST.json'
 CACHE_VERSION = 1
 _CHUNK = 1 << 20
@@ -107,11 +109,40 @@ def _repr(obj: Any) -> str:
     return 'None' if obj is None else repr(obj)
 
 
+def describe(obj: Any, _depth: int = 0) -> Any:
+    r"""A JSON-able description of a transform's (or filter's) full configuration: its class and
+    every public attribute, recursively (nested transforms, lists, dicts, tensors by content).
+    A ``repr`` is not enough: PyG's ``AddRandomWalkPE`` prints no ``walk_length``, so a cache
+    keyed on it served 8-dimensional PEs to a request for 4. Private attributes (``_...``, e.g.
+    a generator's advancing state) are left out."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, (list, tuple)):
+        return [describe(o, _depth + 1) for o in obj]
+    if isinstance(obj, dict):
+        return {str(k): describe(v, _depth + 1) for k, v in sorted(obj.items(), key=str)}
+    if isinstance(obj, torch.Tensor):
+        data = obj.detach().cpu().contiguous()
+        return {'tensor': list(data.shape), 'dtype': str(data.dtype),
+                'sha256': hashlib.sha256(data.numpy().tobytes() if data.numel() else b'')
+                .hexdigest()[:16]}
+    if isinstance(obj, torch.Generator):
+        return 'torch.Generator'
+    name = f'{type(obj).__module__}.{type(obj).__qualname__}'
+    state = getattr(obj, '__dict__', None)
+    if state is None or _depth > 8:
+        return {'class': name, 'repr': repr(obj)}
+    return {'class': name, 'attrs': {k: describe(v, _depth + 1) for k, v in sorted(state.items())
+                                     if not k.startswith('_')}}
+
+
 def cache_folder_name(key: Dict[str, Any], pre_transform: Any, pre_filter: Any) -> str:
-    r"""``processed_<16 hex digits>``: a hash of the dataset settings :obj:`key` and the reprs of
-    :obj:`pre_transform` and :obj:`pre_filter`."""
+    r"""``processed_<16 hex digits>``: a hash of the dataset settings :obj:`key` and the full
+    configuration (:func:`describe`) and reprs of :obj:`pre_transform` and :obj:`pre_filter`."""
     text = json.dumps({'v': CACHE_VERSION, 'key': key, 'pre_transform': _repr(pre_transform),
-                       'pre_filter': _repr(pre_filter)}, sort_keys=True, default=str)
+                       'pre_filter': _repr(pre_filter),
+                       'pre_transform_config': describe(pre_transform),
+                       'pre_filter_config': describe(pre_filter)}, sort_keys=True, default=str)
     return 'processed_' + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -14,6 +14,7 @@ checkpoint sees the same batches as an uninterrupted one.
 from __future__ import annotations
 
 import hashlib
+import json
 import importlib
 import os.path as osp
 import warnings
@@ -204,8 +205,11 @@ def _random_split(n: int, fractions: Sequence[float], seed: int):
 
 
 def _transform_key(pre_transform) -> str:
-    # Cache generated datasets per pre_transform so different GRF settings never collide.
+    # Cache generated datasets per pre_transform so different GRF settings never collide: its
+    # full configuration, not only its repr (which may hide settings).
+    from pyg_grf.datasets.cache import describe
     text = repr(pre_transform) if pre_transform is not None else 'none'
+    text += json.dumps(describe(pre_transform), sort_keys=True, default=str)
     return 'pre_' + hashlib.sha1(text.encode()).hexdigest()[:10]
 
 

@@ -173,3 +173,22 @@ def test_bad_input():
         InducedCycleDataset(num_graphs=4, num_nodes=4)
     with pytest.raises(TypeError, match="'root' to be a path or None"):
         InducedCycleDataset(100, 0)
+
+
+def test_cache_is_keyed_on_the_transforms_full_configuration(tmp_path):
+    # issue #15 item 17: PyG's AddRandomWalkPE repr hides walk_length; asking for 4 after 8 used
+    # to return the cached 8-dimensional PE
+    from torch_geometric.transforms import AddRandomWalkPE
+
+    from pyg_grf.datasets.cache import cache_folder_name, describe
+    from pyg_grf.transforms import AddGraphRandomFeatures
+    assert repr(AddRandomWalkPE(8)) == repr(AddRandomWalkPE(4))  # the trap
+    a = MotifDataset(str(tmp_path), num_graphs=8, pre_transform=AddRandomWalkPE(8, 'pe'))
+    b = MotifDataset(str(tmp_path), num_graphs=8, pre_transform=AddRandomWalkPE(4, 'pe'))
+    assert a[0].pe.size(1) == 8 and b[0].pe.size(1) == 4
+    # seeded transforms keep their key while their generator advances (private state)
+    t = AddGraphRandomFeatures(num_walks=2, max_length=2, seed=0)
+    before = cache_folder_name({}, t, None)
+    t(MotifDataset(num_graphs=2)[0])
+    assert cache_folder_name({}, t, None) == before
+    assert describe(AddGraphRandomFeatures(num_draws=2)) != describe(AddGraphRandomFeatures())
