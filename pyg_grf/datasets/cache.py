@@ -146,6 +146,23 @@ def cache_folder_name(key: Dict[str, Any], pre_transform: Any, pre_filter: Any) 
     return 'processed_' + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+def safe_load(path: str) -> Any:
+    r"""``torch.load(path, weights_only=True)`` with PyG's data classes allowed: tensors, plain
+    containers and :class:`~torch_geometric.data.Data` / ``HeteroData`` classes, never
+    arbitrary code. The one loader of every processed cache and raw pickle of the package; a file
+    that needs more raises :class:`DatasetCacheError` (nothing of it is run)."""
+    import pickle
+    from torch_geometric.data import Data, HeteroData
+    try:
+        with torch.serialization.safe_globals([Data, HeteroData]):
+            return torch.load(path, map_location='cpu', weights_only=True)
+    except pickle.UnpicklingError as exc:
+        raise DatasetCacheError(f"'{path}' holds objects other than tensors and plain data "
+                                f"(refused, nothing of it was run): {str(exc).splitlines()[0]}; "
+                                f"delete it, or rebuild the dataset with force_reload=True"
+                                ) from None
+
+
 def write_manifest(folder: str, info: Dict[str, Any]) -> None:
     r"""Writes ``<folder>/MANIFEST.json`` with the SHA-256 of every file under :obj:`folder`."""
     files = {}
@@ -225,9 +242,8 @@ class SafeCacheMixin:
     def load(self, path: str, data_cls=None) -> None:
         r""":meth:`InMemoryDataset.load` with ``torch.load(weights_only=True)`` only (PyG falls
         back to ``weights_only=False`` when that fails)."""
-        import torch
         from torch_geometric.data import Data
-        out = torch.load(path, map_location='cpu', weights_only=True)
+        out = safe_load(path)
         if not isinstance(out, tuple) or len(out) not in (2, 3):
             raise DatasetCacheError(f"'{path}' is not a PyG dataset cache (got "
                                     f"{type(out).__name__}); delete '{osp.dirname(path)}' or "

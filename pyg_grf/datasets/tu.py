@@ -5,11 +5,12 @@ import re
 from typing import Callable, Optional
 
 import torch
+from torch_geometric.data import Data, InMemoryDataset
 from torch_geometric.datasets import TUDataset
 from torch_geometric.transforms import Compose, OneHotDegree
 from torch_geometric.utils import degree
 
-from pyg_grf.datasets.cache import SafeCacheMixin
+from pyg_grf.datasets.cache import DatasetCacheError, SafeCacheMixin, safe_load
 from pyg_grf.datasets.mirror import data_root, download_failed, ensure_raw_files, missing_files
 
 #: TU dataset names: letters, digits, '_' and '-' (no path separators, no '..').
@@ -34,7 +35,33 @@ TU_DATASETS = {
 class SafeTUDataset(SafeCacheMixin, TUDataset):
     r"""PyG's :class:`~torch_geometric.datasets.TUDataset` with the crash-safe, verified cache
     of :class:`~pyg_grf.datasets.cache.SafeCacheMixin`: ``root/<NAME>/processed_<hash>``, keyed
-    by the name and the reprs of ``pre_transform`` and ``pre_filter``."""
+    by the name and the configuration of ``pre_transform`` and ``pre_filter``. The processed file
+    is read with ``torch.load(weights_only=True)`` only (PyG's own loader falls back to a full
+    unpickle, which runs whatever a replaced file holds)."""
+
+    def __init__(self, root: str, name: str, transform: Optional[Callable] = None,
+                 pre_transform: Optional[Callable] = None,
+                 pre_filter: Optional[Callable] = None, force_reload: bool = False,
+                 use_node_attr: bool = False, use_edge_attr: bool = False,
+                 cleaned: bool = False) -> None:
+        # TUDataset.__init__ minus its loader: download / process as PyG does, then read the
+        # file through safe_load.
+        self.name = name
+        self.cleaned = cleaned
+        InMemoryDataset.__init__(self, root, transform, pre_transform, pre_filter,
+                                 force_reload=force_reload)
+        out = safe_load(self.processed_paths[0])
+        if not isinstance(out, tuple) or len(out) not in (3, 4):
+            raise DatasetCacheError(f"'{self.processed_paths[0]}' is not a TUDataset cache (got "
+                                    f"{type(out).__name__}); delete its folder or pass "
+                                    f"force_reload=True")
+        data, self.slices, self.sizes = out[:3]
+        data_cls = out[3] if len(out) == 4 else Data
+        self.data = data_cls.from_dict(data) if isinstance(data, dict) else data
+        if self._data.x is not None and not use_node_attr:
+            self._data.x = self._data.x[:, self.num_node_attributes:]
+        if self._data.edge_attr is not None and not use_edge_attr:
+            self._data.edge_attr = self._data.edge_attr[:, self.num_edge_attributes:]
 
     def cache_key(self):
         return dict(super().cache_key(), name=self.name, cleaned=self.cleaned)

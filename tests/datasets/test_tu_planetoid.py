@@ -70,3 +70,34 @@ def test_unknown_planetoid():
         load_planetoid('Corra')
     with pytest.raises(ValueError, match="geom-gcn"):
         load_planetoid('Cora', split='geom-gcn')
+
+
+class _Evil:
+    r"""A pickle payload that runs a shell command when unpickled."""
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        import os
+        return (os.system, (f'touch {self.marker}',))
+
+
+@pytest.mark.data
+def test_replaced_tu_cache_runs_no_code(offline_mirror, tmp_path):
+    # issue #15 item 14: PyG's TUDataset loader falls back to a full unpickle; a replaced
+    # processed file (with a regenerated manifest) must be refused without running anything
+    import json
+    import pickle
+
+    from pyg_grf.datasets.cache import MANIFEST, DatasetCacheError, write_manifest
+    load_tu('MUTAG')
+    folder = next((tmp_path / 'data' / 'TUDataset' / 'MUTAG').glob('processed_*'))
+    marker = tmp_path / 'pwned'
+    with open(folder / 'data.pt', 'wb') as f:
+        pickle.dump(_Evil(marker), f)
+    info = json.loads((folder / MANIFEST).read_text())
+    info.pop('files'), info.pop('version')
+    write_manifest(str(folder), info)  # the attacker rewrote the checksums too
+    with pytest.raises(DatasetCacheError, match="refused, nothing of it was run"):
+        load_tu('MUTAG')
+    assert not marker.exists()
