@@ -19,6 +19,10 @@ with the same SHA-256, checked on the bytes actually copied; an unlisted or mism
 :class:`MirrorIntegrityError` and nothing is left behind. A mirror without ``SHA256SUMS`` is refused
 unless ``$PYG_GRF_MIRROR_UNVERIFIED=1`` (:func:`write_checksums` creates the file for a mirror of
 your own). Folders named ``processed*`` (PyG caches, which PyG may unpickle) are never copied.
+``SHA256SUMS`` lives in the mirror it checks, so the files of the project's datasets are also
+checked against hashes pinned in the package (:data:`pyg_grf.datasets.pinned.PINNED_SHA256`),
+and a file that its loader unpickles (Planetoid's ``ind.*``, ``*.pickle``) is copied only with
+a pinned hash: a tampered mirror with a regenerated ``SHA256SUMS`` cannot run code.
 """
 import hashlib
 import os
@@ -27,6 +31,8 @@ import re
 import uuid
 import warnings
 from typing import Dict, Iterable, List, Optional, Sequence
+
+from pyg_grf.datasets.pinned import PINNED_SHA256
 
 DATA_ENV = 'PYG_GRF_DATA'
 MIRROR_ENV = 'PYG_GRF_MIRROR'
@@ -233,8 +239,21 @@ def fetch_from_mirror(rel_dir: str, dest_dir: Optional[str] = None) -> Optional[
                     f"'{src}' is a link to '{osp.realpath(src)}', outside the mirror "
                     f"'{mirror}'; refusing to copy it")
             expected = None
+            pinned = PINNED_SHA256.get(key)
+            if pinned is None and _unpickled(key):
+                raise MirrorIntegrityError(
+                    f"'{key}' is unpickled by its loader, and pyg_grf pins no SHA-256 for it "
+                    f"(pyg_grf.datasets.pinned.PINNED_SHA256): refusing to copy a file whose "
+                    f"only check would be the mirror's own {CHECKSUM_FILE}. Place the file in "
+                    f"'{dest_dir}' yourself if you trust it.")
             if sums is not None:
                 expected = sums.get(key)
+                if pinned is not None and expected is not None and expected != pinned:
+                    raise MirrorIntegrityError(
+                        f"'{key}': the mirror's {CHECKSUM_FILE} lists {expected} but pyg_grf "
+                        f"pins {pinned} for this file: the mirror was modified; nothing was "
+                        f"copied.")
+                expected = pinned if pinned is not None else expected
                 if expected is None:
                     raise MirrorIntegrityError(
                         f"'{key}' is in the mirror '{mirror}' but not in its {CHECKSUM_FILE}; "
@@ -249,10 +268,13 @@ def fetch_from_mirror(rel_dir: str, dest_dir: Optional[str] = None) -> Optional[
                         h.update(chunk)
                         fout.write(chunk)
                 got = h.hexdigest()
+                if expected is None:  # unverified mirror ($PYG_GRF_MIRROR_UNVERIFIED)
+                    expected = pinned
                 if expected is not None and got != expected:
                     raise MirrorIntegrityError(
                         f"'{key}' in the mirror '{mirror}' has SHA-256 {got}, but "
-                        f"{CHECKSUM_FILE} lists {expected}: the file is corrupt or was modified. "
+                        f"{'pyg_grf pins' if expected == pinned else CHECKSUM_FILE + ' lists'} "
+                        f"{expected}: the file is corrupt or was modified. "
                         f"Restore it from the original source; nothing was copied.")
                 os.replace(tmp, dst)
             finally:
@@ -260,6 +282,14 @@ def fetch_from_mirror(rel_dir: str, dest_dir: Optional[str] = None) -> Optional[
                     os.remove(tmp)
             copied.append(dst)
     return copied
+
+
+def _unpickled(key: str) -> bool:
+    # raw files whose loader unpickles them (PyG's Planetoid reads ind.* with pickle)
+    name = key.rsplit('/', 1)[-1]
+    return name.endswith('.pickle') or name.endswith('.pkl') or (
+        key.startswith('Planetoid/') and name.startswith('ind.') and
+        not name.endswith('.test.index'))
 
 
 def missing_files(paths: Iterable[str]) -> List[str]:

@@ -109,3 +109,39 @@ def test_load_tu_from_fake_mirror(fake_mirror, tmp_path):
     assert load_tu('TOY', use_degree_features=False)[0].x is None
     assert len(list((tmp_path / 'data' / 'TUDataset' / 'TOY').glob('processed_*/MANIFEST.json'))) == 1
     assert listing(fake_mirror) == before
+
+
+def test_pinned_hashes_beat_a_regenerated_checksum_file(tmp_path, monkeypatch):
+    # issue #15 item 15: SHA256SUMS lives in the mirror it checks; a tampered Planetoid pickle
+    # with a regenerated SHA256SUMS is refused by the hash pinned in the package
+    from pyg_grf.datasets.mirror import MirrorIntegrityError, fetch_from_mirror
+    from pyg_grf.datasets.pinned import PINNED_SHA256
+    mirror = tmp_path / 'mirror'
+    raw = mirror / 'Planetoid' / 'Cora' / 'raw'
+    raw.mkdir(parents=True)
+    (raw / 'ind.cora.x').write_bytes(b'not the real file')  # pinned name, wrong content
+    write_checksums(str(mirror))  # the attacker regenerates the mirror's checksums
+    monkeypatch.setenv('PYG_GRF_MIRROR', str(mirror))
+    monkeypatch.setenv('PYG_GRF_DATA', str(tmp_path / 'data'))
+    assert 'Planetoid/Cora/raw/ind.cora.x' in PINNED_SHA256
+    with pytest.raises(MirrorIntegrityError, match="pins .* the mirror was modified"):
+        fetch_from_mirror('Planetoid/Cora')
+    assert not (tmp_path / 'data' / 'Planetoid' / 'Cora' / 'raw' / 'ind.cora.x').exists()
+    # an unpickled file without a pinned hash is refused even when SHA256SUMS lists it
+    other = mirror / 'Planetoid' / 'Mine' / 'raw'
+    other.mkdir(parents=True)
+    (other / 'ind.mine.x').write_bytes(b'pickle')
+    write_checksums(str(mirror))
+    with pytest.raises(MirrorIntegrityError, match="unpickled by its loader.*pins no SHA-256"):
+        fetch_from_mirror('Planetoid/Mine')
+
+
+@pytest.mark.data
+def test_pinned_hashes_match_the_project_mirror(mirror):
+    # every pinned file is in the mirror with that hash (and the mirror's own list agrees)
+    from pyg_grf.datasets.mirror import _sha256_file, read_checksums
+    from pyg_grf.datasets.pinned import PINNED_SHA256
+    sums = read_checksums(str(mirror))
+    for key, sha in PINNED_SHA256.items():
+        assert sums[key] == sha
+        assert _sha256_file(str(mirror / key)) == sha
