@@ -42,6 +42,7 @@ import os
 import os.path as osp
 import logging
 import re
+import shutil
 import sys
 import warnings
 from typing import Any, Dict, Iterator, List, Optional, Sequence
@@ -282,11 +283,46 @@ def reuse_log_version(trainer: pl.Trainer, ckpt_path: Optional[str]) -> None:
     version = _version_number(osp.basename(run_dir))
     if version < 0:
         return
+    metrics = osp.join(run_dir, 'metrics.csv')
+    if osp.isfile(metrics):  # the resumed CSVLogger deletes it on opening: keep a copy
+        shutil.copyfile(metrics, osp.join(run_dir, '.metrics_before_resume.csv'))
+    try:  # the epoch the checkpoint was saved at: rows logged after it are redone
+        saved_epoch = int(torch.load(ckpt_path, map_location='cpu',
+                                     weights_only=True).get('epoch', -1))
+    except Exception:  # noqa: BLE001 - Lightning reports a bad checkpoint itself
+        saved_epoch = None
     for logger in trainer.loggers:
         if hasattr(logger, '_version') and getattr(logger, '_version', None) is None:
             logger._version = version
             if hasattr(logger, '_experiment'):
                 logger._experiment = None
+            _keep_csv_rows(logger, saved_epoch)
+
+
+def _keep_csv_rows(logger: Any, saved_epoch: Optional[int]) -> None:
+    r"""A resumed CSVLogger deletes its ``metrics.csv`` when it opens the version folder again:
+    reopen it here and write back the rows of the epochs up to the checkpoint (later ones are
+    logged again by the resumed run), so the file keeps the whole run."""
+    import csv
+    experiment = getattr(logger, 'experiment', None)
+    path = getattr(experiment, 'metrics_file_path', None)
+    if path is None:
+        return
+    # opening the experiment above deleted metrics.csv: the copy taken by reuse_log_version
+    old = osp.join(osp.dirname(path), '.metrics_before_resume.csv')
+    if not osp.isfile(old):
+        return
+    with open(old, newline='') as f:
+        reader = csv.DictReader(f)
+        fields = list(reader.fieldnames or [])
+        rows = [r for r in reader if saved_epoch is None or not r.get('epoch') or
+                float(r['epoch']) <= saved_epoch]
+    with open(path, 'w', newline='') as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(rows)
+    experiment.metrics_keys = sorted(fields)
+    os.remove(old)
 
 
 # Cross-validation ---------------------------------------------------------------------------

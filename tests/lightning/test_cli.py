@@ -208,3 +208,24 @@ def test_local_checkpoints_are_read_weights_only(tmp_path, monkeypatch):
     monkeypatch.setattr(torch, 'load', spy)
     main(['test', '--config', config, f'--ckpt_path={last}'])
     assert seen and all(w is True for w in seen)
+
+
+def test_resume_keeps_the_earlier_epochs_in_metrics_csv(tmp_path):
+    # issue #15 item 16: the resumed run reuses the log version, and CSVLogger deleted the
+    # earlier metrics.csv, so the learning curves showed only the resumed epochs
+    import csv
+    config = write_config(tmp_path / 'tiny.yaml',
+                          tiny_config(tmp_path / 'run', limit_train_batches=2,
+                                      limit_val_batches=1, log_every_n_steps=1))
+    cli = main(['fit', '--config', config, '--trainer.max_epochs=2'])
+    last = cli.trainer.checkpoint_callback.last_model_path
+    log_dir = cli.trainer.log_dir
+    cli = main(['fit', '--config', config, '--trainer.max_epochs=4', f'--ckpt_path={last}'])
+    assert cli.trainer.log_dir == log_dir  # the same version folder
+    with open(f'{log_dir}/metrics.csv', newline='') as f:
+        rows = list(csv.DictReader(f))
+    epochs = sorted({int(float(r['epoch'])) for r in rows if r.get('epoch')})
+    assert epochs == [0, 1, 2, 3]
+    # every epoch's validation row once (no duplicates from the resume)
+    val = [int(float(r['epoch'])) for r in rows if r.get('val/loss')]
+    assert sorted(val) == [0, 1, 2, 3]
