@@ -68,10 +68,24 @@ def _has_metrics(path: str) -> bool:
     return osp.isfile(osp.join(path, EPOCH_METRICS)) or osp.isfile(osp.join(path, 'metrics.csv'))
 
 
+def _has_curves(path: str) -> bool:
+    # training curves, not only the metrics of a `pyg-grf test` run (test/... columns)
+    if osp.isfile(osp.join(path, EPOCH_METRICS)):
+        return True
+    try:
+        with open(osp.join(path, 'metrics.csv'), newline='') as f:
+            header = next(csv.reader(f), [])
+    except OSError:
+        return False
+    return any(key.startswith(('train', 'val')) for key in header)
+
+
 def find_run_dir(path: str) -> str:
     r"""The log folder of a run: :obj:`path` itself when it holds ``epoch_metrics.jsonl`` or
     ``metrics.csv``, else the newest ``version_<N>`` below it (``<path>/version_<N>`` or
-    ``<path>/<logger name>/version_<N>``, e.g. ``runs/motifs_grf/lightning_logs/version_3``).
+    ``<path>/<logger name>/version_<N>``, e.g. ``runs/motifs_grf/lightning_logs/version_3``)
+    that holds training curves (a later ``pyg-grf test`` writes a version with test metrics
+    only), else the newest one.
 
     Raises:
         FileNotFoundError: when there is no such folder.
@@ -88,7 +102,8 @@ def find_run_dir(path: str) -> str:
             f"no training metrics under '{path}': expected '{EPOCH_METRICS}' (written by "
             f"`pyg-grf fit`) or a CSVLogger's 'metrics.csv' in it or in a 'version_<N>' folder "
             f"below it")
-    return max(found, key=lambda d: (_version_number(d), osp.getmtime(d)))
+    curves = [d for d in found if _has_curves(d)]
+    return max(curves or found, key=lambda d: (_version_number(d), osp.getmtime(d)))
 
 
 def _float(value: Any) -> Optional[float]:
@@ -99,18 +114,35 @@ def _float(value: Any) -> Optional[float]:
     return None if math.isnan(value) else value
 
 
+def _epoch(value: Any) -> Optional[int]:
+    value = _float(value)
+    return int(value) if value is not None and math.isfinite(value) and value >= 0 else None
+
+
 def read_epoch_metrics(run_dir: str) -> List[Dict[str, Any]]:
     r"""One dict per finished epoch (``epoch`` plus the metrics logged at the end of it) from
     ``epoch_metrics.jsonl``, else from the per-epoch rows of ``metrics.csv`` (a CSVLogger writes
     a training epoch's and a validation's values on separate rows; they are merged)."""
     path = osp.join(run_dir, EPOCH_METRICS)
     if osp.isfile(path):
+        out = []
         with open(path) as f:
-            return [json.loads(line) for line in f if line.strip()]
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    raise ValueError(f"'{path}' line {lineno} is not JSON (got "
+                                     f"{line.strip()[:60]!r})") from None
+                # rows without a finite epoch (null lines, a killed write) are not epochs
+                if isinstance(row, dict) and _epoch(row.get('epoch')) is not None:
+                    out.append(dict(row, epoch=_epoch(row['epoch'])))
+        return out
     rows: Dict[int, Dict[str, Any]] = {}
     with open(osp.join(run_dir, 'metrics.csv'), newline='') as f:
         for row in csv.DictReader(f):
-            epoch = _float(row.get('epoch'))
+            epoch = _epoch(row.get('epoch'))
             if epoch is None:
                 continue
             merged = rows.setdefault(int(epoch), {'epoch': int(epoch)})
@@ -128,8 +160,14 @@ def _monitor_of(run_dir: str) -> Optional[str]:
     if not osp.isfile(path):
         return None
     import yaml
-    with open(path) as f:
-        config = yaml.safe_load(f) or {}
+    try:
+        with open(path) as f:
+            config = yaml.safe_load(f) or {}
+    except yaml.YAMLError as exc:
+        raise ValueError(f"'{path}' is not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"'{path}' must hold a mapping (a LightningCLI config), got "
+                         f"{type(config).__name__}")
     checkpoint = config.get('checkpoint') or {}
     return checkpoint.get('monitor') if isinstance(checkpoint, dict) else None
 
@@ -214,11 +252,20 @@ def read_cv_results(cv_dir: str) -> Dict[str, List[Tuple[int, float]]]:
     path = osp.join(cv_dir, 'cv_results.json')
     if not osp.isfile(path):
         raise FileNotFoundError(f"expected '{path}' (written by `pyg-grf cv`)")
-    with open(path) as f:
-        folds = json.load(f).get('folds', [])
+    try:
+        with open(path) as f:
+            content = json.load(f)
+    except ValueError as exc:
+        raise ValueError(f"'{path}' is not valid JSON ({exc})") from None
+    folds = content.get('folds', []) if isinstance(content, dict) else None
+    if not isinstance(folds, list):
+        raise ValueError(f"'{path}' must hold {{'folds': [...]}} (written by `pyg-grf cv`), got "
+                         f"{type(content).__name__}")
+    folds = [row for row in folds if isinstance(row, dict) and _epoch(row.get('fold')) is not None]
     keys = sorted({k for row in folds for k in row if k != 'fold'})
-    return {key: [(int(row['fold']), float(row[key])) for row in folds
-                  if _float(row.get(key)) is not None] for key in keys}
+    return {key: [(_epoch(row['fold']), float(row[key])) for row in folds
+                  if _float(row.get(key)) is not None and math.isfinite(float(row[key]))]
+            for key in keys}
 
 
 def plot_cv_results(cv_dir: str, out: Optional[str] = None

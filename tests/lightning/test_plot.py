@@ -125,3 +125,50 @@ def test_plot_errors(tmp_path, capsys, monkeypatch):
         monkeypatch.setitem(sys.modules, name, None)
     assert ('Plotting needs matplotlib, which is not installed: pip install matplotlib'
             in error_of(tmp_path / 'run'))
+
+
+def test_plot_after_test_uses_the_fit_version(tmp_path):
+    # issue #15 item 19: `pyg-grf test` adds a newer version with test metrics only
+    _write_rows(tmp_path / 'lightning_logs' / 'version_0', ROWS)
+    test_only = tmp_path / 'lightning_logs' / 'version_1'
+    test_only.mkdir(parents=True)
+    (test_only / 'metrics.csv').write_text('epoch,step,test/acc,test/loss\n0,8,0.5,0.7\n')
+    result = plot_run(str(tmp_path), monitor='val/ap')
+    assert result['path'] == str(tmp_path / 'lightning_logs' / 'version_0' /
+                                 'learning_curves.png')
+
+
+def test_plot_survives_odd_files(tmp_path, capsys):
+    # issue #15 item 10: inf / null / missing epochs are skipped; malformed files are one-line
+    # errors with status 2, never tracebacks
+    run = tmp_path / 'run'
+    _write_rows(run, ROWS)
+    with open(run / 'epoch_metrics.jsonl', 'a') as f:
+        f.write('null\n{"epoch": Infinity, "train/loss": 0.1}\n{"train/loss": 0.2}\n')
+    result = main(['plot', str(run), '--monitor', 'val/ap'])
+    assert result['data']['loss']['train'] == [(0, 0.9), (1, 0.7)]
+
+    def error_of(path):
+        with pytest.raises(SystemExit) as exc:
+            main(['plot', str(path)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err
+        assert 'Traceback' not in err
+        return err
+
+    (run / 'config.yaml').write_text('checkpoint: [unclosed\n')
+    assert 'is not valid YAML' in error_of(run)
+    (run / 'config.yaml').write_text('- just a list\n')
+    assert 'must hold a mapping' in error_of(run)
+    cv = tmp_path / 'cv'
+    cv.mkdir()
+    (cv / 'cv_results.json').write_text('[]')
+    assert "must hold {'folds': [...]}" in error_of(cv)
+    (cv / 'cv_results.json').write_text('{"folds": [{"test/acc": 0.5}, {"fold": 0}]}')
+    assert 'no finished fold' in error_of(cv)
+    (cv / 'cv_results.json').write_text('{"folds": ')
+    assert 'is not valid JSON' in error_of(cv)
+    bad = tmp_path / 'bad'
+    bad.mkdir()
+    (bad / 'epoch_metrics.jsonl').write_text('{"epoch": 0,\n')
+    assert 'line 1 is not JSON' in error_of(bad)
