@@ -49,10 +49,13 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
     # Validated once per tensor (free when the layer has checked it already): the COO tensor
     # below skips its own invariant checks, and an id outside [0, N) would corrupt memory.
     check_index_range(rwgnk_index, num_nodes, "'rwgnk_index'", 'num_nodes')
-    psi = torch.sparse_coo_tensor(rwgnk_index, rwgnk_value, (num_nodes, num_nodes),
+    # sparse products have no bf16 / fp16 kernels: the (parameter-free) kernel is built in at
+    # least float32 and returned in the values' dtype
+    work = torch.promote_types(rwgnk_value.dtype, torch.float32)
+    psi = torch.sparse_coo_tensor(rwgnk_index, rwgnk_value.to(work), (num_nodes, num_nodes),
                                   check_invariants=False).coalesce()
     kernel = torch.sparse.mm(psi, psi.t()).coalesce()
-    index, value = kernel.indices(), kernel.values()
+    index, value = kernel.indices(), kernel.values().to(rwgnk_value.dtype)
     keep = value.abs() > threshold
     if not bool(keep.all()):
         index, value = index[:, keep], value[keep]

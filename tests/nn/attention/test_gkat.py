@@ -246,3 +246,21 @@ def test_deprecated_out_channels_and_old_state_dict():
                           project=False)
     fresh.load_state_dict(state)
     assert torch.equal(fresh.to_v.weight, layer.to_v.weight)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('mode', ['softmax', 'linear'])
+def test_half_precision_module(dtype, mode):
+    # issue #15 item 8: softmax mode raised '"sparse_matmul" not implemented' in bf16 / fp16
+    from torch_geometric.utils import erdos_renyi_graph
+    torch.manual_seed(0)
+    d = AddRWGNKFeatures(num_walks=4, max_length=3, lam=0.8, alpha=1.0, seed=0)(
+        Data(edge_index=to_undirected(erdos_renyi_graph(20, 0.3)), num_nodes=20))
+    x = torch.randn(20, 16, dtype=torch.float64)
+    layer = GKATAttention(16, heads=2, mode=mode).double()
+    ref = layer(x, d.rwgnk_index, d.rwgnk_value.double())
+    out = layer.to(dtype)(x.to(dtype), d.rwgnk_index, d.rwgnk_value.to(dtype))
+    assert out.dtype == dtype
+    # half-precision rounding of inputs, weights and sums: a few units of its epsilon
+    tol = 40 * torch.finfo(dtype).eps * float(ref.abs().max())
+    assert float((out.double() - ref).abs().max()) < tol
