@@ -74,7 +74,8 @@ def _parse_bytes(text: str) -> float:
 def available_memory(device: Union[torch.device, str, None] = None) -> Optional[int]:
     r"""Bytes that can still be allocated on :obj:`device`: free GPU memory for CUDA
     (:func:`torch.cuda.mem_get_info`), ``MemAvailable`` of ``/proc/meminfo`` (capped by a cgroup
-    memory limit) on the CPU; :obj:`None` when unknown."""
+    memory limit and by the room left under ``RLIMIT_AS``) on the CPU; :obj:`None` when
+    unknown."""
     device = torch.device(device or 'cpu')
     if device.type == 'cuda':
         try:
@@ -104,11 +105,29 @@ def available_memory(device: Union[torch.device, str, None] = None) -> Optional[
             room = max(int(limit) - used, 0)
             avail = room if avail is None else min(avail, room)
         break
+    room = _address_space_room()
+    if room is not None:  # ulimit -v: allocations fail beyond it whatever the RAM
+        avail = room if avail is None else min(avail, room)
     return avail
 
 
+def _address_space_room() -> Optional[int]:
+    r"""Bytes left under ``RLIMIT_AS`` (``ulimit -v``): the soft limit minus this process's
+    virtual size; :obj:`None` without a limit."""
+    try:
+        import resource
+        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+        if soft == resource.RLIM_INFINITY or soft <= 0:
+            return None
+        with open('/proc/self/statm') as f:
+            virtual = int(f.read().split()[0]) * resource.getpagesize()
+    except (ImportError, OSError, ValueError):  # pragma: no cover (not Linux)
+        return None
+    return max(soft - virtual, 0)
+
+
 def check_walk_memory(estimate: int, device, memory_limit: Optional[float], what: str,
-                      hint: str) -> None:
+                      hint: str, error: type = WalkMemoryError) -> None:
     r"""Raises :class:`WalkMemoryError` when :obj:`estimate` bytes exceed :obj:`memory_limit`
     (bytes; :obj:`None`: ``$PYG_GRF_MEMORY_LIMIT``, else the available memory of
     :obj:`device`)."""
@@ -129,10 +148,11 @@ def check_walk_memory(estimate: int, device, memory_limit: Optional[float], what
     if estimate <= memory_limit:
         return
     gib = 2**30
-    raise WalkMemoryError(
+    raise error(
         f"{what} would need about {estimate / gib:.1f} GiB, more than {source} "
-        f"({memory_limit / gib:.1f} GiB). {hint} To try anyway, pass memory_limit=float('inf') "
-        f"or set ${MEMORY_LIMIT_ENV}=off (or a size such as 64G).")
+        f"({memory_limit / gib:.1f} GiB). {hint} To try anyway, "
+        + ("pass memory_limit=float('inf') or " if error is WalkMemoryError else '')
+        + f"set ${MEMORY_LIMIT_ENV}=off (or a size such as 64G).")
 
 
 class RandomWalks(NamedTuple):

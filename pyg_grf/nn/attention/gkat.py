@@ -49,6 +49,15 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
     # Validated once per tensor (free when the layer has checked it already): the COO tensor
     # below skips its own invariant checks, and an id outside [0, N) would corrupt memory.
     check_index_range(rwgnk_index, num_nodes, "'rwgnk_index'", 'num_nodes')
+    # Psi Psi^T has up to sum_q c_q^2 entries (c_q: rows visiting q; a hub makes it N^2): check
+    # the memory (~48 bytes an entry while coalescing) before the product allocates it
+    from pyg_grf.walks import check_walk_memory
+    count = torch.bincount(rwgnk_index[1].long(), minlength=num_nodes)
+    pairs = int((count.double() ** 2).sum())
+    check_walk_memory(48 * pairs, rwgnk_value.device, None,
+                      f"the GKAT kernel Psi Psi^T of {num_nodes} nodes ({pairs} products)",
+                      "Use GKATAttention(mode='linear') (never forms the kernel) or a "
+                      "kernel_threshold.", error=MemoryError)
     # sparse products have no bf16 / fp16 kernels: the (parameter-free) kernel is built in at
     # least float32 and returned in the values' dtype
     work = torch.promote_types(rwgnk_value.dtype, torch.float32)

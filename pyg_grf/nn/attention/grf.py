@@ -254,6 +254,9 @@ class GRFAttention(QKVAttention):
         backend = self.backend
         if backend == 'auto':
             backend = choose_backend(grf, self.mode, a.size(1), a.size(-1), v.size(-1), batch)
+        else:  # an explicit backend: refuse what cannot fit before allocating it
+            check_backend_memory(grf, backend, self.mode, a.size(1), a.size(-1), v.size(-1),
+                                 batch, a.element_size(), a.device)
         if self.mode == 'sparse_softmax':
             return self._softmax(grf, a, b, v, backend, batch, f)
         return self._linear_sums(grf, a, b, v, backend, batch, f)
@@ -337,6 +340,46 @@ def _as_loads(index: Optional[Tensor], length: Optional[Tensor], load: Optional[
         raise ValueError("GRF attention needs the loads: pass grf=GRFLoads.from_data(batch) or "
                          "the three tensors grf_index, grf_length, grf_load")
     return GRFLoads(index, length, load, num_nodes, batch=batch)
+
+
+class BackendMemoryError(MemoryError):
+    r"""Raised before a GRF backend allocates more than the memory available (or
+    ``$PYG_GRF_MEMORY_LIMIT``); the message names the backend that fits."""
+
+
+def backend_memory(grf: GRFLoads, backend: str, mode: str, heads: int, m: int, d: int,
+                   batch: Optional[Tensor] = None, itemsize: int = 4) -> int:
+    r"""Estimated peak bytes of one layer (forward and backward) of ``backend``, from sizes known
+    before anything large is built: ``'dense'`` about six ``[B, H, n, n]`` tensors (the
+    :math:`\widehat\Phi` blocks, the mask, the attention and their gradients); ``'pairs'``
+    the join behind the symmetric mask (~64 bytes a term, :meth:`GRFLoads.num_join_terms`) plus
+    six values per mask entry and head (at most the join's terms); ``'sparse'`` six values per
+    nonzero of :math:`\widehat\Phi` and head, times the feature width."""
+    if backend == 'dense':
+        return 6 * grf.layout(batch).num_cells * heads * itemsize
+    if backend == 'pairs':
+        if mode == 'symmetric':
+            T = grf.num_join_terms()
+            return 64 * T + 6 * T * heads * itemsize
+        return 6 * grf.nnz * heads * (m + d + 1) * itemsize
+    return 6 * grf.nnz * heads * itemsize + 4 * grf.num_nodes * heads * m * (d + 1) * itemsize
+
+
+def check_backend_memory(grf: GRFLoads, backend: str, mode: str, heads: int, m: int, d: int,
+                         batch: Optional[Tensor] = None, itemsize: int = 4,
+                         device=None) -> None:
+    r"""Raises :class:`BackendMemoryError` when :func:`backend_memory` exceeds the memory
+    available (respecting cgroup limits and ``RLIMIT_AS``) or ``$PYG_GRF_MEMORY_LIMIT``."""
+    from pyg_grf.walks import check_walk_memory
+    estimate = backend_memory(grf, backend, mode, heads, m, d, batch, itemsize)
+    others = [b for b in ('sparse', 'pairs', 'dense') if b != backend]
+    need = {b: backend_memory(grf, b, mode, heads, m, d, batch, itemsize) for b in others}
+    fits = min(need, key=need.get)
+    check_walk_memory(estimate, device or grf.device, None,
+                      f"GRFAttention(backend={backend!r}) on {grf.num_nodes} nodes "
+                      f"(largest graph {grf.layout(batch).n})",
+                      f"Use backend={fits!r} (about {need[fits] / 2**30:.2f} GiB) or 'auto'.",
+                      error=BackendMemoryError)
 
 
 def choose_backend(grf: GRFLoads, mode: str, heads: int, m: int, d: int,

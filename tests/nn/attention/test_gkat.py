@@ -264,3 +264,19 @@ def test_half_precision_module(dtype, mode):
     # half-precision rounding of inputs, weights and sums: a few units of its epsilon
     tol = 40 * torch.finfo(dtype).eps * float(ref.abs().max())
     assert float((out.double() - ref).abs().max()) < tol
+
+
+def test_softmax_kernel_memory_is_checked_first(monkeypatch):
+    # issue #15 item 7: the kernel Psi Psi^T of a star is N^2; estimated before the product
+    N = 3000
+    ei = torch.stack([torch.zeros(N - 1, dtype=torch.long), torch.arange(1, N)])
+    star = AddRWGNKFeatures(num_walks=2, max_length=2, lam=0.8, alpha=1.0, seed=0)(
+        Data(edge_index=torch.cat([ei, ei.flip(0)], 1), num_nodes=N))
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '50M')
+    with pytest.raises(MemoryError, match=r"GKAT kernel .*more than \$PYG_GRF_MEMORY_LIMIT.*"
+                                          r"mode='linear'"):
+        GKATAttention(8, heads=2, mode='softmax')(torch.randn(N, 8), star.rwgnk_index,
+                                                 star.rwgnk_value)
+    out = GKATAttention(8, heads=2, mode='linear')(torch.randn(N, 8), star.rwgnk_index,
+                                                  star.rwgnk_value)
+    assert torch.isfinite(out).all()

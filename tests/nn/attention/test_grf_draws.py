@@ -271,3 +271,43 @@ def test_power_series_shared_graph_equals_batch_of_copies():
         layer(torch.randn(8, 8, dtype=D), ei)
     with pytest.raises(ValueError, match="holds 2 samples of 6 nodes"):
         layer(torch.randn(2, 6, 8, dtype=D), ei)
+
+
+def test_explicit_backend_refuses_what_cannot_fit(monkeypatch):
+    # issue #15 item 7: 'pairs' / 'dense' on a star allocate GiBs with no estimate; now the
+    # estimate is checked first and the error names the backend that fits
+    from pyg_grf.nn.attention.grf import BackendMemoryError, backend_memory
+    N = 3000
+    ei = torch.stack([torch.zeros(N - 1, dtype=torch.long), torch.arange(1, N)])
+    star = Data(edge_index=torch.cat([ei, ei.flip(0)], 1), num_nodes=N)
+    grf = GRFLoads.from_data(AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0)(star))
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '100M')
+    x = torch.randn(N, 8)
+    for backend in ('dense', 'pairs'):
+        need = backend_memory(grf, backend, 'symmetric', 2, 4, 4)
+        assert need > 100 * 2 ** 20
+        with pytest.raises(BackendMemoryError, match=rf"backend='{backend}'.* more than "
+                                                      rf"\$PYG_GRF_MEMORY_LIMIT .*Use "
+                                                      rf"backend='sparse'"):
+            GRFAttention(8, heads=2, max_length=2, backend=backend)(x, grf=grf)
+    out = GRFAttention(8, heads=2, max_length=2, backend='sparse')(x, grf=grf)
+    assert torch.isfinite(out).all()
+
+
+def test_available_memory_respects_rlimit_as():
+    import resource
+
+    from pyg_grf.walks import _address_space_room, available_memory
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    with open('/proc/self/statm') as f:
+        virtual = int(f.read().split()[0]) * resource.getpagesize()
+    limit = virtual + 300 * 2 ** 20
+    if hard != resource.RLIM_INFINITY and limit > hard:
+        pytest.skip('hard RLIMIT_AS too low to test')
+    resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+    try:
+        room = _address_space_room()
+        assert room is not None and room <= 300 * 2 ** 20
+        assert available_memory() <= 300 * 2 ** 20
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
