@@ -188,29 +188,48 @@ class GRFAttention(QKVAttention):
         """
         if isinstance(grf_index, GRFLoads):
             grf, grf_index = grf_index, None
+        samples = None
         if x.dim() == 3:  # samples on one shared graph: the loads repeated per sample
-            B, n, _ = x.shape
             if batch is not None:
                 raise ValueError("'batch' is not used with x of shape [B, n, channels] (every "
                                  "sample is one copy of the shared graph)")
-            grf = _as_loads(grf_index, grf_length, grf_load, n, None, grf)
-            if grf.num_nodes != n:
-                raise ValueError(f"x of shape {tuple(x.shape)} holds {B} samples of {n} nodes, "
-                                 f"but the GRF loads cover {grf.num_nodes} nodes (pass the loads "
-                                 f"of the one shared graph)")
-            return self.forward(x.reshape(B * n, -1), grf=grf.repeat(B)).view(B, n, -1)
-        if x.dim() != 2:
+            samples, n = x.size(0), x.size(1)
+            x = x.reshape(samples * n, -1)
+        elif x.dim() != 2:
             raise ValueError(f"{self.__class__.__name__} expects x of shape [N, {self.channels}] "
                              f"(nodes) or [B, n, {self.channels}] (samples on one shared graph), "
                              f"got {tuple(x.shape)}")
-        grf = _as_loads(grf_index, grf_length, grf_load, x.size(0), batch, grf)
-        if grf.num_nodes != x.size(0):
-            raise ValueError(f"the GRF loads cover {grf.num_nodes} nodes but 'x' has {x.size(0)} "
-                             f"rows")
+        q, k, v = self.project(x)
+        out = self.finish(self._mix(q, k, v, samples, grf_index, grf_length, grf_load, batch,
+                                    grf))
+        return out if samples is None else out.view(samples, -1, out.size(-1))
+
+    @torch.compiler.disable
+    def _mix(self, q: Tensor, k: Tensor, v: Tensor, samples: Optional[int],
+             grf_index: Optional[Tensor], grf_length: Optional[Tensor],
+             grf_load: Optional[Tensor], batch: Optional[Tensor],
+             grf: Optional[GRFLoads]) -> Tensor:
+        # Everything that depends on the loads (validation, cached per-batch structures, sparse
+        # kernels with data-dependent shapes) runs eagerly under torch.compile: the compiled
+        # graph is the projections and the output layer, and recompiles neither per batch nor
+        # per GRFLoads object.
+        N, H, C = q.size(0), self.heads, self.head_channels
+        if samples is not None:
+            n = N // samples
+            grf = _as_loads(grf_index, grf_length, grf_load, n, None, grf)
+            if grf.num_nodes != n:
+                raise ValueError(f"x of shape {(samples, n, self.channels)} holds {samples} "
+                                 f"samples of {n} nodes, but the GRF loads cover "
+                                 f"{grf.num_nodes} nodes (pass the loads of the one shared "
+                                 f"graph)")
+            grf = grf.repeat(samples)
+        else:
+            grf = _as_loads(grf_index, grf_length, grf_load, N, batch, grf)
+            if grf.num_nodes != N:
+                raise ValueError(f"the GRF loads cover {grf.num_nodes} nodes but 'x' has {N} "
+                                 f"rows")
         grf.check_coefficients(self.max_length, f'{self.__class__.__name__}(max_length='
                                                 f'{self.max_length})')
-        q, k, v = self.project(x)
-        N, H, C = x.size(0), self.heads, self.head_channels
         f = self.coefficients()
         linear = self.mode != 'sparse_softmax'
         if linear:
@@ -231,11 +250,11 @@ class GRFAttention(QKVAttention):
         else:
             o = self._attend(grf, phi_q, phi_k, v, f, batch)
         if not linear:  # dropout on the coefficients, not again on the output
-            return self.to_out(o.reshape(N, H * C))
+            return o
         if self.beta is not None:  # M = beta * 1 1^T (per graph) + GRF mask
             o = o + self.beta.to(o.dtype).view(1, H, 1) * F.packing_sums(
                 phi_q, phi_k, v, grf.layout(batch))
-        return self.finish(F.normalize_sums(o, self.eps))
+        return F.normalize_sums(o, self.eps)
 
     def no_weight_decay(self) -> set:
         r"""Names of the parameters an optimiser should not decay: the mask coefficients."""
