@@ -37,6 +37,19 @@ def _kw(**kwargs) -> str:
     return M + 'attention_kwargs=' + json.dumps(kwargs)
 
 
+def _key_walks(num_walks: int):
+    # two independent walk sets: the query side and an independent key side (attr_prefix
+    # 'grf_key'), so that M = Phi_Q Phi_K^T is unbiased on the diagonal too (GRF paper, Sec. 3.3)
+    def overrides(seed: int) -> List[str]:
+        grf = dict(num_walks=num_walks, p_halt=0.25, max_length=4, num_draws=8)
+        pre = [{'class_path': 'pyg_grf.transforms.AddGraphRandomFeatures',
+                'init_args': dict(grf, seed=seed)},
+               {'class_path': 'pyg_grf.transforms.AddGraphRandomFeatures',
+                'init_args': dict(grf, seed=1000 + seed, attr_prefix='grf_key')}]
+        return ['--data.init_args.pre_transform=' + json.dumps(pre)]
+    return overrides
+
+
 #: variant -> CLI overrides of the config (the GRF transform stays in the data pipeline of every
 #: variant, so all variants see the same batches).
 VARIANTS: Dict[str, List[str]] = {
@@ -55,16 +68,23 @@ VARIANTS: Dict[str, List[str]] = {
     'grf_walks16': [T + 'num_walks=16'],
     'grf_walks128': [T + 'num_walks=128'],
     'grf_no_importance': [T + 'importance=false'],
+    # the diagonal: independent key-side walks (unbiased M_ii) at 4 and 32 walks
+    'grf_key_walks4': _key_walks(4),
+    'grf_key_walks': _key_walks(32),
 }
 
 
 def run_one(variant: str, seed: int, epochs: int, root: str,
             overrides: List[str] = ()) -> Dict[str, float]:
     from pyg_grf.lightning.cli import GRFLightningCLI
+    extra = VARIANTS[variant]
+    walk_seed = [f'{T}seed={seed}']
+    if callable(extra):  # the variant sets the whole pre_transform, seeds included
+        extra, walk_seed = extra(seed), []
     args = ['--config', CONFIG, f'--seed_everything={seed}', f'--trainer.max_epochs={epochs}',
             f'--trainer.default_root_dir={root}', '--trainer.enable_checkpointing=true',
-            f'--data.init_args.seed={seed}', f'{T}seed={seed}', '--data.init_args.cache=false',
-            *overrides, *VARIANTS[variant]]
+            f'--data.init_args.seed={seed}', *walk_seed, '--data.init_args.cache=false',
+            *overrides, *extra]
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message="LightningCLI's args parameter")
         cli = GRFLightningCLI(args=args, run=False)

@@ -61,11 +61,6 @@ class BlockLayout(NamedTuple):
     def num_cells(self) -> int:
         return self.num_graphs * self.n * self.n
 
-    @property
-    def sum_sq(self) -> int:
-        r""":math:`\sum_b n_b^2`, the number of real (unpadded) cells."""
-        return int((self.sizes.long() ** 2).sum())
-
 
 class BlockTerms(NamedTuple):
     r"""Mask entries as f-independent statistics in the dense-block layout: the mask values of
@@ -555,28 +550,3 @@ def block_layout(batch: Optional[Tensor], num_nodes: int) -> BlockLayout:
     ptr = torch.cumsum(sizes, 0) - sizes
     pos = batch * n + (torch.arange(num_nodes, device=batch.device) - ptr[batch])
     return BlockLayout(B, max(n, 1), pos, sizes.cpu(), ptr)
-
-
-def dense_block_cost(layout: BlockLayout, num_terms: int, heads: int, m: int, d: int) -> float:
-    r"""Relative cost of one dense-block GRF layer (forward + backward), see
-    :func:`sparse_cost`. Calibrated on a 2-core x86 CPU (``bench/bench_batch.py``)."""
-    cells = layout.num_cells * heads
-    return cells * (2.0 * (m + d + 1) * _C_BMM + _C_CELL) + num_terms * heads * _C_TERM
-
-
-def sparse_cost(num_nodes: int, pattern_nnz: int, heads: int, m: int, d: int,
-                symmetric: bool) -> float:
-    r"""Relative cost of one sparse-backend GRF layer (forward + backward): CSR products over the
-    ``[N, H, m (d + 1)]`` outer-product tensor (two products if ``symmetric``, one if not) plus
-    its formation and contraction."""
-    width = heads * m * (d + 1)
-    products = 2 if symmetric else 1
-    return products * pattern_nnz * width * _C_SPMM + num_nodes * width * _C_DENSE
-
-
-# Cost constants (seconds per unit, measured with bench/bench_batch.py --calibrate on 2 cores).
-_C_BMM = 1.0e-11
-_C_CELL = 2.0e-9
-_C_TERM = 1.0e-8
-_C_SPMM = 1.5e-10
-_C_DENSE = 1.5e-9

@@ -122,13 +122,6 @@ def to_blocks(x: Tensor, layout) -> Tensor:
     return out.view(B, n, H, C).transpose(1, 2)
 
 
-def block_padding(layout) -> Tensor:
-    r"""``[B, 1, n, 1]``: 1 on the padded rows of a block layout, 0 on real nodes."""
-    B, n = layout.num_graphs, layout.n
-    pad = torch.ones(B * n, device=layout.pos.device).index_fill(0, layout.pos, 0.0)
-    return pad.view(B, 1, n, 1)
-
-
 def from_blocks(y: Tensor, layout) -> Tensor:
     r"""Inverse of :func:`to_blocks`: ``[B, H, n, C]`` to ``[N, H, C]``."""
     B, H, n, C = y.shape
