@@ -54,7 +54,7 @@ TABLE = osp.join(REPO, 'experiments', 'results', 'cora_grf_gps.md')
 class GRFGPS(torch.nn.Module):
     def __init__(self, in_channels, num_classes, local='none', heads=4, max_length=3,
                  global_beta=0.1, hidden=8, gat_heads=8, dropout=0.6, attn_type='grf',
-                 positive_f=True):
+                 f_mode='abs'):
         super().__init__()
         self.dropout = dropout
         width = hidden * gat_heads
@@ -64,7 +64,7 @@ class GRFGPS(torch.nn.Module):
         attn_kwargs = dict(dropout=dropout)
         if attn_type == 'grf':
             attn_kwargs.update(max_length=max_length, global_beta=global_beta,
-                               positive_f=positive_f)
+                               f_mode=f_mode)
         self.gps = GRFGPSConv(width, conv, heads=heads, dropout=dropout, act='elu', norm=None,
                               attn_type=attn_type, attn_kwargs=attn_kwargs)
         self.conv2 = GATConv(width, num_classes, heads=1, concat=False, dropout=dropout)
@@ -86,7 +86,7 @@ def run_seed(data, num_classes, args, seed):
                                       num_draws=getattr(args, 'num_draws', 1))(data)
         model = GRFGPS(data.num_features, num_classes, args.local, args.heads, args.max_length,
                        args.global_beta, attn_type=args.attn_type,
-                       positive_f=not getattr(args, 'free_f', True))
+                       f_mode='free' if getattr(args, 'free_f', True) else 'abs')
     else:
         model = GAT(data.num_features, num_classes)
     params = sum(p.numel() for p in model.parameters())
@@ -207,7 +207,7 @@ def main(argv=None):
     p.add_argument('--num-draws', type=int, default=1,
                    help='GRF walk draws (heads = one per head of the one GPS layer)')
     p.add_argument('--free-f', action='store_true',
-                   help="the paper's unconstrained f (positive_f=False; the runs before the "
+                   help="the paper's unconstrained f (f_mode='free'; the runs before the "
                    "change used it)")
     p.add_argument('--search', action='store_true')
     p.add_argument('--threads', type=int, default=1)

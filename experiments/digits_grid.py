@@ -61,8 +61,9 @@ VARIANTS: Dict[str, List[str]] = {
     'grf': [],  # the config: |f|, walks per head and layer (num_draws = 8 = 4 heads x 2 layers)
     # what changed: one walk set shared by every head and layer, and/or the unconstrained f
     'grf_shared_walks': [T + 'num_draws=1'],
-    'grf_free_f': [_kw(positive_f=False, **GRF)],
-    'grf_old_defaults': [T + 'num_draws=1', _kw(positive_f=False, **GRF)],
+    'grf_free_f': [_kw(f_mode='free', **GRF)],
+    'grf_signed_f': [_kw(f_mode='signed', **GRF)],
+    'grf_old_defaults': [T + 'num_draws=1', _kw(f_mode='free', **GRF)],
     # App. C.2 ablations: walker count, importance weights
     'grf_walks4': [T + 'num_walks=4'],
     'grf_walks16': [T + 'num_walks=16'],

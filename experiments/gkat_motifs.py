@@ -16,7 +16,8 @@ Models (2 message-passing / attention layers each, then mean pooling and a linea
   symmetric GRF mask estimated from walks stored by
   :class:`~pyg_grf.transforms.AddGraphRandomFeatures`, linear cost) in GKAT's place, with the
   current defaults: |f| mask coefficients and one walk draw per head and layer
-  (``--grf-draws 4``; ``--grf-draws 1 --grf-free-f`` is the old setting, GRF_V1 in the table);
+  (``--grf-draws 4``; ``--grf-draws 1 --grf-f-mode free`` is the old setting, GRF_V1 in the
+  table);
 * LINEAR: the GRF model with unmasked linear attention (what the mask adds).
 
 The paper uses 2 heads x 9 hidden for GAT/GKAT and 32 hidden for GCN "to make all models of
@@ -62,7 +63,7 @@ KINDS = ('gkat', 'gat', 'gcn', 'grf', 'linear')
 
 class Net(torch.nn.Module):
     def __init__(self, kind, in_channels, hidden, heads=2, mode='softmax', threshold=0.0,
-                 max_length=3, positive_f=True):
+                 max_length=3, f_mode='abs'):
         super().__init__()
         self.kind = kind
         self.lin = None
@@ -70,11 +71,9 @@ class Net(torch.nn.Module):
             out = heads * hidden
             self.lin = torch.nn.Linear(in_channels, out)
             self.conv1 = GRFAttention(out, heads=heads, head_channels=hidden,
-                                      max_length=max_length, positive_f=positive_f,
-                                      layer_index=0)
+                                      max_length=max_length, f_mode=f_mode, layer_index=0)
             self.conv2 = GRFAttention(out, heads=heads, head_channels=hidden,
-                                      max_length=max_length, positive_f=positive_f,
-                                      layer_index=1)
+                                      max_length=max_length, f_mode=f_mode, layer_index=1)
         elif kind == 'linear':  # the GRF model with unmasked linear attention (the control)
             out = heads * hidden
             self.lin = torch.nn.Linear(in_channels, out)
@@ -139,7 +138,7 @@ def accuracy(model, loader):
 def run(kind, hidden, train_loader, val_loader, in_channels, args, seed):
     torch.manual_seed(seed)
     model = Net(kind, in_channels, hidden, mode=args.mode, threshold=args.threshold,
-                max_length=args.walk_length, positive_f=not args.grf_free_f)
+                max_length=args.walk_length, f_mode=args.grf_f_mode)
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     best, bad, epochs, t0 = 0.0, 0, 0, time.perf_counter()
     for epoch in range(1, args.epochs + 1):
@@ -181,8 +180,9 @@ def main(argv=None):
     p.add_argument('--grf-draws', type=int, default=4,
                    help='GRF: independent walk draws (4 = one per head and layer; 1 = one walk '
                    'set shared by all, the old default)')
-    p.add_argument('--grf-free-f', action='store_true',
-                   help="GRF: the paper's unconstrained f (positive_f=False, the old default)")
+    p.add_argument('--grf-f-mode', default='abs', choices=['abs', 'signed', 'free'],
+                   help="GRF: f_mode of GRFAttention ('free': the paper's unconstrained f, the "
+                   "old default)")
     p.add_argument('--models', nargs='+', default=list(KINDS), choices=KINDS)
     p.add_argument('--threads', type=int, default=1)
     p.add_argument('--tag', default='', help='name of the saved run (default: the motifs)')
@@ -210,7 +210,7 @@ def main(argv=None):
         f'n={args.num_walks}, lam={args.lam}, alpha={args.alpha}, threshold={args.threshold}. '
         f'GRF: 2 heads, symmetric mask, L={args.walk_length}, {args.grf_walks} walks, '
         f'p_halt={args.p_halt}, {args.grf_draws} walk draw(s) (one per head and layer when 4), '
-        f'{"unconstrained f" if args.grf_free_f else "|f| (positive_f)"}; LINEAR: the GRF '
+        f'f_mode={args.grf_f_mode!r}; LINEAR: the GRF '
         f'model with unmasked linear attention. '
         f'Hidden sizes of the others chosen to match the GKAT parameter count: '
         + ', '.join(f'{k.upper()} hidden {hidden[k]} ({params[k]} params)' for k in hidden)

@@ -143,7 +143,7 @@ class GridRPE(torch.nn.Module):
     :class:`GridRPEMask` ``(shape, |f|)`` with one learnable :math:`f` per head over the grid
     distances, initialised to :math:`f_r = \mathrm{f\_init}^r`. :math:`|f|` keeps the mask
     non-negative, so the normaliser of linear attention cannot vanish (as
-    :class:`~pyg_grf.nn.GRFAttention` does with ``positive_f``). This is the
+    :class:`~pyg_grf.nn.GRFAttention` does by default). This is the
     "Toeplitz-masked linear" variant of the GRF paper's Table 1.
 
     Args:

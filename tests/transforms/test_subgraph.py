@@ -94,18 +94,18 @@ def dense_phi(data, f):
     return phi
 
 
-@pytest.mark.parametrize('positive_f', [True, False])
+@pytest.mark.parametrize('f_mode', ['abs', 'free'])
 @pytest.mark.parametrize('mode', ['symmetric', 'asymmetric'])
-def test_restricted_mask(mode, positive_f):
+def test_restricted_mask(mode, f_mode):
     data = full_graph()
     kept = torch.tensor([20, 3, 7, 11, 0, 15, 9, 22, 5])
     out = subgraph_grf(data, kept)
-    layer = GRFAttention(8, heads=2, max_length=3, mode=mode, positive_f=positive_f)
+    layer = GRFAttention(8, heads=2, max_length=3, mode=mode, f_mode=f_mode)
     with torch.no_grad():
         layer.f.copy_(torch.tensor([[1., .5, .3, .2], [.8, -.4, .2, .1]]))
         sub = layer.mask(out.grf_index, out.grf_length, out.grf_load, len(kept)).to_dense()
         full = layer.mask(data.grf_index, data.grf_length, data.grf_load, N).to_dense()
-    f = layer.f.detach().abs() if positive_f else layer.f.detach()  # the mask's coefficients
+    f = layer.coefficients().detach()  # the mask's coefficients
     phi_ss = dense_phi(data, f)[:, kept][:, :, kept]
     if mode == 'asymmetric':
         # exactly the principal submatrix of the full graph's mask

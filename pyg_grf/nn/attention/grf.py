@@ -13,6 +13,7 @@ from pyg_grf.nn import functional as F
 from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients
 
 MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
+F_MODES = ('abs', 'signed', 'free')
 BACKENDS = ('auto', 'sparse', 'pairs', 'dense')
 
 
@@ -61,14 +62,23 @@ class GRFAttention(QKVAttention):
         f_init (float, optional): initial :math:`f_l = \mathrm{f\_init}^l` (decaying, so longer
             walks start with less weight; :math:`f_0 = 1`) (default: :obj:`0.5`).
         learn_f (bool, optional): whether :math:`f` is learnable (default: :obj:`True`).
-        positive_f (bool, optional): the mask uses :math:`|f|` (:meth:`coefficients`), so
-            that :math:`\widehat\Phi \ge 0` and :math:`M \ge 0` entrywise (the loads are
-            non-negative for non-negative edge weights). With a non-negative feature map
-            (``'relu'``, ``'elu'``, ``'favor+'``) every output is then a convex combination of
-            the values and the normaliser cannot change sign. :obj:`False` gives the paper's
-            unconstrained :math:`f` (any real power series, Eq. 4), whose estimated mask can
-            have negative entries that drive the normaliser towards 0 and the output to
-            :math:`\pm\infty`; see ``docs/grf_mask_value.md`` (default: :obj:`True`).
+        f_mode (str, optional): how the learned :math:`f` enters the mask (see
+            ``docs/grf_mask_value.md``):
+
+            * ``'abs'`` (default): the mask uses :math:`|f|` (:meth:`coefficients`), so
+              :math:`\widehat\Phi \ge 0` and :math:`M \ge 0` entrywise (the loads are
+              non-negative for non-negative edge weights); with a non-negative feature map
+              (``'relu'``, ``'elu'``, ``'favor+'``) every output is a convex combination of the
+              values;
+            * ``'signed'``: the numerator uses the signed mask of :math:`f` (any real power
+              series, as in the paper, Eq. 4), the normaliser the mask of :math:`|f|`, which
+              bounds it entrywise (:math:`|\widehat\Phi_f| \le \widehat\Phi_{|f|}`), so
+              :math:`\lVert\mathbf{o}_i\rVert_\infty \le \max_j
+              \lVert\mathbf{v}_j\rVert_\infty` still holds; two mask products instead of one
+              (linear modes only);
+            * ``'free'``: the paper's unconstrained :math:`f` in both; the normaliser
+              :math:`\sum_j M_{ij}\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` can pass
+              through 0 and the output diverge (the behaviour before ``f_mode`` existed).
         layer_index (int, optional): which walk draws this layer uses when the loads hold
             several independent draws (``AddGraphRandomFeatures(num_draws=D)``): head
             :math:`h` uses draw :math:`(\mathrm{layer\_index} \cdot H + h) \bmod D`, so
@@ -104,7 +114,7 @@ class GRFAttention(QKVAttention):
                  feature_map_kwargs: Optional[Dict[str, Any]] = None, mode: str = 'symmetric',
                  f_init: float = 0.5, learn_f: bool = True, dropout: float = 0.0,
                  bias: bool = True, eps: float = 1e-6, backend: str = 'auto',
-                 global_beta: Optional[float] = None, positive_f: bool = True,
+                 global_beta: Optional[float] = None, f_mode: str = 'abs',
                  layer_index: int = 0):
         if mode not in MODES:
             raise ValueError(f"'mode' must be one of {MODES}, got {mode!r}")
@@ -123,10 +133,15 @@ class GRFAttention(QKVAttention):
         super().__init__(channels, heads, head_channels,
                          None if mode == 'sparse_softmax' else feature_map, feature_map_kwargs,
                          dropout, bias)
+        if f_mode not in F_MODES:
+            raise ValueError(f"'f_mode' must be one of {F_MODES}, got {f_mode!r}")
+        if f_mode == 'signed' and mode == 'sparse_softmax':
+            raise ValueError("f_mode='signed' needs a linear mode ('symmetric' or "
+                             "'asymmetric'), got mode='sparse_softmax'")
         if isinstance(layer_index, bool) or not isinstance(layer_index, int) or layer_index < 0:
             raise ValueError(f"'layer_index' must be an integer >= 0, got {layer_index!r}")
         self.max_length = max_length
-        self.positive_f = bool(positive_f)
+        self.f_mode = f_mode
         self.layer_index = layer_index
         self.mode = mode
         self.f_init = f_init
@@ -146,9 +161,9 @@ class GRFAttention(QKVAttention):
                 self.beta_raw.fill_(math.log(math.expm1(self.global_beta)))
 
     def coefficients(self) -> Tensor:
-        r"""The hop coefficients the mask uses, ``[H, L + 1]``: :math:`|f|` with
-        ``positive_f=True`` (the default), else :math:`f` itself."""
-        return self.f.abs() if self.positive_f else self.f
+        r"""The hop coefficients of the mask (its numerator), ``[H, L + 1]``: :math:`|f|` with
+        ``f_mode='abs'`` (the default), else :math:`f` itself."""
+        return self.f.abs() if self.f_mode == 'abs' else self.f
 
     def draws(self, num_draws: int) -> Tuple[int, ...]:
         r"""The walk draw of every head when the loads hold ``num_draws`` draws."""
@@ -237,24 +252,30 @@ class GRFAttention(QKVAttention):
             v = self.drop_keys(v)  # coefficient dropout: whole key columns, numerator only
         else:
             phi_q, phi_k = q, k
-        if grf.num_draws > 1:  # independent walks per head: heads folded into the node axis
-            draws = self.draws(grf.num_draws)
-            run = grf.fold(draws, batch)
-            if run.num_groups > 1:
-                def fold(t: Tensor) -> Tensor:
-                    return t.transpose(0, 1).reshape(H * N, 1, t.size(-1))
-                o = self._attend(run, fold(phi_q), fold(phi_k), fold(v), f, None)
-                o = o.view(H, N, -1).transpose(0, 1)
-            else:
-                o = self._attend(run, phi_q, phi_k, v, f, None)
-        else:
-            o = self._attend(grf, phi_q, phi_k, v, f, batch)
+        o = self._mask_sums(grf, phi_q, phi_k, v, f, batch)
+        if self.f_mode == 'signed':  # the normaliser from the |f| mask, which bounds |M_f|
+            den = self._mask_sums(grf, phi_q, phi_k, v, f.abs(), batch)
+            o = torch.cat([o[..., :-1], den[..., -1:]], dim=-1)
         if not linear:  # dropout on the coefficients, not again on the output
             return o
         if self.beta is not None:  # M = beta * 1 1^T (per graph) + GRF mask
             o = o + self.beta.to(o.dtype).view(1, H, 1) * F.packing_sums(
                 phi_q, phi_k, v, grf.layout(batch))
         return F.normalize_sums(o, self.eps)
+
+    def _mask_sums(self, grf: GRFLoads, phi_q: Tensor, phi_k: Tensor, v: Tensor, f: Tensor,
+                   batch: Optional[Tensor]) -> Tensor:
+        # the masked sums [N, H, C + 1] (linear modes) or the output (softmax) for coefficients f
+        N, H = phi_q.size(0), self.heads
+        if grf.num_draws > 1:  # independent walks per head: heads folded into the node axis
+            run = grf.fold(self.draws(grf.num_draws), batch)
+            if run.num_groups > 1:
+                def fold(t: Tensor) -> Tensor:
+                    return t.transpose(0, 1).reshape(H * N, 1, t.size(-1))
+                o = self._attend(run, fold(phi_q), fold(phi_k), fold(v), f, None)
+                return o.view(H, N, -1).transpose(0, 1)
+            return self._attend(run, phi_q, phi_k, v, f, None)
+        return self._attend(grf, phi_q, phi_k, v, f, batch)
 
     def no_weight_decay(self) -> set:
         r"""Names of the parameters an optimiser should not decay: the mask coefficients."""
@@ -340,6 +361,7 @@ class GRFAttention(QKVAttention):
 
     def _extra_repr(self) -> str:
         glob = '' if self.global_beta is None else f', global_beta={self.global_beta}'
+        glob += '' if self.f_mode == 'abs' else f', f_mode={self.f_mode!r}'
         return (f', max_length={self.max_length}, mode={self.mode!r}, backend={self.backend!r}'
                 f'{glob}')
 

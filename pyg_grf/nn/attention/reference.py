@@ -63,8 +63,8 @@ class PowerSeriesAttention(QKVAttention):
 
     Args:
         normalization (str, optional): of :math:`W` (default: ``'sym'``).
-        positive_f (bool, optional): the kernel uses :math:`|f|`, as
-            :class:`~pyg_grf.nn.GRFAttention` does by default (default: :obj:`True`).
+        f_mode (str, optional): ``'abs'``, ``'signed'`` or ``'free'``, as
+            :class:`~pyg_grf.nn.GRFAttention` (default: ``'abs'``).
         Others: as :class:`~pyg_grf.nn.GRFAttention`.
     """
 
@@ -72,11 +72,14 @@ class PowerSeriesAttention(QKVAttention):
                  head_channels: Optional[int] = None, feature_map: Any = 'relu',
                  feature_map_kwargs: Optional[Dict[str, Any]] = None, f_init: float = 0.5,
                  normalization: Optional[str] = 'sym', dropout: float = 0.0, bias: bool = True,
-                 eps: float = 1e-6, positive_f: bool = True):
+                 eps: float = 1e-6, f_mode: str = 'abs'):
         super().__init__(channels, heads, head_channels, feature_map, feature_map_kwargs,
                          dropout, bias)
+        if f_mode not in ('abs', 'signed', 'free'):
+            raise ValueError(f"'f_mode' must be one of ('abs', 'signed', 'free'), got "
+                             f"{f_mode!r}")
         self.max_length = max_length
-        self.positive_f = bool(positive_f)
+        self.f_mode = f_mode
         self.f_init = f_init
         self.normalization = normalization
         self.eps = eps
@@ -89,8 +92,7 @@ class PowerSeriesAttention(QKVAttention):
 
     def dense_mask(self, edge_index: Tensor, num_nodes: int,
                    edge_weight: Optional[Tensor] = None) -> Tensor:
-        coef = self.f.abs() if self.positive_f else self.f  # as GRFAttention.coefficients()
-        alpha = torch.stack([self_convolution(f) for f in coef])  # [H, 2L + 1], loop over heads
+        alpha = torch.stack([self_convolution(f) for f in self.coefficients()])  # [H, 2L + 1]
         return power_series_kernel(edge_index, num_nodes, alpha, edge_weight=edge_weight,
                                    normalization=self.normalization)
 
@@ -109,14 +111,13 @@ class PowerSeriesAttention(QKVAttention):
                 raise ValueError(f"x of shape {tuple(x.shape)} holds {B} samples of {n} nodes, "
                                  f"but 'edge_index' has node ids up to {int(edge_index.max())}")
             q, k, v = self.project(x.reshape(B * n, -1))
-            M = self._blocks(edge_index, torch.zeros(n, dtype=torch.long, device=x.device),
-                             n, edge_weight, x.dtype)                       # [1, H, n, n]
             H, C = self.heads, self.head_channels
             phi_q, phi_k = qk_features(self.feature_map, q, k,
                                        torch.arange(B, device=x.device).repeat_interleave(n))
             blocks = [t.view(B, n, H, -1).transpose(1, 2) for t in (phi_q, phi_k,
                                                                      self.drop_keys(v))]
-            out = block_masked_linear_attention(*blocks, M, eps=self.eps)   # [B, H, n, C]
+            graph = torch.zeros(n, dtype=torch.long, device=x.device)
+            out = self._attend(blocks, edge_index, graph, n, edge_weight)    # [B, H, n, C]
             return self.finish(out.transpose(1, 2).reshape(B * n, H, C)).view(B, n, -1)
         if x.dim() != 2:
             raise ValueError(f"{self.__class__.__name__} expects x of shape [N, {self.channels}] "
@@ -132,15 +133,31 @@ class PowerSeriesAttention(QKVAttention):
         lay = block_layout(batch, N)
         q, k, v = self.project(x)
         phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
-        M = self._blocks(edge_index, batch, N, edge_weight, x.dtype)    # [B, H, n, n]
-        out = block_masked_linear_attention(to_blocks(phi_q, lay), to_blocks(phi_k, lay),
-                                            to_blocks(self.drop_keys(v), lay), M, eps=self.eps)
-        return self.finish(from_blocks(out, lay))
+        blocks = [to_blocks(t, lay) for t in (phi_q, phi_k, self.drop_keys(v))]
+        return self.finish(from_blocks(self._attend(blocks, edge_index, batch, N, edge_weight),
+                                       lay))
+
+    def coefficients(self) -> Tensor:
+        r"""The hop coefficients of the kernel (its numerator), as
+        :meth:`GRFAttention.coefficients() <pyg_grf.nn.GRFAttention.coefficients>`."""
+        return self.f.abs() if self.f_mode == 'abs' else self.f
+
+    def _attend(self, blocks, edge_index: Tensor, batch: Tensor, num_nodes: int,
+                edge_weight: Optional[Tensor]) -> Tensor:
+        # masked linear attention on [B, H, n, .] blocks; f_mode='signed': the normaliser from
+        # the kernel of |f|, which bounds the signed kernel entrywise
+        dtype = blocks[0].dtype
+        M = self._blocks(edge_index, batch, num_nodes, edge_weight, dtype, self.coefficients())
+        if self.f_mode != 'signed':
+            return block_masked_linear_attention(*blocks, M, eps=self.eps)
+        num = block_masked_linear_attention(*blocks, M, return_sums=True)
+        den = block_masked_linear_attention(*blocks, self._blocks(
+            edge_index, batch, num_nodes, edge_weight, dtype, self.f.abs()), return_sums=True)
+        return num[..., :-1] / (den[..., -1:] + self.eps)
 
     def _blocks(self, edge_index: Tensor, batch: Tensor, num_nodes: int,
-                edge_weight: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+                edge_weight: Optional[Tensor], dtype: torch.dtype, coef: Tensor) -> Tensor:
         # sum_k alpha_k W^k per graph by Horner's rule on the padded [B, n, n] blocks of W
-        coef = self.f.abs() if self.positive_f else self.f
         alpha = torch.stack([self_convolution(f) for f in coef]).to(dtype)  # [H, 2L + 1]
         w = normalized_adjacency(edge_index, num_nodes, edge_weight, self.normalization)
         W = to_dense_adj(edge_index, batch, edge_attr=w.to(dtype)).unsqueeze(1)  # [B, 1, n, n]
@@ -152,7 +169,8 @@ class PowerSeriesAttention(QKVAttention):
         return out.expand(W.size(0), -1, -1, -1) if out.dim() == 3 else out
 
     def _extra_repr(self) -> str:
-        return f', max_length={self.max_length}'
+        mode = '' if self.f_mode == 'abs' else f', f_mode={self.f_mode!r}'
+        return f', max_length={self.max_length}{mode}'
 
 
 class SoftmaxAttention(QKVAttention):

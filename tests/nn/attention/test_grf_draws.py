@@ -1,5 +1,5 @@
 r"""Independent walks per head and layer (AddGraphRandomFeatures(num_draws=D), GRFLoads.fold),
-non-negative mask coefficients (positive_f) and samples on one shared graph (x [B, n, C]),
+mask coefficient modes (f_mode) and samples on one shared graph (x [B, n, C]),
 against dense references computed head by head."""
 import math
 
@@ -65,7 +65,7 @@ def test_per_head_draws_equal_dense_reference(mode, backend):
     for layer_index in (0, 1):
         torch.manual_seed(1)
         layer = GRFAttention(8, heads=4, max_length=3, mode=mode, backend=backend,
-                             layer_index=layer_index, positive_f=False).to(D)
+                             layer_index=layer_index, f_mode='free').to(D)
         with torch.no_grad():
             layer.f.copy_(torch.rand(4, 4) + 0.05)
         assert layer.draws(6) == ((0, 1, 2, 3) if layer_index == 0 else (4, 5, 0, 1))
@@ -156,25 +156,26 @@ def test_graph_transformer_gives_each_layer_its_draws():
 # Non-negative coefficients ########################################################################
 
 
-def test_positive_f_keeps_outputs_convex_combinations():
+def test_abs_and_signed_f_keep_outputs_bounded():
     # adversarial coefficients (the paper's unconstrained f at -0.9): with |f| every output row
     # is a convex combination of the value rows, so |out| <= max |v| before to_out
     b = batch_with_draws(1, sizes=(30, 25))
     grf = GRFLoads.from_data(b)
     x = torch.randn(b.num_nodes, 8, dtype=D) * 3
     bounds = {}
-    for positive in (True, False):
+    for f_mode in ('abs', 'signed', 'free'):
         torch.manual_seed(0)
-        layer = GRFAttention(8, heads=2, max_length=3, f_init=-0.9, positive_f=positive,
+        layer = GRFAttention(8, heads=2, max_length=3, f_init=-0.9, f_mode=f_mode,
                              backend='sparse').to(D)
         layer.to_out = torch.nn.Identity()
         v = layer.to_v(x)
         out = layer(x, grf=grf)
-        bounds[positive] = float(out.abs().max() / v.abs().max())
+        bounds[f_mode] = float(out.abs().max() / v.abs().max())
         mask = GRFMask.from_loads(grf, f=layer.coefficients()).to_dense()
-        assert (float(mask.min()) >= 0) == positive
-    assert bounds[True] <= 1 + 1e-9
-    assert bounds[False] > 1.5  # what the guard prevents: the normaliser near 0
+        assert (float(mask.min()) >= 0) == (f_mode == 'abs')
+    assert bounds['abs'] <= 1 + 1e-9
+    assert bounds['signed'] <= 1 + 1e-9  # a signed mask, its normaliser from |f|
+    assert bounds['free'] > 1.5  # what the guard prevents: the normaliser near 0
 
 
 def test_coefficients_and_old_state_dicts():
@@ -182,10 +183,14 @@ def test_coefficients_and_old_state_dicts():
     with torch.no_grad():
         layer.f.copy_(torch.tensor([[1.0, -0.5, 0.2], [0.3, 0.1, -0.7]]))
     assert torch.equal(layer.coefficients(), layer.f.abs())
-    free = GRFAttention(8, heads=2, max_length=2, positive_f=False)
+    free = GRFAttention(8, heads=2, max_length=2, f_mode='free')
     free.load_state_dict(layer.state_dict())  # same parameters, only the mapping differs
     assert torch.equal(free.coefficients(), layer.f)
-    assert 'positive_f' not in repr(layer)
+    assert 'f_mode' not in repr(layer) and "f_mode='free'" in repr(free)
+    with pytest.raises(ValueError, match="'f_mode' must be one of"):
+        GRFAttention(8, f_mode='positive')
+    with pytest.raises(ValueError, match="f_mode='signed' needs a linear mode"):
+        GRFAttention(8, f_mode='signed', mode='sparse_softmax')
 
 
 # One graph shared by a batch of samples ##########################################################
@@ -241,16 +246,16 @@ def _power_series_dense(layer, x, edge_index, batch):
     return layer.finish(masked_linear_attention(pq, pk, v, M, eps=layer.eps))
 
 
-@pytest.mark.parametrize('positive_f', [True, False])
-def test_power_series_blocks_equal_whole_batch_kernel(positive_f):
+@pytest.mark.parametrize('f_mode', ['abs', 'free'])
+def test_power_series_blocks_equal_whole_batch_kernel(f_mode):
     from pyg_grf.nn.attention.reference import PowerSeriesAttention
     b = batch_with_draws(1, sizes=(7, 12, 1, 9))
     x = torch.randn(b.num_nodes, 8, dtype=D)
     torch.manual_seed(0)
     layer = PowerSeriesAttention(8, heads=2, max_length=3, f_init=-0.4,
-                                 positive_f=positive_f).to(D)
+                                 f_mode=f_mode).to(D)
     out = layer(x, b.edge_index, b.batch)
-    if positive_f:  # dense_mask is the paper's kernel of f; the layer uses |f|
+    if f_mode == 'abs':  # the reference below with f = |f|
         with torch.no_grad():
             layer.f.abs_()
     assert torch.allclose(out, _power_series_dense(layer, x, b.edge_index, b.batch), atol=1e-12)
@@ -345,3 +350,52 @@ def test_torch_compile(backend):
 @pytest.mark.slow
 def test_torch_compile_default_backend():
     assert _compile_run('auto', 'inductor') <= 4
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('mode', ['symmetric', 'asymmetric'])
+def test_signed_f_equals_its_dense_definition(backend, mode):
+    # f_mode='signed': numerator from the signed mask of f, normaliser from the mask of |f|
+    b = batch_with_draws(1, sizes=(9, 13))
+    grf = GRFLoads.from_data(b)
+    x = torch.randn(b.num_nodes, 8, dtype=D)
+    torch.manual_seed(0)
+    layer = GRFAttention(8, heads=2, max_length=3, f_mode='signed', mode=mode,
+                         backend=backend).to(D)
+    with torch.no_grad():
+        layer.f.copy_(torch.tensor([[1.0, -0.6, 0.3, -0.2], [0.5, 0.4, -0.7, 0.1]]))
+    out = layer(x, grf=grf)
+    q, k, v = layer.project(x)
+    pq, pk = layer.features(q, k, b.batch)
+    asym = mode == 'asymmetric'
+    Mf = GRFMask.from_loads(grf, f=layer.f, asymmetric=asym).to_dense()
+    Ma = GRFMask.from_loads(grf, f=layer.f.abs(), asymmetric=asym).to_dense()
+    assert float(Mf.min()) < 0  # a signed mask
+    a = torch.einsum('ihm,jhm->hij', pq, pk)
+    num = torch.einsum('hij,jhd->ihd', a * Mf, v)
+    den = (a * Ma).sum(-1).t().unsqueeze(-1)
+    ref = layer.to_out((num / (den + layer.eps)).reshape(x.size(0), -1))
+    assert torch.allclose(out, ref, atol=1e-12)
+
+
+def test_signed_power_series():
+    from pyg_grf.nn.attention.reference import PowerSeriesAttention
+    b = batch_with_draws(1, sizes=(7, 11))
+    x = torch.randn(b.num_nodes, 8, dtype=D)
+    torch.manual_seed(0)
+    layer = PowerSeriesAttention(8, heads=2, max_length=2, f_mode='signed').to(D)
+    with torch.no_grad():
+        layer.f.copy_(torch.tensor([[1.0, -0.8, 0.3], [0.6, 0.5, -0.9]]))
+    out = layer(x, b.edge_index, b.batch)
+    q, k, v = layer.project(x)
+    pq, pk = layer.features(q, k, b.batch)
+    Mf = layer.dense_mask(b.edge_index, b.num_nodes).to(D)           # kernel of f
+    with torch.no_grad():
+        layer.f.abs_()
+    Ma = layer.dense_mask(b.edge_index, b.num_nodes).to(D)           # kernel of |f|
+    a = torch.einsum('ihm,jhm->hij', pq, pk)
+    num = torch.einsum('hij,jhd->ihd', a * Mf, v)
+    den = (a * Ma).sum(-1).t().unsqueeze(-1)
+    ref = layer.to_out((num / (den + layer.eps)).reshape(x.size(0), -1))
+    assert torch.allclose(out, ref, atol=1e-12)
+    assert float(out.abs().max()) < 1e3
