@@ -255,9 +255,10 @@ def main(argv=None):
                 print(f'{motif} {kind} seed {seed}: val acc {100 * acc:.1f} ({ep} epochs, '
                       f'{sec:.2f} s/epoch)', flush=True)
             std = statistics.stdev(accs) if len(accs) > 1 else 0.0
-            rows.append((motif, kind, params[kind], statistics.mean(accs), std,
+            label = kind if kind != 'grf' or args.grf_f_mode == 'abs' else f'grf_{args.grf_f_mode}'
+            rows.append((motif, label, params[kind], statistics.mean(accs), std,
                          statistics.mean(secs), statistics.mean(eps)))
-            per_seed[f'{motif}/{kind}'] = accs
+            per_seed[f'{motif}/{label}'] = accs
             save()  # after every model: a stopped run keeps what finished
 
 
