@@ -230,6 +230,8 @@ def _grf_loads(owner: torch.nn.Module, num_nodes: int, batch: Tensor,
     # it has built) while the tensors are unchanged (same storage, same version).
     requires, optional = GRFAdapter.requires, GRFAdapter.optional
     names = requires + tuple(f for f in optional if f in fields)
+    if fields.get('_one_graph', False):
+        batch = None  # one graph: GRFLoads without a batch vector means the same
     tensors = [fields[n] for n in names] + ([] if batch is None else [batch])
     stamp = None
     if not any(t.is_inference() for t in tensors):  # inference tensors have no version
@@ -907,6 +909,9 @@ class GraphTransformer(torch.nn.Module):
         fields: Dict[str, Any] = {}
         if self.attention_cls is not None:
             fields = {name: data[name] for name in self.attention_cls.requires}
+            # a plain Data (one graph, no batch vector): the zeros above are made anew at every
+            # call, so they must not defeat the reuse of the GRF payload between steps
+            fields['_one_graph'] = getattr(data, 'batch', None) is None
             for name in self.attention_cls.optional:
                 if getattr(data, name, None) is not None:
                     fields[name] = data[name]

@@ -453,3 +453,32 @@ def test_empty_batch(attention, block):
         out = model(b)
         assert out.shape == shape and torch.isfinite(out).all()
         out.sum().backward()
+
+
+@pytest.mark.parametrize('block', ['pre_norm', 'gps'])
+def test_full_graph_training_reuses_the_grf_payload(block):
+    # issue #16: a plain Data (no batch vector) got fresh zeros as its batch at every call,
+    # which defeated the reuse stamp: full-graph training rebuilt the payload every step
+    torch.manual_seed(0)
+    data = Data(x=torch.randn(30, 4), edge_index=to_undirected(erdos_renyi_graph(30, 0.2)))
+    data = AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0)(data)
+    model = GraphTransformer(4, 8, 3, num_layers=2, heads=2, attention='grf', pooling=None,
+                             block=block, attention_kwargs={'max_length': 2})
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    seen = set()
+    for _ in range(3):
+        opt.zero_grad()
+        model(data).square().mean().backward()
+        opt.step()
+        seen.add(id(_payload(model)))
+    assert len(seen) == 1
+    data.grf_load = data.grf_load * 2  # new tensors: a new payload
+    model(data)
+    assert id(_payload(model)) not in seen
+
+
+def _payload(model):
+    # the GRFLoads kept between calls (by the model, or the first layer's adapter)
+    owners = [m for m in model.modules() if getattr(m, '_last_loads', None) is not None]
+    assert len(owners) == 1
+    return owners[0]._last_loads[1]
