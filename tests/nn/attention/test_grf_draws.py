@@ -399,3 +399,17 @@ def test_signed_power_series():
     ref = layer.to_out((num / (den + layer.eps)).reshape(x.size(0), -1))
     assert torch.allclose(out, ref, atol=1e-12)
     assert float(out.abs().max()) < 1e3
+
+
+def test_docs_grf_mask_value_examples_run():
+    import re
+
+    from tests.conftest import REPO
+    text = (REPO / 'docs' / 'grf_mask_value.md').read_text()
+    blocks = re.findall(r'```python\n(.*?)```', text, re.S)
+    assert len(blocks) == 2
+    scope = {}
+    for block in blocks:
+        exec(compile(block, 'docs/grf_mask_value.md', 'exec'), scope)
+    assert scope['out'].shape == (32, 64, 64) and torch.isfinite(scope['out']).all()
+    assert scope['grf'].num_draws == 4
