@@ -156,19 +156,19 @@ def test_plot_survives_odd_files(tmp_path, capsys):
         assert 'Traceback' not in err
         return err
 
-    (run / 'config.yaml').write_text('checkpoint: [unclosed\n')
-    assert 'is not valid YAML' in error_of(run)
-    (run / 'config.yaml').write_text('- just a list\n')
-    assert 'must hold a mapping' in error_of(run)
     cv = tmp_path / 'cv'
     cv.mkdir()
-    (cv / 'cv_results.json').write_text('[]')
-    assert "must hold {'folds': [...]}" in error_of(cv)
-    (cv / 'cv_results.json').write_text('{"folds": [{"test/acc": 0.5}, {"fold": 0}]}')
-    assert 'no finished fold' in error_of(cv)
-    (cv / 'cv_results.json').write_text('{"folds": ')
-    assert 'is not valid JSON' in error_of(cv)
     bad = tmp_path / 'bad'
     bad.mkdir()
-    (bad / 'epoch_metrics.jsonl').write_text('{"epoch": 0,\n')
-    assert 'line 1 is not JSON' in error_of(bad)
+    cases = [  # (folder, file, content, the expected one-line error)
+        (run, 'config.yaml', 'checkpoint: [unclosed\n', 'is not valid YAML'),
+        (run, 'config.yaml', '- just a list\n', 'must hold a mapping'),
+        (cv, 'cv_results.json', '[]', "must hold {'folds': [...]}"),
+        (cv, 'cv_results.json', '{"folds": [{"test/acc": 0.5}, {"fold": 0}]}',
+         'no finished fold'),
+        (cv, 'cv_results.json', '{"folds": ', 'is not valid JSON'),
+        (bad, 'epoch_metrics.jsonl', '{"epoch": 0,\n', 'line 1 is not JSON'),
+    ]
+    for folder, name, content, expected in cases:
+        (folder / name).write_text(content)
+        assert expected in error_of(folder)
