@@ -15,9 +15,9 @@ Models (2 message-passing / attention layers each, then mean pooling and a linea
 * GRF: a linear input layer, then two :class:`~pyg_grf.nn.GRFAttention` layers (2 heads,
   symmetric GRF mask estimated from walks stored by
   :class:`~pyg_grf.transforms.AddGraphRandomFeatures`, linear cost) in GKAT's place, with the
-  current defaults: |f| mask coefficients and one walk draw per head and layer
-  (``--grf-draws 4``; ``--grf-draws 1 --grf-f-mode free`` is the old setting, GRF_V1 in the
-  table);
+  library's defaults: |f| mask coefficients (``--grf-f-mode``) and one walk set shared by the
+  heads and layers (``--grf-draws 1``; ``--grf-draws 4`` gives every head and layer its own;
+  ``--grf-f-mode free`` with one draw is the old setting, GRF_V1 in the table);
 * LINEAR: the GRF model with unmasked linear attention (what the mask adds).
 
 The paper uses 2 heads x 9 hidden for GAT/GKAT and 32 hidden for GCN "to make all models of
@@ -177,9 +177,9 @@ def main(argv=None):
     p.add_argument('--alpha', type=float, default=1.0)
     p.add_argument('--grf-walks', type=int, default=16, help='GRF: walks per node')
     p.add_argument('--p-halt', type=float, default=0.25, help='GRF: halting probability')
-    p.add_argument('--grf-draws', type=int, default=4,
-                   help='GRF: independent walk draws (4 = one per head and layer; 1 = one walk '
-                   'set shared by all, the old default)')
+    p.add_argument('--grf-draws', type=int, default=1,
+                   help='GRF: independent walk draws (1 = one walk set shared by all, the '
+                   'default; 4 = one per head and layer)')
     p.add_argument('--grf-f-mode', default='abs', choices=['abs', 'signed', 'free'],
                    help="GRF: f_mode of GRFAttention ('free': the paper's unconstrained f, the "
                    "old default)")
@@ -255,7 +255,9 @@ def main(argv=None):
                 print(f'{motif} {kind} seed {seed}: val acc {100 * acc:.1f} ({ep} epochs, '
                       f'{sec:.2f} s/epoch)', flush=True)
             std = statistics.stdev(accs) if len(accs) > 1 else 0.0
-            label = kind if kind != 'grf' or args.grf_f_mode == 'abs' else f'grf_{args.grf_f_mode}'
+            label = kind
+            if kind == 'grf' and (args.grf_f_mode != 'abs' or args.grf_draws != 1):
+                label = f'grf_{args.grf_f_mode}_draws{args.grf_draws}'
             rows.append((motif, label, params[kind], statistics.mean(accs), std,
                          statistics.mean(secs), statistics.mean(eps)))
             per_seed[f'{motif}/{label}'] = accs
