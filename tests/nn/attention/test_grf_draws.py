@@ -413,3 +413,20 @@ def test_docs_grf_mask_value_examples_run():
         exec(compile(block, 'docs/grf_mask_value.md', 'exec'), scope)
     assert scope['out'].shape == (32, 64, 64) and torch.isfinite(scope['out']).all()
     assert scope['grf'].num_draws == 4
+
+
+def test_global_term_stays_inside_each_graph_with_the_payloads_batch():
+    # issue #15 item 2: the global term (and FAVOR+'s key stabilisation) is per graph; a payload
+    # built from the batch carries the batch vector, so no graph's input moves another's output
+    b = batch_with_draws(1, sizes=(7, 12, 9))
+    grf = GRFLoads.from_data(b)
+    torch.manual_seed(0)
+    layer = GRFAttention(8, heads=2, max_length=3, global_beta=1.0,
+                         feature_map='favor+').to(D)
+    x = torch.randn(b.num_nodes, 8, dtype=D)
+    out = layer(x, grf=grf)
+    x2 = x.clone()
+    x2[b.batch == 0] += 3.0
+    out2 = layer(x2, grf=grf)
+    assert torch.allclose(out2[b.batch != 0], out[b.batch != 0], atol=1e-12)
+    assert not torch.allclose(out2[b.batch == 0], out[b.batch == 0])
