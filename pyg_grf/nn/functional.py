@@ -43,55 +43,45 @@ def masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     Returns:
         Tensor ``[N, H, d]`` (``[B, N, H, d]``).
     """
-    if phi_q.dim() == 4 and phi_k.dim() == 4 and v.dim() == 4:
-        if phi_q.shape != phi_k.shape or v.shape[:3] != phi_k.shape[:3]:
-            raise ValueError(f"expected phi_q, phi_k [B, N, H, m] and v [B, N, H, d], got "
-                             f"{tuple(phi_q.shape)}, {tuple(phi_k.shape)}, {tuple(v.shape)}")
-        B, N, H, m = phi_k.shape
-        d = v.size(-1)
-        kv = (phi_k.unsqueeze(-1) * v.unsqueeze(-2)).reshape(B, N, H, m * d)
-        x = torch.cat([kv, phi_k], dim=-1).permute(1, 2, 0, 3)          # [N, H, B, md + m]
-        if mask is None:
-            mx = x.sum(0, keepdim=True).expand(N, -1, -1, -1)
-        else:
-            if mask.num_nodes != N:
-                raise ValueError(f"the mask covers {mask.num_nodes} nodes but the samples have "
-                                 f"{N} rows")
-            if mask.num_heads is None:  # one product for every head and sample
-                mx = mask.matmul(x.reshape(N, -1)).view(N, H, B, -1)
-            else:
-                mx = mask.matmul(x.reshape(N, H, -1)).view(N, H, B, -1)
-        mx = mx.permute(2, 0, 1, 3)                                     # [B, N, H, md + m]
-        mkv, mk = mx.split([m * d, m], dim=-1)
-        num = torch.einsum('bnhm,bnhmd->bnhd', phi_q, mkv.reshape(B, N, H, m, d))
-        den = torch.einsum('bnhm,bnhm->bnh', phi_q, mk)
-        return num / (den.unsqueeze(-1) + eps)
-    if phi_q.dim() != 3 or phi_k.dim() != 3 or v.dim() != 3:
-        raise ValueError(f"expected phi_q, phi_k [N, H, m] and v [N, H, d] (or [B, N, H, .] for "
-                         f"samples on one shared mask), got {tuple(phi_q.shape)}, "
-                         f"{tuple(phi_k.shape)}, {tuple(v.shape)}")
-    if phi_q.shape != phi_k.shape:
-        raise ValueError(f"phi_q and phi_k must have the same shape, got {tuple(phi_q.shape)} "
-                         f"and {tuple(phi_k.shape)}")
-    if v.shape[:2] != phi_k.shape[:2]:
-        raise ValueError(f"v must be [N, H, d] with the N and H of phi_k {tuple(phi_k.shape[:2])}, "
-                         f"got {tuple(v.shape)}")
-    N, H, m = phi_k.shape
+    shared = phi_q.dim() == 4
+    if not shared:  # one sample: the same computation with B = 1
+        if phi_q.dim() != 3 or phi_k.dim() != 3 or v.dim() != 3:
+            raise ValueError(f"expected phi_q, phi_k [N, H, m] and v [N, H, d] (or [B, N, H, .] "
+                             f"for samples on one shared mask), got {tuple(phi_q.shape)}, "
+                             f"{tuple(phi_k.shape)}, {tuple(v.shape)}")
+        if phi_q.shape != phi_k.shape:
+            raise ValueError(f"phi_q and phi_k must have the same shape, got "
+                             f"{tuple(phi_q.shape)} and {tuple(phi_k.shape)}")
+        if v.shape[:2] != phi_k.shape[:2]:
+            raise ValueError(f"v must be [N, H, d] with the N and H of phi_k "
+                             f"{tuple(phi_k.shape[:2])}, got {tuple(v.shape)}")
+        phi_q, phi_k, v = phi_q.unsqueeze(0), phi_k.unsqueeze(0), v.unsqueeze(0)
+    if phi_k.dim() != 4 or v.dim() != 4 or phi_q.shape != phi_k.shape or \
+            v.shape[:3] != phi_k.shape[:3]:
+        raise ValueError(f"expected phi_q, phi_k [B, N, H, m] and v [B, N, H, d] with the same "
+                         f"B, N, H, got {tuple(phi_q.shape)}, {tuple(phi_k.shape)}, "
+                         f"{tuple(v.shape)}")
+    B, N, H, m = phi_k.shape
     d = v.size(-1)
-    # X_j = [phi(k_j) (x) v_j, phi(k_j)]  -> [N, H, m*d + m]
-    kv = (phi_k.unsqueeze(-1) * v.unsqueeze(-2)).reshape(N, H, m * d)
-    x = torch.cat([kv, phi_k], dim=-1)
-    # Masked sums: rows of M X.
+    # X_j = [phi(k_j) (x) v_j, phi(k_j)] per sample, the samples side by side in the columns
+    kv = (phi_k.unsqueeze(-1) * v.unsqueeze(-2)).reshape(B, N, H, m * d)
+    x = torch.cat([kv, phi_k], dim=-1).permute(1, 2, 0, 3)              # [N, H, B, md + m]
+    # Masked sums: rows of M X, one product for every sample (and every head of a shared mask).
     if mask is None:
-        mx = x.sum(0, keepdim=True).expand(N, -1, -1)
+        mx = x.sum(0, keepdim=True).expand(N, -1, -1, -1)
     else:
         if mask.num_nodes != N:
             raise ValueError(f"the mask covers {mask.num_nodes} nodes but the inputs have {N} rows")
-        mx = mask.matmul(x)
-    mkv, mk = mx.split([m * d, m], dim=-1)
-    num = torch.einsum('nhm,nhmd->nhd', phi_q, mkv.reshape(N, H, m, d))
-    den = torch.einsum('nhm,nhm->nh', phi_q, mk)
-    return num / (den.unsqueeze(-1) + eps)
+        w = m * d + m  # explicit sizes: N may be 0
+        if mask.num_heads is None:
+            mx = mask.matmul(x.reshape(N, H * B * w)).view(N, H, B, w)
+        else:
+            mx = mask.matmul(x.reshape(N, H, B * w)).view(N, H, B, w)
+    mkv, mk = mx.permute(2, 0, 1, 3).split([m * d, m], dim=-1)       # [B, N, H, .]
+    num = torch.einsum('bnhm,bnhmd->bnhd', phi_q, mkv.reshape(B, N, H, m, d))
+    den = torch.einsum('bnhm,bnhm->bnh', phi_q, mk)
+    out = num / (den.unsqueeze(-1) + eps)
+    return out if shared else out.squeeze(0)
 
 
 def dense_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
@@ -126,14 +116,6 @@ def from_blocks(y: Tensor, layout) -> Tensor:
     r"""Inverse of :func:`to_blocks`: ``[B, H, n, C]`` to ``[N, H, C]``."""
     B, H, n, C = y.shape
     return y.transpose(1, 2).reshape(B * n, H, C)[layout.pos]
-
-
-def block_mask(terms, coef: Tensor, layout) -> Tensor:
-    r"""Dense ``[B, H, n, n]`` mask blocks from f-independent statistics
-    (:class:`~pyg_grf.features.loads.BlockTerms`) and per-head coefficients ``coef``
-    ``[H, num_coef]``: one ``[P, K] x [K, H]`` product and a scatter, differentiable in
-    ``coef``."""
-    return blocks_from_values(coef @ terms.stats.t(), terms.cell, layout)
 
 
 def blocks_from_values(values: Tensor, cell: Tensor, layout) -> Tensor:

@@ -228,7 +228,7 @@ class GRFAttention(QKVAttention):
         # kernels with data-dependent shapes) runs eagerly under torch.compile: the compiled
         # graph is the projections and the output layer, and recompiles neither per batch nor
         # per GRFLoads object.
-        N, H, C = q.size(0), self.heads, self.head_channels
+        N, H = q.size(0), self.heads
         if samples is not None:
             n = N // samples
             grf = _as_loads(grf_index, grf_length, grf_load, n, None, grf)
