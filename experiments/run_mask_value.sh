@@ -7,6 +7,11 @@
 #   bash experiments/run_mask_value.sh motifs2     #   walk set), 3 seeds each
 #   bash experiments/run_mask_value.sh circle      # circle: walks per head and layer + the
 #                                                  #   unmasked-linear control
+#   bash experiments/run_mask_value.sh motifs_linear_a  # unmasked-linear controls of the other
+#   bash experiments/run_mask_value.sh motifs_linear_b  #   five families, 3 seeds (2 streams)
+#   bash experiments/run_mask_value.sh peptides SEED [EPOCHS]  # GRF-GPS and the same block with
+#       unmasked linear attention side by side (one core each, equal epochs: both take ~0.54
+#       s/step, 439 K parameters), results appended to experiments/results/peptides_mask_value.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
@@ -16,7 +21,28 @@ motifs() {  # motif, then options
     --seeds 3 --mode softmax --threshold 0.05 --threads 1 --models grf --grf-draws 1 \
     --tag "$1_grf_abs" "${@:2}"
 }
-case "${1:?usage: run_mask_value.sh digits|ablations|motifs1|motifs2|circle}" in
+linear_motifs() {  # motif, then options
+  python experiments/gkat_motifs.py --motifs "$1" --num-graphs 4096 --epochs 60 --patience 80 \
+    --seeds 3 --mode softmax --threshold 0.05 --threads 1 --models linear \
+    --tag "$1_linear" "${@:2}"
+}
+peptides() {  # seed, epochs
+  local out=runs/peptides_mask_value/seed$1 res=experiments/results/peptides_mask_value.txt
+  export PYG_GRF_MIRROR="${PYG_GRF_MIRROR:-$(cd .. && pwd)/shared/datasets}"
+  mkdir -p "$out"
+  for cfg in grf_gps grf_gps_linear; do
+    ( start=$(date +%s)
+      pyg-grf fit --test_after_fit=true --config "experiments/configs/peptides_func_$cfg.yaml" \
+        --seed_everything="$1" --trainer.max_epochs="$2" --trainer.max_time=00:00:50:00 \
+        --model.init_args.lr=0.001 --model.init_args.warmup_epochs=0.25 \
+        --trainer.enable_progress_bar=false --trainer.default_root_dir="$out/$cfg" \
+        > "$out/$cfg.log" 2>&1
+      echo "$cfg seed=$1 epochs=$2 wall_s=$(( $(date +%s) - start )) $(grep -o "test/ap[^0-9]*[0-9.]*" "$out/$cfg.log" | tail -1 | tr -s ' │|' ' ')" >> "$res"
+    ) &
+  done
+  wait
+}
+case "${1:?usage: run_mask_value.sh digits|ablations|motifs1|motifs2|circle|motifs_linear_a|motifs_linear_b|peptides}" in
   digits) digits --variants linear,power_series,grf,grf_old_defaults,softmax,grf_shared_walks,grid_rpe \
     --seeds 0,1,2,3,4 ;;
   ablations) digits --variants grf_free_f,grf_no_importance,grf_walks4,grf_walks16,grf_walks128 \
@@ -26,5 +52,8 @@ case "${1:?usage: run_mask_value.sh digits|ablations|motifs1|motifs2|circle}" in
   circle) python experiments/gkat_motifs.py --motifs circle --num-graphs 4096 --epochs 60 \
     --patience 80 --seeds 3 --mode softmax --threshold 0.05 --threads 1 --models grf linear \
     --grf-draws 4 --tag circle_grf_draws ;;
+  motifs_linear_a) for m in caveman grid ladder; do linear_motifs $m; done ;;
+  motifs_linear_b) linear_motifs induced_cycle --walk-length 6; linear_motifs circular_ladder ;;
+  peptides) peptides "${2:?seed}" "${3:-9}" ;;
   *) echo "unknown stream '$1'" >&2; exit 2 ;;
 esac
