@@ -12,24 +12,17 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence, Tuple
 
-import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch_geometric.utils import to_dense_batch
 
+from pyg_grf.lightning.base import SPLITS, Task
 from pyg_grf.lightning.link_metrics import (
     LINK_HITS_KS,
     LinkRankingMetrics,
     filtered_link_candidates,
     link_ranks,
-)
-from pyg_grf.lightning.tasks import (
-    SPLITS,
-    _build_model,
-    _check_schedule,
-    _hparams_ignore,
-    _Task,
 )
 from pyg_grf.nn.models.link_decoder import LinkDecoder
 
@@ -69,15 +62,7 @@ def structured_negatives(edge_label_index: Tensor, edge_label: Tensor,
     return index, label
 
 
-class _SharedTask(_Task):
-    r""":class:`~pyg_grf.lightning.tasks._Task` (optimiser, checkpoint loading, resumable random
-    state) without its constructor, which checks graph / node targets."""
-
-    def __init__(self):
-        pl.LightningModule.__init__(self)
-
-
-class LinkLevelTask(_SharedTask):
+class LinkLevelTask(Task):
     r"""Link prediction on mini-batches of graphs with labelled node pairs
     (``edge_label_index``, ``edge_label``), e.g. LRGB PCQM-Contact.
 
@@ -131,18 +116,14 @@ class LinkLevelTask(_SharedTask):
         min_lr_ratio: float = 0.,
         betas: tuple = (0.9, 0.999),
     ):
-        super().__init__()
         if num_negatives is not None and num_negatives < 1:
             raise ValueError(f"num_negatives must be None or >= 1, got {num_negatives}")
-        _check_schedule(warmup_epochs, min_lr_ratio)
-        self.save_hyperparameters(ignore=_hparams_ignore(model))
-        self.model = _build_model(model)
+        super().__init__(model, lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas)
         self.task = 'link'
         self.decoder_kind = decoder
         self.decoder_kwargs = dict(decoder_kwargs or {})
         self.num_negatives = num_negatives
         self.exclude_self = exclude_self
-        self._set_optimisation(lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas)
         channels = getattr(self.model, 'out_channels', None)
         if not isinstance(channels, int):
             raise ValueError(f"LinkLevelTask needs a model with an integer 'out_channels' (the "
@@ -227,27 +208,21 @@ class LinkLevelTask(_SharedTask):
 
     # Steps -------------------------------------------------------------------------------
 
-    def _loss(self, logits: Tensor, label: Tensor) -> Tensor:
-        return F.binary_cross_entropy_with_logits(logits, label.float())
-
-    def training_step(self, batch, batch_idx: int) -> Tensor:
+    def shared_step(self, batch, split: str) -> Tensor:
+        r"""Binary cross-entropy on the labelled pairs (in training, with fresh negatives when
+        :obj:`num_negatives` is set); in validation and test, the filtered ranks of the
+        positives go to the split's metric too."""
         index, label = self._labelled_pairs(batch)
-        if self.num_negatives is not None:
+        if split == 'train' and self.num_negatives is not None:
             index, label = structured_negatives(index, label, self._batch_vector(batch),
                                                 batch.num_nodes, self.num_negatives)
-        loss = self._loss(self.score(self(batch), index), label)
-        self.log('train/loss', loss, batch_size=batch.num_graphs, on_step=True, on_epoch=True,
-                 prog_bar=True)
-        return loss
-
-    def _eval_step(self, batch, split: str) -> None:
-        index, label = self._labelled_pairs(batch)
         z = self(batch)
-        loss = self._loss(self.score(z, index), label)
-        ranks, graph = self.rank(z, index, label, self._batch_vector(batch))
-        self.metrics[f'{split}_metric'].update(ranks, graph)
-        self.log(f'{split}/loss', loss, batch_size=batch.num_graphs, on_step=False,
-                 on_epoch=True, prog_bar=split != 'test', sync_dist=True)
+        loss = F.binary_cross_entropy_with_logits(self.score(z, index), label.float())
+        if split != 'train':
+            ranks, graph = self.rank(z, index, label, self._batch_vector(batch))
+            self.metrics[f'{split}_metric'].update(ranks, graph)
+        self.log_loss(split, loss, batch.num_graphs)
+        return loss
 
     def _log_epoch(self, split: str) -> None:
         metric = self.metrics[f'{split}_metric']
@@ -256,14 +231,8 @@ class LinkLevelTask(_SharedTask):
             self.log(f'{split}/{name}', value, prog_bar=name == 'mrr', sync_dist=True)
         metric.reset()
 
-    def validation_step(self, batch, batch_idx: int) -> None:
-        self._eval_step(batch, 'val')
-
     def on_validation_epoch_end(self) -> None:
         self._log_epoch('val')
-
-    def test_step(self, batch, batch_idx: int) -> None:
-        self._eval_step(batch, 'test')
 
     def on_test_epoch_end(self) -> None:
         self._log_epoch('test')

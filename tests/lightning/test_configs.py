@@ -95,8 +95,8 @@ def test_gkat_motifs_config_runs(tmp_path):
     cli = _fit_motifs_briefly('motifs_gkat.yaml', tmp_path)
     assert cli.trainer.global_step == 2
     assert {'test/acc', 'test/loss'} <= set(cli.trainer.callback_metrics)
-    block = cli.model.model.blocks[0]
-    assert type(block.attn.attn).__name__ == 'GKATAttention' and block.attn.attn.mode == 'softmax'
+    attn = [m for m in cli.model.model.blocks[0].modules() if type(m).__name__ == 'GKATAttention']
+    assert len(attn) == 1 and attn[0].mode == 'softmax'
 
 
 @pytest.mark.data

@@ -102,7 +102,7 @@ def test_warmup_cosine_schedule(warmup_epochs, max_epochs, min_lr_ratio):
 
 
 def test_warmup_cosine_schedule_bad_input():
-    from pyg_grf.lightning.tasks import warmup_cosine_schedule
+    from pyg_grf.lightning.schedule import warmup_cosine_schedule
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
     with pytest.raises(ValueError, match=r'0 <= warmup_steps <= total_steps.*got '
                                          r'total_steps=10, warmup_steps=11'):
@@ -163,61 +163,3 @@ def test_metric_must_fit_the_task():
         GraphLevelTask(torch.nn.Identity(), task='regression', metric='macro_f1')
     with pytest.raises(ValueError, match="must be one of"):
         GraphLevelTask(torch.nn.Identity(), task='multilabel', num_labels=3, metric='acc')
-
-
-def test_model_spec_with_a_nested_conv_spec():
-    # A checkpoint's model spec may hold module specs in its init_args (GraphTransformer's
-    # local_mp by class_path): they are built too, each class checked before it is imported.
-    from torch_geometric.nn import GATConv
-
-    from pyg_grf.lightning.tasks import UntrustedClassError
-    conv = {'class_path': 'torch_geometric.nn.GATConv',
-            'init_args': {'in_channels': 16, 'out_channels': 8, 'heads': 2}}
-    spec = {'class_path': 'pyg_grf.nn.GraphTransformer',
-            'init_args': {'in_channels': 4, 'hidden_channels': 16, 'out_channels': 2,
-                          'num_layers': 1, 'heads': 2, 'attention': 'linear',
-                          'local_mp': conv, 'block': 'gps'}}
-    model = GraphLevelTask(spec, num_classes=2).model
-    assert isinstance(model.local_mp, GATConv) and isinstance(model.blocks[0].conv, GATConv)
-    bad = {**spec, 'init_args': {**spec['init_args'],
-                                 'local_mp': {'class_path': 'os.system', 'init_args': {}}}}
-    with pytest.raises(UntrustedClassError, match=r"model\.init_args\.local_mp.*'os.system'"):
-        GraphLevelTask(bad, num_classes=2)
-
-
-class Mine(torch.nn.Linear):
-    r"""A user's own module, for register_model_class."""
-
-
-def test_class_allow_list_is_explicit_not_by_package(tmp_path):
-    # issue #15 item 12: torch_geometric.nn.Sequential evaluates strings from its input_args;
-    # a package-wide allow-list admitted it. The list is now explicit.
-    from pyg_grf.lightning.tasks import (UntrustedClassError, _build_model, allowed_class_paths,
-                                         register_model_class)
-    marker = tmp_path / 'pwned'
-    evil = {'class_path': 'torch_geometric.nn.Sequential',
-            'init_args': {'input_args': f"x, __import__('os').system('touch {marker}')",
-                          'modules': []}}
-    with pytest.raises(UntrustedClassError, match="'torch_geometric.nn.Sequential'"):
-        _build_model(evil)
-    with pytest.raises(UntrustedClassError, match="'torch.nn.Module'"):
-        _build_model({'class_path': 'torch.nn.Module'})
-    assert not marker.exists()
-    allowed = allowed_class_paths()
-    # public and defining-module names of an allowed class
-    assert 'torch_geometric.nn.GATConv' in allowed
-    assert 'torch_geometric.nn.conv.gat_conv.GATConv' in allowed
-    # the Peptides SAMSA configs' OGB encoders (item 11), when ogb is installed
-    try:
-        import ogb  # noqa: F401
-        assert 'ogb.graphproppred.mol_encoder.AtomEncoder' in allowed
-    except ImportError:
-        pass
-    path = f'{Mine.__module__}.{Mine.__qualname__}'
-    with pytest.raises(UntrustedClassError, match='register_model_class'):
-        _build_model({'class_path': path})
-    register_model_class(Mine)
-    assert isinstance(_build_model({'class_path': path, 'init_args': {
-        'in_features': 2, 'out_features': 2}}), Mine)
-    with pytest.raises(TypeError, match='torch.nn.Module subclass'):
-        register_model_class(len)
