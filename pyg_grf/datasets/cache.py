@@ -16,7 +16,12 @@ warning, and reads ``pre_transform.pt`` with ``torch.load(weights_only=False)``.
   mismatch raises :class:`DatasetCacheError` that names the folder to delete (or
   ``force_reload=True``);
 * **one writer**: processing holds an exclusive lock (``<folder>.lock``), so a process opening
-  the dataset while another one writes it waits and then reads the finished cache.
+  the dataset while another one writes it waits and then reads the finished cache;
+* **compact**: :meth:`SafeCacheMixin.save` stores the collated tensors in the lossless compact
+  form of :mod:`pyg_grf.datasets.compact` (narrow integer dtypes, sorted index rows as counts),
+  and :meth:`SafeCacheMixin.load` restores them, so the dataset in memory is bit-identical to
+  the uncompacted one. The format is versioned (:data:`CACHE_VERSION`, part of the folder hash
+  and of the manifest): a cache written in an older format is rebuilt, never misread.
 """
 from __future__ import annotations
 
@@ -29,12 +34,15 @@ import shutil
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, Sequence
 
 import torch
 
+from pyg_grf.datasets.compact import COMPACT_FORMAT, compact_collated, restore_collated
+
 MANIFEST = 'MANIFEST.json'
-CACHE_VERSION = 1
+#: Format of the processed caches: 1 as PyG writes them, 2 compact (:mod:`.compact`).
+CACHE_VERSION = 2
 _CHUNK = 1 << 20
 
 
@@ -176,6 +184,17 @@ def write_manifest(folder: str, info: Dict[str, Any]) -> None:
         json.dump(dict(info, version=CACHE_VERSION, files=files), f, indent=1, sort_keys=True)
 
 
+def manifest_version(folder: str) -> Optional[int]:
+    r"""The cache format version that ``<folder>/MANIFEST.json`` records (:obj:`None` when the
+    manifest is missing or unreadable, or names no version)."""
+    try:
+        with open(osp.join(folder, MANIFEST)) as f:
+            version = json.load(f).get('version')
+    except (OSError, ValueError, AttributeError):
+        return None
+    return version if isinstance(version, int) else None
+
+
 def verify_manifest(folder: str) -> None:
     r"""Checks every file of :obj:`folder` against its ``MANIFEST.json``.
 
@@ -239,17 +258,38 @@ class SafeCacheMixin:
         return cache_folder_name(self.cache_key(), getattr(self, 'pre_transform', None),
                                  getattr(self, 'pre_filter', None))
 
+    @classmethod
+    def save(cls, data_list: Sequence[Any], path: str) -> None:
+        r""":meth:`InMemoryDataset.save` in the compact format: ``(mapping, slices, data_cls,
+        spec)`` with the tensors of :func:`~pyg_grf.datasets.compact.compact_collated`, which
+        :meth:`load` restores bit for bit."""
+        from torch_geometric.io import fs  # PyG's writer (fsspec paths), as InMemoryDataset's
+        data, slices = cls.collate(data_list)  # type: ignore[attr-defined]
+        mapping, spec = compact_collated(data, slices)
+        fs.torch_save((mapping, slices, data.__class__, spec), path)
+
     def load(self, path: str, data_cls=None) -> None:
         r""":meth:`InMemoryDataset.load` with ``torch.load(weights_only=True)`` only (PyG falls
-        back to ``weights_only=False`` when that fails)."""
+        back to ``weights_only=False`` when that fails). Reads PyG's format (2 or 3 items) and
+        the compact one of :meth:`save` (4 items), restored to the original tensors."""
         from torch_geometric.data import Data
         out = safe_load(path)
-        if not isinstance(out, tuple) or len(out) not in (2, 3):
-            raise DatasetCacheError(f"'{path}' is not a PyG dataset cache (got "
-                                    f"{type(out).__name__}); delete '{osp.dirname(path)}' or "
-                                    f"pass force_reload=True.")
+        hint = f"delete '{osp.dirname(path)}' or pass force_reload=True."
+        if not isinstance(out, tuple) or len(out) not in (2, 3, 4):
+            got = type(out).__name__ + (f' of {len(out)}' if isinstance(out, tuple) else '')
+            raise DatasetCacheError(f"'{path}' is not a PyG dataset cache (expected a tuple of "
+                                    f"2 to 4 items, got {got}); {hint}")
         data, self.slices = out[0], out[1]
-        data_cls = out[2] if len(out) == 3 else (data_cls or Data)
+        data_cls = out[2] if len(out) >= 3 else (data_cls or Data)
+        if len(out) == 4:
+            if not isinstance(data, dict):
+                raise DatasetCacheError(f"'{path}' is a compact cache without a tensor mapping "
+                                        f"(got {type(data).__name__}); {hint}")
+            try:
+                data = restore_collated(data, self.slices, out[3])
+            except ValueError as exc:
+                raise DatasetCacheError(f"'{path}' is not a readable '{COMPACT_FORMAT}' cache: "
+                                        f"{exc}; {hint}") from None
         self.data = data_cls.from_dict(data) if isinstance(data, dict) else data
 
     def _process(self) -> None:
@@ -257,7 +297,12 @@ class SafeCacheMixin:
         parent = osp.dirname(final)
         os.makedirs(parent, exist_ok=True)
         with file_lock(final + '.lock'):
-            done = osp.isfile(osp.join(final, MANIFEST))
+            # A cache whose manifest names another format version is rebuilt (the version is in
+            # the folder hash too; this covers a folder copied or renamed by hand). An
+            # unreadable manifest is an error of verify_manifest, as before.
+            version = manifest_version(final)
+            done = (osp.isfile(osp.join(final, MANIFEST))
+                    and (version is None or version == CACHE_VERSION))
             if done and not self.force_reload:
                 verify_manifest(final)
                 return
@@ -291,4 +336,5 @@ class SafeCacheMixin:
 
 
 __all__ = ['SafeCacheMixin', 'DatasetCacheError', 'file_lock', 'verify_manifest',
-           'write_manifest', 'cache_folder_name']
+           'write_manifest', 'manifest_version', 'cache_folder_name', 'safe_load',
+           'CACHE_VERSION']

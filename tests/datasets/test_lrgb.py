@@ -1,6 +1,5 @@
 import os.path as osp
 import pickle
-import sys
 import time
 
 import numpy as np
@@ -32,6 +31,22 @@ def test_lrgb_info():
     assert LRGB_INFO['Peptides-struct'].num_outputs == 11
     assert LRGB_INFO['PascalVOC-SP'].level == 'node'
     assert LRGB_INFO['PCQM-Contact'].target == 'edge_label'
+
+
+def test_lrgb_package_exports():
+    # The names of the former single module, re-exported by the package (and pyg_grf.datasets).
+    import pyg_grf.datasets as datasets
+    import pyg_grf.datasets.lrgb as lrgb
+    names = ['PeptidesFunctional', 'load_lrgb', 'lrgb_standin', 'lrgb_name', 'LRGBInfo',
+             'LRGB_INFO', 'LRGBStandIn', 'standin_graphs', 'write_lrgb_raw_standin',
+             'DatasetNotFoundError', 'smiles_to_graphs', 'default_num_proc', 'SafeLRGBDataset',
+             'SPLITS']
+    assert set(names) <= set(lrgb.__all__)
+    for name in lrgb.__all__:
+        assert getattr(lrgb, name) is not None
+        if hasattr(datasets, name):
+            assert getattr(datasets, name) is getattr(lrgb, name)
+    assert lrgb.PeptidesFunctional.__module__ == 'pyg_grf.datasets.lrgb.dataset'
 
 
 @pytest.mark.parametrize('name', list(LRGB_INFO))
@@ -170,7 +185,7 @@ def _graph_tuples_equal(a, b):
         all(np.array_equal(u, v) for u, v in zip(ga, gb)) for ga, gb in zip(a, b))
 
 
-def test_smiles_to_graphs_parallel_equals_serial(monkeypatch, capsys):
+def test_smiles_to_graphs_parallel_equals_serial(capsys):
     pytest.importorskip('rdkit')
     from ogb.utils import smiles2graph
     from pyg_grf.datasets.lrgb import smiles_to_graphs
@@ -181,12 +196,13 @@ def test_smiles_to_graphs_parallel_equals_serial(monkeypatch, capsys):
     ref = [smiles2graph(s) for s in smiles]  # independent: OGB directly, one by one
     assert _graph_tuples_equal(serial, [(g['node_feat'], g['edge_index'], g['edge_feat'],
                                          g['num_nodes']) for g in ref])
-    # Without tqdm: a plain progress line on stderr.
-    monkeypatch.setitem(sys.modules, 'tqdm.auto', None)
+    # The progress bar (tqdm, a dependency of PyG) on stderr, and nothing without progress.
     capsys.readouterr()
     smiles_to_graphs(SMILES, num_proc=2, desc='mols')
     err = capsys.readouterr().err
-    assert 'mols: 12/12' in err and 'mols: 1/12' in err
+    assert 'mols: 100%' in err and '12/12' in err
+    smiles_to_graphs(SMILES, num_proc=1, progress=False)
+    assert capsys.readouterr().err == ''
     with pytest.raises(ValueError, match='num_proc must be >= 1, got 0'):
         smiles_to_graphs(SMILES, num_proc=0)
 
@@ -213,18 +229,19 @@ def _fake_peptides(root, num_rows=30):
 
 def test_peptides_max_graphs_before_processing(monkeypatch, tmp_path):
     pytest.importorskip('rdkit')
-    import pyg_grf.datasets.lrgb as lrgb
+    import pyg_grf.datasets.lrgb.dataset as lrgb_dataset
     from ogb.utils import smiles2graph
+    from pyg_grf.datasets.lrgb import file_md5
     df, split = _fake_peptides(tmp_path)
-    md5 = {name: lrgb._md5(str(p)) for name, p in (
+    md5 = {name: file_md5(str(p)) for name, p in (
         (PeptidesFunctional.csv_name,
          tmp_path / 'peptides-functional' / 'raw' / PeptidesFunctional.csv_name),
         (PeptidesFunctional.split_name,
          tmp_path / 'peptides-functional' / PeptidesFunctional.split_name))}
     monkeypatch.setattr(PeptidesFunctional, 'md5', md5)
     converted = []
-    real = lrgb.smiles_to_graphs
-    monkeypatch.setattr(lrgb, 'smiles_to_graphs',
+    real = lrgb_dataset.smiles_to_graphs
+    monkeypatch.setattr(lrgb_dataset, 'smiles_to_graphs',
                         lambda smiles, *a, **kw: converted.append(len(smiles)) or
                         real(smiles, *a, **kw))
 

@@ -91,7 +91,9 @@ def test_replaced_tu_cache_runs_no_code(offline_mirror, tmp_path):
 
     from pyg_grf.datasets.cache import MANIFEST, DatasetCacheError, write_manifest
     load_tu('MUTAG')
-    folder = next((tmp_path / 'data' / 'TUDataset' / 'MUTAG').glob('processed_*'))
+    # The cache folder (not its processed_<hash>.lock beside it)
+    folder = next(p for p in (tmp_path / 'data' / 'TUDataset' / 'MUTAG').glob('processed_*')
+                  if p.is_dir())
     marker = tmp_path / 'pwned'
     with open(folder / 'data.pt', 'wb') as f:
         pickle.dump(_Evil(marker), f)
