@@ -20,6 +20,7 @@ from torch import Tensor
 from torch_geometric.utils import scatter, softmax
 
 from pyg_grf.masks.base import MaskOperator
+from pyg_grf.masks.packing import PackingLayout, packing_layout
 from pyg_grf.ops import SparsePattern, from_head_major, head_major, sddmm, spmm
 
 
@@ -168,6 +169,76 @@ def packing_sums(phi_q: Tensor, phi_k: Tensor, v: Tensor, layout) -> Tensor:
     v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
     S = to_blocks(phi_k, layout).transpose(-1, -2) @ to_blocks(v1, layout)  # [B, H, m, d + 1]
     return from_blocks(to_blocks(phi_q, layout) @ S, layout)
+
+
+def packed_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
+                            batch: Optional[Tensor] = None, eps: float = 1e-6,
+                            return_sums: bool = False,
+                            layout: Optional[PackingLayout] = None) -> Tensor:
+    r"""Unmasked linear attention inside each graph of a batch (the packing mask
+    :math:`M_{ij} = 1` iff :math:`g(i) = g(j)`), by batched dense products on padded per-graph
+    blocks:
+
+    .. math::
+        \mathbf{S}_g = \sum_{j \in g} \phi(\mathbf{k}_j)\,[\mathbf{v}_j, 1]^\top, \qquad
+        \mathbf{o}_i = \frac{\phi(\mathbf{q}_i)^\top \mathbf{S}_{g(i)}[:, :d]}
+                            {\phi(\mathbf{q}_i)^\top \mathbf{S}_{g(i)}[:, d] + \epsilon}.
+
+    The same result as :func:`masked_linear_attention` with a
+    :class:`~pyg_grf.masks.PackingMask`, without its ``[N, H, m d]`` outer-product tensor:
+    :math:`O(N H m d)` time in two batched products per bucket of
+    :func:`~pyg_grf.masks.packing.packing_layout` (one bucket for a PyG batch of similar-sized
+    graphs), :math:`O(N H (m + d))` memory. Works for sorted (PyG) and unsorted batch vectors.
+
+    Args:
+        phi_q, phi_k (Tensor): ``[N, H, m]`` query and key features.
+        v (Tensor): ``[N, H, d]`` values.
+        batch (Tensor, optional): ``[N]`` graph ids; :obj:`None`: all rows are one graph.
+        eps (float): added to the normaliser (default: ``1e-6``).
+        return_sums (bool): return the sums ``[N, H, d + 1]`` (numerator, then the normaliser;
+            see :func:`normalize_sums`) instead of the output.
+        layout (PackingLayout, optional): the layout of ``batch``, if already known
+            (e.g. :meth:`PackingMask.layout() <pyg_grf.masks.PackingMask.layout>`).
+
+    Returns:
+        Tensor ``[N, H, d]`` (``[N, H, d + 1]`` with ``return_sums``).
+    """
+    if phi_q.dim() != 3 or phi_k.shape != phi_q.shape or v.dim() != 3 or \
+            v.shape[:2] != phi_q.shape[:2]:
+        raise ValueError(f"expected phi_q, phi_k [N, H, m] (the same shape) and v [N, H, d] with "
+                         f"their N and H, got {tuple(phi_q.shape)}, {tuple(phi_k.shape)}, "
+                         f"{tuple(v.shape)}")
+    N, H, _ = phi_q.shape
+    if layout is None:
+        if batch is None:
+            layout = PackingLayout(torch.arange(N, device=phi_q.device),
+                                   ((0, 1, N),) if N > 0 else (), N)
+        else:
+            if batch.shape != (N,):
+                raise ValueError(f"'batch' must have shape [{N}] (one graph id per row of "
+                                 f"phi_q), got {tuple(batch.shape)}")
+            layout = packing_layout(batch)
+    elif layout.pos.shape != (N,):
+        raise ValueError(f"the layout places {layout.pos.numel()} nodes but the inputs have {N} "
+                         f"rows")
+    v1 = torch.cat([v, v.new_ones(N, H, 1)], dim=-1)
+
+    def pad(t: Tensor) -> Tensor:  # [N, H, C] -> [R, H, C], zero rows in the padding
+        return t.new_zeros(layout.num_rows, H, t.size(-1)).index_copy(0, layout.pos, t)
+
+    Q, K, V = pad(phi_q), pad(phi_k), pad(v1)
+    outs = []
+    for off, B, n in layout.buckets:  # a few size buckets, never one step per graph
+        # rows [off, off + B n) of the buffer -> [B, H, n, C] blocks
+        q, k, v1 = (t[off:off + B * n].view(B, n, H, -1).transpose(1, 2) for t in (Q, K, V))
+        S = k.transpose(-1, -2) @ v1                                    # [B, H, m, d + 1]
+        outs.append((q @ S).transpose(1, 2).reshape(B * n, H, -1))
+    if not outs:  # no rows
+        o = V.new_zeros(0, H, V.size(-1))
+    else:  # back to the nodes (index_select: its backward is an index_add)
+        o = (outs[0] if len(outs) == 1 else torch.cat(outs)).index_select(0, layout.pos)
+    return o if return_sums else normalize_sums(o, eps)
+
 
 def block_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor,
                                      support: Tensor, dropout: float = 0.0,
