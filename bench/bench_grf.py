@@ -147,6 +147,7 @@ def _build(spec, torch):
     x = torch.randn(N, C, requires_grad=True)
     info = {}
     if method in ('grf_sym', 'grf_asym'):
+        from pyg_grf.features import GRFLoads
         from pyg_grf.nn import GRFAttention
         index, length, load, t_feat = _features(spec, torch, edge_index, N)
         info['feature_time_s'] = t_feat
@@ -154,7 +155,8 @@ def _build(spec, torch):
         info['grf_pairs'] = int(torch.unique(index[0] * N + index[1]).numel())
         mod = GRFAttention(C, heads=H, max_length=spec['max_length'], feature_map='relu',
                            mode='symmetric' if method == 'grf_sym' else 'asymmetric')
-        run = lambda: mod(x, index, length, load)  # noqa: E731
+        # the loads built (and validated) in every call, as the three-tensor call did
+        run = lambda: mod(x, grf=GRFLoads(index, length, load, x.size(0)))  # noqa: E731
     elif method == 'linear':
         from pyg_grf.nn.attention.reference import LinearAttention
         mod = LinearAttention(C, heads=H, feature_map='relu')

@@ -37,6 +37,7 @@ from torch_geometric.transforms import NormalizeFeatures
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from pyg_grf.features import RWGNKLoads  # noqa: E402
 from pyg_grf.nn import GKATAttention  # noqa: E402
 from pyg_grf.transforms import AddRWGNKFeatures  # noqa: E402
 
@@ -67,10 +68,11 @@ class GKAT(torch.nn.Module):
                                    concat=False, **kw)
 
     def forward(self, data):
+        rwgnk = RWGNKLoads(data.rwgnk_index, data.rwgnk_value)
         x = F.dropout(data.x, self.dropout, self.training)
-        x = F.elu(self.conv1(x, data.rwgnk_index, data.rwgnk_value))
+        x = F.elu(self.conv1(x, rwgnk=rwgnk))
         x = F.dropout(x, self.dropout, self.training)
-        return self.conv2(x, data.rwgnk_index, data.rwgnk_value)
+        return self.conv2(x, rwgnk=rwgnk)
 
 
 class GAT(torch.nn.Module):

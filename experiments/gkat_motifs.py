@@ -50,7 +50,7 @@ sys.path.insert(0, REPO)
 from torch_geometric.transforms import Compose  # noqa: E402
 
 from pyg_grf.datasets import MOTIFS, InducedCycleDataset, MotifDataset  # noqa: E402
-from pyg_grf.features import GRFLoads  # noqa: E402
+from pyg_grf.features import GRFLoads, RWGNKLoads  # noqa: E402
 from pyg_grf.nn import GKATAttention, GRFAttention  # noqa: E402
 from pyg_grf.nn.attention.reference import LinearAttention  # noqa: E402
 from pyg_grf.transforms import AddGraphRandomFeatures, AddRWGNKFeatures  # noqa: E402
@@ -95,7 +95,6 @@ class Net(torch.nn.Module):
         self.head = torch.nn.Linear(out, 2)
 
     def forward(self, data):
-        kw = {}
         if self.kind == 'grf':
             grf = GRFLoads.from_data(data)  # validated once, shared by both layers
             x = F.elu(self.conv1(self.lin(data.x), grf=grf))
@@ -105,14 +104,13 @@ class Net(torch.nn.Module):
             x = F.elu(self.conv1(self.lin(data.x), data.batch))
             x = F.elu(self.conv2(x, data.batch))
             return self.head(global_mean_pool(x, data.batch))
-        if self.kind == 'gkat':
-            args = (data.rwgnk_index, data.rwgnk_value)
-            if getattr(data, 'rwgnk_kernel_index', None) is not None:  # pairs stored once
-                kw['kernel'] = (data.rwgnk_kernel_index, data.rwgnk_kernel_value)
+        if self.kind == 'gkat':  # with the kernel pairs when they are stored (once)
+            kw = {'rwgnk': RWGNKLoads.from_data(data)}
+            x = F.elu(self.conv1(data.x, **kw))
+            x = F.elu(self.conv2(x, **kw))
         else:
-            args = (data.edge_index,)
-        x = F.elu(self.conv1(data.x, *args, **kw))
-        x = F.elu(self.conv2(x, *args, **kw))
+            x = F.elu(self.conv1(data.x, data.edge_index))
+            x = F.elu(self.conv2(x, data.edge_index))
         return self.head(global_mean_pool(x, data.batch))
 
 

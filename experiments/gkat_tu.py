@@ -54,6 +54,7 @@ from torch_geometric.nn.models import GIN
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from pyg_grf.features import RWGNKLoads  # noqa: E402
 from pyg_grf.nn import GKATAttention  # noqa: E402
 from pyg_grf.transforms import AddRWGNKFeatures  # noqa: E402
 
@@ -118,8 +119,9 @@ class AttentionClassifier(torch.nn.Module):
 
     def _attend(self, layer, x: Tensor, data) -> Tensor:
         if self.kind == 'gkat':
-            return layer(x, data.rwgnk_index, data.rwgnk_value, data.batch,
-                         kernel=(data.rwgnk_kernel_index, data.rwgnk_kernel_value))
+            return layer(x, data.batch,
+                         rwgnk=RWGNKLoads(data.rwgnk_index, data.rwgnk_value,
+                                          data.rwgnk_kernel_index, data.rwgnk_kernel_value))
         return layer(x, data.edge_index)
 
     def forward(self, data) -> Tensor:

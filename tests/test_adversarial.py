@@ -19,6 +19,7 @@ from pyg_grf.datasets.mirror import (
     fetch_from_mirror,
     write_checksums,
 )
+from pyg_grf.features import RWGNKLoads
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
@@ -336,7 +337,7 @@ def test_01_rwgnk_index_out_of_range(mode, bad):
     layer = GKATAttention(8, heads=2, mode=mode)
     with pytest.raises(ValueError, match=rf"'rwgnk_index' must hold node ids in \[0, 5\).*refers "
                                          rf"to node {bad}"):
-        layer(x, index, value)
+        layer(x, rwgnk=RWGNKLoads(index, value))
 
 
 def test_01_rwgnk_kernel_validates_its_input():
@@ -355,10 +356,10 @@ def test_01_index_checked_once_per_batch_tensor(monkeypatch):
     x, index, value = _rwgnk_inputs()
     layers = [GKATAttention(8, heads=2, mode=m) for m in ('linear', 'softmax', 'softmax')]
     for layer in layers:
-        layer(x, index, value)
+        layer(x, rwgnk=RWGNKLoads(index, value))
     assert len(calls) == 1
     index.add_(0)  # modified in place: checked again
-    layers[0](x, index, value)
+    layers[0](x, rwgnk=RWGNKLoads(index, value))
     assert len(calls) == 2
 
 
@@ -368,15 +369,15 @@ def test_01_inference_tensors_are_checked_every_time():
     from pyg_grf.nn import GKATAttention
     x, index, value = _rwgnk_inputs()
     layer = GKATAttention(8, heads=2, mode='softmax')
-    expected = layer(x, index, value)
+    expected = layer(x, rwgnk=RWGNKLoads(index, value))
     with torch.inference_mode():
         x_i, index_i, value_i = x.clone(), index.clone(), value.clone()
         assert index_i.is_inference()
         for _ in range(2):
-            assert torch.allclose(layer(x_i, index_i, value_i), expected)
+            assert torch.allclose(layer(x_i, rwgnk=RWGNKLoads(index_i, value_i)), expected)
         index_i[1, 0] = -1
         with pytest.raises(ValueError, match=r"'rwgnk_index' must hold node ids in \[0, 5\)"):
-            layer(x_i, index_i, value_i)
+            layer(x_i, rwgnk=RWGNKLoads(index_i, value_i))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -448,8 +449,9 @@ def test_04_favor_output_independent_of_other_graphs(kind):
         lin_k, 'bias', None) is not None else 0)).t()).solution.t().detach()
     batch = Batch.from_data_list([a, b])
     if kind == 'gkat':
-        alone = layer(a.x, a.rwgnk_index, a.rwgnk_value)
-        together = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value, batch=batch.batch)
+        alone = layer(a.x, rwgnk=RWGNKLoads(a.rwgnk_index, a.rwgnk_value))
+        together = layer(batch.x, batch.batch,
+                         rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value))
     else:
         alone = layer(a.x)
         together = layer(batch.x, batch=batch.batch)
@@ -801,13 +803,15 @@ def _grf_batch():
 
 @pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
 def test_02_negative_grf_index_is_refused(backend):
+    from pyg_grf.features import GRFLoads
     from pyg_grf.nn import GRFAttention
     b = _grf_batch()
     bad = b.grf_index.clone()
     bad[1, 2] = -1  # used to become the mask entry (r - 1, N - 1)
     layer = GRFAttention(8, heads=2, max_length=3, backend=backend)
     with pytest.raises(ValueError, match=r"node ids in \[0, 8\), got ids in \[-1, 7\]"):
-        layer(b.x, bad, b.grf_length, b.grf_load, b.batch)
+        layer(b.x, b.batch, grf=GRFLoads(bad, b.grf_length, b.grf_load, b.x.size(0),
+                                         batch=b.batch))
 
 
 def test_08_overflowing_loads_are_refused():

@@ -6,9 +6,11 @@ from pyg_grf.features.grf import (DirectedGraphWarning, deconvolve, graph_random
                                   required_walks, self_convolution, sparsity_bound)
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.features.rwgnk import rwgnk_expected_features, rwgnk_features
+from pyg_grf.features.rwgnk_loads import RWGNKLoads
 
 __all__ = [
     'GRFLoads',
+    'RWGNKLoads',
     'normalized_adjacency',
     'DirectedGraphWarning',
     'grf_loads',

@@ -30,7 +30,7 @@ to every layer):
 """
 from __future__ import annotations
 
-from typing import Any, Dict, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -38,46 +38,8 @@ from torch import Tensor
 from pyg_grf._validation import is_sorted
 from pyg_grf.features.grf import hop_values
 from pyg_grf.ops import SparsePattern
-
-
-class BlockLayout(NamedTuple):
-    r"""Dense-block layout of a batch of graphs: graph ``b`` occupies rows ``ptr[b]:ptr[b+1]``
-    and is padded to ``n`` nodes.
-
-    Attributes:
-        num_graphs (int): :math:`B`.
-        n (int): the largest graph size :math:`n_{max}`.
-        pos (Tensor): ``[N]`` position of every node in the padded ``[B * n]`` layout.
-        sizes (Tensor): ``[B]`` graph sizes (CPU).
-        ptr (Tensor): ``[B]`` first node of every graph.
-    """
-    num_graphs: int
-    n: int
-    pos: Tensor
-    sizes: Tensor
-    ptr: Tensor
-
-    @property
-    def num_cells(self) -> int:
-        return self.num_graphs * self.n * self.n
-
-
-class BlockTerms(NamedTuple):
-    r"""Mask entries as f-independent statistics in the dense-block layout: the mask values of
-    a layer are ``stats @ coef`` on the cells ``cell``, with ``coef`` the outer product
-    :math:`f \otimes f` flattened (symmetric, id :math:`l K + l'`) or :math:`f` itself
-    (asymmetric, id :math:`l`).
-
-    Attributes:
-        cell (Tensor): ``[P]`` distinct flat cells in ``[B, n, n]`` holding a mask entry.
-        stats (Tensor): ``[P, num_coef]`` summed load products per coefficient id.
-    """
-    cell: Tensor
-    stats: Tensor
-
-    @property
-    def num_coef(self) -> int:
-        return self.stats.size(1)
+from pyg_grf.features.blocks import (BlockLayout, BlockTerms, block_coords,  # noqa: F401
+                                     block_layout, coalesce_terms)
 
 
 def _check_tensor(name: str, t: Any, dim: int) -> Tensor:
@@ -269,9 +231,9 @@ class GRFLoads:
                              f"{self.num_draws}), got {draws}")
         if self.group is not None:
             raise ValueError("these loads are already folded")
+        key = ('fold', draws, self._batch_key(batch))
         if batch is None:
             batch = self.batch
-        key = ('fold', draws, None if batch is None else (batch.data_ptr(), batch.numel()))
         return self._cached(key, lambda: self._build_fold(draws, batch))
 
     def _build_fold(self, draws: Tuple[int, ...], batch: Optional[Tensor]) -> 'GRFLoads':
@@ -327,6 +289,14 @@ class GRFLoads:
         batch = torch.arange(copies, device=dev).repeat_interleave(N)
         return GRFLoads(index, self.hop.repeat(copies), self.load.repeat(copies), copies * N,
                         batch=batch, max_length=self.max_length, key=key, draw=draw)
+
+    def _batch_key(self, batch: Optional[Tensor]) -> Any:
+        # cache key of the batch vector a structure is built for: the loads' own one by name
+        # (so that caches survive pickling, e.g. from a DataLoader worker), another one by
+        # storage
+        if batch is None or batch is self.batch:
+            return 'own'
+        return ('ext', batch.data_ptr(), batch.numel())
 
     def _versions(self) -> Tuple[int, ...]:
         return tuple(-1 if t is None else t._version for t in (
@@ -398,9 +368,9 @@ class GRFLoads:
 
     def layout(self, batch: Optional[Tensor] = None) -> BlockLayout:
         r"""The :class:`BlockLayout` of the batch (``batch`` overrides the stored one)."""
+        key = ('layout', self._batch_key(batch))
         if batch is None:
             batch = self.batch
-        key = ('layout', None if batch is None else (batch.data_ptr(), batch.numel()))
         return self._cached(key, lambda: block_layout(batch, self.num_nodes))
 
     def block_terms(self, symmetric: bool, batch: Optional[Tensor] = None,
@@ -410,7 +380,7 @@ class GRFLoads:
         Terms that fall on the same cell are summed per coefficient id, so that the mask values
         of a layer are one small matrix product ``stats @ coef``."""
         lay = self.layout(batch)
-        key = ('terms', symmetric, lay.pos.data_ptr())
+        key = ('terms', symmetric, self._batch_key(batch))
         terms = self._cached(key, lambda: self._build_terms(symmetric, lay))
         if dtype is None or dtype == terms.stats.dtype:
             return terms
@@ -421,14 +391,14 @@ class GRFLoads:
         n = lay.n
         K = self.max_hop + 1
         # Per entry (cheap, nnz-sized): the padded row offset (b * n + r) * n and the local column.
-        prow, pcol = _block_coords(lay, self.index)
+        prow, pcol = block_coords(lay, self.index)
         hop, load = self.hop.long(), self.load.double()
         if not symmetric:
-            return _coalesce_terms(prow * n + pcol, hop, load, K, lay.num_cells)
+            return coalesce_terms(prow * n + pcol, hop, load, K, lay.num_cells)
         other = self if self.key is None else self.key
         K = max(K, other.max_hop + 1)
         # local id of the key entries' start node j
-        krow_local = (prow if other is self else _block_coords(lay, other.index)[0]) % n
+        krow_local = (prow if other is self else block_coords(lay, other.index)[0]) % n
         # Join query entries (i, q, l) with key entries (j, q, l') on the visited node q: the
         # partners of a query entry are the key entries of column q, contiguous in the key
         # entries sorted by column.
@@ -449,7 +419,7 @@ class GRFLoads:
         value = (torch.repeat_interleave(load, reps, output_size=T)
                  * other.load.double()[partner])
         cell, kid = ckey // KK, ckey % KK
-        return _coalesce_terms(cell, kid, value, KK, lay.num_cells)
+        return coalesce_terms(cell, kid, value, KK, lay.num_cells)
 
     def block_cells(self, batch: Optional[Tensor] = None) -> Tensor:
         r"""``[nnz]`` flat cell ``(b n + r) n + c`` of every entry in the ``[B, n, n]`` dense-block
@@ -457,9 +427,9 @@ class GRFLoads:
         lay = self.layout(batch)
 
         def build():
-            prow, pcol = _block_coords(lay, self.index)
+            prow, pcol = block_coords(lay, self.index)
             return prow * lay.n + pcol
-        return self._cached(('cells', lay.pos.data_ptr()), build)
+        return self._cached(('cells', self._batch_key(batch)), build)
 
     def phi_blocks(self, f: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         r""":math:`\widehat\Phi` as dense ``[B, h, n, n]`` blocks per graph, for coefficients
@@ -482,7 +452,7 @@ class GRFLoads:
             sup = torch.zeros(lay.num_cells, dtype=torch.bool, device=self.device)
             sup[self.block_terms(False, batch).cell] = True
             return sup.view(lay.num_graphs, lay.n, lay.n)
-        return self._cached(('support', lay.pos.data_ptr()), build)
+        return self._cached(('support', self._batch_key(batch)), build)
 
     def num_join_terms(self) -> int:
         r"""Number of query/key entry pairs that share a visited node: the size of the join
@@ -506,47 +476,4 @@ class GRFLoads:
             start = lay.ptr[b]
             index = torch.stack([start + rc // n, start + rc % n])
             return SparsePattern(index, (self.num_nodes, self.num_nodes), _trusted=True)
-        return self._cached(('mask_pattern', lay.pos.data_ptr()), build)
-
-def _coalesce_terms(cell: Tensor, kid: Tensor, value: Tensor, num_coef: int,
-                    num_cells: int) -> BlockTerms:
-    if num_cells <= max(8 * cell.numel(), 1 << 24):
-        # Distinct cells by a mark-and-count over the (bounded) cell range: no sort.
-        mark = torch.zeros(num_cells, dtype=torch.bool, device=cell.device)
-        mark[cell] = True
-        cells = mark.nonzero().view(-1)
-        slot = (torch.cumsum(mark, 0) - 1)[cell]
-    else:  # one big graph: the cell range is N^2
-        cells, slot = torch.unique(cell, sorted=True, return_inverse=True)
-    flat = slot * num_coef + kid
-    stats = value.new_zeros(cells.numel() * num_coef).index_add_(0, flat, value)
-    return BlockTerms(cells, stats.view(-1, num_coef))
-
-
-def _block_coords(lay: BlockLayout, index: Tensor) -> Tuple[Tensor, Tensor]:
-    r"""Padded row ``b * n + r`` and local column ``c`` of entries ``(i, q)``; both ends must lie
-    in the same graph ``b`` (walks never leave a graph), checked here once per batch."""
-    n = lay.n
-    prow, pq = lay.pos[index[0].long()], lay.pos[index[1].long()]
-    if prow.numel() > 0 and not bool((prow // n == pq // n).all()):
-        raise ValueError("the GRF loads connect nodes of different graphs of the batch: the "
-                         "'batch' vector does not match the loads (walks never leave a graph)")
-    return prow, pq % n
-
-
-def block_layout(batch: Optional[Tensor], num_nodes: int) -> BlockLayout:
-    r"""Dense-block layout of a batch vector (graphs must be contiguous, as in PyG batches)."""
-    if batch is None or num_nodes == 0:
-        pos = torch.arange(num_nodes, device=batch.device if batch is not None else None)
-        return BlockLayout(1, max(num_nodes, 1), pos, torch.tensor([num_nodes]),
-                           torch.zeros(1, dtype=torch.long, device=pos.device))
-    batch = batch.long()
-    if not is_sorted(batch):
-        raise ValueError("'batch' must be sorted (the nodes of each graph contiguous, as in a "
-                         "PyG mini-batch)")
-    sizes = torch.bincount(batch)
-    B = sizes.numel()
-    n = int(sizes.max())
-    ptr = torch.cumsum(sizes, 0) - sizes
-    pos = batch * n + (torch.arange(num_nodes, device=batch.device) - ptr[batch])
-    return BlockLayout(B, max(n, 1), pos, sizes.cpu(), ptr)
+        return self._cached(('mask_pattern', self._batch_key(batch)), build)

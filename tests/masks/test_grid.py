@@ -104,7 +104,7 @@ def test_learnable_grid_rpe_module_in_graph_transformer():
                              attention_kwargs={'grid_shape': [3, 4]})
     out = model(b)
     out.sum().backward()
-    layer = model.blocks[0].attn.attn
+    layer = model.blocks[0].attn
     assert isinstance(layer, MaskedLinearAttention) and layer.mask_module.f.grad is not None
     bad = Batch.from_data_list([graphs[0], Data(x=torch.randn(6, 5),
                                                 edge_index=grid_edge_index(2, 3),

@@ -1,6 +1,7 @@
 r"""Shared scaffolding of the multi-head attention layers: projections and head reshapes."""
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -42,7 +43,82 @@ def contract_repr(layer: nn.Module, extra: str = '') -> str:
     return f'{layer.__class__.__name__}({layer.channels}, heads={layer.heads}{hc}{extra}{drop})'
 
 
-class QKVAttention(nn.Module):
+class GraphAttention(nn.Module):
+    r"""The call contract of every attention layer of the package:
+    ``forward(x, batch=None, *, <payload>)``.
+
+    ``x`` is ``[N, channels]`` (the nodes of a PyG batch, graphs given by ``batch``; attention
+    never crosses graphs) or, where the layer supports it, ``[B, n, channels]`` (``B`` samples
+    on one shared graph). What a layer needs besides the nodes is one typed *payload* passed by
+    keyword, built from the batch by :meth:`payload` (e.g. ``grf=GRFLoads.from_data(batch)``
+    for :class:`~pyg_grf.nn.GRFAttention`), so that a model or a block can drive any attention
+    with the same two lines::
+
+        payload = attn.payload(data)          # once per batch, shared by all layers
+        out = attn(x, data.batch, **payload)
+
+    Subclasses set :attr:`requires` (the ``Data`` attributes :meth:`payload` reads, named in
+    the error when they are missing), :attr:`optional` and :attr:`hint` (how to add them), and
+    override :meth:`payload` when they need more than the nodes.
+    """
+
+    #: ``Data`` attributes the payload reads.
+    requires: Tuple[str, ...] = ()
+    #: ``Data`` attributes the payload reads when they are there.
+    optional: Tuple[str, ...] = ()
+    #: How to provide :attr:`requires` (shown when they are missing).
+    hint: str = ''
+    #: Keyword names of the payload (what :meth:`payload` returns).
+    payload_keys: Tuple[str, ...] = ()
+
+    def payload(self, data: Any) -> Dict[str, Any]:
+        r"""The keyword arguments of :meth:`forward` besides ``x`` and ``batch``, read from a
+        ``Data`` or ``Batch`` (empty for attentions that need only the nodes)."""
+        return {}
+
+    def payload_fields(self, data: Any) -> Tuple[str, ...]:
+        r"""The attributes of ``data`` that :meth:`payload` reads (for reuse checks)."""
+        return self.requires + tuple(n for n in self.optional
+                                     if getattr(data, n, None) is not None)
+
+
+def split_call(layer: nn.Module, args: Tuple[Any, ...], batch: Any,
+               legacy: Dict[str, Any], names: Tuple[str, ...], old: str,
+               new: str) -> Tuple[Any, Optional[Dict[str, Any]]]:
+    r"""Parses ``forward(x, *args, batch=None, **legacy)`` of a layer whose old signature was
+    ``forward(x, *names)``: returns ``(batch, None)`` for the current call shape (``batch``
+    positional or by keyword, nothing else), else ``(batch, old_arguments)`` by name, with a
+    :class:`FutureWarning` (:func:`legacy_call`). An old call is recognised by its second
+    argument (a tensor of more than one dimension, or a payload object) or by more
+    arguments."""
+    if not legacy and (not args or (len(args) == 1 and batch is None and (
+            args[0] is None or (isinstance(args[0], Tensor) and args[0].dim() == 1)))):
+        return (args[0] if args else batch), None
+    legacy_call(layer, old, new)
+    if len(args) > len(names):
+        raise TypeError(f"{layer.__class__.__name__}.forward takes at most {len(names) + 1} "
+                        f"positional arguments, got {len(args) + 1}")
+    unknown = sorted(set(legacy) - set(names))
+    if unknown:
+        raise TypeError(f"{layer.__class__.__name__}.forward got unexpected keyword arguments "
+                        f"{unknown}")
+    values = dict(zip(names, args))
+    for key, value in list(legacy.items()) + [('batch', batch)]:
+        if key in values and value is not None:
+            raise TypeError(f"{layer.__class__.__name__}.forward got multiple values for "
+                            f"{key!r}")
+        values.setdefault(key, value)
+    return values.get('batch'), values
+
+
+def legacy_call(layer: nn.Module, old: str, new: str) -> None:
+    r"""Warns once per call site that ``layer`` was called with its old signature."""
+    warnings.warn(f"{layer.__class__.__name__}.forward({old}) is deprecated and will be removed "
+                  f"in the next release: call it as forward({new})", FutureWarning,
+                  stacklevel=6)  # the caller of the module (through nn.Module.__call__)
+
+
+class QKVAttention(GraphAttention):
     r"""Base of the attention layers, and the contract every attention layer of the package
     follows (GRF, GKAT, SAMSA, the masked-linear and reference layers):
 

@@ -17,7 +17,8 @@ from torch_geometric.utils import softmax
 
 from pyg_grf._validation import check_index_range
 from pyg_grf.masks.rwgnk import RWGNKMask
-from pyg_grf.nn.attention.base import contract_repr, key_dropout
+from pyg_grf.features.rwgnk_loads import RWGNKLoads
+from pyg_grf.nn.attention.base import GraphAttention, contract_repr, key_dropout, split_call
 from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
 from pyg_grf.nn.functional import masked_linear_attention, pair_masked_linear_attention
 from pyg_grf.ops import SparsePattern, head_spmm
@@ -71,7 +72,7 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
     return index, value
 
 
-class GKATAttention(torch.nn.Module):
+class GKATAttention(GraphAttention):
     r"""The Graph Kernel Attention layer of GKAT from the `"From block-Toeplitz matrices to
     differential equations on graphs: towards a general theory for scalable masked Transformers"
     <https://arxiv.org/abs/2107.07999>`_ paper (Choromanski et al., ICML 2022; Sec. 4.2, App. A.5):
@@ -273,28 +274,48 @@ class GKATAttention(torch.nn.Module):
                 state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
-    def forward(self, x: Tensor, rwgnk_index: Tensor, rwgnk_value: Tensor,
-                batch: OptTensor = None, kernel: Optional[Tuple[Tensor, Tensor]] = None
-                ) -> Tensor:
+    requires = ('rwgnk_index', 'rwgnk_value')
+    optional = ('rwgnk_kernel_index', 'rwgnk_kernel_value')
+    hint = "add the transform pyg_grf.transforms.AddRWGNKFeatures (best as pre_transform)"
+    payload_keys = ('rwgnk',)
+
+    def payload(self, data: Any) -> Dict[str, Any]:
+        r"""``{'rwgnk': RWGNKLoads.from_data(data)}``."""
+        return {'rwgnk': RWGNKLoads.from_data(data)}
+
+    def forward(self, x: Tensor, *args: Any, batch: OptTensor = None,
+                rwgnk: Optional[RWGNKLoads] = None, **legacy: Any) -> Tensor:
         r"""Runs the layer.
 
         Args:
             x (Tensor): ``[N, channels]`` node features.
-            rwgnk_index (Tensor): ``[2, nnz]`` indices of :math:`\Psi` (batched by PyG).
-            rwgnk_value (Tensor): ``[nnz]`` values of :math:`\Psi`.
             batch (Tensor, optional): ``[N]`` graph ids. Not needed for the result (the kernel
                 is block-diagonal already); ``'dense'`` mode uses it to mask cross-graph pairs
                 explicitly, and FAVOR+ (``'linear'``) to stabilise the keys of each graph by
                 their own maximum.
+            rwgnk (RWGNKLoads): keyword only: the batch's RWGNK features
+                (:meth:`payload`, ``RWGNKLoads.from_data(batch)``), with the kernel pairs when
+                the transform stored them.
+
+        The old call ``forward(x, rwgnk_index, rwgnk_value, batch, kernel)`` still works for
+        one release with a :class:`FutureWarning`.
         """
+        batch, old = split_call(self, args, batch, legacy,
+                                ('rwgnk_index', 'rwgnk_value', 'batch', 'kernel'),
+                                'x, rwgnk_index, rwgnk_value, batch, kernel',
+                                'x, batch=None, *, rwgnk=RWGNKLoads.from_data(data)')
+        if old is not None:
+            if rwgnk is not None:
+                raise TypeError("GKATAttention.forward got the RWGNK features twice")
+            kernel = old.get('kernel')
+            rwgnk = RWGNKLoads(old.get('rwgnk_index'), old.get('rwgnk_value'),
+                               *(kernel if kernel is not None else (None, None)))
+        if not isinstance(rwgnk, RWGNKLoads):
+            raise (ValueError if rwgnk is None else TypeError)(f"GKATAttention needs rwgnk=RWGNKLoads.from_data(batch) (the "
+                             f"features of AddRWGNKFeatures), got {type(rwgnk).__name__}")
         if x.dim() != 2 or x.size(-1) != self.channels:
             raise ValueError(f"'x' must have shape [N, {self.channels}], got {tuple(x.shape)}")
-        if rwgnk_index.dim() != 2 or rwgnk_index.size(0) != 2:
-            raise ValueError(f"'rwgnk_index' must have shape [2, nnz], got "
-                             f"{tuple(rwgnk_index.shape)}")
-        if rwgnk_value.dim() != 1 or rwgnk_value.numel() != rwgnk_index.size(1):
-            raise ValueError(f"'rwgnk_value' must have shape [{rwgnk_index.size(1)}] to match "
-                             f"'rwgnk_index', got {tuple(rwgnk_value.shape)}")
+        rwgnk_index, rwgnk_value, kernel = rwgnk.index, rwgnk.value, rwgnk.kernel
         N, H, C = x.size(0), self.heads, self.head_channels
         # Ids in [0, N): checked once per batch tensor, not in every layer (see
         # pyg_grf._validation); a negative id used to wrap around ('dense') or abort the

@@ -10,7 +10,11 @@ from torch import Tensor, nn
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.grf import GRFMask
 from pyg_grf.nn import functional as F
-from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients
+from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, split_call
+# the cost model and memory checks of the backends (re-exported: public names of this module)
+from pyg_grf.nn.attention.grf_backends import (BackendMemoryError, backend_costs,  # noqa: F401
+                                               backend_memory, check_backend_memory,
+                                               choose_backend)
 
 MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
 F_MODES = ('abs', 'signed', 'free')
@@ -101,12 +105,14 @@ class GRFAttention(QKVAttention):
             inside each graph, with a learnable :math:`\beta_h = \mathrm{softplus}(\cdot) \ge 0`
             per head initialised to ``global_beta``: every node also attends to its whole graph
             (linear modes only; :math:`O(N)` extra) (default: :obj:`None`).
+        attr_prefix (str, optional): the ``attr_prefix`` of the transform whose loads
+            :meth:`payload` reads (default: ``'grf'``).
 
     Shapes:
-        - **input:** node features :math:`(N, F)`, ``grf_index`` :math:`(2, |\mathcal{E}_{GRF}|)`,
-          ``grf_length`` and ``grf_load`` :math:`(|\mathcal{E}_{GRF}|)`, batch vector :math:`(N)`
-          (optional, unused: masking is already per graph)
-        - **output:** node features :math:`(N, F)`
+        - **input:** node features :math:`(N, F)` or :math:`(B, n, F)`, batch vector
+          :math:`(N)` (needed for the global term and FAVOR+ with several graphs), keyword
+          ``grf``: a :class:`~pyg_grf.features.GRFLoads` (:meth:`payload`)
+        - **output:** node features :math:`(N, F)` or :math:`(B, n, F)`
     """
 
     def __init__(self, channels: int, heads: int = 1, max_length: int = 4,
@@ -115,7 +121,7 @@ class GRFAttention(QKVAttention):
                  f_init: float = 0.5, learn_f: bool = True, dropout: float = 0.0,
                  bias: bool = True, eps: float = 1e-6, backend: str = 'auto',
                  global_beta: Optional[float] = None, f_mode: str = 'abs',
-                 layer_index: int = 0):
+                 layer_index: int = 0, attr_prefix: str = 'grf'):
         if mode not in MODES:
             raise ValueError(f"'mode' must be one of {MODES}, got {mode!r}")
         if global_beta is not None:
@@ -148,6 +154,7 @@ class GRFAttention(QKVAttention):
         self.learn_f = learn_f
         self.eps = eps
         self.backend = backend
+        self.attr_prefix = attr_prefix
         self.global_beta = global_beta
         self.f = nn.Parameter(torch.empty(heads, max_length + 1), requires_grad=learn_f)
         self.beta_raw = None if global_beta is None else nn.Parameter(torch.empty(heads))
@@ -184,25 +191,61 @@ class GRFAttention(QKVAttention):
         return GRFMask.from_loads(grf, f=self.coefficients(),
                                   asymmetric=self.mode != 'symmetric')
 
-    def forward(self, x: Tensor, grf_index: Union[Tensor, GRFLoads, None] = None,
-                grf_length: Optional[Tensor] = None, grf_load: Optional[Tensor] = None,
-                batch: Optional[Tensor] = None, *, grf: Optional[GRFLoads] = None) -> Tensor:
+    @property
+    def requires(self) -> Tuple[str, ...]:
+        return tuple(f'{self.attr_prefix}_{s}' for s in ('index', 'length', 'load'))
+
+    @property
+    def optional(self) -> Tuple[str, ...]:
+        p = self.attr_prefix
+        return (f'{p}_key_index', f'{p}_key_length', f'{p}_key_load', f'{p}_draw',
+                f'{p}_key_draw')
+
+    hint = ("add the transform pyg_grf.transforms.AddGraphRandomFeatures (best as the dataset's "
+            "pre_transform, so the walks are sampled once and cached); a second one with "
+            "attr_prefix='grf_key' gives independent key-side walks (unbiased diagonal)")
+    payload_keys = ('grf',)
+
+    def payload(self, data: Any) -> Dict[str, Any]:
+        r"""``{'grf': GRFLoads.from_data(data, attr_prefix)}``, with the key-side loads of a
+        second transform (``attr_prefix + '_key'``) when the data has them."""
+        key = f'{self.attr_prefix}_key'
+        has_key = all(getattr(data, f'{key}_{s}', None) is not None
+                      for s in ('index', 'length', 'load'))
+        return {'grf': GRFLoads.from_data(data, self.attr_prefix,
+                                          key_prefix=key if has_key else None)}
+
+    def forward(self, x: Tensor, *args: Any, batch: Optional[Tensor] = None,
+                grf: Optional[GRFLoads] = None, **legacy: Any) -> Tensor:
         r"""
         Args:
             x (Tensor): ``[N, channels]`` node features, or ``[B, n, channels]``: ``B`` samples
                 (e.g. the patches of ``B`` images) on one shared graph of ``n`` nodes, whose
                 loads ``grf`` cover ``n`` nodes (no PyG ``Batch`` of copies needed).
-            grf_index, grf_length, grf_load (Tensor): the transform's loads; or pass
-                ``grf=GRFLoads.from_data(batch)`` instead (also accepted in place of
-                ``grf_index``), which validates them once and shares the per-batch
-                precomputation between all layers.
             batch (Tensor, optional): ``[N]`` graph ids (sorted, as in PyG batches). The GRF
                 mask never crosses graphs, but the global term (``global_beta``) and FAVOR+'s
                 key stabilisation are per graph: they need it (or ``grf`` carrying it) when
                 ``x`` holds several graphs.
+            grf (GRFLoads): keyword only: the loads of the transform, ``GRFLoads.from_data(
+                batch)`` (:meth:`payload`), which validates them once and shares the per-batch
+                precomputation between all layers.
+
+        The old call ``forward(x, grf_index, grf_length, grf_load, batch)`` (or a
+        :class:`~pyg_grf.features.GRFLoads` second) still works for one release with a
+        :class:`FutureWarning`.
         """
-        if isinstance(grf_index, GRFLoads):
-            grf, grf_index = grf_index, None
+        batch, old = split_call(self, args, batch, legacy,
+                                ('grf_index', 'grf_length', 'grf_load', 'batch'),
+                                'x, grf_index, grf_length, grf_load, batch',
+                                'x, batch=None, *, grf=GRFLoads.from_data(data)')
+        grf_index = grf_length = grf_load = None
+        if old is not None:
+            grf_index, grf_length, grf_load = (old.get(n) for n in
+                                               ('grf_index', 'grf_length', 'grf_load'))
+            if isinstance(grf_index, GRFLoads):
+                if grf is not None:
+                    raise TypeError("GRFAttention.forward got the loads twice")
+                grf, grf_index = grf_index, None
         samples = None
         if x.dim() == 3:  # samples on one shared graph: the loads repeated per sample
             if batch is not None:
@@ -245,6 +288,8 @@ class GRFAttention(QKVAttention):
                                  f"rows")
         grf.check_coefficients(self.max_length, f'{self.__class__.__name__}(max_length='
                                                 f'{self.max_length})')
+        if grf.batch is not None:  # the loads' own batch vector (the same graphs): its cached
+            batch = None           # structures serve, also after the loads were pickled
         f = self.coefficients()
         linear = self.mode != 'sparse_softmax'
         if linear:
@@ -381,132 +426,3 @@ def _as_loads(index: Optional[Tensor], length: Optional[Tensor], load: Optional[
         raise ValueError("GRF attention needs the loads: pass grf=GRFLoads.from_data(batch) or "
                          "the three tensors grf_index, grf_length, grf_load")
     return GRFLoads(index, length, load, num_nodes, batch=batch)
-
-
-class BackendMemoryError(MemoryError):
-    r"""Raised before a GRF backend allocates more than the memory available (or
-    ``$PYG_GRF_MEMORY_LIMIT``); the message names the backend that fits."""
-
-
-def backend_memory(grf: GRFLoads, backend: str, mode: str, heads: int, m: int, d: int,
-                   batch: Optional[Tensor] = None, itemsize: int = 4) -> int:
-    r"""Estimated peak bytes of one layer (forward and backward) of ``backend``, from sizes known
-    before anything large is built: ``'dense'`` about six ``[B, H, n, n]`` tensors (the
-    :math:`\widehat\Phi` blocks, the mask, the attention and their gradients); ``'pairs'``
-    the join behind the symmetric mask (~64 bytes a term, :meth:`GRFLoads.num_join_terms`) plus
-    six values per mask entry and head (at most the join's terms); ``'sparse'`` six values per
-    nonzero of :math:`\widehat\Phi` and head, times the feature width."""
-    if backend == 'dense':
-        return 6 * grf.layout(batch).num_cells * heads * itemsize
-    if backend == 'pairs':
-        if mode == 'symmetric':
-            T = grf.num_join_terms()
-            return 64 * T + 6 * T * heads * itemsize
-        return 6 * grf.nnz * heads * (m + d + 1) * itemsize
-    return 6 * grf.nnz * heads * itemsize + 4 * grf.num_nodes * heads * m * (d + 1) * itemsize
-
-
-def check_backend_memory(grf: GRFLoads, backend: str, mode: str, heads: int, m: int, d: int,
-                         batch: Optional[Tensor] = None, itemsize: int = 4,
-                         device=None) -> None:
-    r"""Raises :class:`BackendMemoryError` when :func:`backend_memory` exceeds the memory
-    available (respecting cgroup limits and ``RLIMIT_AS``) or ``$PYG_GRF_MEMORY_LIMIT``."""
-    from pyg_grf.walks import check_walk_memory
-    estimate = backend_memory(grf, backend, mode, heads, m, d, batch, itemsize)
-    others = [b for b in ('sparse', 'pairs', 'dense') if b != backend]
-    need = {b: backend_memory(grf, b, mode, heads, m, d, batch, itemsize) for b in others}
-    fits = min(need, key=need.get)
-    check_walk_memory(estimate, device or grf.device, None,
-                      f"GRFAttention(backend={backend!r}) on {grf.num_nodes} nodes "
-                      f"(largest graph {grf.layout(batch).n})",
-                      f"Use backend={fits!r} (about {need[fits] / 2**30:.2f} GiB) or 'auto'.",
-                      error=BackendMemoryError)
-
-
-def choose_backend(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
-                   batch: Optional[Tensor] = None) -> str:
-    r"""The backend :obj:`'auto'` picks: the cheapest by :func:`backend_costs`."""
-    costs = backend_costs(grf, mode, heads, m, d, batch)
-    return min(costs, key=costs.get)
-
-
-def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
-                  batch: Optional[Tensor] = None) -> Dict[str, float]:
-    r"""Estimated seconds (on one CPU core) of one layer, forward + backward, per backend, from
-    the batch's sizes; cached on ``grf`` per setting. With :math:`H` heads, feature size
-    :math:`m`, value size :math:`d`, :math:`P_\Phi` the nonzeros of :math:`\widehat\Phi`,
-    :math:`P_M` those of the symmetric mask, :math:`T` the size of the join that builds its
-    statistics and :math:`B n_{max}^2` the padded block cells:
-
-    * ``'sparse'`` (low rank, never forms the mask): :math:`c_1 P_\Phi H m (d + 1)` per CSR
-      product (2 symmetric, 1 asymmetric) plus :math:`c_2 N H m (d + 1)` to form and contract
-      the outer products;
-    * ``'pairs'`` (the mask on its support): :math:`c_3 P H (m + d + 1)` with :math:`P = P_M`
-      (symmetric) or :math:`P_\Phi`;
-    * ``'dense'`` (padded blocks): :math:`c_4 B n_{max}^2 H (m + d + 1)(1 + n_{max} / 256)`
-      (larger blocks fall out of cache), times 1.6 for the softmax mode;
-    * ``'dense'``, symmetric: plus :math:`c_7 \cdot 3 B n_{max}^3 H` for the batched products
-      :math:`\widehat\Phi_Q\widehat\Phi_K^\top` per graph (forward and backward);
-    * the join (symmetric mask, pair backend), once per batch: :math:`c_6 T`
-      (several times more per term for one big graph, whose :math:`N^2` cells need a sort),
-      counted as spread over two layers. It is only run when that share plus the pair cost of
-      :math:`P_\Phi` pairs (a lower bound) is below the sparse and dense estimates and its
-      memory stays under 2 GiB (:math:`T` is known beforehand; hub nodes make it large).
-
-    Measured per layer on one core (LRGB-sized batch / TU-sized batch / 16k grid, symmetric):
-    sparse 334-355 / 83-108 / 631-673 ms, pairs 51-57 / 17-26 / 111-114 ms, dense 122-160 /
-    19-21 / (not run) ms. On the TU-sized batch pairs and dense are within the run-to-run noise;
-    the dense constant is set so that the padded blocks win only where the mask fills them (small
-    dense graphs), where the pair backend does the same work through slower sparse kernels.
-
-    The constants were fitted with ``python bench/bench_batch.py --calibrate --threads 1`` on the
-    2-core x86 CPU of our CI; only their ratios matter for the choice."""
-    key = ('costs', mode, heads, m, d, None if batch is None else batch.data_ptr())
-
-    def compute():
-        N = grf.num_nodes
-        P_phi = grf.pairs()[1].nnz
-        symmetric = mode == 'symmetric'
-        costs = {}
-        width = heads * m * (d + 1)
-        if mode != 'sparse_softmax':
-            costs['sparse'] = ((2 if symmetric else 1) * P_phi * width * _C_SPMM
-                               + N * width * _C_OUTER)
-        lay = grf.layout(batch)
-        # per cell: a few elementwise passes plus the two block products; larger blocks fall
-        # out of cache (fitted on the LRGB- and TU-sized batches: n = 180 and n = 40, then
-        # raised to break the TU-sized tie towards pairs, which wastes nothing on padding)
-        dense = (lay.num_cells * heads * (m + d + 1) / 33 * _C_CELL * (1 + lay.n / 256))
-        if mode == 'sparse_softmax':
-            dense *= 1.6
-        if not symmetric:
-            costs['pairs'] = P_phi * heads * (m + d + 1) * _C_PAIR
-            costs['dense'] = dense
-            return costs
-        # dense blocks: the mask is Phi_Q Phi_K^T per graph, one batched product (B n^3 per head
-        # and product, forward and two in the backward), no join
-        costs['dense'] = dense + 3 * lay.num_cells * lay.n * heads * _C_BMM
-        T = grf.num_join_terms()
-        # batches coalesce the join by a mark array over their padded cells; one big graph
-        # (N^2 cells) needs a sort of the T terms, several times slower per term
-        c_join = _C_JOIN if lay.num_cells <= max(8 * T, 1 << 24) else _C_JOIN_SORT
-        join = T * c_join / 2
-        # the mask has at least the pairs of Phi: a lower bound of the pair backend before the
-        # join is run; the join's memory (~64 bytes a term) is bounded too
-        lower = join + P_phi * heads * (m + d + 1) * _C_PAIR
-        if lower < min(costs['sparse'], costs['dense']) and T * 64 < _JOIN_MEMORY:
-            P = grf.mask_pattern(batch).nnz
-            costs['pairs'] = P * heads * (m + d + 1) * _C_PAIR + join
-        return costs
-    return grf._cached(key, compute)
-
-
-# Cost constants: seconds on one core (bench/bench_batch.py --calibrate --threads 1).
-_C_SPMM = 2.4e-9
-_C_OUTER = 9.8e-9
-_C_PAIR = 1.8e-9
-_C_CELL = 1.5e-8
-_C_JOIN = 7.0e-8
-_C_JOIN_SORT = 4.0e-7  # 262k grid: 10.7 s for 29M terms, default allocator
-_C_BMM = 2.0e-10  # per multiply-add of the batched Phi Phi^T products
-_JOIN_MEMORY = 2 ** 31  # bytes

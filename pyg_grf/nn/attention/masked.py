@@ -12,7 +12,7 @@ from pyg_grf._validation import batch_or_zeros
 from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.masks.base import MaskOperator
 from pyg_grf.masks.packing import PackingMask
-from pyg_grf.nn.attention.base import QKVAttention
+from pyg_grf.nn.attention.base import QKVAttention, split_call
 from pyg_grf.nn.functional import masked_linear_attention
 
 
@@ -99,18 +99,30 @@ class MaskedLinearAttention(QKVAttention):
                 hasattr(self.mask_module, 'reset_parameters'):
             self.mask_module.reset_parameters()
 
-    def forward(self, x: Tensor, mask: Optional[MaskOperator] = None,
-                batch: Optional[Tensor] = None, **mask_kwargs: Any) -> Tensor:
+    def forward(self, x: Tensor, *args: Any, batch: Optional[Tensor] = None,
+                mask: Optional[MaskOperator] = None, **mask_kwargs: Any) -> Tensor:
         r"""
         Args:
             x (Tensor): ``[N, channels]``, or ``[B, n, channels]``: ``B`` samples (e.g. the
                 patches of ``B`` images) all masked by the one mask over ``n`` nodes, in one
                 mask product (without a mask: unmasked linear attention within each sample).
-            mask (MaskOperator, optional): the mask; overrides the mask module.
             batch (Tensor, optional): ``[N]`` graph ids, used only when there is no mask at all
                 (per-graph unmasked attention).
+            mask (MaskOperator, optional): keyword only: the mask; overrides the mask module.
             **mask_kwargs: passed to the mask module.
+
+        The old call ``forward(x, mask, batch)`` works for one release with a
+        :class:`FutureWarning`.
         """
+        if args and not (args[0] is None or (isinstance(args[0], Tensor) and args[0].dim() == 1)
+                         ) or len(args) > 1:  # the old order (x, mask, batch)
+            batch, old = split_call(self, args, batch, {}, ('mask', 'batch'), 'x, mask, batch',
+                                    'x, batch=None, *, mask=None')
+            if mask is not None:
+                raise TypeError("MaskedLinearAttention.forward got 'mask' twice")
+            mask = old.get('mask')
+        elif args:
+            batch, _ = split_call(self, args, batch, {}, ('batch',), '', '')
         samples = None
         if x.dim() == 3:  # samples on one shared mask
             if batch is not None:

@@ -16,21 +16,36 @@ from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import normalized_adjacency, self_convolution
 from pyg_grf.features.loads import block_layout
 from pyg_grf.masks.base import DenseMask
-from pyg_grf.masks.packing import PackingMask
-from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients
+from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, split_call
 from pyg_grf.nn.functional import (block_masked_linear_attention, from_blocks,
-                                   masked_linear_attention, to_blocks)
+                                   packed_linear_attention, to_blocks)
 
 
 class LinearAttention(QKVAttention):
     r"""Unmasked linear attention inside each graph of a batch (the packing mask of the `"From
     block-Toeplitz matrices to differential equations on graphs: towards a general theory for
-    scalable masked Transformers" <https://arxiv.org/abs/2107.07999>`_ paper, Sec. 3.1):
-    :math:`\mathbf{o}_i = \sum_{j \in g(i)} \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j) \mathbf{v}_j
-    / \sum_{j \in g(i)} \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)`. :math:`O(N)`.
+    scalable masked Transformers" <https://arxiv.org/abs/2107.07999>`_ paper, Sec. 3.1), per head:
+
+    .. math::
+        \mathbf{o}_i = \frac{\phi(\mathbf{q}_i)^\top \mathbf{S}_{g(i)}}
+            {\phi(\mathbf{q}_i)^\top \mathbf{z}_{g(i)} + \epsilon}, \qquad
+        \mathbf{S}_g = \sum_{j \in g} \phi(\mathbf{k}_j)\mathbf{v}_j^\top, \quad
+        \mathbf{z}_g = \sum_{j \in g} \phi(\mathbf{k}_j),
+
+    with :math:`g(i)` the graph of node :math:`i`. :math:`O(N)`: the per-graph sums and their
+    products with the queries are batched dense products on padded per-graph blocks
+    (:func:`~pyg_grf.nn.functional.packed_linear_attention`), for sorted (PyG) and unsorted
+    ``batch`` vectors alike.
 
     Args: as :class:`~pyg_grf.nn.GRFAttention` (``channels, heads, head_channels, feature_map,
-    feature_map_kwargs, dropout, bias, eps``).
+    feature_map_kwargs, dropout, bias, eps``). ``dropout`` zeroes whole keys of the numerator
+    (:func:`~pyg_grf.nn.attention.base.key_dropout`); ``feature_map='favor+'`` stabilises the
+    keys per graph.
+
+    Shapes:
+        - **input:** node features :math:`(|\mathcal{V}|, F)`, batch vector
+          :math:`(|\mathcal{V}|)` (optional; :obj:`None`: one graph)
+        - **output:** node features :math:`(|\mathcal{V}|, F)`
     """
 
     def __init__(self, channels: int, heads: int = 1, head_channels: Optional[int] = None,
@@ -42,14 +57,16 @@ class LinearAttention(QKVAttention):
         self.reset_parameters()
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+        if batch is not None and x.dim() == 2:  # one graph id per node, before any work
+            batch_or_zeros(batch, x.size(0), x.device)
         if x.dim() == 2 and x.size(0) == 0:  # an empty batch
             self.project(x)  # shape checks
             return self.empty_output(x)
         q, k, v = self.project(x)
-        phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
-        out = masked_linear_attention(phi_q, phi_k, self.drop_keys(v),
-                                      PackingMask(batch_or_zeros(batch, x.size(0), x.device)),
-                                      eps=self.eps)
+        # feature maps, keys stabilised per graph (FAVOR+)
+        phi_q, phi_k = qk_features(self.feature_map, q, k, batch)
+        # per-graph sums S_g, z_g and their products with phi(q_i), batched over the graphs
+        out = packed_linear_attention(phi_q, phi_k, self.drop_keys(v), batch, eps=self.eps)
         return self.finish(out)
 
 
@@ -96,12 +113,34 @@ class PowerSeriesAttention(QKVAttention):
         return power_series_kernel(edge_index, num_nodes, alpha, edge_weight=edge_weight,
                                    normalization=self.normalization)
 
-    def forward(self, x: Tensor, edge_index: Tensor, batch: Optional[Tensor] = None,
-                edge_weight: Optional[Tensor] = None) -> Tensor:
+    requires = ('edge_index',)
+    payload_keys = ('edge_index',)
+
+    def payload(self, data: Any) -> Dict[str, Any]:
+        r"""``{'edge_index': data.edge_index}`` (a block passes its own ``edge_index``)."""
+        return {'edge_index': data.edge_index}
+
+    def forward(self, x: Tensor, *args: Any, batch: Optional[Tensor] = None,
+                edge_index: Optional[Tensor] = None, edge_weight: Optional[Tensor] = None
+                ) -> Tensor:
         r"""``x`` ``[N, channels]`` with the graphs of a PyG batch (``batch``), or
         ``[B, n, channels]``: ``B`` samples on the one graph ``edge_index`` of ``n`` nodes
         (e.g. the patch grid of a batch of images). The kernel is built per graph, as
-        ``[B, H, n, n]`` dense blocks (one for a shared graph), never over the whole batch."""
+        ``[B, H, n, n]`` dense blocks (one for a shared graph), never over the whole batch.
+        ``edge_index`` (and ``edge_weight``) are keyword only; the old call
+        ``forward(x, edge_index, batch, edge_weight)`` works for one release with a
+        :class:`FutureWarning`."""
+        batch, old = split_call(self, args, batch, {}, ('edge_index', 'batch', 'edge_weight'),
+                                'x, edge_index, batch, edge_weight',
+                                'x, batch=None, *, edge_index, edge_weight=None')
+        if old is not None:
+            if edge_index is not None:
+                raise TypeError("PowerSeriesAttention.forward got 'edge_index' twice")
+            edge_index = old.get('edge_index')
+            edge_weight = old.get('edge_weight') if edge_weight is None else edge_weight
+        if not isinstance(edge_index, Tensor):
+            raise ValueError(f"PowerSeriesAttention needs the graph: edge_index= (got "
+                             f"{type(edge_index).__name__})")
         if x.dim() == 3:
             B, n, _ = x.shape
             if batch is not None:

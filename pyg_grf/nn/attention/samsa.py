@@ -17,7 +17,7 @@ from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.typing import OptTensor
 from torch_geometric.utils import to_dense_batch
 
-from pyg_grf.nn.attention.base import contract_repr
+from pyg_grf.nn.attention.base import GraphAttention, contract_repr
 
 MODES = ('soft', 'hard')
 
@@ -30,7 +30,7 @@ def gumbel_like(x: Tensor, generator: Optional[torch.Generator] = None) -> Tenso
     return -torch.log(-torch.log(u.clamp(min=tiny, max=1.0 - 1e-7)))
 
 
-class SAMSAAttention(torch.nn.Module):
+class SAMSAAttention(GraphAttention):
     r"""The sampling self-attention from the *"SAMSA: Efficient Transformer for Many Data
     Modalities"* (TMLR submission, under review) paper (Sec. 4.4, Algorithm 1): each head keeps
     only the :math:`k` key/value tokens with the highest learned importance and every query of a

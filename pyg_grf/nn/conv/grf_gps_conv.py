@@ -1,24 +1,44 @@
-r"""The GPS layer of PyG with topology-aware linear-cost attention."""
+r"""The GPS layer of PyG with topology-aware linear-cost attention: the one block of the package
+(:class:`~pyg_grf.nn.GraphTransformer` is a stack of them)."""
 from __future__ import annotations
 
 import inspect
 import warnings
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Union
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Dropout, Linear, Sequential
-from torch_geometric.nn.attention import PerformerAttention
 from torch_geometric.nn.conv import MessagePassing
 from torch_geometric.nn.inits import reset
 from torch_geometric.nn.resolver import activation_resolver, normalization_resolver
 from torch_geometric.typing import Adj
-from torch_geometric.utils import to_dense_batch
 
 from pyg_grf.features.loads import GRFLoads
+from pyg_grf.features.rwgnk_loads import RWGNKLoads
+from pyg_grf.nn.attention.base import GraphAttention
+from pyg_grf.nn.attention.registry import ATTENTIONS, attention_resolver
 
-ATTN_TYPES = ('grf', 'gkat', 'linear', 'performer', 'multihead')
+#: The attention types of :class:`GRFGPSConv` (the names of the one registry).
+ATTN_TYPES = tuple(ATTENTIONS)
+#: The layouts of :class:`GRFGPSConv`.
+LAYOUTS = ('post_norm', 'pre_norm')
+
+
+def norm_resolver(norm: Union[str, torch.nn.Module, None], channels: int,
+                  **kwargs: Any) -> Optional[torch.nn.Module]:
+    r"""PyG's :func:`~torch_geometric.nn.resolver.normalization_resolver`, plus ``'rms_norm'``
+    (:class:`torch.nn.RMSNorm`, per node), which PyG does not have."""
+    if norm == 'rms_norm':
+        return torch.nn.RMSNorm(channels, **kwargs)
+    if norm is None:
+        return None
+    try:
+        return normalization_resolver(norm, channels, **kwargs)
+    except ValueError as exc:
+        raise ValueError(f"norm must be a PyG normalization ('batch_norm', 'layer_norm', "
+                         f"'graph_norm', ...), 'rms_norm' or None, got {norm!r}") from exc
 
 
 class GRFGPSConv(torch.nn.Module):
@@ -26,10 +46,12 @@ class GRFGPSConv(torch.nn.Module):
     al., 2022, `arXiv:2205.12454 <https://arxiv.org/abs/2205.12454>`_), shaped and computed exactly
     like :class:`torch_geometric.nn.conv.GPSConv`, whose global attention can be the topology-aware
     linear attention of the `"Linear Transformer Topological Masking with Graph Random Features"
-    <https://arxiv.org/abs/2410.03462>`_ paper (Reid et al., 2024) or GKAT (the `"From
+    <https://arxiv.org/abs/2410.03462>`_ paper (Reid et al., 2024), GKAT (the `"From
     block-Toeplitz matrices to differential equations on graphs: towards a general theory for
-    scalable masked Transformers" <https://arxiv.org/abs/2107.07999>`_ paper), or, to compare like
-    with like, unmasked linear attention, PyG's Performer or exact multi-head attention:
+    scalable masked Transformers" <https://arxiv.org/abs/2107.07999>`_ paper), or any attention
+    of the package's registry (:mod:`pyg_grf.nn.attention.registry`: unmasked linear, FAVOR+,
+    softmax, PyG's Performer and multi-head attention, SAMSA, ...). With
+    ``layout='post_norm'`` (PyG's):
 
     .. math::
         \mathbf{h}_{\mathrm{local}} &= \mathrm{Norm}_1(\mathbf{x} + \mathrm{MPNN}(\mathbf{x},
@@ -38,6 +60,14 @@ class GRFGPSConv(torch.nn.Module):
             \\
         \mathbf{x}' &= \mathrm{Norm}_3(\mathbf{h} + \mathrm{MLP}(\mathbf{h})), \quad
         \mathbf{h} = \mathbf{h}_{\mathrm{local}} + \mathbf{h}_{\mathrm{global}}
+
+    and with ``layout='pre_norm'`` (the transformer's pre-norm block, attention and MPNN side
+    by side on the normalised input):
+
+    .. math::
+        \mathbf{y} = \mathbf{x} + \mathrm{Attn}_M(\mathrm{Norm}_1(\mathbf{x}))
+        + \mathrm{MPNN}(\mathrm{Norm}_1(\mathbf{x})), \quad
+        \mathbf{x}' = \mathbf{y} + \mathrm{MLP}(\mathrm{Norm}_2(\mathbf{y}))
 
     with dropout on both residual branches and inside the MLP. Attention never crosses the
     graphs of a mini-batch.
@@ -51,74 +81,96 @@ class GRFGPSConv(torch.nn.Module):
             (default: :obj:`0.`).
         act (str or Callable, optional): activation of the MLP (default: :obj:`"relu"`).
         act_kwargs (dict, optional): its arguments (default: :obj:`None`).
-        norm (str or Callable, optional): normalisation (default: :obj:`"batch_norm"`).
+        norm (str or Callable, optional): normalisation, by PyG's
+            :func:`~torch_geometric.nn.resolver.normalization_resolver` (or ``'rms_norm'``)
+            (default: :obj:`"batch_norm"`).
         norm_kwargs (dict, optional): its arguments (default: :obj:`None`).
-        attn_type (str, optional): ``'grf'`` (:class:`~pyg_grf.nn.GRFAttention`, needs
-            ``grf``), ``'gkat'`` (:class:`~pyg_grf.nn.GKATAttention`, needs ``rwgnk``),
-            ``'linear'`` (unmasked linear attention per graph), ``'performer'``
-            (:class:`torch_geometric.nn.attention.PerformerAttention`) or ``'multihead'``
-            (:class:`torch.nn.MultiheadAttention`); the last two padded per graph as in
-            :class:`~torch_geometric.nn.conv.GPSConv` (as there, the performer masks the padded
-            values but not the padded keys, so padding enters its normaliser; ``'linear'`` with
-            ``attn_kwargs={'feature_map': 'favor+'}`` is FAVOR+ strictly per graph)
-            (default: :obj:`"grf"`).
+        attn_type (str or torch.nn.Module, optional): a name of
+            :data:`~pyg_grf.nn.attention.registry.ATTENTIONS` — ``'grf'``
+            (:class:`~pyg_grf.nn.GRFAttention`, needs ``grf=``), ``'gkat'`` (needs
+            ``rwgnk=``), ``'linear'``, ``'favor'``, ``'softmax'``, ``'multihead'`` and
+            ``'performer'`` (torch's / PyG's layers padded per graph exactly as in
+            :class:`~torch_geometric.nn.conv.GPSConv`; as there, the performer masks the padded
+            values but not the padded keys), ``'power_series'``, ``'grid_rpe'``, ``'samsa'`` —
+            an attention module called as ``attn(x, batch, **payload)``, or :obj:`None` for no
+            attention (default: :obj:`"grf"`).
         attn_kwargs (dict, optional): arguments of the attention layer, e.g.
             ``{'max_length': 4, 'global_beta': 0.1}`` for ``'grf'`` (default: :obj:`None`).
+        layout (str, optional): ``'post_norm'`` (PyG's GPS layer) or ``'pre_norm'``
+            (default: ``'post_norm'``).
+        mlp_channels (int, optional): hidden width of the MLP (default: ``2 * channels``, as
+            in :class:`~torch_geometric.nn.conv.GPSConv`).
 
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F)`, edge indices
-          :math:`(2, |\mathcal{E}|)`, ``grf`` (a :class:`~pyg_grf.features.GRFLoads` of the
-          batch), batch vector :math:`(|\mathcal{V}|)` (optional), further arguments of ``conv``
-          (e.g. ``edge_attr``)
+          :math:`(2, |\mathcal{E}|)`, batch vector :math:`(|\mathcal{V}|)` (optional), the
+          attention's payload by keyword (``grf=GRFLoads.from_data(batch)`` for ``'grf'``,
+          ``rwgnk=RWGNKLoads.from_data(batch)`` for ``'gkat'``; :meth:`payload` gives it for
+          any type), further arguments of ``conv`` (e.g. ``edge_attr``)
         - **output:** node features :math:`(|\mathcal{V}|, F)`
     """
 
     def __init__(self, channels: int, conv: Optional[MessagePassing], heads: int = 1,
                  dropout: float = 0.0, act: str = 'relu',
                  act_kwargs: Optional[Dict[str, Any]] = None, norm: Optional[str] = 'batch_norm',
-                 norm_kwargs: Optional[Dict[str, Any]] = None, attn_type: str = 'grf',
-                 attn_kwargs: Optional[Dict[str, Any]] = None):
+                 norm_kwargs: Optional[Dict[str, Any]] = None,
+                 attn_type: Union[str, torch.nn.Module, None] = 'grf',
+                 attn_kwargs: Optional[Dict[str, Any]] = None, layout: str = 'post_norm',
+                 mlp_channels: Optional[int] = None):
         super().__init__()
-        if attn_type not in ATTN_TYPES:
-            raise ValueError(f"'attn_type' must be one of {ATTN_TYPES}, got {attn_type!r}")
+        if isinstance(attn_type, str) and attn_type not in ATTENTIONS:
+            raise ValueError(f"'attn_type' must be one of {sorted(ATTENTIONS)}, an attention "
+                             f"module or None, got {attn_type!r}")
         if conv is not None and not isinstance(conv, torch.nn.Module):
             raise TypeError(f"'conv' must be a MessagePassing module or None, got "
                             f"{type(conv).__name__}")
+        if conv is None and attn_type is None:
+            raise ValueError("GRFGPSConv needs a 'conv', an 'attn_type' or both")
+        if layout not in LAYOUTS:
+            raise ValueError(f"'layout' must be one of {LAYOUTS}, got {layout!r}")
         self.channels = channels
         self.conv = conv
         self.heads = heads
         self.dropout = dropout
-        self.attn_type = attn_type
+        self.attn_type = attn_type if isinstance(attn_type, str) or attn_type is None else \
+            attn_type.__class__.__name__
         self.attn_kwargs = dict(attn_kwargs or {})
-        self.attn = _build_attention(attn_type, channels, heads, self.attn_kwargs)
+        self.layout = layout
+        self.attn = None if attn_type is None else attention_resolver(
+            attn_type, channels, heads, **self.attn_kwargs)
+        self.conv_edge_attr = conv is not None and _takes(conv, 'edge_attr')
+        hidden = mlp_channels or 2 * channels
         self.mlp = Sequential(
-            Linear(channels, channels * 2),
+            Linear(channels, hidden),
             activation_resolver(act, **(act_kwargs or {})),
             Dropout(dropout),
-            Linear(channels * 2, channels),
+            Linear(hidden, channels),
             Dropout(dropout),
         )
         norm_kwargs = norm_kwargs or {}
-        self.norm1 = normalization_resolver(norm, channels, **norm_kwargs)
-        self.norm2 = normalization_resolver(norm, channels, **norm_kwargs)
-        self.norm3 = normalization_resolver(norm, channels, **norm_kwargs)
-        self.norm_with_batch = False
-        if self.norm1 is not None:
-            self.norm_with_batch = 'batch' in inspect.signature(self.norm1.forward).parameters
+        self.norm1 = norm_resolver(norm, channels, **norm_kwargs)
+        self.norm2 = norm_resolver(norm, channels, **norm_kwargs)
+        self.norm3 = norm_resolver(norm, channels, **norm_kwargs) if layout == 'post_norm' \
+            else None
+        self.norm_with_batch = self.norm1 is not None and _takes(self.norm1, 'batch')
         self.reset_parameters()
 
     def reset_parameters(self):
         r"""Resets all learnable parameters of the module."""
-        if self.conv is not None:
-            self.conv.reset_parameters()
-        if hasattr(self.attn, 'reset_parameters'):
-            self.attn.reset_parameters()
-        else:  # torch's MultiheadAttention, PyG's PerformerAttention
-            self.attn._reset_parameters()
+        for module in (self.conv, self.attn, self.norm1, self.norm2, self.norm3):
+            if module is not None and hasattr(module, 'reset_parameters'):
+                module.reset_parameters()
         reset(self.mlp)
-        for norm in (self.norm1, self.norm2, self.norm3):
-            if norm is not None:
-                norm.reset_parameters()
+
+    def payload(self, data: Any) -> Dict[str, Any]:
+        r"""The attention's payload for ``data`` (a ``Data`` or ``Batch``), to pass to every
+        layer: ``conv(x, edge_index, batch, **conv.payload(data), edge_attr=...)``. It is the
+        layer's :meth:`~pyg_grf.nn.attention.base.GraphAttention.payload` without what the
+        block passes itself (its ``edge_index``); empty for attentions that need only the
+        nodes. Build it once per batch: layers of the same type share it."""
+        if not isinstance(self.attn, GraphAttention):
+            return {}
+        return {k: v for k, v in self.attn.payload(data).items() if k != 'edge_index'}
 
     def _norm(self, norm, h: Tensor, batch: Optional[Tensor]) -> Tensor:
         if norm is None:
@@ -126,7 +178,6 @@ class GRFGPSConv(torch.nn.Module):
         return norm(h, batch=batch) if self.norm_with_batch else norm(h)
 
     def forward(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor] = None, *args,
-                grf: Optional[GRFLoads] = None, rwgnk: Optional[Tuple[Tensor, ...]] = None,
                 **kwargs) -> Tensor:
         r"""Runs the forward pass of the module, with the call shape of PyG's
         :class:`~torch_geometric.nn.conv.GPSConv`: ``conv(x, edge_index, batch, **kwargs)``.
@@ -135,90 +186,106 @@ class GRFGPSConv(torch.nn.Module):
             x (Tensor): node features.
             edge_index (Tensor or SparseTensor): the graph, for ``conv``.
             batch (Tensor, optional): graph id of every node; attention never crosses graphs.
-            grf (GRFLoads, optional): keyword only: the batch's GRF loads
-                (``attn_type='grf'``), e.g. ``GRFLoads.from_data(batch)``, built once and
-                passed to every layer.
-            rwgnk (tuple, optional): keyword only: ``(rwgnk_index, rwgnk_value)``, optionally
-                followed by ``(rwgnk_kernel_index, rwgnk_kernel_value)`` (``attn_type='gkat'``).
-            **kwargs: further arguments of ``conv`` (e.g. ``edge_attr``).
+            **kwargs: the attention's payload (its ``payload_keys``: ``grf=`` a
+                :class:`~pyg_grf.features.GRFLoads` for ``'grf'``, ``rwgnk=`` a
+                :class:`~pyg_grf.features.RWGNKLoads` for ``'gkat'``; build it once per batch,
+                e.g. ``conv.payload(batch)``, and pass it to every layer), then further
+                arguments of ``conv`` (e.g. ``edge_attr``).
 
-        The old call ``conv(x, edge_index, grf, batch)`` (``grf`` third) still works for one
-        release with a :class:`FutureWarning`; any other extra positional argument is an
-        error, so a batch vector can never be taken for the loads.
+        The old call ``conv(x, edge_index, grf, batch)`` (``grf`` third) and ``rwgnk=`` as a
+        tuple of tensors still work for one release with a :class:`FutureWarning`; any other
+        extra positional argument is an error, so a batch vector can never be taken for the
+        loads.
         """
         legacy_none = batch is None and len(args) == 1 and isinstance(args[0], Tensor)
         if isinstance(batch, GRFLoads) or legacy_none:  # the old order (x, edge_index, grf, batch)
             warnings.warn("GRFGPSConv.forward(x, edge_index, grf, batch) is deprecated: use "
                           "PyG GPSConv's order, conv(x, edge_index, batch, grf=grf)",
                           FutureWarning, stacklevel=2)
-            if grf is not None:
+            if kwargs.get('grf') is not None:
                 raise TypeError("GRFGPSConv.forward got the GRF loads twice (third positional "
                                 "argument and grf=)")
-            grf, batch = batch, (args[0] if args else kwargs.pop('batch', None))
+            kwargs['grf'], batch = batch, (args[0] if args else kwargs.pop('batch', None))
             args = args[1:]
         if args:
             raise TypeError(f"GRFGPSConv.forward takes (x, edge_index, batch) positionally, as "
-                            f"PyG's GPSConv; pass grf=, rwgnk= and the conv's arguments by "
-                            f"keyword (got {len(args)} more positional argument(s))")
+                            f"PyG's GPSConv; pass the attention's payload (grf=, rwgnk=) and "
+                            f"the conv's arguments by keyword (got {len(args)} more positional "
+                            f"argument(s))")
         if batch is not None and not isinstance(batch, Tensor):
             raise TypeError(f"'batch' must be a tensor of graph ids, got {type(batch).__name__}")
+        payload = self._payload(edge_index, kwargs)
+        if self.layout == 'pre_norm':
+            return self._pre_norm(x, edge_index, batch, payload, kwargs)
         hs = []
         if self.conv is not None:  # local message passing
-            h = self.conv(x, edge_index, **kwargs)
-            if h.shape != x.shape:  # it is added to x
-                raise ValueError(f"'conv' {self.conv!r} returned shape {tuple(h.shape)}, "
-                                 f"expected {tuple(x.shape)} ([N, channels])")
-            h = F.dropout(h, p=self.dropout, training=self.training)
+            h = F.dropout(self._local(x, edge_index, kwargs), p=self.dropout,
+                          training=self.training)
             hs.append(self._norm(self.norm1, h + x, batch))
-        # global attention, never across graphs
-        h = self._attend(x, grf, batch, rwgnk)
-        h = F.dropout(h, p=self.dropout, training=self.training)
-        hs.append(self._norm(self.norm2, h + x, batch))
+        if self.attn is not None:  # global attention, never across graphs
+            h = F.dropout(self.attn(x, batch, **payload), p=self.dropout, training=self.training)
+            hs.append(self._norm(self.norm2, h + x, batch))
         out = sum(hs)
         out = out + self.mlp(out)
         return self._norm(self.norm3, out, batch)
 
-    def _attend(self, x: Tensor, grf: Optional[GRFLoads], batch: Optional[Tensor],
-                rwgnk: Optional[Tuple[Tensor, ...]]) -> Tensor:
-        if self.attn_type == 'grf':
-            if not isinstance(grf, GRFLoads):
-                raise ValueError(f"attn_type='grf' needs grf=GRFLoads.from_data(batch) (the loads "
-                                 f"of AddGraphRandomFeatures), got {type(grf).__name__}")
-            return self.attn(x, grf=grf, batch=batch)
-        if self.attn_type == 'gkat':
-            if rwgnk is None or len(rwgnk) not in (2, 4):
-                raise ValueError("attn_type='gkat' needs rwgnk=(rwgnk_index, rwgnk_value[, "
-                                 "rwgnk_kernel_index, rwgnk_kernel_value]) from AddRWGNKFeatures")
-            kernel = tuple(rwgnk[2:]) if len(rwgnk) == 4 else None
-            return self.attn(x, rwgnk[0], rwgnk[1], batch, kernel=kernel)
-        if self.attn_type == 'linear':
-            return self.attn(x, batch)
-        if x.size(0) == 0:  # an empty batch: nothing to pad
-            return x * 0
-        # padded per graph, as GPSConv runs these
-        h, mask = to_dense_batch(x, batch)
-        if self.attn_type == 'multihead':
-            h, _ = self.attn(h, h, h, key_padding_mask=~mask, need_weights=False)
-        else:
-            h = self.attn(h, mask=mask)
-        return h[mask]
+    def _pre_norm(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor],
+                  payload: Dict[str, Any], kwargs: Dict[str, Any]) -> Tensor:
+        h = self._norm(self.norm1, x, batch)
+        out = x
+        if self.attn is not None:
+            out = out + F.dropout(self.attn(h, batch, **payload), p=self.dropout,
+                                  training=self.training)
+        if self.conv is not None:
+            out = out + F.dropout(self._local(h, edge_index, kwargs), p=self.dropout,
+                                  training=self.training)
+        return out + self.mlp(self._norm(self.norm2, out, batch))
+
+    def _local(self, x: Tensor, edge_index: Adj, kwargs: Dict[str, Any]) -> Tensor:
+        h = self.conv(x, edge_index, **kwargs)
+        if h.shape != x.shape:  # it is added to x
+            raise ValueError(f"'conv' {self.conv!r} returned shape {tuple(h.shape)}, "
+                             f"expected {tuple(x.shape)} ([N, channels])")
+        return h
+
+    def _payload(self, edge_index: Adj, kwargs: Dict[str, Any]) -> Dict[str, Any]:
+        # the attention's keyword payload, taken out of kwargs (the rest goes to the conv)
+        keys = getattr(self.attn, 'payload_keys', ())
+        if self.attn is None or not isinstance(self.attn, GraphAttention):
+            for key in ('grf', 'rwgnk'):  # one training loop for every attn_type
+                kwargs.pop(key, None)
+            return {}
+        payload = {}
+        for key in keys:
+            if key == 'edge_index':  # the attention reads the block's graph
+                payload[key] = kwargs.pop(key, edge_index)
+            elif kwargs.get(key) is None:
+                raise ValueError(f"attn_type={self.attn_type!r} needs {key}=... (e.g. "
+                                 f"**conv.payload(batch)): "
+                                 f"{self.attn.hint}")
+            else:
+                payload[key] = kwargs.pop(key)
+        if 'rwgnk' in payload and isinstance(payload['rwgnk'], (tuple, list)):
+            warnings.warn("rwgnk= as a tuple of tensors is deprecated: pass "
+                          "rwgnk=RWGNKLoads.from_data(batch)", FutureWarning, stacklevel=3)
+            if len(payload['rwgnk']) not in (2, 4):
+                raise ValueError("rwgnk= needs (rwgnk_index, rwgnk_value[, rwgnk_kernel_index, "
+                                 "rwgnk_kernel_value]) from AddRWGNKFeatures")
+            payload['rwgnk'] = RWGNKLoads(*payload['rwgnk'])
+        for key in ('grf', 'rwgnk'):  # payloads of other types: one loop for every attn_type
+            if key not in keys:
+                kwargs.pop(key, None)
+        return payload
 
     def __repr__(self) -> str:
+        layout = '' if self.layout == 'post_norm' else f', layout={self.layout!r}'
         return (f'{self.__class__.__name__}({self.channels}, conv={self.conv}, '
-                f'heads={self.heads}, attn_type={self.attn_type!r})')
+                f'heads={self.heads}, attn_type={self.attn_type!r}{layout})')
 
 
-def _build_attention(attn_type: str, channels: int, heads: int,
-                     kwargs: Dict[str, Any]) -> torch.nn.Module:
-    if attn_type == 'grf':
-        from pyg_grf.nn.attention.grf import GRFAttention
-        return GRFAttention(channels, heads=heads, **kwargs)
-    if attn_type == 'gkat':
-        from pyg_grf.nn.attention.gkat import GKATAttention
-        return GKATAttention(channels, heads=heads, **kwargs)
-    if attn_type == 'linear':
-        from pyg_grf.nn.attention.reference import LinearAttention
-        return LinearAttention(channels, heads=heads, **kwargs)
-    if attn_type == 'performer':
-        return PerformerAttention(channels=channels, heads=heads, **kwargs)
-    return torch.nn.MultiheadAttention(channels, heads, batch_first=True, **kwargs)
+def _takes(module: torch.nn.Module, name: str) -> bool:
+    # whether a module's forward has an argument `name`
+    try:
+        return name in inspect.signature(module.forward).parameters
+    except (TypeError, ValueError):  # pragma: no cover - forward without a signature
+        return False

@@ -31,37 +31,31 @@ def make_batch(channels=12, seed=0):
     return batch
 
 
-# name -> (constructor, extra constructor kwargs, forward(layer, batch))
+# name -> (constructor, extra constructor kwargs); every layer is called the same way (run)
 LAYERS = {
-    'grf_symmetric': (GRFAttention, dict(max_length=3, feature_map='elu'),
-                      lambda m, b: m(b.x, grf=GRFLoads.from_data(b))),
-    'grf_asymmetric': (GRFAttention, dict(max_length=3, mode='asymmetric', feature_map='elu'),
-                       lambda m, b: m(b.x, grf=GRFLoads.from_data(b))),
-    'grf_global': (GRFAttention, dict(max_length=3, feature_map='elu', global_beta=0.5),
-                   lambda m, b: m(b.x, grf=GRFLoads.from_data(b))),
-    'grf_sparse_softmax': (GRFAttention, dict(max_length=3, mode='sparse_softmax'),
-                           lambda m, b: m(b.x, grf=GRFLoads.from_data(b))),
-    'gkat_linear': (GKATAttention, dict(mode='linear'),
-                    lambda m, b: m(b.x, b.rwgnk_index, b.rwgnk_value, b.batch)),
-    'gkat_softmax': (GKATAttention, dict(mode='softmax'),
-                     lambda m, b: m(b.x, b.rwgnk_index, b.rwgnk_value, b.batch)),
-    'masked_linear': (MaskedLinearAttention, {}, lambda m, b: m(b.x, batch=b.batch)),
-    'linear': (LinearAttention, dict(feature_map='elu'), lambda m, b: m(b.x, b.batch)),
-    'power_series': (PowerSeriesAttention, dict(max_length=3, feature_map='elu'),
-                     lambda m, b: m(b.x, b.edge_index, b.batch)),
-    'softmax': (SoftmaxAttention, {}, lambda m, b: m(b.x, b.batch)),
-    'samsa': (SAMSAAttention, dict(num_samples=4), lambda m, b: m(b.x, b.batch)),
+    'grf_symmetric': (GRFAttention, dict(max_length=3, feature_map='elu')),
+    'grf_asymmetric': (GRFAttention, dict(max_length=3, mode='asymmetric', feature_map='elu')),
+    'grf_global': (GRFAttention, dict(max_length=3, feature_map='elu', global_beta=0.5)),
+    'grf_sparse_softmax': (GRFAttention, dict(max_length=3, mode='sparse_softmax')),
+    'gkat_linear': (GKATAttention, dict(mode='linear')),
+    'gkat_softmax': (GKATAttention, dict(mode='softmax')),
+    'masked_linear': (MaskedLinearAttention, {}),
+    'linear': (LinearAttention, dict(feature_map='elu')),
+    'power_series': (PowerSeriesAttention, dict(max_length=3, feature_map='elu')),
+    'softmax': (SoftmaxAttention, {}),
+    'samsa': (SAMSAAttention, dict(num_samples=4)),
 }
 
 
 def build(name, **kwargs):
-    cls, extra, _ = LAYERS[name]
+    cls, extra = LAYERS[name]
     torch.manual_seed(3)
     return cls(12, **{**dict(heads=3, head_channels=5), **extra, **kwargs}).double()
 
 
 def run(name, layer, batch):
-    return LAYERS[name][2](layer, batch)
+    # the one call shape of every attention layer
+    return layer(batch.x, batch.batch, **layer.payload(batch))
 
 
 @pytest.mark.parametrize('name', list(LAYERS))
@@ -99,7 +93,7 @@ def test_reset_parameters_reinitialises_everything(name):
 
 @pytest.mark.parametrize('name', list(LAYERS))
 def test_bad_dropout_and_heads(name):
-    cls, extra, _ = LAYERS[name]
+    cls, extra = LAYERS[name]
     with pytest.raises(ValueError, match='dropout'):
         cls(12, heads=3, dropout=1.0, **extra)
     with pytest.raises(ValueError, match='divisible'):
@@ -144,7 +138,8 @@ def test_linear_dropout_is_column_coefficient_dropout(mode):
     layer = GRFAttention(12, heads=3, max_length=3, mode=mode, feature_map='elu', eps=0.0,
                          dropout=p).double().train()
     torch.manual_seed(11)
-    out = layer(batch.x, batch.grf_index, batch.grf_length, batch.grf_load)
+    out = layer(batch.x, grf=GRFLoads(batch.grf_index, batch.grf_length, batch.grf_load,
+                                      batch.x.size(0)))
     torch.manual_seed(11)  # the ELU feature map draws nothing: the first draw is the mask
     keep = torch.empty(batch.num_nodes, 3, 1, dtype=D).bernoulli_(1 - p)
     ref = dense_grf_attention(layer, batch.x, batch.grf_index, batch.grf_length,

@@ -6,6 +6,7 @@ import torch.nn.functional as F
 from torch_geometric.data import Batch, Data
 from torch_geometric.utils import to_undirected
 
+from pyg_grf.features import RWGNKLoads
 from pyg_grf.nn import GKATAttention
 from pyg_grf.transforms import AddRWGNKFeatures
 
@@ -70,7 +71,7 @@ def test_matches_dense_reference(mode, score, concat, project):
                           project=project)
     layer = layer.double()
     torch.nn.init.normal_(layer.to_out.bias if project else layer.bias)
-    out = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value, batch.batch)
+    out = layer(batch.x, batch.batch, rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value))
     assert out.shape == (batch.num_nodes, 8 if project else 6 if concat else 3)
     assert layer.out_channels == out.size(1)
     ref = reference(layer, batch.x, dense_kernel(batch))
@@ -80,7 +81,7 @@ def test_matches_dense_reference(mode, score, concat, project):
 def test_unweighted_support_ablation():
     batch = make_batch()
     layer = GKATAttention(8, heads=2, mode='softmax', kernel_weighting=False).double()
-    out = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value)
+    out = layer(batch.x, rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value))
     assert torch.allclose(out, reference(layer, batch.x, dense_kernel(batch)), atol=1e-6)
 
 
@@ -88,16 +89,17 @@ def test_unweighted_support_ablation():
 def test_no_cross_graph_attention(mode):
     batch = make_batch()
     layer = GKATAttention(8, heads=2, mode=mode).double()
-    out = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value, batch.batch)
+    rwgnk = RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value)
+    out = layer(batch.x, batch.batch, rwgnk=rwgnk)
     x = batch.x.clone()
     x[batch.batch == 2] += torch.randn_like(x[batch.batch == 2])
-    out2 = layer(x, batch.rwgnk_index, batch.rwgnk_value, batch.batch)
+    out2 = layer(x, batch.batch, rwgnk=rwgnk)
     keep = batch.batch != 2
     assert torch.equal(out[keep], out2[keep])
     assert not torch.allclose(out[~keep], out2[~keep])
     # Each graph alone gives the same result as inside the batch.
     data = batch.get_example(1)
-    alone = layer(data.x, data.rwgnk_index, data.rwgnk_value)
+    alone = layer(data.x, rwgnk=RWGNKLoads(data.rwgnk_index, data.rwgnk_value))
     assert torch.allclose(alone, out[batch.batch == 1], atol=1e-12)
 
 
@@ -108,9 +110,10 @@ def test_gradcheck(mode):
     layer = GKATAttention(8, heads=2, mode=mode, head_channels=2).double()
     x = data.x.clone().requires_grad_()
     value = data.rwgnk_value.clone().requires_grad_()
-    assert torch.autograd.gradcheck(lambda x, v: layer(x, data.rwgnk_index, v), (x, value))
+    assert torch.autograd.gradcheck(
+        lambda x, v: layer(x, rwgnk=RWGNKLoads(data.rwgnk_index, v)), (x, value))
     # Gradients reach every parameter.
-    layer(x, data.rwgnk_index, value).square().sum().backward()
+    layer(x, rwgnk=RWGNKLoads(data.rwgnk_index, value)).square().sum().backward()
     for name, p in layer.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
@@ -118,12 +121,13 @@ def test_gradcheck(mode):
 def test_dropout_and_cache():
     batch = make_batch()
     layer = GKATAttention(8, heads=2, mode='softmax', dropout=0.5, cached=True).double()
-    args = (batch.x, batch.rwgnk_index, batch.rwgnk_value)
+    rwgnk = RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value)
     layer.eval()
-    out = layer(*args)
-    assert torch.equal(out, layer(*args))  # cached kernel pairs, no dropout in eval
+    out = layer(batch.x, rwgnk=rwgnk)
+    # cached kernel pairs, no dropout in eval
+    assert torch.equal(out, layer(batch.x, rwgnk=rwgnk))
     layer.train()
-    assert not torch.allclose(layer(*args), out)
+    assert not torch.allclose(layer(batch.x, rwgnk=rwgnk), out)
     layer.reset_parameters()
     assert layer._cache is None
 
@@ -135,7 +139,7 @@ def test_repr_and_defaults():
         "GKATAttention(16, heads=2, mode='softmax', score='gat', project=False, dropout=0.6)")
     assert layer.att_src is None and layer.to_q is not None
     x = torch.randn(3, 16)
-    out = layer(x, torch.tensor([[0, 1, 2], [0, 1, 2]]), torch.ones(3))
+    out = layer(x, rwgnk=RWGNKLoads(torch.tensor([[0, 1, 2], [0, 1, 2]]), torch.ones(3)))
     assert out.shape == (3, 16)
 
 
@@ -149,20 +153,20 @@ def test_bad_input():
     layer = GKATAttention(8, heads=2)
     idx = torch.tensor([[0, 1], [1, 0]])
     with pytest.raises(ValueError, match=r"'x' must have shape \[N, 8\]"):
-        layer(torch.randn(2, 5), idx, torch.ones(2))
+        layer(torch.randn(2, 5), rwgnk=RWGNKLoads(idx, torch.ones(2)))
     with pytest.raises(ValueError, match="'rwgnk_value' must have shape"):
-        layer(torch.randn(2, 8), idx, torch.ones(3))
+        layer(torch.randn(2, 8), rwgnk=RWGNKLoads(idx, torch.ones(3)))
     with pytest.raises(ValueError, match="'rwgnk_index' must have shape"):
-        layer(torch.randn(2, 8), idx[0], torch.ones(2))
+        layer(torch.randn(2, 8), rwgnk=RWGNKLoads(idx[0], torch.ones(2)))
     with pytest.raises(ValueError, match=r"must hold node ids in \[0, 1\).*refers to node 1"):
-        layer(torch.randn(1, 8), idx, torch.ones(2))
+        layer(torch.randn(1, 8), rwgnk=RWGNKLoads(idx, torch.ones(2)))
 
 
 @pytest.mark.parametrize('mode', ['softmax', 'dense'])
 def test_threshold_drops_small_kernel_entries(mode):
     batch = make_batch()
     layer = GKATAttention(8, heads=2, mode=mode, threshold=0.2).double()
-    out = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value, batch.batch)
+    out = layer(batch.x, batch.batch, rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value))
     kernel = dense_kernel(batch)
     assert bool(((kernel > 0) & (kernel <= 0.2)).any())  # the threshold matters here
     kernel = torch.where(kernel > 0.2, kernel, torch.zeros_like(kernel))
@@ -193,14 +197,16 @@ def test_precomputed_kernel_pairs(stored, layer_threshold):
     expected = torch.where(kernel > stored, kernel, torch.zeros_like(kernel))
     assert torch.allclose(stored_dense, expected, atol=1e-6)
     layer = GKATAttention(8, heads=2, mode='softmax', threshold=layer_threshold).double()
-    out = layer(batch.x, batch.rwgnk_index, batch.rwgnk_value.double(), batch.batch,
-                kernel=(batch.rwgnk_kernel_index, batch.rwgnk_kernel_value.double()))
+    out = layer(batch.x, batch.batch,
+                rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value.double(),
+                                 batch.rwgnk_kernel_index, batch.rwgnk_kernel_value.double()))
     cut = max(stored, layer_threshold)
     ref_kernel = torch.where(kernel > cut, kernel, torch.zeros_like(kernel))
     assert torch.allclose(out, reference(layer, batch.x, ref_kernel), atol=1e-6)
     with pytest.raises(ValueError, match=r"'kernel' must be \(index \[2, P\], value \[P\]\)"):
-        layer(batch.x, batch.rwgnk_index, batch.rwgnk_value.double(),
-              kernel=(batch.rwgnk_kernel_index, batch.rwgnk_kernel_value[:-1]))
+        layer(batch.x, rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value.double(),
+                                        batch.rwgnk_kernel_index,
+                                        batch.rwgnk_kernel_value[:-1]))
     with pytest.raises(ValueError, match="'kernel_threshold' must be None or >= 0"):
         AddRWGNKFeatures(num_walks=4, lam=0.7, alpha=1.0, max_length=3, kernel_threshold=-1.0)
 
@@ -214,9 +220,9 @@ def test_linear_backends_equal_dense_reference(backend, with_kernel):
     layer = GKATAttention(8, heads=2, mode='linear', head_channels=3, backend=backend).double()
     torch.nn.init.normal_(layer.to_out.bias)
     kernel = rwgnk_kernel(batch.rwgnk_index, batch.rwgnk_value, batch.num_nodes) \
-        if with_kernel else None
+        if with_kernel else (None, None)
     x = batch.x.clone().requires_grad_()
-    out = layer(x, batch.rwgnk_index, batch.rwgnk_value, batch.batch, kernel=kernel)
+    out = layer(x, batch.batch, rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value, *kernel))
     ref = reference(layer, batch.x, dense_kernel(batch))
     assert torch.allclose(out, ref, atol=1e-9, rtol=0)
     out.sum().backward()
@@ -258,8 +264,8 @@ def test_half_precision_module(dtype, mode):
         Data(edge_index=to_undirected(erdos_renyi_graph(20, 0.3)), num_nodes=20))
     x = torch.randn(20, 16, dtype=torch.float64)
     layer = GKATAttention(16, heads=2, mode=mode).double()
-    ref = layer(x, d.rwgnk_index, d.rwgnk_value.double())
-    out = layer.to(dtype)(x.to(dtype), d.rwgnk_index, d.rwgnk_value.to(dtype))
+    ref = layer(x, rwgnk=RWGNKLoads(d.rwgnk_index, d.rwgnk_value.double()))
+    out = layer.to(dtype)(x.to(dtype), rwgnk=RWGNKLoads(d.rwgnk_index, d.rwgnk_value.to(dtype)))
     assert out.dtype == dtype
     # half-precision rounding of inputs, weights and sums: a few units of its epsilon
     tol = 40 * torch.finfo(dtype).eps * float(ref.abs().max())
@@ -275,8 +281,8 @@ def test_softmax_kernel_memory_is_checked_first(monkeypatch):
     monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '50M')
     with pytest.raises(MemoryError, match=r"GKAT kernel .*more than \$PYG_GRF_MEMORY_LIMIT.*"
                                           r"mode='linear'"):
-        GKATAttention(8, heads=2, mode='softmax')(torch.randn(N, 8), star.rwgnk_index,
-                                                 star.rwgnk_value)
-    out = GKATAttention(8, heads=2, mode='linear')(torch.randn(N, 8), star.rwgnk_index,
-                                                  star.rwgnk_value)
+        GKATAttention(8, heads=2, mode='softmax')(torch.randn(N, 8),
+                                                 rwgnk=RWGNKLoads.from_data(star))
+    out = GKATAttention(8, heads=2, mode='linear')(torch.randn(N, 8),
+                                                  rwgnk=RWGNKLoads.from_data(star))
     assert torch.isfinite(out).all()

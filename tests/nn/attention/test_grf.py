@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
-from pyg_grf.features import dense_adjacency, power_series_kernel, self_convolution
+from pyg_grf.features import GRFLoads, dense_adjacency, power_series_kernel, self_convolution
 from pyg_grf.nn import GRFAttention, LinearAttention, PowerSeriesAttention, SoftmaxAttention
 from pyg_grf.transforms import AddGraphRandomFeatures
 from tests.utils import er_graph, grid_graph, path_graph
@@ -54,7 +54,7 @@ def test_grf_attention_equals_dense_reimplementation(mode):
     layer = GRFAttention(8, heads=2, max_length=3, mode=mode, eps=0.0, feature_map='elu').double()
     with torch.no_grad():
         layer.f.copy_(torch.rand(2, 4) + 0.1)
-    out = layer(b.x, b.grf_index, b.grf_length, b.grf_load, b.batch)
+    out = layer(b.x, b.batch, grf=GRFLoads.from_data(b))
     ref = dense_grf_attention(layer, b.x, b.grf_index, b.grf_length, b.grf_load)
     assert out.shape == (25, 8)
     assert torch.allclose(out, ref, atol=1e-6, rtol=0)
@@ -64,10 +64,10 @@ def test_grf_attention_equals_dense_reimplementation(mode):
 def test_batch_equals_per_graph(mode):
     b = batch_of_three()
     layer = GRFAttention(8, heads=2, max_length=3, mode=mode).double()
-    out = layer(b.x, b.grf_index, b.grf_length, b.grf_load, b.batch)
+    out = layer(b.x, b.batch, grf=GRFLoads.from_data(b))
     for g in range(3):
         d = b.get_example(g)
-        out_g = layer(d.x, d.grf_index, d.grf_length, d.grf_load)
+        out_g = layer(d.x, grf=GRFLoads.from_data(d))
         assert torch.allclose(out[b.batch == g], out_g, atol=1e-10)
 
 
@@ -80,12 +80,13 @@ def test_gradcheck_f_and_projections():
 
     def fn(f, wq, wk, wv, x):
         p = {'f': f, 'to_q.weight': wq, 'to_k.weight': wk, 'to_v.weight': wv}
-        return torch.func.functional_call(layer, p, (x, b.grf_index, b.grf_length, b.grf_load))
+        grf = GRFLoads(b.grf_index, b.grf_length, b.grf_load, x.size(0))
+        return torch.func.functional_call(layer, p, (x,), {'grf': grf})
 
     args = tuple(params[n].detach().clone().requires_grad_() for n in
                  ('f', 'to_q.weight', 'to_k.weight', 'to_v.weight')) + (b.x.clone().requires_grad_(),)
     assert torch.autograd.gradcheck(fn, args, atol=1e-6)
-    out = layer(b.x, b.grf_index, b.grf_length, b.grf_load)
+    out = layer(b.x, grf=GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.x.size(0)))
     out.square().sum().backward()
     for name, p in layer.named_parameters():
         assert p.grad is not None and bool(p.grad.abs().sum() > 0), name
@@ -100,10 +101,10 @@ def test_power_series_attention_is_the_expectation_reference():
     M = ref.dense_mask(b.edge_index, b.num_nodes)
     exact = power_series_kernel(b.edge_index, b.num_nodes, self_convolution(grf.f[1].double()))
     assert torch.allclose(M[1], exact)
-    out = ref(b.x, b.edge_index, b.batch)
+    out = ref(b.x, b.batch, edge_index=b.edge_index)
     for g in range(3):
         d = b.get_example(g)
-        assert torch.allclose(out[b.batch == g], ref(d.x, d.edge_index), atol=1e-10)
+        assert torch.allclose(out[b.batch == g], ref(d.x, edge_index=d.edge_index), atol=1e-10)
 
 
 def test_linear_and_softmax_references_are_per_graph():
@@ -141,7 +142,7 @@ def test_favor_plus_feature_map_and_redraw():
     layer = GRFAttention(8, heads=2, max_length=3, feature_map='favor+',
                          feature_map_kwargs={'num_features': 16})
     b = batch_of_three()
-    out = layer(b.x.float(), b.grf_index, b.grf_length, b.grf_load)
+    out = layer(b.x.float(), grf=GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.x.size(0)))
     assert out.shape == (25, 8) and bool(torch.isfinite(out).all())
     before = layer.feature_map.projection.clone()
     layer.feature_map.redraw()
@@ -187,18 +188,18 @@ def test_bad_forward_input():
     b = batch_of_three()
     layer = GRFAttention(8, heads=2, max_length=3).double()
     with pytest.raises(ValueError, match=r'\[N, 8\]'):
-        layer(b.x[:, :4], b.grf_index, b.grf_length, b.grf_load)
+        layer(b.x[:, :4], grf=GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.x.size(0)))
     with pytest.raises(ValueError, match=r'node ids in \[0, 10\), got ids in \[0, 24\]'):
-        layer(b.x[:10], b.grf_index, b.grf_length, b.grf_load)
+        layer(b.x[:10], grf=GRFLoads(b.grf_index, b.grf_length, b.grf_load, 10))
     with pytest.raises(ValueError, match='one per entry'):
-        layer(b.x, b.grf_index, b.grf_length[1:], b.grf_load)
+        layer(b.x, grf=GRFLoads(b.grf_index, b.grf_length[1:], b.grf_load, b.x.size(0)))
 
 
 def test_isolated_nodes_and_empty_graph():
     t = AddGraphRandomFeatures(num_walks=3, max_length=2, seed=0)
     layer = GRFAttention(4, max_length=2)
     d = t(Data(x=torch.randn(3, 4), edge_index=torch.empty(2, 0, dtype=torch.long)))
-    out = layer(d.x, d.grf_index, d.grf_length, d.grf_load)
+    out = layer(d.x, grf=GRFLoads.from_data(d))
     assert out.shape == (3, 4) and bool(torch.isfinite(out).all())
     d = t(Data(x=torch.randn(0, 4), edge_index=torch.empty(2, 0, dtype=torch.long)))
-    assert layer(d.x, d.grf_index, d.grf_length, d.grf_load).shape == (0, 4)
+    assert layer(d.x, grf=GRFLoads.from_data(d)).shape == (0, 4)

@@ -82,8 +82,9 @@ def test_every_backend_equals_dense_reference(mode, backend):
     out = layer(b.x, grf=GRFLoads.from_data(b))
     assert out.shape == (26, 8)
     assert torch.allclose(out, ref, atol=1e-9, rtol=0)
-    # the three-tensor form (with the batch vector) is the same computation
-    out3 = layer(b.x, b.grf_index, b.grf_length, b.grf_load, b.batch)
+    # the deprecated three-tensor form (with the batch vector) is the same computation
+    with pytest.warns(FutureWarning, match='deprecated'):
+        out3 = layer(b.x, b.grf_index, b.grf_length, b.grf_load, b.batch)
     assert torch.allclose(out3, ref, atol=1e-9, rtol=0)
 
 
@@ -207,7 +208,7 @@ def test_grf_loads_validation():
     layer = GRFAttention(8, heads=2, max_length=2).double()
     with pytest.raises(ValueError, match=r'hop counts up to 3 but GRFAttention\(max_length=2\)'):
         layer(b.x, grf=GRFLoads.from_data(b))
-    with pytest.raises(ValueError, match='either'):
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match='either'):
         make_layer('symmetric', 'sparse')(b.x, b.grf_index, grf=GRFLoads.from_data(b))
     with pytest.raises(ValueError, match='backend'):
         GRFAttention(8, backend='gpu')
@@ -354,14 +355,13 @@ def test_graph_transformer_reuses_loads_for_the_same_full_graph():
     model = GraphTransformer(8, 16, 2, num_layers=2, heads=2, pooling=None,
                              attention_kwargs={'max_length': 3}).eval()
     out1 = model(b)
-    adapter = model.blocks[0].attn
-    first = adapter._last_loads[1]
+    first = model._last_payload[1]['grf']
     out2 = model(b)
-    assert adapter._last_loads[1] is first  # same tensors: no re-validation, no new join
+    assert model._last_payload[1]['grf'] is first  # same tensors: no re-validation, no join
     assert torch.equal(out1, out2)
     b.grf_load.mul_(2.0)  # changed in place: rebuilt
     out3 = model(b)
-    assert adapter._last_loads[1] is not first
+    assert model._last_payload[1]['grf'] is not first
     assert not torch.allclose(out3, out1)
 
 
@@ -431,3 +431,20 @@ def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
             k = nodes.numel()
             assert torch.allclose(M[g, h, :k, :k], dense[nodes][:, nodes], atol=1e-12)
             assert float(M[g, h, k:].abs().sum() + M[g, h, :, k:].abs().sum()) == 0
+
+
+def test_layer_reuses_the_loads_structures_for_an_equal_batch_vector(monkeypatch):
+    # the structures are keyed by the loads' own batch vector: a layer called with a new tensor
+    # of the same graphs (as every PyG step passes) does not rebuild the join, and gives the
+    # same output as with the loads' own vector
+    calls = []
+    build = GRFLoads._build_terms
+    monkeypatch.setattr(GRFLoads, '_build_terms',
+                        lambda self, *a, **k: calls.append(1) or build(self, *a, **k))
+    b = make_batch()
+    grf = GRFLoads.from_data(b)
+    layer = GRFAttention(8, heads=2, max_length=3, backend='pairs').double()
+    outs = [layer(b.x, b.batch.clone(), grf=grf) for _ in range(3)]
+    assert len(calls) == 1
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    assert torch.equal(outs[0], layer(b.x, None, grf=grf))

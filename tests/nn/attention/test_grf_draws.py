@@ -254,7 +254,7 @@ def test_power_series_blocks_equal_whole_batch_kernel(f_mode):
     torch.manual_seed(0)
     layer = PowerSeriesAttention(8, heads=2, max_length=3, f_init=-0.4,
                                  f_mode=f_mode).to(D)
-    out = layer(x, b.edge_index, b.batch)
+    out = layer(x, b.batch, edge_index=b.edge_index)
     if f_mode == 'abs':  # the reference below with f = |f|
         with torch.no_grad():
             layer.f.abs_()
@@ -268,14 +268,14 @@ def test_power_series_shared_graph_equals_batch_of_copies():
     x = torch.randn(B, n, 8, dtype=D)
     torch.manual_seed(0)
     layer = PowerSeriesAttention(8, heads=2, max_length=2).to(D)
-    out = layer(x, ei)
+    out = layer(x, edge_index=ei)
     copies = Batch.from_data_list([Data(edge_index=ei, num_nodes=n) for _ in range(B)])
-    ref = layer(x.reshape(B * n, 8), copies.edge_index, copies.batch)
+    ref = layer(x.reshape(B * n, 8), copies.batch, edge_index=copies.edge_index)
     assert torch.allclose(out.reshape(B * n, 8), ref, atol=1e-12)
     with pytest.raises(ValueError, match="'edge_index' has node ids up to 11 but 'x' has 8 rows"):
-        layer(torch.randn(8, 8, dtype=D), ei)
+        layer(torch.randn(8, 8, dtype=D), edge_index=ei)
     with pytest.raises(ValueError, match="holds 2 samples of 6 nodes"):
-        layer(torch.randn(2, 6, 8, dtype=D), ei)
+        layer(torch.randn(2, 6, 8, dtype=D), edge_index=ei)
 
 
 def test_explicit_backend_refuses_what_cannot_fit(monkeypatch):
@@ -386,7 +386,7 @@ def test_signed_power_series():
     layer = PowerSeriesAttention(8, heads=2, max_length=2, f_mode='signed').to(D)
     with torch.no_grad():
         layer.f.copy_(torch.tensor([[1.0, -0.8, 0.3], [0.6, 0.5, -0.9]]))
-    out = layer(x, b.edge_index, b.batch)
+    out = layer(x, b.batch, edge_index=b.edge_index)
     q, k, v = layer.project(x)
     pq, pk = layer.features(q, k, b.batch)
     Mf = layer.dense_mask(b.edge_index, b.num_nodes).to(D)           # kernel of f

@@ -57,7 +57,7 @@ def test_layer_equals_dense_reimplementation(mask, fmap):
     torch.manual_seed(1)
     layer = MaskedLinearAttention(12, heads=2, feature_map=fmap).double()
     x = torch.randn(8, 12, dtype=torch.float64)
-    out = layer(x, mask)
+    out = layer(x, mask=mask)
     ref = dense_reference(layer, x, mask.to_dense().double())
     assert out.shape == (8, 12)
     assert torch.allclose(out, ref, atol=1e-10)
@@ -69,7 +69,7 @@ def test_no_mask_is_per_graph_attention():
     layer = MaskedLinearAttention(8, heads=2).double()
     x = torch.randn(8, 8, dtype=torch.float64)
     out = layer(x, batch=b.batch)
-    assert torch.allclose(out, layer(x, PackingMask(b.batch)), atol=1e-12)
+    assert torch.allclose(out, layer(x, mask=PackingMask(b.batch)), atol=1e-12)
     # Each graph alone gives the same rows: no attention across graphs.
     assert torch.allclose(out[:5], layer(x[:5]), atol=1e-12)
     assert torch.allclose(out[5:], layer(x[5:]), atol=1e-12)
@@ -103,7 +103,7 @@ def test_mask_module_is_learned_with_the_layer():
     # Entries beyond the sequence length never touch the output.
     assert rpe.w.grad[:, :15 - 9].abs().sum() == 0
     # An explicit mask overrides the module.
-    assert torch.allclose(layer(x, CausalMask(10)),
+    assert torch.allclose(layer(x, mask=CausalMask(10)),
                           dense_reference(layer, x, CausalMask(10).to_dense().double()),
                           atol=1e-10)
 
@@ -114,7 +114,7 @@ def test_gradcheck_through_tree_decay():
     layer = MaskedLinearAttention(4, heads=2).double()
     x = torch.randn(8, 4, dtype=torch.float64, requires_grad=True)
     a = torch.tensor([-0.3, -0.8], dtype=torch.float64, requires_grad=True)
-    fn = lambda x, a: layer(x, TreeMask(b.edge_index, b.num_nodes, a=a))  # noqa: E731
+    fn = lambda x, a: layer(x, mask=TreeMask(b.edge_index, b.num_nodes, a=a))  # noqa: E731
     assert torch.autograd.gradcheck(fn, (x, a))
 
 
@@ -122,17 +122,17 @@ def test_bad_input():
     layer = MaskedLinearAttention(8, heads=2)
     x = torch.randn(6, 8)
     with pytest.raises(ValueError, match='covers 5 nodes'):
-        layer(x, CausalMask(5))
+        layer(x, mask=CausalMask(5))
     with pytest.raises(ValueError, match='has 3 heads'):
-        layer(x, ToeplitzMask(torch.rand(3, 11)))
+        layer(x, mask=ToeplitzMask(torch.rand(3, 11)))
     with pytest.raises(TypeError, match='MaskOperator'):
-        layer(x, torch.ones(6, 6))
+        layer(x, mask=torch.ones(6, 6))
     with pytest.raises(TypeError, match='mask module'):
         layer(x, length=6)
     with pytest.raises(ValueError, match=r"'batch' must have shape \[6\]"):
         layer(x, batch=torch.zeros(5, dtype=torch.long))
     with pytest.raises(ValueError, match=r'\[N, 8\]'):
-        layer(torch.randn(6, 7), CausalMask(6))
+        layer(torch.randn(6, 7), mask=CausalMask(6))
     with pytest.raises(TypeError, match='torch.nn.Module'):
         MaskedLinearAttention(8, mask_module=lambda: CausalMask(3))
     bad = MaskedLinearAttention(8, mask_module=torch.nn.Identity())
@@ -150,8 +150,8 @@ def _block_diag_reference(layer, x, mask_dense):
     dense = mask_dense if mask_dense.dim() == 3 else mask_dense.unsqueeze(0)
     big = torch.stack([torch.block_diag(*([m] * B)) for m in dense])
     big = big if mask_dense.dim() == 3 else big[0]
-    return layer(x.reshape(B * n, C), DenseMask(big),
-                 batch=torch.arange(B).repeat_interleave(n)).view(B, n, C)
+    return layer(x.reshape(B * n, C), torch.arange(B).repeat_interleave(n),
+                 mask=DenseMask(big)).view(B, n, C)
 
 
 @pytest.mark.parametrize('per_head', [False, True])
@@ -165,7 +165,7 @@ def test_shared_mask_over_samples_equals_block_diagonal_batch(per_head):
     mask = GridRPEMask(shape, f)
     layer = MaskedLinearAttention(8, heads=H).double()
     x = torch.randn(B, 12, 8, dtype=torch.float64)
-    out = layer(x, mask)
+    out = layer(x, mask=mask)
     assert out.shape == (B, 12, 8)
     assert torch.allclose(out, _block_diag_reference(layer, x, mask.to_dense()), atol=1e-12)
 
@@ -186,6 +186,6 @@ def test_shared_mask_errors():
     mask = GridRPEMask((3, 4), torch.rand(6))
     with pytest.raises(ValueError, match=r"covers 12 nodes but 'x' has 10 rows per sample "
                                          r"\(2 samples\)"):
-        layer(torch.randn(2, 10, 8), mask)
+        layer(torch.randn(2, 10, 8), mask=mask)
     with pytest.raises(ValueError, match="'batch' is not used"):
-        layer(torch.randn(2, 12, 8), mask, batch=torch.zeros(24, dtype=torch.long))
+        layer(torch.randn(2, 12, 8), torch.zeros(24, dtype=torch.long), mask=mask)

@@ -3,7 +3,7 @@ import torch
 from torch_geometric.data import Batch, Data
 from torch_geometric.nn import GINEConv, GPSConv
 
-from pyg_grf.features import GRFLoads
+from pyg_grf.features import GRFLoads, RWGNKLoads
 from pyg_grf.nn import GRFGPSConv
 from pyg_grf.transforms import AddGraphRandomFeatures
 from tests.utils import er_graph, grid_graph, path_graph
@@ -86,7 +86,7 @@ def test_grf_equals_hand_written_composition_of_its_parts(norm):
         return m(h, batch=b.batch) if 'batch' in m.forward.__code__.co_varnames else m(h)
 
     h1 = norm_(conv.norm1, conv.conv(b.x, b.edge_index, edge_attr=b.edge_attr) + b.x)
-    h2 = norm_(conv.norm2, conv.attn(b.x, b.grf_index, b.grf_length, b.grf_load, b.batch) + b.x)
+    h2 = norm_(conv.norm2, conv.attn(b.x, b.batch, grf=grf) + b.x)
     h = h1 + h2
     ref = norm_(conv.norm3, h + conv.mlp(h))
     assert torch.allclose(out, ref, atol=1e-6)
@@ -102,15 +102,19 @@ def test_attention_only_linear_and_gkat():
     t = AddRWGNKFeatures(num_walks=8, lam=0.8, alpha=1.0, max_length=3, seed=0)
     g = Batch.from_data_list([t(d) for d in b.to_data_list()])
     conv = GRFGPSConv(C, None, heads=2, attn_type='gkat')
-    out = conv(g.x, g.edge_index, batch=g.batch, rwgnk=(g.rwgnk_index, g.rwgnk_value))
+    out = conv(g.x, g.edge_index, batch=g.batch, rwgnk=RWGNKLoads(g.rwgnk_index, g.rwgnk_value))
     assert out.shape == (25, C)
+    # the deprecated tuple form still works, with a FutureWarning
+    with pytest.warns(FutureWarning, match='rwgnk= as a tuple'):
+        old = conv(g.x, g.edge_index, batch=g.batch, rwgnk=(g.rwgnk_index, g.rwgnk_value))
+    assert torch.equal(old, out)
 
 
 def test_repr_and_bad_input():
     b = make_batch()
     conv = GRFGPSConv(C, None, heads=2)
     assert str(conv) == "GRFGPSConv(8, conv=None, heads=2, attn_type='grf')"
-    with pytest.raises(ValueError, match=r"needs grf=GRFLoads.from_data\(batch\)"):
+    with pytest.raises(ValueError, match=r"attn_type='grf' needs grf="):
         conv(b.x, b.edge_index, batch=b.batch)
     with pytest.raises(ValueError, match="'attn_type' must be one of"):
         GRFGPSConv(C, None, attn_type='bigbird')

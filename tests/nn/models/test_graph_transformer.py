@@ -33,8 +33,10 @@ def graphs():
     return _graphs()
 
 
-# 'grid_rpe' needs every graph to be one grid: tests/masks/test_grid.py
-@pytest.mark.parametrize('attention', [a for a in sorted(ATTENTIONS) if a != 'grid_rpe'])
+# 'grid_rpe' needs every graph to be one grid: tests/masks/test_grid.py; GraphTransformer's
+# 'performer' is still the deprecated name of 'favor' (test_deprecated_attention_names)
+@pytest.mark.parametrize('attention', [a for a in sorted(ATTENTIONS)
+                                       if a not in ('grid_rpe', 'performer')])
 @pytest.mark.parametrize('local_mp', [None, 'gine'])
 def test_attention_kinds_batch_equals_per_graph(graphs, attention, local_mp):
     torch.manual_seed(0)
@@ -155,6 +157,7 @@ def test_repr_and_errors(graphs):
 
 
 def test_custom_adapter(graphs):
+    # the deprecated way to add an attention kind: still works, with a FutureWarning
     class MeanAdapter(AttentionAdapter):  # attention = mean of the graph's nodes
         def build(self, channels, heads, dropout, **kwargs):
             return torch.nn.Linear(channels, channels)
@@ -163,8 +166,57 @@ def test_custom_adapter(graphs):
             from torch_geometric.nn import global_mean_pool
             return self.attn(global_mean_pool(x, batch, num_graphs)[batch])
 
-    model = GraphTransformer(4, 8, 2, num_layers=1, attention=MeanAdapter)
+    with pytest.warns(FutureWarning, match='AttentionAdapter subclasses are deprecated'):
+        model = GraphTransformer(4, 8, 2, num_layers=1, attention=MeanAdapter)
     assert model(Batch.from_data_list(graphs)).shape == (3, 2)
+
+
+def test_custom_graph_attention(graphs):
+    # the way to add an attention kind: a GraphAttention subclass, built as
+    # cls(hidden_channels, heads=heads, dropout=attn_dropout, **attention_kwargs)
+    import warnings
+
+    from torch_geometric.nn import global_mean_pool
+
+    from pyg_grf.nn.attention import GraphAttention
+
+    class MeanAttention(GraphAttention):  # attention = mean of the graph's nodes
+        def __init__(self, channels, heads=1, dropout=0.0):
+            super().__init__()
+            self.lin = torch.nn.Linear(channels, channels)
+
+        def forward(self, x, batch=None):
+            return self.lin(global_mean_pool(x, batch)[batch])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', FutureWarning)
+        model = GraphTransformer(4, 8, 2, num_layers=1, attention=MeanAttention).eval()
+        batch = Batch.from_data_list(graphs)
+        out = model(batch)
+    assert isinstance(model.blocks[0].attn, MeanAttention) and out.shape == (3, 2)
+    per_graph = torch.cat([model(Batch.from_data_list([g])) for g in graphs])
+    assert torch.allclose(out, per_graph, atol=1e-5)
+
+
+@pytest.mark.parametrize('block', ['pre_norm', 'gps'])
+def test_deprecated_attention_names(graphs, block):
+    # GraphTransformer(attention='performer') is 'favor' (FAVOR+ per graph) and, with
+    # block='gps', attention='softmax' is 'multihead', for one release with a FutureWarning
+    batch = Batch.from_data_list(graphs)
+    old_new = [('performer', 'favor', {'num_features': 8})]
+    if block == 'gps':
+        old_new.append(('softmax', 'multihead', None))
+    for old, new, kwargs in old_new:
+        torch.manual_seed(0)
+        with pytest.warns(FutureWarning, match=f"use attention='{new}'"):
+            old_model = GraphTransformer(4, 16, 3, num_layers=1, heads=2, attention=old,
+                                         attention_kwargs=kwargs, block=block).eval()
+        torch.manual_seed(0)
+        new_model = GraphTransformer(4, 16, 3, num_layers=1, heads=2, attention=new,
+                                     attention_kwargs=kwargs, block=block).eval()
+        assert old_model.attn_type == new
+        new_model.load_state_dict(old_model.state_dict())  # strict: the same layers
+        assert torch.equal(old_model(batch), new_model(batch))
 
 
 def test_gkat_reads_stored_kernel_pairs(graphs):
@@ -219,7 +271,8 @@ def test_checkpoints_with_the_old_mlp_layout_load(graphs, local_mp):
                   edge_dim=3)
     model = GraphTransformer(4, 16, 3, **kwargs).eval()
     old = {k.replace('head.lins.0.', 'head.0.').replace('head.lins.1.', 'head.3.')
-            .replace('nn.lins.0.', 'nn.0.').replace('nn.lins.1.', 'nn.3.'): v
+            .replace('nn.lins.0.', 'nn.0.').replace('nn.lins.1.', 'nn.3.')
+            .replace('.conv.', '.local_mp.').replace('.mlp.', '.ffn.'): v
            for k, v in model.state_dict().items()}
     assert 'head.3.weight' in old and 'blocks.1.local_mp.nn.0.bias' in old
     fresh = GraphTransformer(4, 16, 3, **kwargs).eval()
@@ -258,10 +311,10 @@ def test_local_mp_instance_equals_hand_composition(graphs, edge_attr):
         e = batch.edge_attr @ model.edge_encoder.weight.T + model.edge_encoder.bias
     for block in model.blocks:
         h = block.norm1(x)
-        m = (block.local_mp(h, batch.edge_index, edge_attr=e) if edge_attr else
-             block.local_mp(h, batch.edge_index))
-        y = x + block.attn.attn(h, batch.batch) + m
-        x = y + block.ffn(block.norm2(y))
+        m = (block.conv(h, batch.edge_index, edge_attr=e) if edge_attr else
+             block.conv(h, batch.edge_index))
+        y = x + block.attn(h, batch.batch) + m
+        x = y + block.mlp(block.norm2(y))
     ref = _head(model, global_mean_pool(model.final_norm(x), batch.batch))
     assert torch.allclose(model(batch), ref, atol=1e-5)
     if edge_attr:  # the edge features do reach the conv
@@ -276,7 +329,7 @@ def test_local_mp_instance_is_copied_per_layer(graphs):
     template = {k: v.clone() for k, v in conv.state_dict().items()}
     model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attention='linear',
                              local_mp=conv)
-    first, second = model.blocks[0].local_mp, model.blocks[1].local_mp
+    first, second = model.blocks[0].conv, model.blocks[1].conv
     assert isinstance(first, GATConv) and first is not conv and first is not second
     # Reset copies: own, different weights; the template is untouched and not a submodule.
     assert not torch.equal(first.lin.weight, second.lin.weight)
@@ -319,14 +372,14 @@ def test_local_mp_instance_bad_input(graphs):
 # block='gps': GRFGPSConv layers ##########################################################
 
 
-GPS_KWARGS = {'grf': {'max_length': 3, 'global_beta': 0.1}, 'performer': {'num_features': 8}}
+GPS_KWARGS = {'grf': {'max_length': 3, 'global_beta': 0.1}, 'favor': {'num_features': 8}}
 
 
 def _gps_batch(graphs):
     return Batch.from_data_list(graphs)
 
 
-@pytest.mark.parametrize('attention', ['grf', 'gkat', 'linear', 'performer', 'softmax'])
+@pytest.mark.parametrize('attention', ['grf', 'gkat', 'linear', 'favor', 'multihead'])
 @pytest.mark.parametrize('local_mp,norm', [(None, 'batch_norm'), ('gine', 'layer_norm'),
                                            ('gat', None), ('instance', 'batch_norm')])
 def test_gps_block_equals_hand_composition(graphs, attention, local_mp, norm):
@@ -334,7 +387,7 @@ def test_gps_block_equals_hand_composition(graphs, attention, local_mp, norm):
     # the model's weights) -> mean pooling -> head, in float64.
     from torch_geometric.nn import GATConv, GINEConv, MLP, global_mean_pool
 
-    from pyg_grf.features import GRFLoads
+    from pyg_grf.features import GRFLoads, RWGNKLoads
     from pyg_grf.nn import GRFGPSConv
     C, heads = 16, 2
     batch = _gps_batch(graphs)
@@ -357,11 +410,11 @@ def test_gps_block_equals_hand_composition(graphs, attention, local_mp, norm):
     assert all(type(layer) is GRFGPSConv for layer in model.blocks)
 
     # The reference: GRFGPSConv layers as a user builds them (per-node LayerNorm; exact
-    # softmax attention is attn_type='multihead'; the performer is FAVOR+ linear attention, as
+    # softmax attention is attn_type='multihead'; 'favor' is FAVOR+ linear attention, as
     # in block='pre_norm'), loaded with the model's weights.
-    attn_type = {'softmax': 'multihead', 'performer': 'linear'}.get(attention, attention)
+    attn_type = {'favor': 'linear'}.get(attention, attention)
     attn_kwargs = GPS_KWARGS.get(attention)
-    if attention == 'performer':
+    if attention == 'favor':
         attn_kwargs = {'feature_map': 'favor+', 'feature_map_kwargs': {'num_features': 8}}
     layers = []
     for layer in model.blocks:
@@ -373,7 +426,7 @@ def test_gps_block_equals_hand_composition(graphs, attention, local_mp, norm):
     x = batch.x.double() @ model.node_encoder.weight.T + model.node_encoder.bias
     e = batch.edge_attr.double() @ model.edge_encoder.weight.T + model.edge_encoder.bias
     grf = GRFLoads.from_data(batch) if attention == 'grf' else None
-    rwgnk = (batch.rwgnk_index, batch.rwgnk_value) if attention == 'gkat' else None
+    rwgnk = RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value) if attention == 'gkat' else None
     for layer in layers:
         kwargs = {'edge_attr': e} if local_mp is not None else {}
         x = layer(x, batch.edge_index, batch.batch, grf=grf, rwgnk=rwgnk, **kwargs)
@@ -389,7 +442,7 @@ def test_gps_block_equals_hand_composition(graphs, attention, local_mp, norm):
     assert torch.allclose(out, per_graph, atol=1e-6)
 
 
-@pytest.mark.parametrize('attention', ['grf', 'gkat', 'softmax'])
+@pytest.mark.parametrize('attention', ['grf', 'gkat', 'multihead'])
 def test_gps_block_gradients_flow(graphs, attention):
     batch = _gps_batch(graphs)
     model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attention=attention,
@@ -413,27 +466,22 @@ def test_gps_block_repr_and_errors():
     with pytest.raises(ValueError, match=r"block must be one of \('pre_norm', 'gps'\), got "
                                          r"'post_norm'"):
         GraphTransformer(4, 16, 2, num_layers=1, block='post_norm')
-    for attention in ('samsa', 'power_series', None):
-        with pytest.raises(ValueError, match=rf"block='gps' builds every layer as a GRFGPSConv, "
-                                             rf"whose attention is one of .* got "
-                                             rf"attention={attention!r}"):
-            GraphTransformer(4, 16, 2, num_layers=1, attention=attention, local_mp='gin',
-                             block='gps')
-    with pytest.raises(ValueError, match=r"block='gps' supports norm in .* got 'rms_norm'"):
-        GraphTransformer(4, 16, 2, num_layers=1, attention='linear', norm='rms_norm',
-                         block='gps')
-    with pytest.raises(ValueError, match=r"ffn_ratio must be 2, got 4"):
-        GraphTransformer(4, 16, 2, num_layers=1, attention='linear', ffn_ratio=4, block='gps')
+    # every attention of the registry and every norm work in both layouts now; the MLP width
+    # follows ffn_ratio (GPSConv's 2 * hidden_channels is the default)
+    model = GraphTransformer(4, 16, 2, num_layers=1, attention='linear', ffn_ratio=4,
+                             norm='rms_norm', block='gps')
+    assert model.blocks[0].mlp[0].out_features == 64
+    assert isinstance(model.blocks[0].norm3, torch.nn.RMSNorm)
     with pytest.raises(TypeError, match=r"attn_dropout, not attention_kwargs\['dropout'\]"):
         GraphTransformer(4, 16, 2, num_layers=1, attention='linear',
                          attention_kwargs={'dropout': 0.1}, block='gps')
-    with pytest.raises(TypeError, match=r"attention='grf' \(GRFGPSConv attn_type='grf'\) with "
-                                        r"attention_kwargs=\{'max_lenght': 3\}"):
+    with pytest.raises(TypeError, match=r"attention='grf' with attention_kwargs="
+                                        r"\{'max_lenght': 3\}"):
         GraphTransformer(4, 16, 2, num_layers=1, attention='grf',
                          attention_kwargs={'max_lenght': 3}, block='gps')
 
 
-@pytest.mark.parametrize('attention', ['softmax', 'performer', 'samsa', 'linear', 'grf',
+@pytest.mark.parametrize('attention', ['softmax', 'favor', 'samsa', 'linear', 'grf',
                                        'power_series', 'gkat'])
 @pytest.mark.parametrize('block', ['pre_norm', 'gps'])
 def test_empty_batch(attention, block):
@@ -442,6 +490,8 @@ def test_empty_batch(attention, block):
     from pyg_grf.transforms import AddRWGNKFeatures
     if block == 'gps' and attention in ('samsa', 'power_series'):
         pytest.skip('no GPS layer for this attention')
+    if block == 'gps' and attention == 'softmax':
+        attention = 'multihead'  # what 'softmax' built in this layout (its deprecated name)
     d = Data(x=torch.zeros(0, 4), edge_index=torch.zeros(2, 0, dtype=torch.long), num_nodes=0)
     d = AddGraphRandomFeatures(num_walks=2, max_length=2, seed=0)(d)
     d = AddRWGNKFeatures(num_walks=2, max_length=2, lam=0.5, alpha=1.0, seed=0)(d)
@@ -478,7 +528,27 @@ def test_full_graph_training_reuses_the_grf_payload(block):
 
 
 def _payload(model):
-    # the GRFLoads kept between calls (by the model, or the first layer's adapter)
-    owners = [m for m in model.modules() if getattr(m, '_last_loads', None) is not None]
-    assert len(owners) == 1
-    return owners[0]._last_loads[1]
+    # the GRFLoads kept between calls by the model
+    return model._last_payload[1]['grf']
+
+
+@pytest.mark.parametrize('block', ['pre_norm', 'gps'])
+def test_full_graph_training_builds_the_mask_statistics_once(block, monkeypatch):
+    # issue #16: the layers got a fresh zeros batch vector per call, and the loads' cached
+    # structures (the pair join behind the mask statistics) were keyed by its storage, so a
+    # full-graph step could redo the join; now the layers see the data's own (None) batch
+    from pyg_grf.features.loads import GRFLoads
+    calls = []
+    build = GRFLoads._build_terms
+    monkeypatch.setattr(GRFLoads, '_build_terms',
+                        lambda self, *a, **k: calls.append(1) or build(self, *a, **k))
+    torch.manual_seed(0)
+    data = Data(x=torch.randn(200, 4), edge_index=to_undirected(erdos_renyi_graph(200, 0.02)))
+    data = AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0)(data)
+    model = GraphTransformer(4, 8, 3, num_layers=2, heads=2, attention='grf', pooling=None,
+                             block=block, attention_kwargs={'max_length': 2, 'backend': 'pairs'})
+    for _ in range(4):
+        junk = [torch.zeros(200, dtype=torch.long) for _ in range(3)]  # move the allocator
+        model(data).square().mean().backward()
+        del junk
+    assert len(calls) == 1

@@ -1,0 +1,70 @@
+r"""The typed payload of :class:`~pyg_grf.nn.GKATAttention`: the RWGNK features of a batch."""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+from torch import Tensor
+
+
+class RWGNKLoads:
+    r"""The RWGNK features :math:`\Psi` of a graph or a PyG batch on their nonzeros (FTFI paper,
+    Sec. 4.2, Eq. 5; stored by :class:`~pyg_grf.transforms.AddRWGNKFeatures`), and optionally
+    the nonzeros of the kernel :math:`\mathcal{K} = \Psi\Psi^\top` (``kernel_threshold=`` of the
+    transform), which spare every layer the product. Built once per batch and passed to every
+    layer, as ``GKATAttention(...)(x, batch, rwgnk=RWGNKLoads.from_data(batch))``.
+
+    Args:
+        index (Tensor): ``[2, nnz]`` (node, walk-visited node) indices of :math:`\Psi`.
+        value (Tensor): ``[nnz]`` its values.
+        kernel_index (Tensor, optional): ``[2, P]`` the pairs with
+            :math:`\mathcal{K}_{ij} \ne 0`.
+        kernel_value (Tensor, optional): ``[P]`` their kernel values.
+    """
+
+    def __init__(self, index: Tensor, value: Tensor, kernel_index: Optional[Tensor] = None,
+                 kernel_value: Optional[Tensor] = None):
+        if not isinstance(index, Tensor) or index.dim() != 2 or index.size(0) != 2:
+            raise ValueError(f"'rwgnk_index' must have shape [2, nnz], got {_shape(index)}")
+        if not isinstance(value, Tensor) or value.dim() != 1 or value.numel() != index.size(1):
+            raise ValueError(f"'rwgnk_value' must have shape [{index.size(1)}] to match "
+                             f"'rwgnk_index', got {_shape(value)}")
+        if (kernel_index is None) != (kernel_value is None):
+            raise ValueError("the kernel pairs need both 'rwgnk_kernel_index' and "
+                             "'rwgnk_kernel_value'")
+        if kernel_index is not None and (
+                kernel_index.dim() != 2 or kernel_index.size(0) != 2
+                or kernel_value.shape != (kernel_index.size(1),)):
+            raise ValueError(f"'kernel' must be (index [2, P], value [P]), got shapes "
+                             f"{tuple(kernel_index.shape)} and {tuple(kernel_value.shape)}")
+        self.index = index
+        self.value = value
+        self.kernel_index = kernel_index
+        self.kernel_value = kernel_value
+
+    @classmethod
+    def from_data(cls, data: Any, prefix: str = 'rwgnk') -> 'RWGNKLoads':
+        r"""The features stored on a ``Data`` or ``Batch`` under ``{prefix}_index`` and
+        ``{prefix}_value`` (and ``{prefix}_kernel_index`` / ``_value`` when present)."""
+        missing = [f'{prefix}_{s}' for s in ('index', 'value')
+                   if getattr(data, f'{prefix}_{s}', None) is None]
+        if missing:
+            raise ValueError(f"the data has no RWGNK features {missing}: add the transform "
+                             f"pyg_grf.transforms.AddRWGNKFeatures (best as pre_transform)")
+        k_index = getattr(data, f'{prefix}_kernel_index', None)
+        k_value = getattr(data, f'{prefix}_kernel_value', None)
+        if k_index is None or k_value is None:
+            k_index = k_value = None
+        return cls(data[f'{prefix}_index'], data[f'{prefix}_value'], k_index, k_value)
+
+    @property
+    def kernel(self) -> Optional[Tuple[Tensor, Tensor]]:
+        r"""``(kernel_index, kernel_value)`` or :obj:`None`."""
+        return None if self.kernel_index is None else (self.kernel_index, self.kernel_value)
+
+    def __repr__(self) -> str:
+        kernel = '' if self.kernel_index is None else f', kernel_nnz={self.kernel_index.size(1)}'
+        return f'RWGNKLoads(nnz={self.index.size(1)}{kernel})'
+
+
+def _shape(t: Any) -> str:
+    return str(tuple(t.shape)) if isinstance(t, Tensor) else type(t).__name__

@@ -1,0 +1,55 @@
+r"""PyG's and torch's dense attentions with the package's call shape ``forward(x, batch=None)``:
+padded per graph with :func:`~torch_geometric.utils.to_dense_batch`, exactly as
+:class:`torch_geometric.nn.conv.GPSConv` runs them, so that :class:`~pyg_grf.nn.GRFGPSConv` and
+:class:`~pyg_grf.nn.GraphTransformer` drive them like every other attention. The parameters (and
+state-dict keys) are those of the wrapped classes."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+from torch_geometric.nn.attention import PerformerAttention
+from torch_geometric.utils import to_dense_batch
+
+from pyg_grf.nn.attention.base import GraphAttention
+
+
+class PaddedMultiheadAttention(torch.nn.MultiheadAttention, GraphAttention):
+    r""":class:`torch.nn.MultiheadAttention` (exact softmax attention, :math:`O(\sum_g N_g^2)`)
+    inside each graph of a batch: the graphs are padded to the largest one and the padding is
+    masked out of the keys (``key_padding_mask``), as in PyG's ``GPSConv(attn_type=
+    'multihead')``. Constructor: that of :class:`torch.nn.MultiheadAttention` (``embed_dim,
+    num_heads, dropout, ...``; ``batch_first`` is always :obj:`True`)."""
+
+    def __init__(self, channels: int, heads: int = 1, **kwargs):
+        kwargs.pop('batch_first', None)
+        super().__init__(channels, heads, batch_first=True, **kwargs)
+
+    def reset_parameters(self):
+        self._reset_parameters()
+
+    def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+        if x.size(0) == 0:  # an empty batch: nothing to pad
+            return x * 0
+        h, mask = to_dense_batch(x, batch)
+        h, _ = super().forward(h, h, h, key_padding_mask=~mask, need_weights=False)
+        return h[mask]
+
+
+class PaddedPerformerAttention(PerformerAttention, GraphAttention):
+    r"""PyG's :class:`~torch_geometric.nn.attention.PerformerAttention` inside each graph of a
+    batch, padded per graph as in PyG's ``GPSConv(attn_type='performer')``. As there, the
+    padded values are masked but the padded keys enter the normaliser, so a graph's output
+    depends on the size of the largest graph of its batch; ``'favor'`` (FAVOR+ linear
+    attention strictly per graph) does not. Constructor: that of ``PerformerAttention``
+    (``channels, heads, head_channels=64, kernel, qkv_bias, attn_out_bias, dropout``)."""
+
+    def reset_parameters(self):
+        self._reset_parameters()
+
+    def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+        if x.size(0) == 0:
+            return x * 0
+        h, mask = to_dense_batch(x, batch)
+        return super().forward(h, mask=mask)[mask]
