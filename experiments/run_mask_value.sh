@@ -9,9 +9,12 @@
 #                                                  #   unmasked-linear control
 #   bash experiments/run_mask_value.sh motifs_linear_a  # unmasked-linear controls of the other
 #   bash experiments/run_mask_value.sh motifs_linear_b  #   five families, 3 seeds (2 streams)
-#   bash experiments/run_mask_value.sh peptides SEED [EPOCHS]  # GRF-GPS and the same block with
-#       unmasked linear attention side by side (one core each, equal epochs: both take ~0.54
-#       s/step, 439 K parameters), results appended to experiments/results/peptides_mask_value.txt
+#   bash experiments/run_mask_value.sh peptides SEED [EPOCHS] [MAX_STEPS]  # GRF-GPS and the
+#       same block with unmasked linear attention side by side (439 K parameters each; both
+#       ~0.54 s/step on an idle core), the cosine schedule sized for EPOCHS (9), training
+#       stopped after MAX_STEPS (1360 = 4 epochs; 0: no step limit, 50 minutes of wall clock),
+#       tested at the best-validation checkpoint; results appended to
+#       experiments/results/peptides_mask_value.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
@@ -26,18 +29,20 @@ linear_motifs() {  # motif, then options
     --seeds 3 --mode softmax --threshold 0.05 --threads 1 --models linear \
     --tag "$1_linear" "${@:2}"
 }
-peptides() {  # seed, epochs
+peptides() {  # seed, epochs, max_steps
   local out=runs/peptides_mask_value/seed$1 res=experiments/results/peptides_mask_value.txt
+  local limit="--trainer.max_time=00:00:50:00"
+  [ "${3:-0}" != 0 ] && limit="--trainer.max_steps=$3 --trainer.max_time=00:02:00:00"
   export PYG_GRF_MIRROR="${PYG_GRF_MIRROR:-$(cd .. && pwd)/shared/datasets}"
   mkdir -p "$out"
   for cfg in grf_gps grf_gps_linear; do
     ( start=$(date +%s)
       pyg-grf fit --test_after_fit=true --config "experiments/configs/peptides_func_$cfg.yaml" \
-        --seed_everything="$1" --trainer.max_epochs="$2" --trainer.max_time=00:00:50:00 \
+        --seed_everything="$1" --trainer.max_epochs="$2" $limit \
         --model.init_args.lr=0.001 --model.init_args.warmup_epochs=0.25 \
         --trainer.enable_progress_bar=false --trainer.default_root_dir="$out/$cfg" \
         > "$out/$cfg.log" 2>&1
-      echo "$cfg seed=$1 epochs=$2 wall_s=$(( $(date +%s) - start )) $(grep -o "test/ap[^0-9]*[0-9.]*" "$out/$cfg.log" | tail -1 | tr -s ' │|' ' ')" >> "$res"
+      echo "$cfg seed=$1 epochs=$2 max_steps=${3:-0} wall_s=$(( $(date +%s) - start )) $(grep -o "test/ap[^0-9]*[0-9.]*" "$out/$cfg.log" | tail -1 | tr -s ' │|' ' ')" >> "$res"
     ) &
   done
   wait
@@ -54,6 +59,6 @@ case "${1:?usage: run_mask_value.sh digits|ablations|motifs1|motifs2|circle|moti
     --grf-draws 4 --tag circle_grf_draws ;;
   motifs_linear_a) for m in caveman grid ladder; do linear_motifs $m; done ;;
   motifs_linear_b) linear_motifs induced_cycle --walk-length 6; linear_motifs circular_ladder ;;
-  peptides) peptides "${2:?seed}" "${3:-9}" ;;
+  peptides) peptides "${2:?seed}" "${3:-9}" "${4:-0}" ;;
   *) echo "unknown stream '$1'" >&2; exit 2 ;;
 esac
