@@ -156,3 +156,37 @@ class LearningCurvePlot(Callback):
 
 
 __all__ = ['AtomicModelCheckpoint', 'EpochMetricsLog', 'LearningCurvePlot']
+
+
+class MallocTrim(Callback):
+    r"""Returns the process's free heap memory to the system every ``every_n_steps`` training
+    steps and after every validation (:func:`pyg_grf.utils.trim_malloc`), so that the resident
+    memory of a run with :func:`~pyg_grf.utils.tune_malloc`'s settings stays bounded when the
+    batches change shape at every step (0.1 s per trim, about 0.5 % of the steps it covers).
+    ``pyg-grf`` adds it whenever it tunes the allocator.
+
+    Args:
+        every_n_steps (int, optional): training steps between trims (default: :obj:`50`).
+    """
+
+    def __init__(self, every_n_steps: int = 50):
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or \
+                every_n_steps < 1:
+            raise ValueError(f"'every_n_steps' must be a positive integer, got {every_n_steps!r}")
+        self.every_n_steps = every_n_steps
+        self.trims = 0
+
+    def _trim(self) -> None:
+        from pyg_grf.utils import trim_malloc
+        if trim_malloc():
+            self.trims += 1
+
+    def on_train_batch_end(self, trainer: 'pl.Trainer', pl_module: 'pl.LightningModule',
+                           outputs: Any, batch: Any, batch_idx: int) -> None:
+        if (batch_idx + 1) % self.every_n_steps == 0:
+            self._trim()
+
+    def on_validation_epoch_end(self, trainer: 'pl.Trainer',
+                                pl_module: 'pl.LightningModule') -> None:
+        self._trim()
+

@@ -52,12 +52,13 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from pyg_grf.lightning.callbacks import AtomicModelCheckpoint, EpochMetricsLog, LearningCurvePlot
+from pyg_grf.lightning.callbacks import (AtomicModelCheckpoint, EpochMetricsLog,
+                                        LearningCurvePlot, MallocTrim)
 
 # Imported so that short class names (``class_path: GraphLevelTask``) resolve too.
 from pyg_grf.lightning import datamodules as _datamodules  # noqa: F401
 from pyg_grf.lightning import tasks as _tasks  # noqa: F401
-from pyg_grf.utils import tune_malloc
+from pyg_grf.utils import malloc_tuned, tune_malloc
 
 TRAINER_DEFAULTS: Dict[str, Any] = {
     'gradient_clip_val': 2.0,
@@ -172,6 +173,8 @@ class GRFLightningCLI(LightningCLI):
         extra: List[Callback] = [EpochMetricsLog()]
         if self._get(self.config, 'plot', True):
             extra.append(LearningCurvePlot())
+        if malloc_tuned():  # keep the resident memory of the tuned allocator bounded
+            extra.append(MallocTrim())
         return super()._instantiate_trainer(config, list(callbacks) + extra)
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> Dict[str, Any]:
