@@ -48,7 +48,7 @@ class Net(torch.nn.Module):
             elif self.kind == 'gin':
                 x = self.norms[i](x + layer(x, b.edge_index))
             else:
-                x = layer(x, b.edge_index, grf, b.batch)
+                x = layer(x, b.edge_index, b.batch, grf=grf)
         return self.head(x)
 
 
