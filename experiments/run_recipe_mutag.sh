@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # MUTAG 10-fold CV (Errica protocol) of the GRF-GPS recipe against GIN and GINE of the same width
-# and depth (3 layers, 64 channels), one after the other.
-#   bash experiments/run_recipe_mutag.sh OUT_DIR [THREADS]
+# and depth (3 layers, 64 channels), and against the same GPS block with unmasked linear
+# attention (the mask's control), one after the other.
+#   bash experiments/run_recipe_mutag.sh OUT_DIR [THREADS]   (CONFIGS="..." to run a subset)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${1:?usage: run_recipe_mutag.sh OUT_DIR [THREADS]}
 export OMP_NUM_THREADS=${2:-1}
 export PYG_GRF_MIRROR="${PYG_GRF_MIRROR:-$(cd .. && pwd)/shared/datasets}"
 mkdir -p "$OUT"
-for cfg in mutag_gin_cv mutag_gine_cv mutag_grf_gps_cv; do
+for cfg in ${CONFIGS:-mutag_gin_cv mutag_gine_cv mutag_grf_gps_cv mutag_grf_gps_linear_cv}; do
   start=$(date +%s)
   pyg-grf cv --config "experiments/configs/$cfg.yaml" --out "$OUT/$cfg" > "$OUT/$cfg.log" 2>&1
   echo "$cfg: $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
