@@ -16,145 +16,20 @@ from __future__ import annotations
 
 import math
 import os
-import re
-from typing import List, NamedTuple, Optional, Tuple, Union
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from pyg_grf._validation import is_sorted
+# memory checks (re-exported: public names of this module)
+from pyg_grf.memory import (CHECK_ABOVE, MEMORY_LIMIT_ENV, WalkMemoryError,  # noqa: F401
+                            available_memory, check_walk_memory, estimate_walk_memory)
 
 WALKERS = ('iid', 'antithetic', 'repelling')
 
 #: Environment variable overriding the memory check of :func:`sample_walks`: a size in bytes
 #: (suffixes K, M, G, T allowed, e.g. ``64G``) or ``off`` to disable the check.
-MEMORY_LIMIT_ENV = 'PYG_GRF_MEMORY_LIMIT'
-_CHECK_ABOVE = 256 * 2**20  # estimates below 256 MiB are never checked
-
-
-class WalkMemoryError(MemoryError):
-    r"""Raised by :func:`sample_walks` when its estimated peak memory exceeds the memory
-    available (or the limit set), before anything large is allocated."""
-
-
-def estimate_walk_memory(num_starts: int, num_walks: int, max_length: int,
-                         p_halt: Optional[float] = None, fixed_length: bool = False,
-                         walker: str = 'iid', num_edges: int = 0, num_nodes: int = 0) -> int:
-    r"""An estimate (from the sizes alone, no sampling) of the peak bytes :func:`sample_walks`
-    allocates: per walker about 90 bytes (start node, length, sort, order, step buffers), per
-    expected hop record 72 bytes (node, CSR position, edge id and the temporaries that map them
-    back to edge ids and trim walks at sinks), plus the CSR of the graph; measured peaks were
-    0.7 to 0.9 times the estimate. The
-    expected number of hops of a walker is :math:`\sum_{k=1}^{L}(1 - p_{halt})^k` (``L`` for
-    fixed-length walks)."""
-    W = int(num_starts) * int(num_walks)
-    L = int(max_length)
-    if fixed_length or p_halt is None:
-        hops = float(L)
-    else:
-        q = 1.0 - float(p_halt)
-        hops = q * (1.0 - q ** L) / (1.0 - q) if q < 1.0 else float(L)
-    per_walker = 90
-    if walker == 'antithetic' and not fixed_length and p_halt is not None and p_halt > 0.5:
-        per_walker += 9 * L  # per-step uniforms and halting flags
-    if walker == 'repelling':
-        per_walker += 40  # sort keys and group ranks per step
-    return int(W * per_walker + W * hops * 72 + 40 * (num_edges + num_nodes))
-
-
-def _parse_bytes(text: str) -> float:
-    match = re.fullmatch(r'\s*([0-9.]+)\s*([KMGT]?)(I?B)?\s*', text.upper())
-    if match is None:
-        raise ValueError(f"${MEMORY_LIMIT_ENV} must be a size such as '64G' or '8000000000', or "
-                         f"'off' (got {text!r})")
-    scale = {'': 1, 'K': 2**10, 'M': 2**20, 'G': 2**30, 'T': 2**40}[match.group(2)]
-    return float(match.group(1)) * scale
-
-
-def available_memory(device: Union[torch.device, str, None] = None) -> Optional[int]:
-    r"""Bytes that can still be allocated on :obj:`device`: free GPU memory for CUDA
-    (:func:`torch.cuda.mem_get_info`), ``MemAvailable`` of ``/proc/meminfo`` (capped by a cgroup
-    memory limit and by the room left under ``RLIMIT_AS``) on the CPU; :obj:`None` when
-    unknown."""
-    device = torch.device(device or 'cpu')
-    if device.type == 'cuda':
-        try:
-            return int(torch.cuda.mem_get_info(device)[0])
-        except Exception:  # pragma: no cover
-            return None
-    avail = None
-    try:
-        with open('/proc/meminfo') as f:
-            for line in f:
-                if line.startswith('MemAvailable:'):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except OSError:  # pragma: no cover (not Linux)
-        return None
-    for path in ('/sys/fs/cgroup/memory.max', '/sys/fs/cgroup/memory/memory.limit_in_bytes'):
-        try:
-            with open(path) as f:
-                limit = f.read().strip()
-            used_path = path.replace('memory.max', 'memory.current').replace(
-                'memory.limit_in_bytes', 'memory.usage_in_bytes')
-            with open(used_path) as f:
-                used = int(f.read().strip())
-        except (OSError, ValueError):
-            continue
-        if limit.isdigit() and int(limit) < 2**60:
-            room = max(int(limit) - used, 0)
-            avail = room if avail is None else min(avail, room)
-        break
-    room = _address_space_room()
-    if room is not None:  # ulimit -v: allocations fail beyond it whatever the RAM
-        avail = room if avail is None else min(avail, room)
-    return avail
-
-
-def _address_space_room() -> Optional[int]:
-    r"""Bytes left under ``RLIMIT_AS`` (``ulimit -v``): the soft limit minus this process's
-    virtual size; :obj:`None` without a limit."""
-    try:
-        import resource
-        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-        if soft == resource.RLIM_INFINITY or soft <= 0:
-            return None
-        with open('/proc/self/statm') as f:
-            virtual = int(f.read().split()[0]) * resource.getpagesize()
-    except (ImportError, OSError, ValueError):  # pragma: no cover (not Linux)
-        return None
-    return max(soft - virtual, 0)
-
-
-def check_walk_memory(estimate: int, device, memory_limit: Optional[float], what: str,
-                      hint: str, error: type = WalkMemoryError) -> None:
-    r"""Raises :class:`WalkMemoryError` when :obj:`estimate` bytes exceed :obj:`memory_limit`
-    (bytes; :obj:`None`: ``$PYG_GRF_MEMORY_LIMIT``, else the available memory of
-    :obj:`device`)."""
-    source = 'memory_limit'
-    if memory_limit is None:
-        env = os.environ.get(MEMORY_LIMIT_ENV, '').strip()
-        if env.lower() in ('off', 'none', 'inf', 'unlimited'):
-            return
-        if env:
-            memory_limit, source = _parse_bytes(env), f'${MEMORY_LIMIT_ENV}'
-        else:
-            if estimate < _CHECK_ABOVE:
-                return
-            avail = available_memory(device)
-            if avail is None:
-                return
-            memory_limit, source = 0.9 * avail, f'90% of the available memory of {device}'
-    if estimate <= memory_limit:
-        return
-    gib = 2**30
-    raise error(
-        f"{what} would need about {estimate / gib:.1f} GiB, more than {source} "
-        f"({memory_limit / gib:.1f} GiB). {hint} To try anyway, "
-        + ("pass memory_limit=float('inf') or " if error is WalkMemoryError else '')
-        + f"set ${MEMORY_LIMIT_ENV}=off (or a size such as 64G).")
-
-
 class RandomWalks(NamedTuple):
     r"""A batch of ``W = S * n`` walks, walker ``w`` being walk ``w % n`` out of ``start[w]``.
 
@@ -359,7 +234,7 @@ def _check_sample_memory(S: int, n: int, L: int, p_halt: Optional[float], fixed_
                          memory_limit: Optional[float]) -> None:
     # The estimate of estimate_walk_memory, checked (check_walk_memory) when it could matter.
     estimate = estimate_walk_memory(S, n, L, p_halt, fixed_length, walker, num_edges, num_nodes)
-    if estimate < _CHECK_ABOVE and memory_limit is None and not os.environ.get(MEMORY_LIMIT_ENV):
+    if estimate < CHECK_ABOVE and memory_limit is None and not os.environ.get(MEMORY_LIMIT_ENV):
         return
     per_walk = max(estimate_walk_memory(S, 1, L, p_halt, fixed_length, walker), 1)
     check_walk_memory(

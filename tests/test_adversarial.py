@@ -612,9 +612,9 @@ def _big_graph(N=100_000):
 
 
 def test_13_sample_walks_refuses_with_estimate(monkeypatch):
-    from pyg_grf import walks
+    from pyg_grf import memory, walks
     monkeypatch.delenv('PYG_GRF_MEMORY_LIMIT', raising=False)
-    monkeypatch.setattr(walks, 'available_memory', lambda device=None: 16 * 2**30)
+    monkeypatch.setattr(memory, 'available_memory', lambda device=None: 16 * 2**30)
     ei = _big_graph()
     with pytest.raises(walks.WalkMemoryError, match=r"num_walks=10000 = 1000000000 walkers.* "
                                                     r"about \d+\.\d GiB, more than 90% of the "

@@ -302,7 +302,7 @@ def test_explicit_backend_refuses_what_cannot_fit(monkeypatch):
 def test_available_memory_respects_rlimit_as():
     import resource
 
-    from pyg_grf.walks import _address_space_room, available_memory
+    from pyg_grf.memory import _address_space_room, available_memory
     soft, hard = resource.getrlimit(resource.RLIMIT_AS)
     with open('/proc/self/statm') as f:
         virtual = int(f.read().split()[0]) * resource.getpagesize()
