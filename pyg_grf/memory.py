@@ -4,7 +4,6 @@ kernel): how much memory is available (cgroup limits, ``RLIMIT_AS``, CUDA), and 
 by :mod:`pyg_grf.walks`, :mod:`pyg_grf.nn.attention.grf_backends` and GKAT."""
 from __future__ import annotations
 
-import math
 import os
 import re
 from typing import Optional, Union
