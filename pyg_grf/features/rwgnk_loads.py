@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
+import torch
 from torch import Tensor
 
 
@@ -55,6 +56,20 @@ class RWGNKLoads:
         if k_index is None or k_value is None:
             k_index = k_value = None
         return cls(data[f'{prefix}_index'], data[f'{prefix}_value'], k_index, k_value)
+
+    def repeat(self, copies: int, num_nodes: int) -> 'RWGNKLoads':
+        r"""The features of ``copies`` disjoint copies of a graph of ``num_nodes`` nodes (copy
+        ``c`` on nodes ``c * num_nodes + i``), e.g. for a batch of samples on one shared graph."""
+        if self.index.numel() > 0 and int(self.index.max()) >= num_nodes:
+            raise ValueError(f"the RWGNK features refer to node {int(self.index.max())}, but "
+                             f"the shared graph has {num_nodes} nodes")
+
+        def rep(index: Tensor) -> Tensor:  # [2, E] -> [2, copies E], copy c shifted by c n
+            off = torch.arange(copies, device=index.device) * num_nodes
+            return index.repeat(1, copies) + off.repeat_interleave(index.size(1)).to(index.dtype)
+        kernel = (None, None) if self.kernel_index is None else (
+            rep(self.kernel_index), self.kernel_value.repeat(copies))
+        return RWGNKLoads(rep(self.index), self.value.repeat(copies), *kernel)
 
     @property
     def kernel(self) -> Optional[Tuple[Tensor, Tensor]]:

@@ -311,8 +311,18 @@ class GKATAttention(GraphAttention):
             rwgnk = RWGNKLoads(old.get('rwgnk_index'), old.get('rwgnk_value'),
                                *(kernel if kernel is not None else (None, None)))
         if not isinstance(rwgnk, RWGNKLoads):
-            raise (ValueError if rwgnk is None else TypeError)(f"GKATAttention needs rwgnk=RWGNKLoads.from_data(batch) (the "
-                             f"features of AddRWGNKFeatures), got {type(rwgnk).__name__}")
+            raise (ValueError if rwgnk is None else TypeError)(
+                f"GKATAttention needs rwgnk=RWGNKLoads.from_data(batch) (the features of "
+                f"AddRWGNKFeatures), got {type(rwgnk).__name__}")
+        if x.dim() == 3:  # B samples on one shared graph: the features repeated per sample
+            if batch is not None:
+                raise ValueError("'batch' is not used with x of shape [B, n, channels] (every "
+                                 "sample is one copy of the shared graph)")
+            B, n = x.size(0), x.size(1)
+            out = self(x.reshape(B * n, -1),
+                       torch.arange(B, device=x.device).repeat_interleave(n),
+                       rwgnk=rwgnk.repeat(B, n))
+            return out.view(B, n, -1)
         if x.dim() != 2 or x.size(-1) != self.channels:
             raise ValueError(f"'x' must have shape [N, {self.channels}], got {tuple(x.shape)}")
         rwgnk_index, rwgnk_value, kernel = rwgnk.index, rwgnk.value, rwgnk.kernel

@@ -286,3 +286,32 @@ def test_softmax_kernel_memory_is_checked_first(monkeypatch):
     out = GKATAttention(8, heads=2, mode='linear')(torch.randn(N, 8),
                                                   rwgnk=RWGNKLoads.from_data(star))
     assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize('mode', ['linear', 'softmax', 'dense'])
+def test_samples_on_one_shared_graph_equal_a_batch_of_copies(mode):
+    # x [B, n, C] with the features of one graph equals the PyG batch of B copies (issue #17:
+    # every mask family on a shared grid without glue)
+    from torch_geometric.data import Batch, Data
+    from pyg_grf.datasets import grid_edge_index
+    from pyg_grf.features import RWGNKLoads
+    from pyg_grf.transforms import AddRWGNKFeatures
+    torch.manual_seed(0)
+    g = AddRWGNKFeatures(num_walks=8, lam=0.5, alpha=1.0, max_length=3, p_halt=0.3, seed=0,
+                         kernel_threshold=0.0)(Data(edge_index=grid_edge_index(3, 4),
+                                                    num_nodes=12))
+    layer = GKATAttention(8, heads=2, mode=mode).double().eval()
+    x = torch.randn(3, 12, 8, dtype=torch.float64)
+    out = layer(x, rwgnk=RWGNKLoads.from_data(g))
+    copies = Batch.from_data_list([Data(x=x[b], edge_index=g.edge_index, num_nodes=12,
+                                        rwgnk_index=g.rwgnk_index, rwgnk_value=g.rwgnk_value,
+                                        rwgnk_kernel_index=g.rwgnk_kernel_index,
+                                        rwgnk_kernel_value=g.rwgnk_kernel_value)
+                                   for b in range(3)])
+    ref = layer(copies.x, copies.batch, rwgnk=RWGNKLoads.from_data(copies))
+    assert out.shape == (3, 12, 8)
+    torch.testing.assert_close(out.reshape(36, 8), ref, rtol=1e-10, atol=1e-12)
+    with pytest.raises(ValueError, match="'batch' is not used"):
+        layer(x, copies.batch, rwgnk=RWGNKLoads.from_data(g))
+    with pytest.raises(ValueError, match='shared graph has 5 nodes'):
+        layer(x[:, :5], rwgnk=RWGNKLoads.from_data(g))
