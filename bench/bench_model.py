@@ -66,7 +66,6 @@ if str(ROOT) not in sys.path:
 
 from torch_geometric.data import Batch, Data  # noqa: E402
 from torch_geometric.nn import GINEConv, GPSConv, global_mean_pool  # noqa: E402
-from torch_geometric.utils import to_undirected  # noqa: E402
 
 from pyg_grf._validation import batch_or_zeros  # noqa: E402
 from pyg_grf.features import GRFLoads  # noqa: E402
@@ -75,6 +74,9 @@ from pyg_grf.nn import GRFGPSConv, LinearAttention  # noqa: E402
 from pyg_grf.nn.feature_maps import qk_features  # noqa: E402
 from pyg_grf.nn.functional import masked_linear_attention  # noqa: E402
 from pyg_grf.transforms import AddGraphRandomFeatures  # noqa: E402
+
+# the workloads of bench_batch.py (same generators, same graphs)
+from bench_batch import grid_edges, molecule_like  # noqa: E402
 
 C, H = 64, 4
 IN_NODE, IN_EDGE, OUT = 16, 4, 10
@@ -91,24 +93,6 @@ GRF_COLUMNS = (GRF, GRF_BETA, PRE, PRE_BETA) + BACKEND_COLUMNS
 
 
 # Workloads ########################################################################################
-
-
-def molecule_like(n: int, gen: torch.Generator) -> torch.Tensor:
-    r"""A random tree on ``n`` nodes plus ``n // 20`` ring closures, undirected (as in
-    ``bench_batch.py``)."""
-    parent = (torch.rand(n - 1, generator=gen) * torch.arange(1, n)).long()
-    ei = torch.stack([torch.arange(1, n), parent])
-    a = torch.randint(0, n, (n // 20,), generator=gen)
-    b = torch.randint(0, n, (n // 20,), generator=gen)
-    ei = torch.cat([ei, torch.stack([a[a != b], b[a != b]])], 1)
-    return to_undirected(ei, num_nodes=n)
-
-
-def grid_edges(side: int) -> torch.Tensor:
-    idx = torch.arange(side * side).view(side, side)
-    right = torch.stack([idx[:, :-1].reshape(-1), idx[:, 1:].reshape(-1)])
-    down = torch.stack([idx[:-1].reshape(-1), idx[1:].reshape(-1)])
-    return to_undirected(torch.cat([right, down], 1), num_nodes=side * side)
 
 
 def graph(ei: torch.Tensor, n: int, gen: torch.Generator, node_labels: bool = False) -> Data:

@@ -121,8 +121,10 @@ class MaskedLinearAttention(QKVAttention):
             if mask is not None:
                 raise TypeError("MaskedLinearAttention.forward got 'mask' twice")
             mask = old.get('mask')
-        elif args:
-            batch, _ = split_call(self, args, batch, {}, ('batch',), '', '')
+        elif args:  # the batch vector, positionally
+            if batch is not None:
+                raise TypeError("MaskedLinearAttention.forward got multiple values for 'batch'")
+            batch = args[0]
         samples = None
         if x.dim() == 3:  # samples on one shared mask
             if batch is not None:

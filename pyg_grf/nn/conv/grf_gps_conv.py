@@ -138,7 +138,7 @@ class GRFGPSConv(torch.nn.Module):
         self.layout = layout
         self.attn = None if attn_type is None else attention_resolver(
             attn_type, channels, heads, **self.attn_kwargs)
-        self.conv_edge_attr = conv is not None and _takes(conv, 'edge_attr')
+        self.conv_edge_attr = conv is not None and takes(conv, 'edge_attr')
         hidden = mlp_channels or 2 * channels
         self.mlp = Sequential(
             Linear(channels, hidden),
@@ -152,7 +152,7 @@ class GRFGPSConv(torch.nn.Module):
         self.norm2 = norm_resolver(norm, channels, **norm_kwargs)
         self.norm3 = norm_resolver(norm, channels, **norm_kwargs) if layout == 'post_norm' \
             else None
-        self.norm_with_batch = self.norm1 is not None and _takes(self.norm1, 'batch')
+        self.norm_with_batch = self.norm1 is not None and takes(self.norm1, 'batch')
         self.reset_parameters()
 
     def reset_parameters(self):
@@ -250,11 +250,10 @@ class GRFGPSConv(torch.nn.Module):
 
     def _payload(self, edge_index: Adj, kwargs: Dict[str, Any]) -> Dict[str, Any]:
         # the attention's keyword payload, taken out of kwargs (the rest goes to the conv)
-        keys = getattr(self.attn, 'payload_keys', ())
-        if self.attn is None or not isinstance(self.attn, GraphAttention):
-            for key in ('grf', 'rwgnk'):  # one training loop for every attn_type
+        keys = self.attn.payload_keys if isinstance(self.attn, GraphAttention) else ()
+        for key in ('grf', 'rwgnk'):  # payloads of other types: one loop for every attn_type
+            if key not in keys:
                 kwargs.pop(key, None)
-            return {}
         payload = {}
         for key in keys:
             if key == 'edge_index':  # the attention reads the block's graph
@@ -272,9 +271,6 @@ class GRFGPSConv(torch.nn.Module):
                 raise ValueError("rwgnk= needs (rwgnk_index, rwgnk_value[, rwgnk_kernel_index, "
                                  "rwgnk_kernel_value]) from AddRWGNKFeatures")
             payload['rwgnk'] = RWGNKLoads(*payload['rwgnk'])
-        for key in ('grf', 'rwgnk'):  # payloads of other types: one loop for every attn_type
-            if key not in keys:
-                kwargs.pop(key, None)
         return payload
 
     def __repr__(self) -> str:
@@ -283,8 +279,8 @@ class GRFGPSConv(torch.nn.Module):
                 f'heads={self.heads}, attn_type={self.attn_type!r}{layout})')
 
 
-def _takes(module: torch.nn.Module, name: str) -> bool:
-    # whether a module's forward has an argument `name`
+def takes(module: torch.nn.Module, name: str) -> bool:
+    r"""Whether ``module.forward`` has an argument ``name``."""
     try:
         return name in inspect.signature(module.forward).parameters
     except (TypeError, ValueError):  # pragma: no cover - forward without a signature

@@ -3,7 +3,6 @@ says what was expected and what came), the encoders, the renames of old attentio
 the upgrade of old checkpoints' keys."""
 from __future__ import annotations
 
-import inspect
 import re
 import warnings
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -17,6 +16,7 @@ from torch_geometric.nn.conv import MessagePassing
 
 from pyg_grf.nn.attention.base import GraphAttention
 from pyg_grf.nn.attention.registry import ATTENTIONS
+from pyg_grf.nn.conv.grf_gps_conv import takes
 
 LOCAL_MPS = ('gine', 'gin', 'gat')
 #: Layouts of the layers of :class:`GraphTransformer`: ``'pre_norm'`` or ``'gps'`` (PyG
@@ -88,14 +88,6 @@ def resolve_attention(attention: Any, block: str) -> Any:
                       "pyg_grf.nn.attention.GraphAttention subclass (forward(x, batch, *, "
                       "<payload>) and payload(data))", FutureWarning, stacklevel=3)
     return attention
-
-
-def takes(module: torch.nn.Module, name: str) -> bool:
-    r"""Whether ``module.forward`` has an argument ``name``."""
-    try:
-        return name in inspect.signature(module.forward).parameters
-    except (TypeError, ValueError):  # pragma: no cover - forward without a signature
-        return False
 
 
 def check_conv(conv: MessagePassing, C: int, edge_encoder: Optional[str]) -> None:
