@@ -83,6 +83,21 @@ class SparsePattern:
             self._repeats[heads] = rep
         return self._repeats[heads]
 
+    def prepare(self, heads: int = 1) -> 'SparsePattern':
+        r"""Builds (and caches) what the products of :meth:`repeat` ``(heads)`` need, forward and
+        backward, ahead of use (e.g. in a DataLoader worker); returns the repeated pattern."""
+        self._transpose()  # the repeat's transpose is derived from this one without a sort
+        rep = self.repeat(heads)
+        rep._transpose()
+        return rep
+
+    def __getstate__(self):
+        # the per-head repeats are cheap broadcasts of this pattern (and of its transpose, kept):
+        # not pickled, so that what crosses a process boundary is nnz-sized, not heads * nnz
+        state = self.__dict__.copy()
+        state['_repeats'] = {}
+        return state
+
     def repeat_values(self, values: Tensor) -> Tensor:
         r"""Per-head values ``[heads, nnz]`` (in the order of the index this pattern was built
         from) as the ``[heads * nnz]`` values of :meth:`repeat` (row-major, head-major)."""

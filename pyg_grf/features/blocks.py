@@ -36,9 +36,10 @@ class BlockLayout(NamedTuple):
 
 class BlockTerms(NamedTuple):
     r"""Mask entries as f-independent statistics in the dense-block layout: the mask values of
-    a layer are ``stats @ coef`` on the cells ``cell``, with ``coef`` the outer product
-    :math:`f \otimes f` flattened (symmetric, id :math:`l K + l'`) or :math:`f` itself
-    (asymmetric, id :math:`l`).
+    a layer are ``stats @ coef`` on the cells ``cell``, with ``coef`` the products
+    :math:`f_l f_{l'}` for :math:`l \le l'` in ``torch.triu_indices(K, K)`` order (symmetric:
+    the statistics of :math:`(l, l')` and :math:`(l', l)` summed, :math:`K(K + 1)/2` ids) or
+    :math:`f` itself (asymmetric, id :math:`l`).
 
     Attributes:
         cell (Tensor): ``[P]`` distinct flat cells in ``[B, n, n]`` holding a mask entry.

@@ -25,8 +25,16 @@ to every layer):
 
   so each term is one product of a query-side and a key-side entry that share their visited node
   :math:`q` (a join on :math:`q`, computed once), and the mask of a layer is a scatter of
-  :math:`(f \otimes f)_{l l'}` times the term values into the graphs' dense blocks. For the
-  asymmetric mask :math:`M = \widehat\Phi` the terms are the entries themselves.
+  :math:`(f \otimes f)_{l l'}` times the term values into the graphs' dense blocks. As
+  :math:`f_l f_{l'}` is symmetric in :math:`(l, l')`, the statistics of :math:`(l, l')` and
+  :math:`(l', l)` are stored summed: :math:`K(K + 1)/2` per cell for :math:`K = L + 1` hop
+  counts (15 for :math:`L = 4`), not :math:`K^2`. For the asymmetric mask
+  :math:`M = \widehat\Phi` the terms are the entries themselves.
+
+*Worker-side preparation.* :meth:`GRFAttention.prepare <pyg_grf.nn.GRFAttention.prepare>` (or
+:func:`pyg_grf.loader.prepare_payload` for a whole model) builds these structures ahead of
+the training step, e.g. in the workers of :class:`pyg_grf.loader.DataLoader`; the object then
+travels to the main process with its caches (:meth:`__getstate__`).
 """
 from __future__ import annotations
 
@@ -187,6 +195,9 @@ class GRFLoads:
             raise ValueError(f"the data has no GRF loads {missing}: add the transform "
                              f"AddGraphRandomFeatures(attr_prefix={prefix!r}) (best as the "
                              f"dataset's pre_transform)")
+        prepared = data.__dict__.get(PREPARED_ATTR, {}).get((prefix, key_prefix))
+        if prepared is not None and prepared.matches(data, prefix, key_prefix):
+            return prepared  # built (with its caches) by pyg_grf.loader, e.g. in a worker
         batch = getattr(data, 'batch', None)
         key = None
         if key_prefix is not None:
@@ -194,6 +205,59 @@ class GRFLoads:
         return cls(data[f'{prefix}_index'], data[f'{prefix}_length'], data[f'{prefix}_load'],
                    data.num_nodes, batch=batch, max_length=max_length, key=key,
                    draw=getattr(data, f'{prefix}_draw', None))
+
+    def matches(self, data: Any, prefix: str = 'grf', key_prefix: Optional[str] = None) -> bool:
+        r"""Whether these loads hold exactly the entries (and batch vector) that ``data`` stores
+        under ``prefix`` (an exact comparison, :math:`O(\mathrm{nnz})`): a payload prepared
+        ahead of the step is only used for the data it was built from."""
+        def same(a: Optional[Tensor], b: Any) -> bool:
+            if a is None or b is None:
+                return a is None and b is None
+            return (isinstance(b, Tensor) and a.shape == b.shape and a.device == b.device
+                    and torch.equal(a, b))
+        if self.num_nodes != data.num_nodes or self.group is not None:
+            return False
+        batch = getattr(data, 'batch', None)
+        if not (same(self.index, getattr(data, f'{prefix}_index', None))
+                and same(self.hop, getattr(data, f'{prefix}_length', None))
+                and same(self.load, getattr(data, f'{prefix}_load', None))
+                and same(self.draw, getattr(data, f'{prefix}_draw', None))
+                and same(self.batch, batch)):
+            return False
+        if (self.key is None) != (key_prefix is None):
+            return False
+        return self.key is None or self.key.matches(data, key_prefix)
+
+    def prepare(self, backend: str, mode: str = 'symmetric', heads: int = 1,
+                dtype: torch.dtype = torch.float32) -> 'GRFLoads':
+        r"""Builds and caches every structure that ``backend`` reads in ``mode`` for ``heads``
+        heads on these loads (own batch vector), so that no layer builds one in the step; the
+        mask statistics are cast to ``dtype`` (the coefficients' dtype). Returns ``self``."""
+        if backend not in ('sparse', 'pairs', 'dense'):
+            raise ValueError(f"'backend' must be 'sparse', 'pairs' or 'dense', got {backend!r}")
+        symmetric = mode == 'symmetric'
+        key = self if self.key is None else self.key
+        self._cached('hop_long', lambda: self.hop.long())
+        if backend == 'dense':
+            if mode == 'sparse_softmax':
+                self.block_terms(False, None, dtype)
+                self.block_support()
+            else:
+                self.block_cells()
+                if symmetric:
+                    key._cached('hop_long', lambda: key.hop.long())
+                    key.block_cells()
+        elif backend == 'pairs' and symmetric:
+            self.block_terms(True, None, dtype)
+            self.mask_pattern().prepare(heads)
+        else:  # the sparse backend, or the pair backend on the pattern of Phi
+            # the pair products run on the pattern repeated per head; the low-rank ones on
+            # Phi's own pattern(s) and their transposes
+            per_head = backend == 'pairs' or mode == 'sparse_softmax'
+            self.pairs()[1].prepare(heads if per_head else 1)
+            if symmetric and key is not self:
+                key.pairs()[1].prepare(1)
+        return self
 
     @property
     def nnz(self) -> int:
@@ -302,6 +366,28 @@ class GRFLoads:
         return tuple(-1 if t is None else t._version for t in (
             self.index, self.hop, self.load, self.batch, self.draw))
 
+    def __getstate__(self) -> Dict[str, Any]:
+        # Pickling (e.g. from a DataLoader worker) keeps the cached structures when they are
+        # current; entries keyed by another tensor's storage address ('ext') cannot be matched
+        # in another process and are dropped, and so are float64 mask statistics that a
+        # narrower copy already serves (the layers read that one: it halves what travels).
+        state = self.__dict__.copy()
+        cache = self._cache
+        if cache.get('_versions') != self._versions():
+            cache = {}
+        state['_cache'] = {k: v for k, v in cache.items()
+                           if k != '_versions' and not _external(k)
+                           and not (k[:1] == ('terms',) and len(k) == 3
+                                    and any(len(o) == 4 and o[:3] == k for o in cache
+                                            if isinstance(o, tuple)))}
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]):
+        self.__dict__.update(state)
+        # freshly built tensors: what was cached for them (checked current when pickled) holds
+        self._cache = dict(state['_cache'])
+        self._cache['_versions'] = self._versions()
+
     def _cached(self, name: Any, fn):
         versions = self._versions()
         if self._cache.get('_versions') != versions:  # an in-place edit: nothing cached holds
@@ -379,13 +465,13 @@ class GRFLoads:
         ``symmetric`` for :math:`\widehat\Phi_Q\widehat\Phi_K^\top`, else :math:`\widehat\Phi`.
         Terms that fall on the same cell are summed per coefficient id, so that the mask values
         of a layer are one small matrix product ``stats @ coef``."""
-        lay = self.layout(batch)
         key = ('terms', symmetric, self._batch_key(batch))
-        terms = self._cached(key, lambda: self._build_terms(symmetric, lay))
-        if dtype is None or dtype == terms.stats.dtype:
-            return terms
-        # statistics are summed in float64; one cast per dtype, shared by the layers
-        return self._cached(key + (dtype,), lambda: terms._replace(stats=terms.stats.to(dtype)))
+        if dtype is None or dtype == torch.float64:
+            return self._cached(key, lambda: self._build_terms(symmetric, self.layout(batch)))
+        # statistics are summed in float64; one cast per dtype, shared by the layers (and the
+        # only copy that travels when the loads are pickled, see __getstate__)
+        return self._cached(key + (dtype,), lambda: self.block_terms(symmetric, batch)._replace(
+            stats=self.block_terms(symmetric, batch).stats.to(dtype)))
 
     def _build_terms(self, symmetric: bool, lay: BlockLayout) -> BlockTerms:
         n = lay.n
@@ -419,7 +505,9 @@ class GRFLoads:
         value = (torch.repeat_interleave(load, reps, output_size=T)
                  * other.load.double()[partner])
         cell, kid = ckey // KK, ckey % KK
-        return coalesce_terms(cell, kid, value, KK, lay.num_cells)
+        # (l, l') and (l', l) share the coefficient f_l f_l': one statistic, id in triu order
+        tri = symmetric_ids(K, cell.device)
+        return coalesce_terms(cell, tri.view(-1)[kid], value, K * (K + 1) // 2, lay.num_cells)
 
     def block_cells(self, batch: Optional[Tensor] = None) -> Tensor:
         r"""``[nnz]`` flat cell ``(b n + r) n + c`` of every entry in the ``[B, n, n]`` dense-block
@@ -477,3 +565,25 @@ class GRFLoads:
             index = torch.stack([start + rc // n, start + rc % n])
             return SparsePattern(index, (self.num_nodes, self.num_nodes), _trusted=True)
         return self._cached(('mask_pattern', self._batch_key(batch)), build)
+
+
+# Where pyg_grf.loader leaves prepared loads on a Data / Batch: a plain attribute (leading
+# underscore), not a data field, so PyG's collation, .to() and slicing never touch it.
+PREPARED_ATTR = '_grf_prepared'
+
+
+def symmetric_ids(K: int, device=None) -> Tensor:
+    r"""``[K, K]`` id of the unordered pair :math:`\{l, l'\}` among the :math:`K(K + 1)/2`
+    upper-triangle pairs (row-major: ``torch.triu_indices(K, K)`` order), for both orders."""
+    iu = torch.triu_indices(K, K, device=device)
+    ids = torch.empty(K, K, dtype=torch.long, device=device)
+    pos = torch.arange(iu.size(1), device=device)
+    ids[iu[0], iu[1]] = pos
+    ids[iu[1], iu[0]] = pos
+    return ids
+
+
+def _external(key: Any) -> bool:
+    # a cache key that names another tensor by its storage address (GRFLoads._batch_key)
+    return isinstance(key, tuple) and any(isinstance(k, tuple) and k[:1] == ('ext',)
+                                          for k in key)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import RandomSampler
-from torch_geometric.loader import DataLoader
+from pyg_grf.loader import DataLoader
 from torch_geometric.transforms import BaseTransform, Compose
 
 TransformArg = Optional[Union[BaseTransform, List[BaseTransform]]]
@@ -113,7 +113,10 @@ class GraphDataModule(pl.LightningDataModule):
 
     Args:
         batch_size (int, optional): graphs per batch (default: :obj:`32`).
-        num_workers (int, optional): loader workers (default: :obj:`0`).
+        num_workers (int, optional): loader workers (default: :obj:`0`). With workers, they
+            also prepare every batch's GRF payload for the model being trained
+            (:class:`pyg_grf.loader.DataLoader`): the per-batch structures of the GRF layers
+            are then built beside the training step, not in it.
         pre_transform (BaseTransform or list, optional): applied once, cached
             (default: :obj:`None`).
         transform (BaseTransform or list, optional): applied on access (default: :obj:`None`).
@@ -161,9 +164,15 @@ class GraphDataModule(pl.LightningDataModule):
             raise RuntimeError(f"{self.__class__.__name__}: call setup() before asking for a "
                                f"dataloader")
         sampler = EpochSeededRandomSampler(dataset, self.seed) if train else None
+        # with workers, they also build each batch's GRF payload for the model being trained
+        # (pyg_grf.loader), so that the training step only runs the layers
+        model = None
+        if self.num_workers > 0:
+            model = getattr(getattr(self.trainer, 'lightning_module', None), 'model', None)
         return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, shuffle=False,
                           num_workers=self.num_workers, pin_memory=self.pin_memory,
-                          persistent_workers=self.num_workers > 0)
+                          persistent_workers=self.num_workers > 0,
+                          model=model if isinstance(model, torch.nn.Module) else None)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, True)

@@ -322,6 +322,36 @@ class GRFAttention(QKVAttention):
             return self._attend(run, phi_q, phi_k, v, f, None)
         return self._attend(grf, phi_q, phi_k, v, f, batch)
 
+    def prepare(self, grf: GRFLoads) -> str:
+        r"""Builds on ``grf`` every structure of the batch that this layer's forward reads and
+        that does not depend on its weights (pairs, mask statistics, sparse patterns and their
+        transposes, block layout), as the forward would on first use; returns the backend the
+        layer runs. Several layers share what they have in common (it is cached on ``grf``).
+        Called ahead of the training step, e.g. by :class:`pyg_grf.loader.DataLoader` in its
+        workers, it leaves the step only the per-layer products.
+
+        The choice is the forward's: with ``backend='auto'`` the cost model's pick for this
+        layer's heads and widths; with several walk draws, the folded loads of the layer's
+        draws (:meth:`draws`)."""
+        if not isinstance(grf, GRFLoads):
+            raise TypeError(f"'grf' must be a GRFLoads, got {type(grf).__name__}")
+        grf.check_coefficients(self.max_length, f'{self.__class__.__name__}(max_length='
+                                                f'{self.max_length})')
+        heads, d = self.heads, self.head_channels
+        m = d if self.feature_map is None else self.feature_map.output_dim(d)
+        run = grf
+        if grf.num_draws > 1:
+            run = grf.fold(self.draws(grf.num_draws))
+            if run.num_groups > 1:
+                heads = 1
+        backend = self.backend
+        if backend == 'auto':
+            backend = choose_backend(run, self.mode, heads, m, d)
+        run.prepare(backend, self.mode, heads, self.f.dtype)
+        if self.beta_raw is not None:
+            grf.layout()
+        return backend
+
     def no_weight_decay(self) -> set:
         r"""Names of the parameters an optimiser should not decay: the mask coefficients."""
         return {'f'} | ({'beta_raw'} if self.beta_raw is not None else set())
@@ -349,10 +379,12 @@ class GRFAttention(QKVAttention):
     @staticmethod
     def _term_values(grf: GRFLoads, terms, f: Tensor, symmetric: bool, layout) -> Tensor:
         # mask values on the cells of the block terms: [h, P]
-        K = int(round(terms.num_coef ** 0.5)) if symmetric else terms.num_coef
-        coef = f[:, :K]
-        if symmetric:  # f (x) f flattened, id l K + l'
-            coef = (coef.unsqueeze(-1) * coef.unsqueeze(-2)).reshape(f.size(0), K * K)
+        if symmetric:  # f_l f_l' for l <= l' (triu order: the statistics of both orders summed)
+            K = int(round(((8 * terms.num_coef + 1) ** 0.5 - 1) / 2))
+            iu = torch.triu_indices(K, K, device=f.device)
+            coef = f[:, iu[0]] * f[:, iu[1]]
+        else:
+            coef = f[:, :terms.num_coef]
         if grf.group is None:
             return coef @ terms.stats.t()
         return (terms.stats * coef[grf.cell_group(terms.cell, layout)]).sum(-1).unsqueeze(0)

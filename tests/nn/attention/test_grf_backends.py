@@ -418,7 +418,7 @@ def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
     with torch.no_grad():
         layer.f.copy_(f)
     terms = grf.block_terms(True, dtype=D)
-    assert terms.num_coef == 16
+    assert terms.num_coef == 10  # K (K + 1) / 2 for K = 4: (l, l') and (l', l) summed
     lay = grf.layout()
     vals = layer._term_values(grf, terms, layer.coefficients(), True, lay)  # [H, P]
     M = blocks_from_values(vals, terms.cell, lay)  # [B, H, n, n]

@@ -1,0 +1,120 @@
+r"""Mini-batches that arrive with their GRF payload prepared.
+
+A GRF layer needs, for every new batch, structures that depend only on the batch's walks: the
+pairs of :math:`\widehat\Phi`, the statistics of the symmetric mask (a join of the walks on
+their visited nodes), sparse patterns and their transposes, the block layout
+(:mod:`pyg_grf.features.loads`). Built inside the training step they cost as much as a layer
+or more. They cannot be stored per graph with the dataset at a reasonable size (the mask
+statistics of one 150-node molecule take ~160 KB, 2.5 GB for Peptides-func), so they are built
+per batch, *beside* the step:
+
+* :func:`prepare_payload` builds them for the GRF layers of a model on one batch and leaves the
+  result on the batch, where :meth:`GRFLoads.from_data <pyg_grf.features.GRFLoads.from_data>`
+  (hence every layer, :meth:`GRFGPSConv.payload <pyg_grf.nn.GRFGPSConv.payload>` and
+  :class:`~pyg_grf.nn.GraphTransformer`) finds it, after an exact check that it was built from
+  the batch's own tensors;
+* :class:`DataLoader` is PyG's ``DataLoader`` that does this in its collate function, so that
+  with ``num_workers >= 1`` the work runs in the worker processes while the main process
+  trains. What crosses the process boundary is shared memory of about
+  ``nnz(M) * (4 * K (K + 1) / 2 + 40)`` bytes per batch (``nnz(M)`` the mask's nonzeros,
+  :math:`K = L + 1`): 38 MB for a batch of 64 LRGB-sized molecules.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, List, Optional, Sequence, Union
+
+from torch import nn
+from torch_geometric.loader import DataLoader as PyGDataLoader
+
+from pyg_grf.features.loads import PREPARED_ATTR, GRFLoads
+from pyg_grf.nn.attention.grf import GRFAttention
+
+__all__ = ['DataLoader', 'PayloadCollater', 'prepare_payload', 'grf_layers']
+
+
+def grf_layers(model: Union[nn.Module, Sequence[GRFAttention]]) -> List[GRFAttention]:
+    r"""The :class:`~pyg_grf.nn.GRFAttention` layers of ``model`` (a module or a sequence of
+    layers), in module order."""
+    if isinstance(model, nn.Module):
+        return [m for m in model.modules() if isinstance(m, GRFAttention)]
+    layers = list(model)
+    bad = [type(m).__name__ for m in layers if not isinstance(m, GRFAttention)]
+    if bad:
+        raise TypeError(f"expected an nn.Module or a sequence of GRFAttention layers, got a "
+                        f"sequence holding {bad}")
+    return layers
+
+
+def prepare_payload(model: Union[nn.Module, Sequence[GRFAttention]], data: Any) -> Any:
+    r"""Builds the GRF payload that the GRF layers of ``model`` read on ``data`` (a ``Data`` or
+    ``Batch`` with the loads of :class:`~pyg_grf.transforms.AddGraphRandomFeatures`), with every
+    structure their backends build per batch (:meth:`GRFAttention.prepare
+    <pyg_grf.nn.GRFAttention.prepare>`), and leaves it on ``data`` (returned).
+
+    The layers then find it through :meth:`GRFLoads.from_data
+    <pyg_grf.features.GRFLoads.from_data>`, which hands it out only while ``data`` still holds
+    exactly the tensors it was built from (else it builds fresh loads): a payload is a
+    snapshot of the batch, never served for edited data. A model without GRF layers leaves
+    ``data`` unchanged."""
+    prepared = dict(data.__dict__.get(PREPARED_ATTR, {}))
+    for layer in grf_layers(model):
+        prefix = layer.attr_prefix
+        key_prefix = f'{prefix}_key'
+        if any(getattr(data, f'{key_prefix}_{s}', None) is None
+               for s in ('index', 'length', 'load')):
+            key_prefix = None
+        loads = prepared.get((prefix, key_prefix))
+        if loads is None:
+            loads = GRFLoads.from_data(data, prefix, key_prefix=key_prefix)
+            prepared[(prefix, key_prefix)] = loads
+        layer.prepare(loads)
+    if prepared:
+        data.__dict__[PREPARED_ATTR] = prepared
+    return data
+
+
+class PayloadCollater:
+    r"""A collate function: ``collate(data_list)``, then :func:`prepare_payload` for the GRF
+    layers of ``model`` (copied to the CPU when the collater is built; only their configuration
+    is read: mode, backend, heads, widths, walk draws, dtype)."""
+
+    def __init__(self, collate: Any, model: Union[nn.Module, Sequence[GRFAttention]]):
+        self.collate = collate
+        self.layers = [copy.deepcopy(m).cpu() for m in grf_layers(model)]
+
+    def __call__(self, data_list: Any) -> Any:
+        return prepare_payload(self.layers, self.collate(data_list))
+
+
+class DataLoader(PyGDataLoader):
+    r"""PyG's :class:`~torch_geometric.loader.DataLoader` that prepares the GRF payload of every
+    mini-batch for ``model`` as it collates it (:func:`prepare_payload`). With
+    ``num_workers >= 1`` this per-batch work runs in the loader's worker processes, beside the
+    training step instead of inside it::
+
+        loader = DataLoader(dataset, batch_size=64, shuffle=True, num_workers=1, model=model)
+        for batch in loader:
+            out = model(batch)  # GraphTransformer: reads the prepared payload
+
+        for batch in loader:  # a loop of your own with GRFGPSConv layers
+            payload = convs[0].payload(batch)  # the prepared GRFLoads
+            ...
+
+    Args:
+        dataset, batch_size, shuffle, follow_batch, exclude_keys, **kwargs: as in PyG's
+            ``DataLoader``.
+        model (nn.Module or sequence of GRFAttention, optional): the model whose GRF layers
+            read the batches. Their configuration is copied when the loader is built; a layer
+            changed later (e.g. cast to float64) still runs correctly, building what differs
+            in the step. :obj:`None`: PyG's loader unchanged.
+    """
+
+    def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False,
+                 follow_batch: Optional[List[str]] = None,
+                 exclude_keys: Optional[List[str]] = None,
+                 model: Union[nn.Module, Sequence[GRFAttention], None] = None, **kwargs: Any):
+        super().__init__(dataset, batch_size, shuffle, follow_batch=follow_batch,
+                         exclude_keys=exclude_keys, **kwargs)
+        if model is not None:
+            self.collate_fn = PayloadCollater(self.collate_fn, model)
