@@ -97,7 +97,7 @@ def test_prepared_payload_survives_pickling_with_its_caches(monkeypatch):
     b2 = pickle.loads(pickle.dumps(b))
     grf = GRFLoads.from_data(b2)
     assert grf is b2.__dict__[PREPARED_ATTR][('grf', None)]
-    assert ('terms', True, 'own') in grf._cache  # float64: the layer's dtype
+    assert ('terms', True, 'own', D) in grf._cache  # built in the layer's dtype only
     calls = count_builds(monkeypatch)
     assert torch.allclose(layer(b2.x, b2.batch, grf=grf), want, atol=1e-12)
     assert calls == []
@@ -109,10 +109,11 @@ def test_pickling_drops_stale_and_address_keyed_caches():
     other = b.batch.clone()
     grf.layout(other)  # keyed by the storage address of `other`: meaningless elsewhere
     grf.block_terms(True, dtype=torch.float32)
+    grf.mask_pattern()  # reads the float32 terms' cells: no float64 join
     keys = set(pickle.loads(pickle.dumps(grf))._cache)
     assert not any('ext' in str(k) for k in keys)
     assert ('terms', True, 'own', torch.float32) in keys
-    assert ('terms', True, 'own') not in keys  # the float64 copy the float32 one serves
+    assert ('terms', True, 'own', torch.float64) not in keys
     grf.load.mul_(2.0)  # an in-place edit after the caches were built: none may travel
     assert set(pickle.loads(pickle.dumps(grf))._cache) == {'_versions'}
 

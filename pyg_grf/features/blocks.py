@@ -43,10 +43,25 @@ class BlockTerms(NamedTuple):
 
     Attributes:
         cell (Tensor): ``[P]`` distinct flat cells in ``[B, n, n]`` holding a mask entry.
-        stats (Tensor): ``[P, num_coef]`` summed load products per coefficient id.
+        stats (Tensor): ``[P, num_coef]`` summed load products per coefficient id, or, when
+            ``src`` is set, ``[P', num_coef]`` for the distinct cells of a symmetric mask's
+            upper triangle only.
+        src (Tensor, optional): ``[P]`` row of ``stats`` of every cell (a cell below the
+            diagonal reads its mirror): the values of a layer are computed on the
+            :math:`P' \approx P / 2` rows and then gathered (:meth:`values`).
     """
     cell: Tensor
     stats: Tensor
+    src: Optional[Tensor] = None
+
+    def values(self, coef: Tensor) -> Tensor:
+        r"""``[h, P]`` mask values of coefficient rows ``coef`` ``[h, num_coef]`` on ``cell``."""
+        vals = coef @ self.stats.t()
+        return vals if self.src is None else vals.index_select(1, self.src)
+
+    def cell_stats(self) -> Tensor:
+        r"""``[P, num_coef]``: the statistics of every cell."""
+        return self.stats if self.src is None else self.stats.index_select(0, self.src)
 
     @property
     def num_coef(self) -> int:
@@ -60,7 +75,7 @@ def coalesce_terms(cell: Tensor, kid: Tensor, value: Tensor, num_coef: int,
         mark = torch.zeros(num_cells, dtype=torch.bool, device=cell.device)
         mark[cell] = True
         cells = mark.nonzero().view(-1)
-        slot = (torch.cumsum(mark, 0) - 1)[cell]
+        slot = (torch.cumsum(mark, 0) - 1).index_select(0, cell)
     else:  # one big graph: the cell range is N^2
         cells, slot = torch.unique(cell, sorted=True, return_inverse=True)
     flat = slot * num_coef + kid
@@ -95,3 +110,104 @@ def block_layout(batch: Optional[Tensor], num_nodes: int) -> BlockLayout:
     ptr = torch.cumsum(sizes, 0) - sizes
     pos = batch * n + (torch.arange(num_nodes, device=batch.device) - ptr[batch])
     return BlockLayout(B, max(n, 1), pos, sizes.cpu(), ptr)
+
+
+def symmetric_ids(K: int, device=None) -> Tensor:
+    r"""``[K, K]`` id of the unordered pair :math:`\{l, l'\}` among the :math:`K(K + 1)/2`
+    upper-triangle pairs (row-major: ``torch.triu_indices(K, K)`` order), for both orders."""
+    iu = torch.triu_indices(K, K, device=device)
+    ids = torch.empty(K, K, dtype=torch.long, device=device)
+    pos = torch.arange(iu.size(1), device=device)
+    ids[iu[0], iu[1]] = pos
+    ids[iu[1], iu[0]] = pos
+    return ids
+
+
+def join_terms(lay: BlockLayout, prow: Tensor, col: Tensor, hop: Tensor, load: Tensor,
+               kprow: Tensor, kcol: Tensor, khop: Tensor, kload: Tensor, K: int,
+               num_nodes: int) -> BlockTerms:
+    r"""The statistics of :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (module docstring of
+    :mod:`~pyg_grf.features.loads`): every query entry (padded row ``prow``, visited node
+    ``col``, hop ``hop``, ``load``) joined with every key entry of the same visited node, one
+    term per pair on cell (query start, key start) with id :func:`symmetric_ids` of the hops."""
+    n = lay.n
+    krow_local = kprow % n
+    # the partners of a query entry are the key entries of its column, contiguous in the key
+    # entries sorted by column
+    kcol, col = kcol.long(), col.long()
+    order = torch.argsort(kcol, stable=True)
+    count = torch.bincount(kcol, minlength=num_nodes)
+    reps = count[col]
+    T = int(reps.sum())
+    first = torch.cumsum(reps, 0) - reps
+    base = (torch.cumsum(count, 0) - count)[col] - first  # partner slot = base[e] + t
+    # cell * K^2 + kid = [(prow n) K^2 + l K][e] + [j_local K^2 + l'][partner]
+    KK = K * K
+    qkey = torch.repeat_interleave(prow * (n * KK) + hop * K, reps, output_size=T)
+    partner = order[torch.repeat_interleave(base, reps, output_size=T)
+                    + torch.arange(T, device=col.device)]
+    ckey = qkey + (krow_local * KK + khop)[partner]
+    value = torch.repeat_interleave(load, reps, output_size=T) * kload[partner]
+    cell, kid = ckey // KK, ckey % KK
+    # (l, l') and (l', l) share the coefficient f_l f_l': one statistic, id in triu order
+    tri = symmetric_ids(K, cell.device)
+    return coalesce_terms(cell, tri.view(-1)[kid], value, K * (K + 1) // 2, lay.num_cells)
+
+
+def self_join_terms(lay: BlockLayout, prow: Tensor, col: Tensor, hop: Tensor, load: Tensor,
+                    K: int, num_nodes: int) -> BlockTerms:
+    r""":func:`join_terms` of the entries with themselves (:math:`\widehat\Phi\widehat\Phi^\top`,
+    no separate key walks) at half the work: the mask and its statistics are symmetric
+    (:math:`S_{ij}^{l l'} = S_{ji}^{l' l}`, and the ids already merge :math:`(l, l')` with
+    :math:`(l', l)`), so each unordered pair of entries of a visited node is formed once, summed
+    on the upper-triangle cell (min start, max start), and the strict upper triangle is then
+    mirrored. A pair of distinct entries with the same start node counts twice on its diagonal
+    cell (both orders land there)."""
+    n, dev = lay.n, prow.device
+    nnz = prow.numel()
+    col = col.long()
+    order = torch.argsort(col, stable=True)
+    count = torch.bincount(col, minlength=num_nodes)
+    pos = torch.empty_like(order)
+    pos[order] = torch.arange(nnz, device=dev)  # slot of every entry in column order
+    # partners: the entries of the same column at or after its slot
+    reps = count.index_select(0, col) - pos + (torch.cumsum(count, 0) - count).index_select(0, col)
+    T = int(reps.sum())
+    first = torch.cumsum(reps, 0) - reps
+    offset = torch.arange(T, device=dev) - torch.repeat_interleave(first, reps, output_size=T)
+    partner = order.index_select(0, torch.repeat_interleave(pos, reps, output_size=T) + offset)
+    # per term: graph base row b n, both start nodes (local), hops and loads (gathers by
+    # index_select: several times faster than advanced indexing on CPU)
+    local = prow % n
+    row1 = torch.repeat_interleave(prow, reps, output_size=T)
+    local2 = local.index_select(0, partner)
+    local1 = torch.repeat_interleave(local, reps, output_size=T)
+    lo, hi = torch.minimum(local1, local2), torch.maximum(local1, local2)
+    cell = (row1 - local1 + lo) * n + hi
+    tri = symmetric_ids(K, dev).view(-1)
+    kid = tri.index_select(0, torch.repeat_interleave(hop * K, reps, output_size=T)
+                           + hop.index_select(0, partner))
+    value = torch.repeat_interleave(load, reps, output_size=T) * load.index_select(0, partner)
+    value = torch.where((local1 == local2) & (offset > 0), 2 * value, value)
+    upper = coalesce_terms(cell, kid, value, K * (K + 1) // 2, lay.num_cells)
+    # mirror the strict upper triangle into row-major order of all cells: each cell's rank
+    # among the marked cells is its row (no sort, no copy of the statistics but the mirror's)
+    c = upper.cell
+    r_, c_ = (c // n) % n, c % n
+    strict = (r_ < c_).nonzero().view(-1)
+    mirrored = ((c.index_select(0, strict) // (n * n)) * n + c_.index_select(0, strict)) * n \
+        + r_.index_select(0, strict)
+    if lay.num_cells <= max(8 * T, 1 << 24):
+        mark = torch.zeros(lay.num_cells, dtype=torch.bool, device=dev)
+        mark[c] = True
+        mark[mirrored] = True
+        cells = mark.nonzero().view(-1)
+        rank = torch.cumsum(mark, 0) - 1
+        slot_u, slot_m = rank.index_select(0, c), rank.index_select(0, mirrored)
+    else:  # one big graph: the cell range is N^2
+        cells, inv = torch.unique(torch.cat([c, mirrored]), sorted=True, return_inverse=True)
+        slot_u, slot_m = inv[:c.numel()], inv[c.numel():]
+    src = torch.empty_like(cells)
+    src.index_copy_(0, slot_u, torch.arange(c.numel(), device=dev))
+    src.index_copy_(0, slot_m, strict)
+    return BlockTerms(cells, upper.stats, src)

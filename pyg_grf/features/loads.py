@@ -47,7 +47,8 @@ from pyg_grf._validation import is_sorted
 from pyg_grf.features.grf import hop_values
 from pyg_grf.ops import SparsePattern
 from pyg_grf.features.blocks import (BlockLayout, BlockTerms, block_coords,  # noqa: F401
-                                     block_layout, coalesce_terms)
+                                     block_layout, coalesce_terms, join_terms,
+                                     self_join_terms, symmetric_ids)
 
 
 def _check_tensor(name: str, t: Any, dim: int) -> Tensor:
@@ -369,17 +370,13 @@ class GRFLoads:
     def __getstate__(self) -> Dict[str, Any]:
         # Pickling (e.g. from a DataLoader worker) keeps the cached structures when they are
         # current; entries keyed by another tensor's storage address ('ext') cannot be matched
-        # in another process and are dropped, and so are float64 mask statistics that a
-        # narrower copy already serves (the layers read that one: it halves what travels).
+        # in another process and are dropped.
         state = self.__dict__.copy()
         cache = self._cache
         if cache.get('_versions') != self._versions():
             cache = {}
         state['_cache'] = {k: v for k, v in cache.items()
-                           if k != '_versions' and not _external(k)
-                           and not (k[:1] == ('terms',) and len(k) == 3
-                                    and any(len(o) == 4 and o[:3] == k for o in cache
-                                            if isinstance(o, tuple)))}
+                           if k not in ('_versions', '_check') and not _external(k)}
         return state
 
     def __setstate__(self, state: Dict[str, Any]):
@@ -464,50 +461,42 @@ class GRFLoads:
         r"""The f-independent mask statistics in the dense-block layout (module docstring):
         ``symmetric`` for :math:`\widehat\Phi_Q\widehat\Phi_K^\top`, else :math:`\widehat\Phi`.
         Terms that fall on the same cell are summed per coefficient id, so that the mask values
-        of a layer are one small matrix product ``stats @ coef``."""
-        key = ('terms', symmetric, self._batch_key(batch))
-        if dtype is None or dtype == torch.float64:
-            return self._cached(key, lambda: self._build_terms(symmetric, self.layout(batch)))
-        # statistics are summed in float64; one cast per dtype, shared by the layers (and the
-        # only copy that travels when the loads are pickled, see __getstate__)
-        return self._cached(key + (dtype,), lambda: self.block_terms(symmetric, batch)._replace(
-            stats=self.block_terms(symmetric, batch).stats.to(dtype)))
+        of a layer are one small matrix product ``stats @ coef``. Built in ``dtype`` (default
+        float64; narrower types are summed in float32), the layers' dtype: one build per batch,
+        shared by the layers."""
+        dtype = torch.float64 if dtype is None else dtype
+        key = ('terms', symmetric, self._batch_key(batch), dtype)
+        return self._cached(key, lambda: self._build_terms(symmetric, self.layout(batch), dtype))
 
-    def _build_terms(self, symmetric: bool, lay: BlockLayout) -> BlockTerms:
+    def term_cells(self, symmetric: bool, batch: Optional[Tensor] = None) -> Tensor:
+        r"""The cells of :meth:`block_terms` (of any dtype already built: they do not depend on
+        it; float64 terms are built if none is)."""
+        self._cached('_check', lambda: None)  # drops the caches after an in-place edit
+        bk = self._batch_key(batch)
+        for key, terms in self._cache.items():
+            if isinstance(key, tuple) and key[:3] == ('terms', symmetric, bk):
+                return terms.cell
+        return self.block_terms(symmetric, batch).cell
+
+    def _build_terms(self, symmetric: bool, lay: BlockLayout, dtype: torch.dtype) -> BlockTerms:
         n = lay.n
         K = self.max_hop + 1
+        acc = torch.float64 if dtype == torch.float64 else torch.float32
         # Per entry (cheap, nnz-sized): the padded row offset (b * n + r) * n and the local column.
         prow, pcol = block_coords(lay, self.index)
-        hop, load = self.hop.long(), self.load.double()
+        hop, load = self.hop.long(), self.load.to(acc)
         if not symmetric:
-            return coalesce_terms(prow * n + pcol, hop, load, K, lay.num_cells)
+            terms = coalesce_terms(prow * n + pcol, hop, load, K, lay.num_cells)
+            return terms._replace(stats=terms.stats.to(dtype))
         other = self if self.key is None else self.key
         K = max(K, other.max_hop + 1)
-        # local id of the key entries' start node j
-        krow_local = (prow if other is self else block_coords(lay, other.index)[0]) % n
-        # Join query entries (i, q, l) with key entries (j, q, l') on the visited node q: the
-        # partners of a query entry are the key entries of column q, contiguous in the key
-        # entries sorted by column.
-        kcol = other.index[1].long()
-        order = torch.argsort(kcol, stable=True)
-        count = torch.bincount(kcol, minlength=self.num_nodes)
-        col = self.index[1].long()
-        reps = count[col]
-        T = int(reps.sum())
-        first = torch.cumsum(reps, 0) - reps
-        base = (torch.cumsum(count, 0) - count)[col] - first  # partner slot = base[e] + t
-        # cell * K^2 + kid = [(prow n) K^2 + l K][e] + [j_local K^2 + l'][partner]
-        KK = K * K
-        qkey = torch.repeat_interleave(prow * (n * KK) + hop * K, reps, output_size=T)
-        partner = order[torch.repeat_interleave(base, reps, output_size=T)
-                        + torch.arange(T, device=col.device)]
-        ckey = qkey + (krow_local * KK + other.hop.long())[partner]
-        value = (torch.repeat_interleave(load, reps, output_size=T)
-                 * other.load.double()[partner])
-        cell, kid = ckey // KK, ckey % KK
-        # (l, l') and (l', l) share the coefficient f_l f_l': one statistic, id in triu order
-        tri = symmetric_ids(K, cell.device)
-        return coalesce_terms(cell, tri.view(-1)[kid], value, K * (K + 1) // 2, lay.num_cells)
+        if other is self:  # Phi Phi^T: each unordered pair of entries once, then mirrored
+            terms = self_join_terms(lay, prow, self.index[1], hop, load, K, self.num_nodes)
+        else:
+            terms = join_terms(lay, prow, self.index[1], hop, load,
+                               block_coords(lay, other.index)[0], other.index[1],
+                               other.hop.long(), other.load.to(acc), K, self.num_nodes)
+        return terms._replace(stats=terms.stats.to(dtype))
 
     def block_cells(self, batch: Optional[Tensor] = None) -> Tensor:
         r"""``[nnz]`` flat cell ``(b n + r) n + c`` of every entry in the ``[B, n, n]`` dense-block
@@ -538,7 +527,7 @@ class GRFLoads:
 
         def build():
             sup = torch.zeros(lay.num_cells, dtype=torch.bool, device=self.device)
-            sup[self.block_terms(False, batch).cell] = True
+            sup[self.term_cells(False, batch)] = True
             return sup.view(lay.num_graphs, lay.n, lay.n)
         return self._cached(('support', self._batch_key(batch)), build)
 
@@ -554,11 +543,11 @@ class GRFLoads:
     def mask_pattern(self, batch: Optional[Tensor] = None) -> SparsePattern:
         r"""Sparsity pattern (global node ids, row-major) of the symmetric mask
         :math:`\widehat\Phi_Q\widehat\Phi_K^\top`, in the order of
-        ``block_terms(True).cell``."""
+        :meth:`term_cells` ``(True)``."""
         lay = self.layout(batch)
 
         def build():
-            cell = self.block_terms(True, batch).cell
+            cell = self.term_cells(True, batch)
             n = lay.n
             b, rc = cell // (n * n), cell % (n * n)
             start = lay.ptr[b]
@@ -570,17 +559,6 @@ class GRFLoads:
 # Where pyg_grf.loader leaves prepared loads on a Data / Batch: a plain attribute (leading
 # underscore), not a data field, so PyG's collation, .to() and slicing never touch it.
 PREPARED_ATTR = '_grf_prepared'
-
-
-def symmetric_ids(K: int, device=None) -> Tensor:
-    r"""``[K, K]`` id of the unordered pair :math:`\{l, l'\}` among the :math:`K(K + 1)/2`
-    upper-triangle pairs (row-major: ``torch.triu_indices(K, K)`` order), for both orders."""
-    iu = torch.triu_indices(K, K, device=device)
-    ids = torch.empty(K, K, dtype=torch.long, device=device)
-    pos = torch.arange(iu.size(1), device=device)
-    ids[iu[0], iu[1]] = pos
-    ids[iu[1], iu[0]] = pos
-    return ids
 
 
 def _external(key: Any) -> bool:

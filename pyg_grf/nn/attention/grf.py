@@ -346,7 +346,7 @@ class GRFAttention(QKVAttention):
                 heads = 1
         backend = self.backend
         if backend == 'auto':
-            backend = choose_backend(run, self.mode, heads, m, d)
+            backend = choose_backend(run, self.mode, heads, m, d, None, self.f.dtype)
         run.prepare(backend, self.mode, heads, self.f.dtype)
         if self.beta_raw is not None:
             grf.layout()
@@ -368,7 +368,8 @@ class GRFAttention(QKVAttention):
         # row per group). Linear modes return the sums [N', h, C + 1], softmax the output.
         backend = self.backend
         if backend == 'auto':
-            backend = choose_backend(grf, self.mode, a.size(1), a.size(-1), v.size(-1), batch)
+            backend = choose_backend(grf, self.mode, a.size(1), a.size(-1), v.size(-1), batch,
+                                     f.dtype)
         else:  # an explicit backend: refuse what cannot fit before allocating it
             check_backend_memory(grf, backend, self.mode, a.size(1), a.size(-1), v.size(-1),
                                  batch, a.element_size(), a.device)
@@ -386,8 +387,8 @@ class GRFAttention(QKVAttention):
         else:
             coef = f[:, :terms.num_coef]
         if grf.group is None:
-            return coef @ terms.stats.t()
-        return (terms.stats * coef[grf.cell_group(terms.cell, layout)]).sum(-1).unsqueeze(0)
+            return terms.values(coef)
+        return (terms.cell_stats() * coef[grf.cell_group(terms.cell, layout)]).sum(-1).unsqueeze(0)
 
     def _softmax(self, grf: GRFLoads, q: Tensor, k: Tensor, v: Tensor, backend: str,
                  batch: Optional[Tensor], f: Tensor) -> Tensor:

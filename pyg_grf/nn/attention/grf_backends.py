@@ -54,14 +54,15 @@ def check_backend_memory(grf: GRFLoads, backend: str, mode: str, heads: int, m: 
 
 
 def choose_backend(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
-                   batch: Optional[Tensor] = None) -> str:
+                   batch: Optional[Tensor] = None, dtype: Optional[torch.dtype] = None) -> str:
     r"""The backend :obj:`'auto'` picks: the cheapest by :func:`backend_costs`."""
-    costs = backend_costs(grf, mode, heads, m, d, batch)
+    costs = backend_costs(grf, mode, heads, m, d, batch, dtype)
     return min(costs, key=costs.get)
 
 
 def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
-                  batch: Optional[Tensor] = None) -> Dict[str, float]:
+                  batch: Optional[Tensor] = None,
+                  dtype: Optional[torch.dtype] = None) -> Dict[str, float]:
     r"""Estimated seconds (on one CPU core) of one layer, forward + backward, per backend, from
     the batch's sizes; cached on ``grf`` per setting. With :math:`H` heads, feature size
     :math:`m`, value size :math:`d`, :math:`P_\Phi` the nonzeros of :math:`\widehat\Phi`,
@@ -125,7 +126,9 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
         # join is run; the join's memory (~64 bytes a term) is bounded too
         lower = join + P_phi * heads * (m + d + 1) * _C_PAIR
         if lower < min(costs['sparse'], costs['dense']) and T * 64 < _JOIN_MEMORY:
-            P = grf.mask_pattern(batch).nnz
+            # the mask's support, from the statistics the pair backend then uses (in the
+            # layer's dtype: built once)
+            P = grf.block_terms(True, batch, dtype).cell.numel()
             costs['pairs'] = P * heads * (m + d + 1) * _C_PAIR + join
         return costs
     return grf._cached(key, compute)
