@@ -46,9 +46,7 @@ from torch import Tensor
 from pyg_grf._validation import is_sorted
 from pyg_grf.features.grf import hop_values
 from pyg_grf.ops import SparsePattern
-from pyg_grf.features.blocks import (BlockLayout, BlockTerms, block_coords,  # noqa: F401
-                                     block_layout, coalesce_terms, join_terms,
-                                     self_join_terms, symmetric_ids)
+from pyg_grf.features.blocks import BlockLayout, BlockStructures
 
 
 def _check_tensor(name: str, t: Any, dim: int) -> Tensor:
@@ -59,7 +57,7 @@ def _check_tensor(name: str, t: Any, dim: int) -> Tensor:
     return t
 
 
-class GRFLoads:
+class GRFLoads(BlockStructures):
     r"""Graph random feature loads of a graph or a PyG mini-batch, with the per-batch
     precomputation shared by all GRF layers of a model (module docstring).
 
@@ -447,113 +445,11 @@ class GRFLoads:
                              f"coefficients only up to hop {max_length}: use max_length >= "
                              f"{self.max_hop} (the transform's max_length)")
 
-    # Dense-block backend ###########################################################################
-
-    def layout(self, batch: Optional[Tensor] = None) -> BlockLayout:
-        r"""The :class:`BlockLayout` of the batch (``batch`` overrides the stored one)."""
-        key = ('layout', self._batch_key(batch))
-        if batch is None:
-            batch = self.batch
-        return self._cached(key, lambda: block_layout(batch, self.num_nodes))
-
-    def block_terms(self, symmetric: bool, batch: Optional[Tensor] = None,
-                    dtype: Optional[torch.dtype] = None) -> BlockTerms:
-        r"""The f-independent mask statistics in the dense-block layout (module docstring):
-        ``symmetric`` for :math:`\widehat\Phi_Q\widehat\Phi_K^\top`, else :math:`\widehat\Phi`.
-        Terms that fall on the same cell are summed per coefficient id, so that the mask values
-        of a layer are one small matrix product ``stats @ coef``. Built in ``dtype`` (default
-        float64; narrower types are summed in float32), the layers' dtype: one build per batch,
-        shared by the layers."""
-        dtype = torch.float64 if dtype is None else dtype
-        key = ('terms', symmetric, self._batch_key(batch), dtype)
-        return self._cached(key, lambda: self._build_terms(symmetric, self.layout(batch), dtype))
-
-    def term_cells(self, symmetric: bool, batch: Optional[Tensor] = None) -> Tensor:
-        r"""The cells of :meth:`block_terms` (of any dtype already built: they do not depend on
-        it; float64 terms are built if none is)."""
-        self._cached('_check', lambda: None)  # drops the caches after an in-place edit
-        bk = self._batch_key(batch)
-        for key, terms in self._cache.items():
-            if isinstance(key, tuple) and key[:3] == ('terms', symmetric, bk):
-                return terms.cell
-        return self.block_terms(symmetric, batch).cell
-
-    def _build_terms(self, symmetric: bool, lay: BlockLayout, dtype: torch.dtype) -> BlockTerms:
-        n = lay.n
-        K = self.max_hop + 1
-        acc = torch.float64 if dtype == torch.float64 else torch.float32
-        # Per entry (cheap, nnz-sized): the padded row offset (b * n + r) * n and the local column.
-        prow, pcol = block_coords(lay, self.index)
-        hop, load = self.hop.long(), self.load.to(acc)
-        if not symmetric:
-            terms = coalesce_terms(prow * n + pcol, hop, load, K, lay.num_cells)
-            return terms._replace(stats=terms.stats.to(dtype))
-        other = self if self.key is None else self.key
-        K = max(K, other.max_hop + 1)
-        if other is self:  # Phi Phi^T: each unordered pair of entries once, then mirrored
-            terms = self_join_terms(lay, prow, self.index[1], hop, load, K, self.num_nodes)
-        else:
-            terms = join_terms(lay, prow, self.index[1], hop, load,
-                               block_coords(lay, other.index)[0], other.index[1],
-                               other.hop.long(), other.load.to(acc), K, self.num_nodes)
-        return terms._replace(stats=terms.stats.to(dtype))
-
-    def block_cells(self, batch: Optional[Tensor] = None) -> Tensor:
-        r"""``[nnz]`` flat cell ``(b n + r) n + c`` of every entry in the ``[B, n, n]`` dense-block
-        layout (cached; checks once that no entry crosses graphs)."""
-        lay = self.layout(batch)
-
-        def build():
-            prow, pcol = block_coords(lay, self.index)
-            return prow * lay.n + pcol
-        return self._cached(('cells', self._batch_key(batch)), build)
-
-    def phi_blocks(self, f: Tensor, batch: Optional[Tensor] = None) -> Tensor:
-        r""":math:`\widehat\Phi` as dense ``[B, h, n, n]`` blocks per graph, for coefficients
-        ``f`` ``[H, L + 1]`` (:math:`h = H`) or, on folded loads, one row per group
-        (:math:`h = 1`); differentiable in ``f``. The symmetric mask of a dense-block layer is
-        then one batched product :math:`\widehat\Phi_Q\widehat\Phi_K^\top` per graph
-        (:math:`O(B h n^3)`, no join of the entries)."""
-        lay = self.layout(batch)
-        v = self.entry_values(f)
-        if v.dim() == 1:
-            v = v.unsqueeze(0)
-        out = v.new_zeros(v.size(0), lay.num_cells).index_add(1, self.block_cells(batch), v)
-        return out.view(-1, lay.num_graphs, lay.n, lay.n).transpose(0, 1)
-
-    def block_support(self, batch: Optional[Tensor] = None) -> Tensor:
-        r"""``[B, n, n]`` boolean: the cells holding an entry of :math:`\widehat\Phi`."""
-        lay = self.layout(batch)
-
-        def build():
-            sup = torch.zeros(lay.num_cells, dtype=torch.bool, device=self.device)
-            sup[self.term_cells(False, batch)] = True
-            return sup.view(lay.num_graphs, lay.n, lay.n)
-        return self._cached(('support', self._batch_key(batch)), build)
-
-    def num_join_terms(self) -> int:
-        r"""Number of query/key entry pairs that share a visited node: the size of the join
-        behind the symmetric mask statistics (known before the join is run)."""
-        def count():
-            other = self if self.key is None else self.key
-            cnt = torch.bincount(other.index[1].long(), minlength=self.num_nodes)
-            return int(cnt[self.index[1].long()].sum())
-        return self._cached('num_join_terms', count)
-
-    def mask_pattern(self, batch: Optional[Tensor] = None) -> SparsePattern:
-        r"""Sparsity pattern (global node ids, row-major) of the symmetric mask
-        :math:`\widehat\Phi_Q\widehat\Phi_K^\top`, in the order of
-        :meth:`term_cells` ``(True)``."""
-        lay = self.layout(batch)
-
-        def build():
-            cell = self.term_cells(True, batch)
-            n = lay.n
-            b, rc = cell // (n * n), cell % (n * n)
-            start = lay.ptr[b]
-            index = torch.stack([start + rc // n, start + rc % n])
-            return SparsePattern(index, (self.num_nodes, self.num_nodes), _trusted=True)
-        return self._cached(('mask_pattern', self._batch_key(batch)), build)
+    def _count(self, name: Any) -> int:
+        # a use counter kept with the caches (reset with them after an in-place edit)
+        self._cached('_check', lambda: None)
+        self._cache[name] = self._cache.get(name, 0) + 1
+        return self._cache[name]
 
 
 # Where pyg_grf.loader leaves prepared loads on a Data / Batch: a plain attribute (leading

@@ -106,7 +106,7 @@ def dense_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
 
 def to_blocks(x: Tensor, layout) -> Tensor:
     r"""``[N, H, C]`` node tensor to ``[B, H, n, C]`` padded per-graph blocks (zeros in the
-    padding) for a :class:`~pyg_grf.features.loads.BlockLayout`."""
+    padding) for a :class:`~pyg_grf.features.blocks.BlockLayout`."""
     N, H, C = x.shape
     B, n = layout.num_graphs, layout.n
     out = x.new_zeros(B * n, H, C).index_copy(0, layout.pos, x)

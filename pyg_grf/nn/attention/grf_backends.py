@@ -23,15 +23,16 @@ def backend_memory(grf: GRFLoads, backend: str, mode: str, heads: int, m: int, d
     r"""Estimated peak bytes of one layer (forward and backward) of ``backend``, from sizes known
     before anything large is built: ``'dense'`` about six ``[B, H, n, n]`` tensors (the
     :math:`\widehat\Phi` blocks, the mask, the attention and their gradients); ``'pairs'``
-    the join behind the symmetric mask (~64 bytes a term, :meth:`GRFLoads.num_join_terms`) plus
-    six values per mask entry and head (at most the join's terms); ``'sparse'`` six values per
+    the join behind the symmetric mask (~48 bytes a term of :meth:`GRFLoads.num_join_terms`: the
+    half join forms half of them, ~10 values each) plus six values per mask entry and head (at
+    most the join's terms); ``'sparse'`` six values per
     nonzero of :math:`\widehat\Phi` and head, times the feature width."""
     if backend == 'dense':
         return 6 * grf.layout(batch).num_cells * heads * itemsize
     if backend == 'pairs':
         if mode == 'symmetric':
             T = grf.num_join_terms()
-            return 64 * T + 6 * T * heads * itemsize
+            return 48 * T + 6 * T * heads * itemsize
         return 6 * grf.nnz * heads * (m + d + 1) * itemsize
     return 6 * grf.nnz * heads * itemsize + 4 * grf.num_nodes * heads * m * (d + 1) * itemsize
 
@@ -64,10 +65,10 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
                   batch: Optional[Tensor] = None,
                   dtype: Optional[torch.dtype] = None) -> Dict[str, float]:
     r"""Estimated seconds (on one CPU core) of one layer, forward + backward, per backend, from
-    the batch's sizes; cached on ``grf`` per setting. With :math:`H` heads, feature size
-    :math:`m`, value size :math:`d`, :math:`P_\Phi` the nonzeros of :math:`\widehat\Phi`,
-    :math:`P_M` those of the symmetric mask, :math:`T` the size of the join that builds its
-    statistics and :math:`B n_{max}^2` the padded block cells:
+    the batch's sizes. With :math:`H` heads, feature size :math:`m`, value size :math:`d`,
+    :math:`P_\Phi` the nonzeros of :math:`\widehat\Phi`, :math:`P_M` those of the symmetric
+    mask, :math:`T` the size of the join that builds its statistics and :math:`B n_{max}^2` the
+    padded block cells:
 
     * ``'sparse'`` (low rank, never forms the mask): :math:`c_1 P_\Phi H m (d + 1)` per CSR
       product (2 symmetric, 1 asymmetric) plus :math:`c_2 N H m (d + 1)` to form and contract
@@ -78,11 +79,16 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
       (larger blocks fall out of cache), times 1.6 for the softmax mode;
     * ``'dense'``, symmetric: plus :math:`c_7 \cdot 3 B n_{max}^3 H` for the batched products
       :math:`\widehat\Phi_Q\widehat\Phi_K^\top` per graph (forward and backward);
-    * the join (symmetric mask, pair backend), once per batch: :math:`c_6 T`
-      (several times more per term for one big graph, whose :math:`N^2` cells need a sort),
-      counted as spread over two layers. It is only run when that share plus the pair cost of
-      :math:`P_\Phi` pairs (a lower bound) is below the sparse and dense estimates and its
-      memory stays under 2 GiB (:math:`T` is known beforehand; hub nodes make it large).
+    * the join (symmetric mask, pair backend), once per ``GRFLoads``: :math:`c_6 T` (several
+      times more per term for one big graph, whose :math:`N^2` cells need a sort), amortised
+      over the layer calls that have used these loads so far (at least two: a batch's layers
+      share it), and zero once built (e.g. by :meth:`GRFAttention.prepare
+      <pyg_grf.nn.GRFAttention.prepare>` in a DataLoader worker). So a batch seen once pays
+      it in full, while one full graph whose loads serve every step (full-graph training)
+      moves to the pair backend after a few steps and pays it once. It is only run when that
+      share plus the pair cost of :math:`P_\Phi` pairs (a lower bound) is below the sparse and
+      dense estimates and its memory (:func:`backend_memory`) stays under 2 GiB (:math:`T` is
+      known beforehand; hub nodes make it large).
 
     Measured per layer on one core (LRGB-sized batch / TU-sized batch / 16k grid, symmetric):
     sparse 334-355 / 83-108 / 631-673 ms, pairs 51-57 / 17-26 / 111-114 ms, dense 122-160 /
@@ -93,11 +99,11 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
     The constants were fitted with ``python bench/bench_batch.py --calibrate --threads 1`` on the
     2-core x86 CPU of our CI; only their ratios matter for the choice."""
     key = ('costs', mode, heads, m, d, grf._batch_key(batch))
+    symmetric = mode == 'symmetric'
 
     def compute():
         N = grf.num_nodes
         P_phi = grf.pairs()[1].nnz
-        symmetric = mode == 'symmetric'
         costs = {}
         width = heads * m * (d + 1)
         if mode != 'sparse_softmax':
@@ -113,25 +119,30 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
         if not symmetric:
             costs['pairs'] = P_phi * heads * (m + d + 1) * _C_PAIR
             costs['dense'] = dense
-            return costs
+            return costs, None
         # dense blocks: the mask is Phi_Q Phi_K^T per graph, one batched product (B n^3 per head
         # and product, forward and two in the backward), no join
         costs['dense'] = dense + 3 * lay.num_cells * lay.n * heads * _C_BMM
         T = grf.num_join_terms()
         # batches coalesce the join by a mark array over their padded cells; one big graph
-        # (N^2 cells) needs a sort of the T terms, several times slower per term
+        # (N^2 cells) needs a sort of the terms, several times slower per term
         c_join = _C_JOIN if lay.num_cells <= max(8 * T, 1 << 24) else _C_JOIN_SORT
-        join = T * c_join / 2
+        fits = 48 * T < _JOIN_MEMORY  # the join's memory (backend_memory)
         # the mask has at least the pairs of Phi: a lower bound of the pair backend before the
-        # join is run; the join's memory (~64 bytes a term) is bounded too
-        lower = join + P_phi * heads * (m + d + 1) * _C_PAIR
-        if lower < min(costs['sparse'], costs['dense']) and T * 64 < _JOIN_MEMORY:
-            # the mask's support, from the statistics the pair backend then uses (in the
-            # layer's dtype: built once)
-            P = grf.block_terms(True, batch, dtype).cell.numel()
-            costs['pairs'] = P * heads * (m + d + 1) * _C_PAIR + join
+        # join is run
+        return costs, (T * c_join, P_phi * heads * (m + d + 1) * _C_PAIR, fits)
+    costs, join = grf._cached(key, compute)
+    costs = dict(costs)
+    if join is None:
         return costs
-    return grf._cached(key, compute)
+    total, lower, fits = join
+    uses = grf._count(('uses',) + key[1:])  # layer calls that costed these loads so far
+    built = grf.has_terms(True, batch)
+    share = 0.0 if built else total / max(2, uses)
+    if built or (fits and lower + share < min(costs.values())):
+        P = grf.block_terms(True, batch, dtype).cell.numel()  # runs the join if not built
+        costs['pairs'] = P * heads * (m + d + 1) * _C_PAIR + share
+    return costs
 
 
 # Cost constants: seconds on one core (bench/bench_batch.py --calibrate --threads 1).
