@@ -293,7 +293,7 @@ def linear_layer_old_new(b: Batch, repeats: int) -> dict:
 
 PROFILED = ('__init__', 'from_data', '_build_terms', '_coalesce_terms', 'block_terms',
             'mask_pattern', 'layout', 'block_layout', 'choose_backend', 'backend_costs',
-            'num_join_terms', '_block_coords', 'pairs', '_build_pairs', '_term_values',
+            'num_join_terms', '_block_coords', 'pairs', '_build_pairs', 'mask_values',
             'pair_masked_linear_attention', 'packing_sums', 'sddmm', 'spmm', '_mix',
             'check_coefficients', 'features', 'forward', 'backward', 'step')
 

@@ -112,7 +112,8 @@ def check_walk_memory(estimate: int, device, memory_limit: Optional[float], what
                       hint: str, error: type = WalkMemoryError) -> None:
     r"""Raises :class:`WalkMemoryError` when :obj:`estimate` bytes exceed :obj:`memory_limit`
     (bytes; :obj:`None`: ``$PYG_GRF_MEMORY_LIMIT``, else the available memory of
-    :obj:`device`)."""
+    :obj:`device`). ``what`` and ``hint`` may be callables returning the text, evaluated only
+    when the check fails."""
     source = 'memory_limit'
     if memory_limit is None:
         env = os.environ.get(MEMORY_LIMIT_ENV, '').strip()
@@ -130,6 +131,8 @@ def check_walk_memory(estimate: int, device, memory_limit: Optional[float], what
     if estimate <= memory_limit:
         return
     gib = 2**30
+    what = what() if callable(what) else what
+    hint = hint() if callable(hint) else hint
     raise error(
         f"{what} would need about {estimate / gib:.1f} GiB, more than {source} "
         f"({memory_limit / gib:.1f} GiB). {hint} To try anyway, "

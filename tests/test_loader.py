@@ -10,6 +10,7 @@ from torch_geometric.loader import DataLoader as PyGDataLoader
 
 from pyg_grf.features import GRFLoads
 from pyg_grf.features.loads import PREPARED_ATTR
+from pyg_grf.nn.attention.grf_backends import get_backend
 from pyg_grf.loader import DataLoader, PayloadCollater, grf_layers, prepare_payload
 from pyg_grf.nn import GraphTransformer, GRFAttention
 from pyg_grf.ops import SparsePattern
@@ -175,9 +176,9 @@ def test_bad_input():
                                         "holding \\['Linear'\\]"):
         prepare_payload([torch.nn.Linear(2, 2)], b)
     grf = GRFLoads.from_data(b)
-    with pytest.raises(ValueError, match="'backend' must be 'sparse', 'pairs' or 'dense', got "
-                                         "'auto'"):
-        grf.prepare('auto')
+    with pytest.raises(ValueError, match="a GRF backend must be one of \\['dense', 'pairs', "
+                                         "'sparse'\\], got 'auto'"):
+        get_backend('auto')
     with pytest.raises(TypeError, match="'grf' must be a GRFLoads, got Tensor"):
         GRFAttention(8, max_length=3).prepare(b.grf_index)
     with pytest.raises(ValueError, match="hop counts up to 3 but GRFAttention\\(max_length=2\\)"):

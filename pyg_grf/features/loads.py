@@ -227,37 +227,6 @@ class GRFLoads(BlockStructures):
             return False
         return self.key is None or self.key.matches(data, key_prefix)
 
-    def prepare(self, backend: str, mode: str = 'symmetric', heads: int = 1,
-                dtype: torch.dtype = torch.float32) -> 'GRFLoads':
-        r"""Builds and caches every structure that ``backend`` reads in ``mode`` for ``heads``
-        heads on these loads (own batch vector), so that no layer builds one in the step; the
-        mask statistics are cast to ``dtype`` (the coefficients' dtype). Returns ``self``."""
-        if backend not in ('sparse', 'pairs', 'dense'):
-            raise ValueError(f"'backend' must be 'sparse', 'pairs' or 'dense', got {backend!r}")
-        symmetric = mode == 'symmetric'
-        key = self if self.key is None else self.key
-        self._cached('hop_long', lambda: self.hop.long())
-        if backend == 'dense':
-            if mode == 'sparse_softmax':
-                self.block_terms(False, None, dtype)
-                self.block_support()
-            else:
-                self.block_cells()
-                if symmetric:
-                    key._cached('hop_long', lambda: key.hop.long())
-                    key.block_cells()
-        elif backend == 'pairs' and symmetric:
-            self.block_terms(True, None, dtype)
-            self.mask_pattern().prepare(heads)
-        else:  # the sparse backend, or the pair backend on the pattern of Phi
-            # the pair products run on the pattern repeated per head; the low-rank ones on
-            # Phi's own pattern(s) and their transposes
-            per_head = backend == 'pairs' or mode == 'sparse_softmax'
-            self.pairs()[1].prepare(heads if per_head else 1)
-            if symmetric and key is not self:
-                key.pairs()[1].prepare(1)
-        return self
-
     @property
     def nnz(self) -> int:
         return self.index.size(1)

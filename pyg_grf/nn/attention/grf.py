@@ -11,10 +11,10 @@ from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.grf import GRFMask
 from pyg_grf.nn import functional as F
 from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, split_call
-# the cost model and memory checks of the backends (re-exported: public names of this module)
+# the backends, their cost model and memory checks (re-exported: public names of this module)
 from pyg_grf.nn.attention.grf_backends import (BackendMemoryError, backend_costs,  # noqa: F401
                                                backend_memory, check_backend_memory,
-                                               choose_backend)
+                                               choose_backend, get_backend, mask_values)
 
 MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
 F_MODES = ('abs', 'signed', 'free')
@@ -347,7 +347,7 @@ class GRFAttention(QKVAttention):
         backend = self.backend
         if backend == 'auto':
             backend = choose_backend(run, self.mode, heads, m, d, None, self.f.dtype)
-        run.prepare(backend, self.mode, heads, self.f.dtype)
+        get_backend(backend).plan(run, self.mode, heads, self.f.dtype)
         if self.beta_raw is not None:
             grf.layout()
         return backend
@@ -374,68 +374,10 @@ class GRFAttention(QKVAttention):
             check_backend_memory(grf, backend, self.mode, a.size(1), a.size(-1), v.size(-1),
                                  batch, a.element_size(), a.device)
         if self.mode == 'sparse_softmax':
-            return self._softmax(grf, a, b, v, backend, batch, f)
-        return self._linear_sums(grf, a, b, v, backend, batch, f)
-
-    @staticmethod
-    def _term_values(grf: GRFLoads, terms, f: Tensor, symmetric: bool, layout) -> Tensor:
-        # mask values on the cells of the block terms: [h, P]
-        if symmetric:  # f_l f_l' for l <= l' (triu order: the statistics of both orders summed)
-            K = int(round(((8 * terms.num_coef + 1) ** 0.5 - 1) / 2))
-            iu = torch.triu_indices(K, K, device=f.device)
-            coef = f[:, iu[0]] * f[:, iu[1]]
-        else:
-            coef = f[:, :terms.num_coef]
-        if grf.group is None:
-            return terms.values(coef)
-        return (terms.cell_stats() * coef[grf.cell_group(terms.cell, layout)]).sum(-1).unsqueeze(0)
-
-    def _softmax(self, grf: GRFLoads, q: Tensor, k: Tensor, v: Tensor, backend: str,
-                 batch: Optional[Tensor], f: Tensor) -> Tensor:
-        if backend == 'dense':
-            lay = grf.layout(batch)
-            terms = grf.block_terms(False, batch, f.dtype)
-            W = F.blocks_from_values(self._term_values(grf, terms, f, False, lay), terms.cell,
-                                     lay)
-            out = F.block_weighted_softmax_attention(
-                F.to_blocks(q, lay), F.to_blocks(k, lay), F.to_blocks(v, lay), W,
-                grf.block_support(batch), self.dropout, self.training)
-            return F.from_blocks(out, lay)
-        # the sparse and pair backends coincide: softmax on the nonzeros of Phi
-        _, pat = grf.pairs()
-        return F.pair_weighted_softmax_attention(q, k, v, pat, grf.values(f), self.dropout,
-                                                 self.training)
-
-    def _linear_sums(self, grf: GRFLoads, phi_q: Tensor, phi_k: Tensor, v: Tensor,
-                     backend: str, batch: Optional[Tensor], f: Tensor) -> Tensor:
-        symmetric = self.mode == 'symmetric'
-        if backend == 'dense':  # M per graph from dense Phi blocks: no join of the entries
-            lay = grf.layout(batch)
-            M = grf.phi_blocks(f, batch)
-            if symmetric:
-                key = grf if grf.key is None else grf.key
-                M = M @ (M if grf.key is None else key.phi_blocks(f, batch)).transpose(-1, -2)
-            o = F.block_masked_linear_attention(F.to_blocks(phi_q, lay), F.to_blocks(phi_k, lay),
-                                                F.to_blocks(v, lay), M, return_sums=True)
-            return F.from_blocks(o, lay)
-        if backend == 'pairs':
-            if symmetric:
-                lay = grf.layout(batch)
-                terms = grf.block_terms(True, batch, f.dtype)
-                vals = self._term_values(grf, terms, f, True, lay)
-                return F.pair_masked_linear_attention(phi_q, phi_k, v, grf.mask_pattern(batch),
-                                                      vals, return_sums=True)
-            return F.pair_masked_linear_attention(phi_q, phi_k, v, grf.pairs()[1],
-                                                  grf.values(f), return_sums=True)
-        _, pat = grf.pairs()
-        vals = grf.values(f)
-        if not symmetric:
-            return F.low_rank_masked_linear_attention(phi_q, phi_k, v, pat, vals,
-                                                      return_sums=True)
-        key = grf if grf.key is None else grf.key
-        kvals = vals if grf.key is None else key.values(f)
-        return F.low_rank_masked_linear_attention(phi_q, phi_k, v, pat, vals, key.pairs()[1],
-                                                  kvals, return_sums=True)
+            return get_backend(backend).softmax(grf, a, b, v, f, self.dropout, self.training,
+                                                batch)
+        return get_backend(backend).linear_sums(grf, a, b, v, f, self.mode == 'symmetric',
+                                                batch)
 
     def _extra_repr(self) -> str:
         glob = '' if self.global_beta is None else f', global_beta={self.global_beta}'

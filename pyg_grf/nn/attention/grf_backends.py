@@ -1,9 +1,24 @@
-r"""How a GRF layer computes its masked sums: the cost model that ``backend='auto'`` uses to pick
-``'sparse'``, ``'pairs'`` or ``'dense'`` for a batch, and the memory estimates that refuse a backend
-before it allocates more than the machine has (see ``docs/speed.md``). The backends themselves are
-the kernels of :mod:`pyg_grf.ops` and :mod:`pyg_grf.nn.functional`, called by
-:class:`~pyg_grf.nn.GRFAttention`; everything here depends only on the batch's loads and the
-layer's sizes."""
+r"""The GRF backends: how a :class:`~pyg_grf.nn.GRFAttention` layer computes its masked sums, in
+one place (see ``docs/speed.md``).
+
+Every backend is a :class:`GRFBackend` with one interface, *plan once per batch, apply per
+layer*:
+
+* :meth:`GRFBackend.plan` builds, on the batch's :class:`~pyg_grf.features.GRFLoads`, every
+  structure the backend reads that does not depend on a layer's weights (pairs, mask statistics,
+  sparse patterns and their transposes, block layout). They are cached on the loads, so the
+  layers of a model share them, and they can be built ahead of the step (in a DataLoader
+  worker: :mod:`pyg_grf.loader`);
+* :meth:`GRFBackend.linear_sums` (linear modes) and :meth:`GRFBackend.softmax` (sparse softmax)
+  apply one layer: its coefficients and features against those structures;
+* :meth:`GRFBackend.memory` estimates the peak bytes of one layer from sizes known before
+  anything large is built.
+
+:data:`GRF_BACKENDS` maps the names ``'sparse'``, ``'pairs'``, ``'dense'`` to them;
+:func:`choose_backend` is what ``backend='auto'`` picks (the cost model :func:`backend_costs`),
+and :func:`check_backend_memory` refuses an explicit backend that cannot fit. The layer only
+chooses and calls; the kernels are those of :mod:`pyg_grf.ops` and
+:mod:`pyg_grf.nn.functional`."""
 from __future__ import annotations
 
 from typing import Dict, Optional
@@ -11,7 +26,14 @@ from typing import Dict, Optional
 import torch
 from torch import Tensor
 
+from pyg_grf.features.blocks import BlockLayout, BlockTerms
 from pyg_grf.features.loads import GRFLoads
+from pyg_grf.nn import functional as F
+
+__all__ = ['GRFBackend', 'SparseBackend', 'PairsBackend', 'DenseBackend', 'GRF_BACKENDS',
+           'BackendMemoryError', 'backend_memory', 'check_backend_memory', 'choose_backend',
+           'backend_costs', 'mask_values', 'get_backend']
+
 
 class BackendMemoryError(MemoryError):
     r"""Raised before a GRF backend allocates more than the memory available (or
@@ -20,21 +42,9 @@ class BackendMemoryError(MemoryError):
 
 def backend_memory(grf: GRFLoads, backend: str, mode: str, heads: int, m: int, d: int,
                    batch: Optional[Tensor] = None, itemsize: int = 4) -> int:
-    r"""Estimated peak bytes of one layer (forward and backward) of ``backend``, from sizes known
-    before anything large is built: ``'dense'`` about six ``[B, H, n, n]`` tensors (the
-    :math:`\widehat\Phi` blocks, the mask, the attention and their gradients); ``'pairs'``
-    the join behind the symmetric mask (~48 bytes a term of :meth:`GRFLoads.num_join_terms`: the
-    half join forms half of them, ~10 values each) plus six values per mask entry and head (at
-    most the join's terms); ``'sparse'`` six values per
-    nonzero of :math:`\widehat\Phi` and head, times the feature width."""
-    if backend == 'dense':
-        return 6 * grf.layout(batch).num_cells * heads * itemsize
-    if backend == 'pairs':
-        if mode == 'symmetric':
-            T = grf.num_join_terms()
-            return 48 * T + 6 * T * heads * itemsize
-        return 6 * grf.nnz * heads * (m + d + 1) * itemsize
-    return 6 * grf.nnz * heads * itemsize + 4 * grf.num_nodes * heads * m * (d + 1) * itemsize
+    r"""Estimated peak bytes of one layer (forward and backward) of ``backend``
+    (:meth:`GRFBackend.memory`)."""
+    return get_backend(backend).memory(grf, mode, heads, m, d, batch, itemsize)
 
 
 def check_backend_memory(grf: GRFLoads, backend: str, mode: str, heads: int, m: int, d: int,
@@ -44,14 +54,16 @@ def check_backend_memory(grf: GRFLoads, backend: str, mode: str, heads: int, m: 
     available (respecting cgroup limits and ``RLIMIT_AS``) or ``$PYG_GRF_MEMORY_LIMIT``."""
     from pyg_grf.walks import check_walk_memory
     estimate = backend_memory(grf, backend, mode, heads, m, d, batch, itemsize)
-    others = [b for b in ('sparse', 'pairs', 'dense') if b != backend]
-    need = {b: backend_memory(grf, b, mode, heads, m, d, batch, itemsize) for b in others}
-    fits = min(need, key=need.get)
+
+    def hint() -> str:  # evaluated only when the check fails
+        need = {b: backend_memory(grf, b, mode, heads, m, d, batch, itemsize)
+                for b in GRF_BACKENDS if b != backend}
+        fits = min(need, key=need.get)
+        return f"Use backend={fits!r} (about {need[fits] / 2**30:.2f} GiB) or 'auto'."
     check_walk_memory(estimate, device or grf.device, None,
-                      f"GRFAttention(backend={backend!r}) on {grf.num_nodes} nodes "
-                      f"(largest graph {grf.layout(batch).n})",
-                      f"Use backend={fits!r} (about {need[fits] / 2**30:.2f} GiB) or 'auto'.",
-                      error=BackendMemoryError)
+                      lambda: f"GRFAttention(backend={backend!r}) on {grf.num_nodes} nodes "
+                              f"(largest graph {grf.layout(batch).n})",
+                      hint, error=BackendMemoryError)
 
 
 def choose_backend(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
@@ -154,3 +166,181 @@ _C_JOIN = 7.0e-8
 _C_JOIN_SORT = 4.0e-7  # 262k grid: 10.7 s for 29M terms, default allocator
 _C_BMM = 2.0e-10  # per multiply-add of the batched Phi Phi^T products
 _JOIN_MEMORY = 2 ** 31  # bytes
+
+
+# The backends #####################################################################################
+
+def mask_values(grf: GRFLoads, terms: BlockTerms, f: Tensor, symmetric: bool,
+                layout: BlockLayout) -> Tensor:
+    r"""``[h, P]`` mask values on the cells of the f-independent statistics ``terms``
+    (:meth:`GRFLoads.block_terms <pyg_grf.features.GRFLoads.block_terms>`) for coefficients ``f``
+    ``[H, L + 1]``: :math:`M = \sum_{l \le l'} f_l f_{l'} S^{ll'}` (symmetric; the statistics of
+    both orders are stored summed) or :math:`\widehat\Phi = \sum_l f_l S^l` (GRF paper, Eq. 7).
+    On folded loads (walks per head) one row, each cell with its group's coefficients."""
+    if symmetric:
+        K = int(round(((8 * terms.num_coef + 1) ** 0.5 - 1) / 2))
+        iu = torch.triu_indices(K, K, device=f.device)
+        coef = f[:, iu[0]] * f[:, iu[1]]
+    else:
+        coef = f[:, :terms.num_coef]
+    if grf.group is None:
+        return terms.values(coef)
+    return (terms.cell_stats() * coef[grf.cell_group(terms.cell, layout)]).sum(-1).unsqueeze(0)
+
+
+class GRFBackend:
+    r"""One way to compute the masked sums of a GRF layer (module docstring): :meth:`plan` once
+    per batch, :meth:`linear_sums` / :meth:`softmax` per layer, :meth:`memory` before either.
+    ``grf`` is the batch's :class:`~pyg_grf.features.GRFLoads` (its ``key`` the key-side loads of
+    the symmetric mode, when independent); ``batch`` overrides the loads' own batch vector."""
+    name: str = ''
+
+    def memory(self, grf: GRFLoads, mode: str, heads: int, m: int, d: int,
+               batch: Optional[Tensor] = None, itemsize: int = 4) -> int:
+        raise NotImplementedError
+
+    def plan(self, grf: GRFLoads, mode: str, heads: int, dtype: torch.dtype,
+             batch: Optional[Tensor] = None) -> None:
+        r"""Builds (and caches on ``grf``) every weight-independent structure that one layer of
+        ``mode`` with ``heads`` heads reads, the mask statistics in ``dtype``."""
+        for loads in (grf,) if grf.key is None else (grf, grf.key):
+            loads._cached('hop_long', lambda: loads.hop.long())  # read by entry_values
+        self._plan(grf, mode, heads, dtype, batch)
+
+    def _plan(self, grf: GRFLoads, mode: str, heads: int, dtype: torch.dtype,
+              batch: Optional[Tensor]) -> None:
+        raise NotImplementedError
+
+    def linear_sums(self, grf: GRFLoads, phi_q: Tensor, phi_k: Tensor, v: Tensor, f: Tensor,
+                    symmetric: bool, batch: Optional[Tensor] = None) -> Tensor:
+        r"""``[N, H, C + 1]``: the masked sums :math:`\sum_j M_{ij}\,\phi(k_j)^\top\phi(q_i)\,
+        [v_j, 1]` (GRF paper, Algorithm 1), for the symmetric mask
+        :math:`\widehat\Phi_Q\widehat\Phi_K^\top` or the asymmetric :math:`\widehat\Phi`."""
+        raise NotImplementedError
+
+    def softmax(self, grf: GRFLoads, q: Tensor, k: Tensor, v: Tensor, f: Tensor,
+                dropout: float, training: bool, batch: Optional[Tensor] = None) -> Tensor:
+        r"""``[N, H, C]``: softmax attention on the nonzeros of :math:`\widehat\Phi`, weighted by
+        its entries (the ``'sparse_softmax'`` mode)."""
+        # the sparse and pair backends coincide here: the pairs of Phi are the support
+        _, pat = grf.pairs()
+        return F.pair_weighted_softmax_attention(q, k, v, pat, grf.values(f), dropout, training)
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}()'
+
+
+class SparseBackend(GRFBackend):
+    r"""Low rank, never forms the mask: CSR products with :math:`\widehat\Phi` (and its
+    transpose) around the per-node outer products (GRF paper, Sec. 3.2, Eq. 9), :math:`O(N)`
+    memory and time for a fixed walk budget."""
+    name = 'sparse'
+
+    def memory(self, grf, mode, heads, m, d, batch=None, itemsize=4):
+        return (6 * grf.nnz * heads * itemsize
+                + 4 * grf.num_nodes * heads * m * (d + 1) * itemsize)
+
+    def _plan(self, grf, mode, heads, dtype, batch):
+        # the low-rank products run on Phi's own pattern(s) and their transposes; the softmax
+        # mode on the pattern repeated per head
+        grf.pairs()[1].prepare(heads if mode == 'sparse_softmax' else 1)
+        if mode == 'symmetric' and grf.key is not None:
+            grf.key.pairs()[1].prepare(1)
+
+    def linear_sums(self, grf, phi_q, phi_k, v, f, symmetric, batch=None):
+        _, pat = grf.pairs()
+        vals = grf.values(f)
+        if not symmetric:
+            return F.low_rank_masked_linear_attention(phi_q, phi_k, v, pat, vals,
+                                                      return_sums=True)
+        key = grf if grf.key is None else grf.key
+        kvals = vals if grf.key is None else key.values(f)
+        return F.low_rank_masked_linear_attention(phi_q, phi_k, v, pat, vals, key.pairs()[1],
+                                                  kvals, return_sums=True)
+
+
+class PairsBackend(GRFBackend):
+    r"""The mask on its support: the pairs :math:`(i, j)` with :math:`M_{ij} \neq 0`, each a
+    product of two feature vectors (an SDDMM and a sparse product). The symmetric mask's values
+    are one small product of the pair statistics (a join of the walks on their visited nodes,
+    built once per batch) with the layer's :math:`f_l f_{l'}`."""
+    name = 'pairs'
+
+    def memory(self, grf, mode, heads, m, d, batch=None, itemsize=4):
+        if mode == 'symmetric':
+            if grf.has_terms(True, batch):  # planned: the join is done, the mask is known
+                return 6 * grf.term_cells(True, batch).numel() * heads * itemsize
+            # the half join: ~48 bytes a term of the full join (half of them formed, ~10 values
+            # each), plus six values per mask entry and head (at most the join's terms)
+            T = grf.num_join_terms()
+            return 48 * T + 6 * T * heads * itemsize
+        return 6 * grf.nnz * heads * (m + d + 1) * itemsize
+
+    def _plan(self, grf, mode, heads, dtype, batch):
+        if mode == 'symmetric':
+            grf.block_terms(True, batch, dtype)
+            grf.mask_pattern(batch).prepare(heads)
+        else:  # the pair products on Phi's pattern, repeated per head
+            grf.pairs()[1].prepare(heads)
+
+    def linear_sums(self, grf, phi_q, phi_k, v, f, symmetric, batch=None):
+        if symmetric:
+            lay = grf.layout(batch)
+            terms = grf.block_terms(True, batch, f.dtype)
+            return F.pair_masked_linear_attention(phi_q, phi_k, v, grf.mask_pattern(batch),
+                                                  mask_values(grf, terms, f, True, lay),
+                                                  return_sums=True)
+        return F.pair_masked_linear_attention(phi_q, phi_k, v, grf.pairs()[1], grf.values(f),
+                                              return_sums=True)
+
+
+class DenseBackend(GRFBackend):
+    r"""Padded ``[B, n, n]`` blocks per graph: :math:`\widehat\Phi` scattered into dense blocks,
+    the symmetric mask as one batched product :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (no join),
+    then dense masked linear attention per graph. Best for small graphs that the mask fills."""
+    name = 'dense'
+
+    def memory(self, grf, mode, heads, m, d, batch=None, itemsize=4):
+        # about six [B, H, n, n] tensors: the Phi blocks, the mask, the attention, their grads
+        return 6 * grf.layout(batch).num_cells * heads * itemsize
+
+    def _plan(self, grf, mode, heads, dtype, batch):
+        if mode == 'sparse_softmax':
+            grf.block_terms(False, batch, dtype)
+            grf.block_support(batch)
+            return
+        grf.block_cells(batch)
+        if mode == 'symmetric' and grf.key is not None:
+            grf.key.block_cells(batch)
+
+    def linear_sums(self, grf, phi_q, phi_k, v, f, symmetric, batch=None):
+        lay = grf.layout(batch)
+        M = grf.phi_blocks(f, batch)
+        if symmetric:
+            K = M if grf.key is None else grf.key.phi_blocks(f, batch)
+            M = M @ K.transpose(-1, -2)
+        o = F.block_masked_linear_attention(F.to_blocks(phi_q, lay), F.to_blocks(phi_k, lay),
+                                            F.to_blocks(v, lay), M, return_sums=True)
+        return F.from_blocks(o, lay)
+
+    def softmax(self, grf, q, k, v, f, dropout, training, batch=None):
+        lay = grf.layout(batch)
+        terms = grf.block_terms(False, batch, f.dtype)
+        W = F.blocks_from_values(mask_values(grf, terms, f, False, lay), terms.cell, lay)
+        out = F.block_weighted_softmax_attention(
+            F.to_blocks(q, lay), F.to_blocks(k, lay), F.to_blocks(v, lay), W,
+            grf.block_support(batch), dropout, training)
+        return F.from_blocks(out, lay)
+
+
+GRF_BACKENDS: Dict[str, GRFBackend] = {b.name: b for b in
+                                       (SparseBackend(), PairsBackend(), DenseBackend())}
+
+
+def get_backend(name: str) -> GRFBackend:
+    r"""The :class:`GRFBackend` called ``name`` (``'sparse'``, ``'pairs'`` or ``'dense'``)."""
+    backend = GRF_BACKENDS.get(name) if isinstance(name, str) else None
+    if backend is None:
+        raise ValueError(f"a GRF backend must be one of {sorted(GRF_BACKENDS)}, got {name!r} "
+                         f"('auto' is resolved by choose_backend)")
+    return backend

@@ -8,6 +8,7 @@ from torch_geometric.data import Batch, Data
 from pyg_grf.features import GRFLoads
 from pyg_grf.nn import GRFAttention
 from pyg_grf.nn.attention.grf import backend_costs
+from pyg_grf.nn.attention.grf_backends import GRF_BACKENDS, get_backend, mask_values
 from pyg_grf.transforms import AddGraphRandomFeatures
 from tests.utils import er_graph, grid_graph, path_graph
 
@@ -94,6 +95,36 @@ def test_independent_keys_every_backend(backend):
     layer = make_layer('symmetric', backend)
     grf = GRFLoads.from_data(b, key_prefix='grf_key')
     assert torch.allclose(layer(b.x, grf=grf), dense_reference(layer, b, key=True), atol=1e-9)
+
+
+@pytest.mark.parametrize('key', [False, True])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('mode', MODES)
+def test_backend_plan_then_apply(mode, backend, key):
+    # the backend interface: plan() builds everything the layer reads, so that applying the
+    # layer (forward and backward) adds nothing to the loads' cache; the result is the dense
+    # reference's
+    if key and mode != 'symmetric':
+        pytest.skip('key-side loads only enter the symmetric mask')
+    b = make_batch(key=key)
+    layer = make_layer(mode, backend)
+    grf = GRFLoads.from_data(b, key_prefix='grf_key' if key else None)
+    get_backend(backend).plan(grf, mode, layer.heads, layer.f.dtype)
+    planned = set(grf._cache)
+    out = layer(b.x, grf=grf)
+    out.sum().backward()
+    new = {k for k in set(grf._cache) - planned
+           if not (isinstance(k, tuple) and k[0] in ('uses', '_check'))}
+    assert not new, f'built in the step: {new}'
+    assert torch.allclose(out, dense_reference(layer, b, key=key), atol=1e-9, rtol=0)
+
+
+def test_backend_registry_bad_input():
+    assert sorted(GRF_BACKENDS) == ['dense', 'pairs', 'sparse']
+    for bad in ('auto', 'Sparse', None):
+        with pytest.raises(ValueError, match=f"must be one of \\['dense', 'pairs', 'sparse'\\], "
+                                             f"got {bad!r}"):
+            get_backend(bad)
 
 
 @pytest.mark.parametrize('mode', MODES)
@@ -420,7 +451,7 @@ def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
     terms = grf.block_terms(True, dtype=D)
     assert terms.num_coef == 10  # K (K + 1) / 2 for K = 4: (l, l') and (l', l) summed
     lay = grf.layout()
-    vals = layer._term_values(grf, terms, layer.coefficients(), True, lay)  # [H, P]
+    vals = mask_values(grf, terms, layer.coefficients(), True, lay)  # [H, P]
     M = blocks_from_values(vals, terms.cell, lay)  # [B, H, n, n]
     N = b.num_nodes
     for h in range(3):
