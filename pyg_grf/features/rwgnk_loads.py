@@ -1,7 +1,7 @@
 r"""The typed payload of :class:`~pyg_grf.nn.GKATAttention`: the RWGNK features of a batch."""
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -12,7 +12,10 @@ class RWGNKLoads:
     Sec. 4.2, Eq. 5; stored by :class:`~pyg_grf.transforms.AddRWGNKFeatures`), and optionally
     the nonzeros of the kernel :math:`\mathcal{K} = \Psi\Psi^\top` (``kernel_threshold=`` of the
     transform), which spare every layer the product. Built once per batch and passed to every
-    layer, as ``GKATAttention(...)(x, batch, rwgnk=RWGNKLoads.from_data(batch))``.
+    layer, as ``GKATAttention(...)(x, batch, rwgnk=RWGNKLoads.from_data(batch))``; what the
+    layers derive from the features alone (the sparse pattern of :math:`\Psi`, the kernel's
+    pairs and pattern) is built by the first and cached here for the others (:meth:`cached`),
+    and dropped when a tensor is edited in place.
 
     Args:
         index (Tensor): ``[2, nnz]`` (node, walk-visited node) indices of :math:`\Psi`.
@@ -41,6 +44,27 @@ class RWGNKLoads:
         self.value = value
         self.kernel_index = kernel_index
         self.kernel_value = kernel_value
+        self._cache: dict = {}
+
+    def _versions(self) -> Tuple[int, ...]:
+        return tuple(-1 if t is None else t._version for t in (
+            self.index, self.value, self.kernel_index, self.kernel_value))
+
+    def cached(self, name: Any, build: Callable[[], Any]) -> Any:
+        r"""``build()``, computed once per ``name`` and kept while the features are unchanged
+        (an in-place edit of any of their tensors drops every entry). Built outside inference
+        mode, so that an entry first built in an evaluation loop serves training too. Entries
+        that depend on values carrying gradients must not be cached (the layer does not)."""
+        tensors = (self.index, self.value, self.kernel_index, self.kernel_value)
+        if any(t is not None and t.is_inference() for t in tensors):
+            return build()  # inference tensors have no version counter: nothing is kept
+        versions = self._versions()
+        if self._cache.get('_versions') != versions:
+            self._cache = {'_versions': versions}
+        if name not in self._cache:
+            with torch.inference_mode(False):
+                self._cache[name] = build()
+        return self._cache[name]
 
     @classmethod
     def from_data(cls, data: Any, prefix: str = 'rwgnk') -> 'RWGNKLoads':

@@ -347,30 +347,25 @@ class GKATAttention(GraphAttention):
             v = key_dropout(v, self.dropout, self.training)
             use_pairs = self.backend == 'pairs' or (self.backend == 'auto' and kernel is not None)
             if use_pairs:
-                # The kernel on its nonzeros: one sampled product, one sparse product.
-                if kernel is None:
-                    kernel = rwgnk_kernel(rwgnk_index, rwgnk_value, N)
-                k_index, k_value = self._check_kernel(kernel)
-                pattern = SparsePattern(k_index, (N, N))
+                # The kernel on its nonzeros: one sampled product, one sparse product; its pairs
+                # and pattern are built once per batch (cached on the payload, shared by layers)
+                k_index, k_value, pattern = self._kernel_pairs(rwgnk, N, 0., x.dtype)
                 out = pair_masked_linear_attention(
                     phi_q, phi_k, v, pattern, k_value.to(x.dtype).expand(H, -1), self.eps)
             else:
-                mask = RWGNKMask.from_index(rwgnk_index, rwgnk_value, N)
+                # Psi's pattern (a sort) once per batch, shared by every layer
+                mask = rwgnk.cached(('mask', N), lambda: RWGNKMask.from_index(
+                    rwgnk.index, rwgnk.value, N)) if not rwgnk.value.requires_grad else \
+                    RWGNKMask.from_index(rwgnk_index, rwgnk_value, N)
                 out = masked_linear_attention(phi_q, phi_k, v, mask, eps=self.eps)
         elif self.mode == 'softmax':
             # Pairs (i, j) with K_ij != 0 from the sparse product Psi Psi^T.
-            if kernel is not None:
-                k_index, k_value = self._check_kernel(kernel)
-                if self.threshold > 0:
-                    keep = k_value.abs() > self.threshold
-                    k_index, k_value = k_index[:, keep], k_value[keep]
-                pattern = SparsePattern(k_index, (N, N))
-            elif self.cached and self._cache is not None:
+            if kernel is None and self.cached and self._cache is not None:
                 k_index, k_value, pattern = self._cache
             else:
-                k_index, k_value = rwgnk_kernel(rwgnk_index, rwgnk_value, N, self.threshold)
-                pattern = SparsePattern(k_index, (N, N))
-                if self.cached:
+                k_index, k_value, pattern = self._kernel_pairs(rwgnk, N, self.threshold,
+                                                                x.dtype)
+                if kernel is None and self.cached:
                     self._cache = (k_index, k_value.detach(), pattern)
             dst = k_index[0]
             logits = self._logits(x, v, k_index)  # [P, H]
@@ -391,6 +386,26 @@ class GKATAttention(GraphAttention):
         if self.bias is not None:
             out = out + self.bias
         return out
+
+    @staticmethod
+    def _kernel_pairs(rwgnk: RWGNKLoads, N: int, threshold: float, dtype: torch.dtype
+                      ) -> Tuple[Tensor, Tensor, SparsePattern]:
+        # (index, value, pattern) of the kernel's pairs with |K_ij| > threshold: the stored
+        # pairs, else Psi Psi^T (memory estimated first); once per batch, cached on the payload
+        def build():
+            if rwgnk.kernel is not None:
+                k_index, k_value = GKATAttention._check_kernel(rwgnk.kernel)
+                if threshold > 0:
+                    keep = k_value.abs() > threshold
+                    k_index, k_value = k_index[:, keep], k_value[keep]
+            else:
+                k_index, k_value = rwgnk_kernel(rwgnk.index, rwgnk.value.to(dtype), N,
+                                                threshold)
+            return k_index, k_value, SparsePattern(k_index, (N, N))
+        if rwgnk.value.requires_grad or (rwgnk.kernel_value is not None
+                                         and rwgnk.kernel_value.requires_grad):
+            return build()  # values carrying gradients: nothing cached
+        return rwgnk.cached(('kernel', N, threshold, dtype), build)
 
     @staticmethod
     def _check_kernel(kernel: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor]:

@@ -315,3 +315,33 @@ def test_samples_on_one_shared_graph_equal_a_batch_of_copies(mode):
         layer(x, copies.batch, rwgnk=RWGNKLoads.from_data(g))
     with pytest.raises(ValueError, match='shared graph has 5 nodes'):
         layer(x[:, :5], rwgnk=RWGNKLoads.from_data(g))
+
+
+@pytest.mark.parametrize('mode,backend', [('linear', 'sparse'), ('linear', 'pairs'),
+                                          ('softmax', 'auto')])
+def test_payload_structures_built_once_and_never_stale(mode, backend, monkeypatch):
+    # Psi's pattern and the kernel pairs are built by the first layer and shared through the
+    # payload (one sort per batch, not per layer); an in-place edit of the features drops them
+    import pyg_grf.nn.attention.gkat as gkat
+    from pyg_grf.masks.rwgnk import RWGNKMask
+    b = make_batch()
+    kw = {'backend': backend} if mode == 'linear' else {}
+    layers = [GKATAttention(8, heads=2, mode=mode, **kw).double() for _ in range(3)]
+    builds = []
+    real_mask, real_kernel = RWGNKMask.from_index, gkat.rwgnk_kernel
+    monkeypatch.setattr(RWGNKMask, 'from_index',
+                        classmethod(lambda cls, *a, **k: builds.append('mask')
+                                    or real_mask(*a, **k)))
+    monkeypatch.setattr(gkat, 'rwgnk_kernel',
+                        lambda *a, **k: builds.append('kernel') or real_kernel(*a, **k))
+    rwgnk = RWGNKLoads.from_data(b)
+    outs = [layer(b.x, b.batch, rwgnk=rwgnk) for layer in layers]
+    assert len(builds) == 1, builds
+    kernel = dense_kernel(b)
+    for layer, out in zip(layers, outs):
+        assert torch.allclose(out, reference(layer, b.x, kernel), atol=1e-10)
+    with torch.no_grad():
+        b.rwgnk_value.mul_(2.0)  # the payload holds these tensors: the caches must go
+    out = layers[0](b.x, b.batch, rwgnk=rwgnk)
+    assert len(builds) == 2
+    assert torch.allclose(out, reference(layers[0], b.x, dense_kernel(b)), atol=1e-10)
