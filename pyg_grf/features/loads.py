@@ -187,6 +187,14 @@ class GRFLoads(BlockStructures):
             key_prefix (str, optional): prefix of independent key-side loads (e.g.
                 ``'grf_key'``, from a second transform with ``attr_prefix='grf_key'``).
             max_length (int, optional): the transform's :math:`L`, checked against the data.
+
+        The loads are kept on ``data`` (a plain attribute, not a data field: never collated or
+        saved with the data's tensors) and returned again, with every structure they have
+        cached, by later calls for the same ``data`` while it holds exactly the tensors they
+        were built from (an :math:`O(\mathrm{nnz})` comparison, :meth:`matches`). So
+        full-graph training with a plain ``Data`` builds them once, whether the model is a
+        :class:`~pyg_grf.nn.GraphTransformer` or a loop of your own calling
+        ``conv.payload(data)``; an edited graph gets fresh loads.
         """
         missing = [f'{prefix}_{s}' for s in ('index', 'length', 'load')
                    if getattr(data, f'{prefix}_{s}', None) is None]
@@ -194,16 +202,25 @@ class GRFLoads(BlockStructures):
             raise ValueError(f"the data has no GRF loads {missing}: add the transform "
                              f"AddGraphRandomFeatures(attr_prefix={prefix!r}) (best as the "
                              f"dataset's pre_transform)")
-        prepared = data.__dict__.get(PREPARED_ATTR, {}).get((prefix, key_prefix))
-        if prepared is not None and prepared.matches(data, prefix, key_prefix):
-            return prepared  # built (with its caches) by pyg_grf.loader, e.g. in a worker
+        for attr in (PREPARED_ATTR, KEPT_ATTR):
+            prepared = data.__dict__.get(attr, {}).get((prefix, key_prefix))
+            if prepared is not None and prepared.matches(data, prefix, key_prefix):
+                return prepared  # built (with its caches) by pyg_grf.loader or an earlier call
         batch = getattr(data, 'batch', None)
         key = None
         if key_prefix is not None:
             key = cls.from_data(data, key_prefix, max_length=max_length)
-        return cls(data[f'{prefix}_index'], data[f'{prefix}_length'], data[f'{prefix}_load'],
-                   data.num_nodes, batch=batch, max_length=max_length, key=key,
-                   draw=getattr(data, f'{prefix}_draw', None))
+        loads = cls(data[f'{prefix}_index'], data[f'{prefix}_length'], data[f'{prefix}_load'],
+                    data.num_nodes, batch=batch, max_length=max_length, key=key,
+                    draw=getattr(data, f'{prefix}_draw', None))
+        if max_length is None and hasattr(data, '__dict__'):
+            # kept on the data object: the next call for the same, unchanged data (one full
+            # graph seen at every step, or the layers of one batch) reuses it with its caches
+            # (the pair join, patterns, layout), after the exact check above
+            kept = _Kept(data.__dict__.get(KEPT_ATTR, {}))
+            kept[(prefix, key_prefix)] = loads
+            data.__dict__[KEPT_ATTR] = kept
+        return loads
 
     def matches(self, data: Any, prefix: str = 'grf', key_prefix: Optional[str] = None) -> bool:
         r"""Whether these loads hold exactly the entries (and batch vector) that ``data`` stores
@@ -424,6 +441,18 @@ class GRFLoads(BlockStructures):
 # Where pyg_grf.loader leaves prepared loads on a Data / Batch: a plain attribute (leading
 # underscore), not a data field, so PyG's collation, .to() and slicing never touch it.
 PREPARED_ATTR = '_grf_prepared'
+# Where GRFLoads.from_data keeps the loads it built on a Data / Batch, for the next call on the
+# same unchanged data: a holder that is neither copied by deepcopy (Data.clone) nor pickled, so
+# the caches never travel with the data.
+KEPT_ATTR = '_grf_kept'
+
+
+class _Kept(dict):
+    def __deepcopy__(self, memo):
+        return _Kept()
+
+    def __reduce__(self):
+        return (_Kept, ())
 
 
 def _external(key: Any) -> bool:

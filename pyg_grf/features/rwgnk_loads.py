@@ -15,7 +15,7 @@ class RWGNKLoads:
     layer, as ``GKATAttention(...)(x, batch, rwgnk=RWGNKLoads.from_data(batch))``; what the
     layers derive from the features alone (the sparse pattern of :math:`\Psi`, the kernel's
     pairs and pattern) is built by the first and cached here for the others (:meth:`cached`),
-    and dropped when a tensor is edited in place.
+    and dropped when a tensor is edited.
 
     Args:
         index (Tensor): ``[2, nnz]`` (node, walk-visited node) indices of :math:`\Psi`.
@@ -46,21 +46,25 @@ class RWGNKLoads:
         self.kernel_value = kernel_value
         self._cache: dict = {}
 
-    def _versions(self) -> Tuple[int, ...]:
-        return tuple(-1 if t is None else t._version for t in (
-            self.index, self.value, self.kernel_index, self.kernel_value))
+    def _tensors(self) -> Tuple[Optional[Tensor], ...]:
+        return self.index, self.value, self.kernel_index, self.kernel_value
 
     def cached(self, name: Any, build: Callable[[], Any]) -> Any:
-        r"""``build()``, computed once per ``name`` and kept while the features are unchanged
-        (an in-place edit of any of their tensors drops every entry). Built outside inference
-        mode, so that an entry first built in an evaluation loop serves training too. Entries
-        that depend on values carrying gradients must not be cached (the layer does not)."""
-        tensors = (self.index, self.value, self.kernel_index, self.kernel_value)
-        if any(t is not None and t.is_inference() for t in tensors):
-            return build()  # inference tensors have no version counter: nothing is kept
-        versions = self._versions()
-        if self._cache.get('_versions') != versions:
-            self._cache = {'_versions': versions}
+        r"""``build()``, computed once per ``name`` and kept while the features hold exactly the
+        values they held then (an exact :math:`O(\mathrm{nnz})` comparison with a copy taken
+        at the first build, so that no edit, in place or through ``.data``, is served stale
+        structures). Built outside inference mode, so that an entry first built in an
+        evaluation loop serves training too. Entries that depend on values carrying gradients
+        must not be cached (the layer does not)."""
+        tensors = self._tensors()
+        snap = self._cache.get('_snapshot')
+        if snap is None or not all(
+                (a is None and b is None) or (a is not None and b is not None
+                                              and a.shape == b.shape and torch.equal(a, b))
+                for a, b in zip(snap, tensors)):
+            with torch.inference_mode(False):
+                snap = tuple(None if t is None else t.clone() for t in tensors)
+            self._cache = {'_snapshot': snap}
         if name not in self._cache:
             with torch.inference_mode(False):
                 self._cache[name] = build()

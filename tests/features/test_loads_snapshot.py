@@ -66,3 +66,47 @@ def test_payload_first_used_under_inference_mode_still_trains():
     out = layer(x, grf=grf)
     out.square().sum().backward()  # used to fail: inference tensors saved for backward
     assert layer.f.grad is not None and torch.isfinite(layer.f.grad).all()
+
+
+def test_full_graph_reuse_for_a_plain_data(monkeypatch):
+    # issue 21 item 2: one full graph seen at every step, through a loop of one's own calling
+    # conv.payload(data): the loads (and the pair join) are built once; an edited graph, in
+    # place or through .data, gets fresh loads; copies and pickles of the data carry nothing
+    import copy
+    import pickle
+    from torch_geometric.nn import GINConv
+    from pyg_grf.features.blocks import BlockStructures
+    from pyg_grf.nn import GRFGPSConv
+    torch.manual_seed(0)
+    data = AddGraphRandomFeatures(num_walks=8, max_length=3, seed=0)(
+        Data(x=torch.randn(40, 8, dtype=D),
+             edge_index=to_undirected(erdos_renyi_graph(40, 0.15)), num_nodes=40))
+    joins = []
+    real = BlockStructures._build_terms
+    monkeypatch.setattr(BlockStructures, '_build_terms',
+                        lambda self, *a: joins.append(1) or real(self, *a))
+    conv = GRFGPSConv(8, GINConv(torch.nn.Linear(8, 8)), heads=2, attn_type='grf',
+                      attn_kwargs={'max_length': 3, 'backend': 'pairs'}).to(D)
+    outs = [conv(data.x, data.edge_index, **conv.payload(data)) for _ in range(3)]
+    assert len(joins) == 1 and GRFLoads.from_data(data) is conv.payload(data)['grf']
+    assert torch.equal(outs[0], outs[2])
+
+    def fresh(d):
+        clean = Data(x=d.x, edge_index=d.edge_index, num_nodes=d.num_nodes,
+                     grf_index=d.grf_index.clone(), grf_length=d.grf_length.clone(),
+                     grf_load=d.grf_load.clone())
+        return conv(clean.x, clean.edge_index, grf=GRFLoads(
+            clean.grf_index, clean.grf_length, clean.grf_load, clean.num_nodes))
+    for edit in (lambda t: t.mul_(torch.linspace(0.2, 3.0, t.numel())),
+                 lambda t: t.data.mul_(torch.linspace(3.0, 0.5, t.numel()))):
+        edit(data.grf_load)
+        out = conv(data.x, data.edge_index, **conv.payload(data))
+        assert torch.allclose(out, fresh(data), atol=1e-12)
+    assert not torch.allclose(out, outs[0])
+    # the kept loads never travel with a deep copy or a pickle of the data (a shallow copy or
+    # data.clone() may reuse them: only while its tensors hold exactly the same entries)
+    for other in (copy.deepcopy(data), pickle.loads(pickle.dumps(data))):
+        assert not other.__dict__.get('_grf_kept')
+    other = data.clone()
+    other.grf_load[:5] = 0.5
+    assert GRFLoads.from_data(other) is not GRFLoads.from_data(data)

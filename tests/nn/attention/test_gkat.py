@@ -340,8 +340,13 @@ def test_payload_structures_built_once_and_never_stale(mode, backend, monkeypatc
     kernel = dense_kernel(b)
     for layer, out in zip(layers, outs):
         assert torch.allclose(out, reference(layer, b.x, kernel), atol=1e-10)
-    with torch.no_grad():
-        b.rwgnk_value.mul_(2.0)  # the payload holds these tensors: the caches must go
-    out = layers[0](b.x, b.batch, rwgnk=rwgnk)
-    assert len(builds) == 2
-    assert torch.allclose(out, reference(layers[0], b.x, dense_kernel(b)), atol=1e-10)
+    # the payload holds these tensors: an edit, even through .data (no version bump), must
+    # drop the caches
+    for n, edit in enumerate((lambda t: t.mul_(torch.linspace(0.2, 3.0, t.numel(), dtype=t.dtype)),
+                              lambda t: t.data.mul_(torch.linspace(3.0, 0.5, t.numel(),
+                                                                   dtype=t.dtype)))):
+        with torch.no_grad():
+            edit(b.rwgnk_value)
+        out = layers[0](b.x, b.batch, rwgnk=rwgnk)
+        assert len(builds) == 2 + n
+        assert torch.allclose(out, reference(layers[0], b.x, dense_kernel(b)), atol=1e-10)
