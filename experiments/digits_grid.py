@@ -34,7 +34,7 @@ GRF = {'max_length': 4, 'feature_map': 'relu'}
 
 
 def _kw(**kwargs) -> str:
-    return M + 'attention_kwargs=' + json.dumps(kwargs)
+    return M + 'attn_kwargs=' + json.dumps(kwargs)
 
 
 def _key_walks(num_walks: int):
@@ -54,10 +54,10 @@ def _key_walks(num_walks: int):
 #: variant, so all variants see the same batches).
 VARIANTS: Dict[str, List[str]] = {
     # Table 1 (slow variants first, then the O(N) ones)
-    'softmax': [M + 'attention=softmax', _kw()],
-    'grid_rpe': [M + 'attention=grid_rpe', _kw(grid_shape=[4, 4], feature_map='relu')],
-    'power_series': [M + 'attention=power_series', _kw(max_length=4, feature_map='relu')],
-    'linear': [M + 'attention=linear', _kw(feature_map='relu')],
+    'softmax': [M + 'attn_type=softmax', _kw()],
+    'grid_rpe': [M + 'attn_type=grid_rpe', _kw(grid_shape=[4, 4], feature_map='relu')],
+    'power_series': [M + 'attn_type=power_series', _kw(max_length=4, feature_map='relu')],
+    'linear': [M + 'attn_type=linear', _kw(feature_map='relu')],
     'grf': [],  # the config: |f|, walks per head and layer (num_draws = 8 = 4 heads x 2 layers)
     # what changed: one walk set shared by every head and layer, and/or the unconstrained f
     'grf_shared_walks': [T + 'num_draws=1'],

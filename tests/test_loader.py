@@ -145,7 +145,7 @@ def test_prepared_payload_is_not_used_for_edited_data(edit):
 def test_data_loader_workers_prepare_the_payload_for_a_graph_transformer(monkeypatch):
     data = graphs(channels=8)
     model = GraphTransformer(8, 16, 2, num_layers=2, heads=2,
-                             attention_kwargs={'max_length': 3, 'global_beta': 0.1}).double()
+                             attn_kwargs={'max_length': 3, 'global_beta': 0.1}).double()
     model.eval()
     plain = [model(batch) for batch in PyGDataLoader(data, batch_size=2)]
     loader = DataLoader(data, batch_size=2, num_workers=1, model=model)

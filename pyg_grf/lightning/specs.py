@@ -33,7 +33,7 @@ MODEL_CLASS_PATHS = (
     # the tasks themselves (a checkpoint's hyperparameters name their own class)
     'pyg_grf.lightning.tasks.GraphLevelTask', 'pyg_grf.lightning.tasks.NodeLevelTask',
     'pyg_grf.lightning.link.LinkLevelTask',
-    # PyG message passing layers a user puts beside the attention (local_mp / conv)
+    # PyG message passing layers a user puts beside the attention (conv)
     'torch_geometric.nn.GATConv', 'torch_geometric.nn.GATv2Conv', 'torch_geometric.nn.GINConv',
     'torch_geometric.nn.GINEConv', 'torch_geometric.nn.GCNConv', 'torch_geometric.nn.SAGEConv',
     'torch_geometric.nn.GraphConv', 'torch_geometric.nn.TransformerConv',
@@ -88,7 +88,7 @@ class UntrustedClassError(ValueError):
 def check_class_path(class_path: Any, where: str = 'model') -> str:
     r"""Refuses a ``class_path`` that is not an allowed class *before* importing anything
     (raises :class:`UntrustedClassError`); returns it otherwise. :obj:`where` names the spec in
-    the error (``'model.init_args.local_mp'``)."""
+    the error (``'model.init_args.conv'``)."""
     if not isinstance(class_path, str) or not all(
             part.isidentifier() for part in class_path.split('.')) or '.' not in class_path:
         raise UntrustedClassError(f"'{where}.class_path' must be a dotted name such as "
@@ -140,8 +140,8 @@ def check_hparams_class_paths(hparams: Any, where: str = 'hparams') -> None:
 
 def build_spec(spec: Dict[str, Any], where: str = 'model') -> torch.nn.Module:
     r"""Builds a jsonargparse-style ``{'class_path', 'init_args'}`` spec whose ``init_args`` may
-    hold nested module specs (e.g. :class:`~pyg_grf.nn.models.GraphTransformer`'s ``local_mp``
-    conv), inside out, every class checked against :data:`MODEL_CLASS_PATHS` before anything is
+    hold nested module specs (e.g. :class:`~pyg_grf.nn.models.GraphTransformer`'s ``conv``),
+    inside out, every class checked against :data:`MODEL_CLASS_PATHS` before anything is
     imported."""
     check_hparams_class_paths(spec, where)
     cls = resolve_model_class(spec['class_path'], where)

@@ -22,7 +22,7 @@ def main(out: str) -> None:
                              pre_transform=AddGraphRandomFeatures(num_walks=4, p_halt=0.5,
                                                                   max_length=2, seed=0))
     task = GraphLevelTask(dict(in_channels=5, hidden_channels=8, out_channels=2, num_layers=1,
-                               attention='grf', attention_kwargs={'max_length': 2}),
+                               attn_type='grf', attn_kwargs={'max_length': 2}),
                           task='multiclass', num_classes=2, lr=0.01)
     trainer = pl.Trainer(strategy='ddp', accelerator='cpu', devices=2, max_epochs=2,
                          logger=False, enable_checkpointing=False, enable_progress_bar=False,

@@ -9,16 +9,16 @@ from lightning.pytorch.callbacks import Callback
 from pyg_grf.lightning.datamodules import SyntheticDataModule
 
 
-def tiny_config(root_dir, attention='grf', num_graphs=48, max_epochs=1, **trainer):
+def tiny_config(root_dir, attn_type='grf', num_graphs=48, max_epochs=1, **trainer):
     r"""A complete `pyg-grf fit` config: a 1-layer GRF transformer on a small motif task."""
     trainer_cfg = dict(max_epochs=max_epochs, accelerator='cpu', devices=1,
                        default_root_dir=str(root_dir), enable_progress_bar=False,
                        enable_model_summary=False, num_sanity_val_steps=0)
     trainer_cfg.update(trainer)
     model = dict(in_channels=5, hidden_channels=8, out_channels=2, num_layers=1, heads=1,
-                 attention=attention)
-    if attention == 'grf':
-        model['attention_kwargs'] = {'max_length': 2}
+                 attn_type=attn_type)
+    if attn_type == 'grf':
+        model['attn_kwargs'] = {'max_length': 2}
     return {
         'seed_everything': 0,
         'trainer': trainer_cfg,

@@ -13,7 +13,7 @@ from pyg_grf.lightning.rng import rng_states, set_rng_states
 from pyg_grf.lightning.schedule import check_schedule, schedule_steps
 from pyg_grf.lightning.tasks import GraphLevelTask, NodeLevelTask
 
-MODEL = dict(in_channels=3, hidden_channels=8, num_layers=1, attention='linear')
+MODEL = dict(in_channels=3, hidden_channels=8, num_layers=1, attn_type='linear')
 
 
 def _batch():

@@ -30,7 +30,7 @@ def test_fit_resume_and_load_from_checkpoint(tmp_path):
     last = cli.trainer.checkpoint_callback.last_model_path
     # The model spec is a hyperparameter: no arguments needed to rebuild the task.
     task = GraphLevelTask.load_from_checkpoint(last)
-    assert task.model.attention == 'grf' and task.model.hidden_channels == 8
+    assert task.model.attn_type == 'grf' and task.model.hidden_channels == 8
     # Resume for one more epoch.
     cli = main(['fit', '--config', config, '--trainer.max_epochs=2', f'--ckpt_path={last}'])
     assert cli.trainer.current_epoch == 2

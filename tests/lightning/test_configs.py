@@ -37,17 +37,17 @@ def test_config_instantiates(name, tmp_path):
     # A checkpoint that monitors a metric monitors the task's metric.
     monitor = cli.config.checkpoint.monitor
     assert monitor is None or monitor in (f'val/{cli.model.metric_name}', 'val/loss')
-    attention = getattr(model, 'attention', None)
+    attention = getattr(model, 'attn_type', None)
     transform = cli.datamodule.pre_transform
     if name.endswith('_grf') or name.endswith('_grf_cv'):
         assert attention == 'grf'
         # The GRF layers and the transform must agree on the walk length.
-        assert model.attention_kwargs['max_length'] == transform.max_length
+        assert model.attn_kwargs['max_length'] == transform.max_length
     if 'gkat' in name:
         from pyg_grf.transforms import AddRWGNKFeatures
         assert attention == 'gkat' and isinstance(transform, AddRWGNKFeatures)
         # The layers threshold the kernel where the transform stored its pairs.
-        assert model.attention_kwargs['threshold'] == transform.kernel_threshold
+        assert model.attn_kwargs['threshold'] == transform.kernel_threshold
     if name.endswith('_cv'):
         assert cli.datamodule.num_folds == 10
 
@@ -124,7 +124,7 @@ def test_gps_block_config_fits_and_reloads(tmp_path):
     assert cli.trainer.global_step == 2
     assert {'test/acc', 'test/loss'} <= set(cli.trainer.callback_metrics)
     model = cli.model.model
-    assert model.block == 'gps' and isinstance(model.local_mp, GATConv)
+    assert model.block == 'gps' and isinstance(model.conv, GATConv)
     assert all(type(layer) is GRFGPSConv and type(layer.conv) is GATConv
                for layer in model.blocks)
     best = cli.trainer.checkpoint_callback.best_model_path

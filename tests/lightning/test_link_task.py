@@ -17,7 +17,7 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
 ENCODER = dict(in_channels=None, hidden_channels=16, out_channels=8, num_layers=1, heads=2,
-               attention='linear', node_encoder='atom', pooling=None)
+               attn_type='linear', node_encoder='atom', pooling=None)
 
 
 def _batch(num_graphs=4, seed=0):
@@ -200,8 +200,8 @@ def test_pcqm_contact_config_on_standin(tmp_path, monkeypatch):
                '--data.init_args.standin=8')
     assert {'test/mrr', 'test/loss'} <= set(cli.trainer.callback_metrics)
     model = cli.model.model
-    assert model.pooling is None and model.attention == 'grf'
-    assert model.attention_kwargs['max_length'] == cli.datamodule.pre_transform.max_length
+    assert model.pooling is None and model.attn_type == 'grf'
+    assert model.attn_kwargs['max_length'] == cli.datamodule.pre_transform.max_length
 
 
 @pytest.mark.slow

@@ -26,7 +26,7 @@ def _run(root, max_epochs, ckpt_path=None):
                                                                   max_length=2, seed=0))
     # Dropout on: the random state must resume too (saved in the checkpoint by the task).
     task = GraphLevelTask(dict(in_channels=5, hidden_channels=8, out_channels=2, num_layers=1,
-                               attention='grf', attention_kwargs={'max_length': 2},
+                               attn_type='grf', attn_kwargs={'max_length': 2},
                                dropout=0.2),
                           task='multiclass', num_classes=2, lr=0.01, warmup_epochs=1,
                           max_epochs=4)

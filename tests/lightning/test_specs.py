@@ -19,7 +19,7 @@ from pyg_grf.lightning.specs import (
 )
 from pyg_grf.lightning.tasks import GraphLevelTask, NodeLevelTask
 
-MODEL = dict(in_channels=3, hidden_channels=8, num_layers=1, attention='linear', dropout=0.1)
+MODEL = dict(in_channels=3, hidden_channels=8, num_layers=1, attn_type='linear', dropout=0.1)
 
 
 def test_tasks_module_keeps_the_moved_names():
@@ -37,19 +37,19 @@ def test_tasks_module_keeps_the_moved_names():
 
 def test_model_spec_with_a_nested_conv_spec():
     # A checkpoint's model spec may hold module specs in its init_args (GraphTransformer's
-    # local_mp by class_path): they are built too, each class checked before it is imported.
+    # conv by class_path): they are built too, each class checked before it is imported.
     from torch_geometric.nn import GATConv
     conv = {'class_path': 'torch_geometric.nn.GATConv',
             'init_args': {'in_channels': 16, 'out_channels': 8, 'heads': 2}}
     spec = {'class_path': 'pyg_grf.nn.GraphTransformer',
             'init_args': {'in_channels': 4, 'hidden_channels': 16, 'out_channels': 2,
-                          'num_layers': 1, 'heads': 2, 'attention': 'linear',
-                          'local_mp': conv, 'block': 'gps'}}
+                          'num_layers': 1, 'heads': 2, 'attn_type': 'linear',
+                          'conv': conv, 'block': 'gps'}}
     model = GraphLevelTask(spec, num_classes=2).model
-    assert isinstance(model.local_mp, GATConv) and isinstance(model.blocks[0].conv, GATConv)
+    assert isinstance(model.conv, GATConv) and isinstance(model.blocks[0].conv, GATConv)
     bad = {**spec, 'init_args': {**spec['init_args'],
-                                 'local_mp': {'class_path': 'os.system', 'init_args': {}}}}
-    with pytest.raises(UntrustedClassError, match=r"model\.init_args\.local_mp.*'os.system'"):
+                                 'conv': {'class_path': 'os.system', 'init_args': {}}}}
+    with pytest.raises(UntrustedClassError, match=r"model\.init_args\.conv.*'os.system'"):
         GraphLevelTask(bad, num_classes=2)
     with pytest.raises(UntrustedClassError, match=r"'model\.init_args' must be a dict \(got "
                                                   r"list\)"):

@@ -18,7 +18,7 @@ def _batch(y):
     return Batch.from_data_list(graphs)
 
 
-MODEL = dict(in_channels=3, hidden_channels=8, num_layers=1, attention='linear')
+MODEL = dict(in_channels=3, hidden_channels=8, num_layers=1, attn_type='linear')
 
 
 @pytest.mark.parametrize('task,out,y,metric', [

@@ -100,8 +100,8 @@ def test_learnable_grid_rpe_module_in_graph_transformer():
     graphs = [Data(x=torch.randn(12, 5), edge_index=grid_edge_index(3, 4), y=torch.tensor([0]))
               for _ in range(3)]
     b = Batch.from_data_list(graphs)
-    model = GraphTransformer(5, 8, 2, num_layers=1, heads=2, attention='grid_rpe',
-                             attention_kwargs={'grid_shape': [3, 4]})
+    model = GraphTransformer(5, 8, 2, num_layers=1, heads=2, attn_type='grid_rpe',
+                             attn_kwargs={'grid_shape': [3, 4]})
     out = model(b)
     out.sum().backward()
     layer = model.blocks[0].attn
@@ -112,4 +112,4 @@ def test_learnable_grid_rpe_module_in_graph_transformer():
     with pytest.raises(ValueError, match="needs every graph of the batch to be the grid of 12"):
         model(bad)
     with pytest.raises(ValueError, match="needs the grid's shape"):
-        GraphTransformer(5, 8, 2, num_layers=1, heads=2, attention='grid_rpe')
+        GraphTransformer(5, 8, 2, num_layers=1, heads=2, attn_type='grid_rpe')

@@ -37,7 +37,7 @@ class GridRPEAttention(MaskedLinearAttention):
         from pyg_grf.masks.grid import GridRPE
         if grid_shape is None:
             raise ValueError("GridRPEAttention needs the grid's shape: grid_shape=[height, "
-                             "width] (in a GraphTransformer, attention_kwargs={'grid_shape': "
+                             "width] (in a GraphTransformer, attn_kwargs={'grid_shape': "
                              "[height, width]})")
         rpe = GridRPE(grid_shape, heads, f_init, method)
         super().__init__(channels, heads=heads, mask_module=rpe, **kwargs)

@@ -13,6 +13,7 @@ while the tensors it was built from are unchanged. Options and their checks:
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
@@ -25,8 +26,9 @@ from pyg_grf._validation import batch_or_zeros
 from pyg_grf.nn.attention.base import GraphAttention
 from pyg_grf.nn.attention.registry import ATTENTIONS
 from pyg_grf.nn.conv.grf_gps_conv import GRFGPSConv, norm_resolver
-from pyg_grf.nn.models.options import (POOLINGS, AttentionAdapter, check_conv, check_options,
-                                       embed, encoder, resolve_attention, two_layer_mlp,
+from pyg_grf.nn.models.options import (NOT_GIVEN, POOLINGS, RENAMED_ARGS, AttentionAdapter,
+                                       check_conv, check_options, embed, encoder,
+                                       rename_arguments, resolve_attention, two_layer_mlp,
                                        upgrade_state_dict)
 
 __all__ = ['GraphTransformer', 'ATTENTIONS', 'AttentionAdapter']
@@ -60,34 +62,35 @@ class GraphTransformer(torch.nn.Module):
         out_channels (int): output size (classes, labels or targets).
         num_layers (int): number of blocks.
         heads (int, optional): attention heads (default: :obj:`1`).
-        attention (str or type, optional): a name of the one attention registry
+        attn_type (str or type, optional): the global attention of every layer, as
+            ``attn_type`` of :class:`~torch_geometric.nn.conv.GPSConv` and
+            :class:`~pyg_grf.nn.GRFGPSConv`: a name of the one attention registry
             :data:`~pyg_grf.nn.attention.registry.ATTENTIONS` (``'grf'``, ``'gkat'``,
             ``'linear'``, ``'favor'``, ``'softmax'``, ``'multihead'``, ``'performer'``,
-            ``'power_series'``, ``'grid_rpe'``, ``'samsa'``: the same layer as ``attn_type`` of
-            :class:`~pyg_grf.nn.GRFGPSConv`), a
+            ``'power_series'``, ``'grid_rpe'``, ``'samsa'``), a
             :class:`~pyg_grf.nn.attention.GraphAttention` subclass (built as
-            ``cls(hidden_channels, heads=heads, dropout=attn_dropout, **attention_kwargs)``), or
-            :obj:`None` for no attention (a pure MPNN when ``local_mp`` is set). Old names:
+            ``cls(hidden_channels, heads=heads, dropout=attn_dropout, **attn_kwargs)``), or
+            :obj:`None` for no attention (a pure MPNN when ``conv`` is set). Old meanings:
             ``'performer'`` (FAVOR+ per graph, now ``'favor'``) and, with ``block='gps'``,
             ``'softmax'`` (torch's multi-head attention, now ``'multihead'``) keep their old
             meaning for one release with a :class:`FutureWarning` (default: :obj:`'grf'`).
-        attention_kwargs (dict, optional): options of the attention layer, e.g.
+        attn_kwargs (dict, optional): arguments of the attention layer, e.g.
             ``{'feature_map': 'relu', 'max_length': 4}`` (default: :obj:`None`).
-        local_mp (str or MessagePassing, optional): local message passing beside the
-            attention: ``'gine'`` (needs edge features), ``'gin'``, ``'gat'``, a
+        conv (str or MessagePassing, optional): the local message passing beside the
+            attention, as ``conv`` of :class:`~torch_geometric.nn.conv.GPSConv`: ``'gine'``
+            (needs edge features), ``'gin'``, ``'gat'``, a
             :class:`~torch_geometric.nn.conv.MessagePassing` instance mapping
-            ``hidden_channels`` to ``hidden_channels`` features (as ``conv`` of
-            :class:`~torch_geometric.nn.conv.GPSConv`; every layer gets its own deep copy,
-            reset by ``reset_parameters()``, and the encoded ``edge_attr`` when its ``forward``
-            takes one; in a config, a ``class_path``/``init_args`` block) or :obj:`None`
-            (default: :obj:`None`).
+            ``hidden_channels`` to ``hidden_channels`` features (every layer gets its own deep
+            copy, reset by ``reset_parameters()``, and the encoded ``edge_attr`` when its
+            ``forward`` takes one; in a config, a ``class_path``/``init_args`` block) or
+            :obj:`None` (default: :obj:`None`).
         pe (str, optional): positional encoding added to the node embedding: ``'rwpe'`` (reads
             ``data.random_walk_pe`` from :class:`~torch_geometric.transforms.AddRandomWalkPE`),
             ``'lappe'`` (``data.laplacian_eigenvector_pe`` from
             :class:`~torch_geometric.transforms.AddLaplacianEigenvectorPE`, random sign flips
             in training), ``'graph_bridge'`` (:class:`pyg_grf.nn.encoders.GraphBridge`, SAMSA
             paper Sec. 4.3: nodes *and* edges become tokens, with Gaussian-noise PEs; needs an
-            attention over plain tokens and ``local_mp=None``) or :obj:`None`
+            attention over plain tokens and ``conv=None``) or :obj:`None`
             (default: :obj:`None`).
         pe_dim (int, optional): size of the stored PE (walk length / number of eigenvectors;
             the width of each noise set for Graph-Bridge) (default: :obj:`16`).
@@ -115,6 +118,11 @@ class GraphTransformer(torch.nn.Module):
         block (str, optional): the layout of every :class:`~pyg_grf.nn.GRFGPSConv` layer:
             ``'pre_norm'`` (above) or ``'gps'`` (PyG GPSConv's post-norm layout)
             (default: :obj:`'pre_norm'`).
+        attention (str or type, optional): deprecated name of ``attn_type``, kept for one
+            release (with a :class:`FutureWarning`; giving both names with different values
+            raises a :class:`TypeError`).
+        attention_kwargs (dict, optional): deprecated name of ``attn_kwargs``, as above.
+        local_mp (str or MessagePassing, optional): deprecated name of ``conv``, as above.
 
     Shapes:
         - **input:** a :class:`~torch_geometric.data.Data` or
@@ -132,9 +140,9 @@ class GraphTransformer(torch.nn.Module):
         out_channels: int,
         num_layers: int,
         heads: int = 1,
-        attention: Optional[str] = 'grf',
-        attention_kwargs: Optional[Dict[str, Any]] = None,
-        local_mp: Union[str, MessagePassing, None] = None,
+        attn_type: Optional[str] = 'grf',
+        attn_kwargs: Optional[Dict[str, Any]] = None,
+        conv: Union[str, MessagePassing, None] = None,
         pe: Optional[str] = None,
         pe_dim: int = 16,
         node_encoder: Optional[str] = 'linear',
@@ -148,18 +156,29 @@ class GraphTransformer(torch.nn.Module):
         norm: Optional[str] = 'layer_norm',
         head_layers: int = 2,
         block: str = 'pre_norm',
+        *,
+        # deprecated names of attn_type, attn_kwargs, conv (NOT_GIVEN: left out of configs)
+        attention: Optional[str] = NOT_GIVEN,
+        attention_kwargs: Optional[Dict[str, Any]] = NOT_GIVEN,
+        local_mp: Union[str, MessagePassing, None] = NOT_GIVEN,
     ):
         super().__init__()
+        # The old names (with one FutureWarning): PyG GPSConv's names now.
+        new = rename_arguments(dict(attn_type=attn_type, attn_kwargs=attn_kwargs, conv=conv),
+                               dict(attention=attention, attention_kwargs=attention_kwargs,
+                                    local_mp=local_mp))
+        attn_type, attn_kwargs, conv = new['attn_type'], new['attn_kwargs'], new['conv']
         self.in_channels = in_channels
         self.hidden_channels = hidden_channels
         self.out_channels = out_channels
         self.num_layers = num_layers
         self.heads = heads
-        self.attention = attention
-        self.attention_kwargs = dict(attention_kwargs or {})
+        # Old attention names ('performer' was FAVOR+, ...) resolved, with a FutureWarning.
+        self.attn_type = resolve_attention(attn_type, block)
+        self.attn_kwargs = dict(attn_kwargs or {})
         # A MessagePassing instance is a template (each layer gets a reset deep copy): kept as a
         # plain attribute, not a submodule, so its parameters are not the model's.
-        object.__setattr__(self, 'local_mp', local_mp)
+        object.__setattr__(self, 'conv', conv)
         self.pe = pe
         self.pe_dim = pe_dim
         self.node_encoder_kind = node_encoder
@@ -175,15 +194,14 @@ class GraphTransformer(torch.nn.Module):
         self.block = block
 
         C = hidden_channels
-        self.attn_type = resolve_attention(attention, block)  # old names, with a FutureWarning
-        check_options(in_channels, self.attn_type, local_mp, pe, node_encoder, edge_encoder,
+        check_options(in_channels, self.attn_type, conv, pe, node_encoder, edge_encoder,
                       edge_dim, pooling, block)
-        if isinstance(local_mp, MessagePassing):
-            check_conv(local_mp, C, edge_encoder)
-        if 'dropout' in self.attention_kwargs:
-            raise TypeError(f"attention={attention!r} with attention_kwargs="
-                            f"{self.attention_kwargs}: set the attention dropout with "
-                            f"attn_dropout, not attention_kwargs['dropout']")
+        if isinstance(conv, MessagePassing):
+            check_conv(conv, C, edge_encoder)
+        if 'dropout' in self.attn_kwargs:
+            raise TypeError(f"attn_type={attn_type!r} with attn_kwargs={self.attn_kwargs}: set "
+                            f"the attention dropout with attn_dropout, not "
+                            f"attn_kwargs['dropout']")
         self.node_emb = None
         self.node_encoder = encoder(node_encoder, in_channels, C)
         if self.node_encoder is None:  # graphs without features: one learned vector
@@ -192,7 +210,7 @@ class GraphTransformer(torch.nn.Module):
         self.edge_encoder = encoder(edge_encoder, edge_dim, C)
         self.pe_encoder = self._make_pe_encoder(pe, pe_dim, C, edge_encoder)
         self.blocks = torch.nn.ModuleList([self._make_block() for _ in range(num_layers)])
-        if 'layer_index' not in self.attention_kwargs:  # walk draws per layer (num_draws > 1)
+        if 'layer_index' not in self.attn_kwargs:  # walk draws per layer (num_draws > 1)
             from pyg_grf.nn.attention.grf import GRFAttention
             for i, layer in enumerate(self.blocks):
                 if isinstance(layer.attn, GRFAttention):
@@ -213,30 +231,59 @@ class GraphTransformer(torch.nn.Module):
         self._register_load_state_dict_pre_hook(upgrade_state_dict, with_module=True)
         self.reset_parameters()
 
+    # The former attribute names (read-only, for one release).
+    @property
+    def attention(self) -> Any:
+        r"""Deprecated: :attr:`attn_type`."""
+        warnings.warn("GraphTransformer.attention is renamed attn_type", FutureWarning,
+                      stacklevel=2)
+        return self.attn_type
+
+    @property
+    def attention_kwargs(self) -> Dict[str, Any]:
+        r"""Deprecated: :attr:`attn_kwargs`."""
+        warnings.warn("GraphTransformer.attention_kwargs is renamed attn_kwargs", FutureWarning,
+                      stacklevel=2)
+        return self.attn_kwargs
+
+    @property
+    def local_mp(self) -> Union[str, MessagePassing, None]:
+        r"""Deprecated: :attr:`conv`."""
+        warnings.warn("GraphTransformer.local_mp is renamed conv", FutureWarning, stacklevel=2)
+        return self.conv
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        # whole models pickled by older versions keep their options under the former names
+        for old, new in RENAMED_ARGS.items():
+            if old in state:
+                value = state.pop(old)
+                state.setdefault(new, dict(value or {}) if new == 'attn_kwargs' else value)
+        super().__setstate__(state)
+
     @property
     def _norm_kwargs(self) -> Dict[str, Any]:
         return {'mode': 'node'} if self.norm == 'layer_norm' else {}
 
     def _make_block(self) -> GRFGPSConv:
         C, attn = self.hidden_channels, self.attn_type
-        kwargs = dict(self.attention_kwargs, dropout=self.attn_dropout)
+        kwargs = dict(self.attn_kwargs, dropout=self.attn_dropout)
         if isinstance(attn, type):  # a GraphAttention subclass (or an old adapter)
             try:
                 attn = attn(C, heads=self.heads, **kwargs)
-            except TypeError as exc:  # e.g. a misspelt attention_kwargs key
-                raise TypeError(f"attention={self.attention!r} with attention_kwargs="
-                                f"{self.attention_kwargs}: {exc}") from exc
+            except TypeError as exc:  # e.g. a misspelt attn_kwargs key
+                raise TypeError(f"attn_type={self.attn_type!r} with attn_kwargs="
+                                f"{self.attn_kwargs}: {exc}") from exc
             kwargs = {}
         try:
-            return GRFGPSConv(C, self._make_local_mp(self.local_mp, C, self.heads),
+            return GRFGPSConv(C, self._make_conv(self.conv, C, self.heads),
                               heads=self.heads, dropout=self.dropout, act=self.act,
                               norm=self.norm, norm_kwargs=self._norm_kwargs, attn_type=attn,
                               attn_kwargs=kwargs if attn is not None else None,
                               layout='post_norm' if self.block == 'gps' else 'pre_norm',
                               mlp_channels=int(self.ffn_ratio * C))
-        except TypeError as exc:  # e.g. a misspelt attention_kwargs key
-            raise TypeError(f"attention={self.attention!r} with attention_kwargs="
-                            f"{self.attention_kwargs}: {exc}") from exc
+        except TypeError as exc:  # e.g. a misspelt attn_kwargs key
+            raise TypeError(f"attn_type={self.attn_type!r} with attn_kwargs="
+                            f"{self.attn_kwargs}: {exc}") from exc
 
     @staticmethod
     def _make_pe_encoder(pe: Optional[str], pe_dim: int, C: int,
@@ -249,7 +296,7 @@ class GraphTransformer(torch.nn.Module):
                                pe_channels=pe_dim)
         return None
 
-    def _make_local_mp(self, kind: Union[str, MessagePassing, None], C: int, heads: int):
+    def _make_conv(self, kind: Union[str, MessagePassing, None], C: int, heads: int):
         if kind is None:
             return None
         if isinstance(kind, MessagePassing):  # a layer's own copy, not shared with the others
@@ -261,7 +308,7 @@ class GraphTransformer(torch.nn.Module):
         if kind == 'gin':
             return GINConv(two_layer_mlp(C, C, C, self.act))
         if C % heads != 0:
-            raise ValueError(f"local_mp='gat' needs hidden_channels ({C}) divisible by heads "
+            raise ValueError(f"conv='gat' needs hidden_channels ({C}) divisible by heads "
                              f"({heads})")
         return GATConv(C, C // heads, heads=heads,
                        edge_dim=C if self.edge_encoder_kind is not None else None)
@@ -284,7 +331,7 @@ class GraphTransformer(torch.nn.Module):
 
     @property
     def _uses_edge_attr(self) -> bool:
-        return self.edge_encoder is not None and (self.local_mp is not None
+        return self.edge_encoder is not None and (self.conv is not None
                                                   or self.pe == 'graph_bridge')
 
     @property
@@ -312,7 +359,7 @@ class GraphTransformer(torch.nn.Module):
                 'edge_attr': 'use a dataset with edge features or set edge_encoder=None',
             }
             extra = '; '.join(hints.get(name, hint) for name in missing if hints.get(name, hint))
-            raise ValueError(f"{self.__class__.__name__}(attention={self.attention!r}, "
+            raise ValueError(f"{self.__class__.__name__}(attn_type={self.attn_type!r}, "
                              f"pe={self.pe!r}) needs the batch attributes {missing}, which the "
                              f"input lacks" + (f": {extra}" if extra else ''))
 
@@ -420,5 +467,5 @@ class GraphTransformer(torch.nn.Module):
         block = f', block={self.block!r}' if self.block != 'pre_norm' else ''
         return (f'{self.__class__.__name__}({self.in_channels}, {self.hidden_channels}, '
                 f'{self.out_channels}, num_layers={self.num_layers}, heads={self.heads}, '
-                f'attention={self.attention!r}, local_mp={self.local_mp!r}, pe={self.pe!r}, '
+                f'attn_type={self.attn_type!r}, conv={self.conv!r}, pe={self.pe!r}, '
                 f'pooling={self.pooling!r}{block})')

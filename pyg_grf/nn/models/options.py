@@ -1,8 +1,9 @@
 r"""The options of :class:`~pyg_grf.nn.GraphTransformer`: allowed values, their checks (each error
-says what was expected and what came), the encoders, the renames of old attention names, and
-the upgrade of old checkpoints' keys."""
+says what was expected and what came), the encoders, the renames of old argument names and old
+attention names, and the upgrade of old checkpoints' keys."""
 from __future__ import annotations
 
+import argparse
 import re
 import warnings
 from typing import Any, Callable, Dict, Optional, Tuple
@@ -18,7 +19,8 @@ from pyg_grf.nn.attention.base import GraphAttention
 from pyg_grf.nn.attention.registry import ATTENTIONS
 from pyg_grf.nn.conv.grf_gps_conv import takes
 
-LOCAL_MPS = ('gine', 'gin', 'gat')
+#: The names ``conv`` of :class:`GraphTransformer` takes (besides a MessagePassing instance).
+CONVS = ('gine', 'gin', 'gat')
 #: Layouts of the layers of :class:`GraphTransformer`: ``'pre_norm'`` or ``'gps'`` (PyG
 #: GPSConv's post-norm layout).
 BLOCKS = ('pre_norm', 'gps')
@@ -65,6 +67,57 @@ class AttentionAdapter(GraphAttention):
         return repr(self.attn)
 
 
+#: The default of the deprecated argument names of :class:`GraphTransformer`, meaning "not
+#: given". It is :data:`argparse.SUPPRESS`, so that jsonargparse (LightningCLI) leaves these
+#: arguments out of parsed and saved configs, and so out of checkpoints' hyperparameters, unless
+#: a config names them.
+NOT_GIVEN = argparse.SUPPRESS
+#: Old argument names of :class:`GraphTransformer` -> the names of PyG's
+#: :class:`~torch_geometric.nn.conv.GPSConv` (and :class:`~pyg_grf.nn.GRFGPSConv`) it takes now.
+RENAMED_ARGS = {'attention': 'attn_type', 'attention_kwargs': 'attn_kwargs', 'local_mp': 'conv'}
+#: The defaults of the new names: a new name left at its default gives way to its old name.
+_NEW_DEFAULTS = {'attn_type': 'grf', 'attn_kwargs': None, 'conv': None}
+
+
+def is_given(value: Any) -> bool:
+    r"""Whether a deprecated argument was given (its default is :data:`NOT_GIVEN`)."""
+    return not (isinstance(value, str) and value == NOT_GIVEN)
+
+
+def _same(a: Any, b: Any, name: str) -> bool:
+    if name == 'attn_kwargs':  # None and {} are the same options
+        return dict(a or {}) == dict(b or {})
+    if isinstance(a, torch.nn.Module) or isinstance(b, torch.nn.Module):
+        return a is b
+    return type(a) is type(b) and a == b
+
+
+def rename_arguments(new: Dict[str, Any], old: Dict[str, Any], owner: str = 'GraphTransformer',
+                     stacklevel: int = 3) -> Dict[str, Any]:
+    r"""The arguments :obj:`new` (``attn_type``, ``attn_kwargs``, ``conv``) with the deprecated
+    ones of :obj:`old` (``attention``, ``attention_kwargs``, ``local_mp``, :data:`NOT_GIVEN`
+    where not given) moved to their new names, with one :class:`FutureWarning` naming the new
+    names. An old name whose new name is given too with another value raises a
+    :class:`TypeError` (a new name at its default, as a parsed config holds it, counts as not
+    given)."""
+    new = dict(new)
+    used = [name for name, value in old.items() if is_given(value)]
+    for name in used:
+        target, value = RENAMED_ARGS[name], old[name]
+        if not (_same(new[target], _NEW_DEFAULTS[target], target)
+                or _same(new[target], value, target)):
+            raise TypeError(f"{owner} got both {target}={new[target]!r} and {name}={value!r} "
+                            f"(the deprecated name of {target}): expected only {target}")
+        new[target] = value
+    if used:
+        uses = ', '.join(f'{RENAMED_ARGS[name]}= instead of {name}=' for name in used)
+        what = f"argument {used[0]} is" if len(used) == 1 else \
+            f"arguments {', '.join(used)} are"
+        warnings.warn(f"{owner}'s {what} renamed as in PyG's GPSConv (the old names work until "
+                      f"the next release): use {uses}", FutureWarning, stacklevel=stacklevel)
+    return new
+
+
 def resolve_attention(attention: Any, block: str) -> Any:
     r"""The registry name of an old :class:`GraphTransformer` attention name (with a
     :class:`FutureWarning`): ``'performer'`` was FAVOR+ linear attention per graph (now
@@ -72,16 +125,16 @@ def resolve_attention(attention: Any, block: str) -> Any:
     ``block='gps'`` ``'softmax'`` was :class:`torch.nn.MultiheadAttention` (now
     ``'multihead'``; ``'softmax'`` is :class:`~pyg_grf.nn.SoftmaxAttention` everywhere)."""
     if attention == 'performer':
-        warnings.warn("GraphTransformer(attention='performer') is FAVOR+ linear attention per "
+        warnings.warn("GraphTransformer(attn_type='performer') is FAVOR+ linear attention per "
                       "graph, now named 'favor' (in the next release 'performer' will mean "
-                      "PyG's PerformerAttention, as in GRFGPSConv): use attention='favor'",
+                      "PyG's PerformerAttention, as in GRFGPSConv): use attn_type='favor'",
                       FutureWarning, stacklevel=3)
         return 'favor'
     if attention == 'softmax' and block == 'gps':
-        warnings.warn("GraphTransformer(block='gps', attention='softmax') builds "
+        warnings.warn("GraphTransformer(block='gps', attn_type='softmax') builds "
                       "torch.nn.MultiheadAttention, now named 'multihead' (in the next release "
                       "'softmax' will mean SoftmaxAttention in every layout): use "
-                      "attention='multihead'", FutureWarning, stacklevel=3)
+                      "attn_type='multihead'", FutureWarning, stacklevel=3)
         return 'multihead'
     if isinstance(attention, type) and issubclass(attention, AttentionAdapter):
         warnings.warn("custom AttentionAdapter subclasses are deprecated: pass a "
@@ -91,68 +144,67 @@ def resolve_attention(attention: Any, block: str) -> Any:
 
 
 def check_conv(conv: MessagePassing, C: int, edge_encoder: Optional[str]) -> None:
-    r"""A user's ``local_mp`` instance: its sizes must fit the hidden size (where it states
+    r"""A user's ``conv`` instance: its sizes must fit the hidden size (where it states
     them)."""
     name = type(conv).__name__
     in_channels = getattr(conv, 'in_channels', None)
     sizes = in_channels if isinstance(in_channels, (tuple, list)) else (in_channels, )
     if any(isinstance(c, int) and c not in (-1, C) for c in sizes):
-        raise ValueError(f"local_mp {conv!r} takes in_channels={in_channels}, expected "
+        raise ValueError(f"conv {conv!r} takes in_channels={in_channels}, expected "
                          f"hidden_channels={C} (it runs on the hidden node states)")
     out_channels = getattr(conv, 'out_channels', None)
     if isinstance(out_channels, int):
         heads = getattr(conv, 'heads', 1) if getattr(conv, 'concat', False) else 1
         if out_channels * heads != C:
             got = f'out_channels={out_channels}' + (f' x heads={heads}' if heads != 1 else '')
-            raise ValueError(f"local_mp {conv!r} gives {got} = {out_channels * heads} "
+            raise ValueError(f"conv {conv!r} gives {got} = {out_channels * heads} "
                              f"features, expected hidden_channels={C} (its output is added to "
                              f"the residual stream)")
     edge_dim = getattr(conv, 'edge_dim', None)
     if (edge_encoder is not None and isinstance(edge_dim, int) and edge_dim != C
             and takes(conv, 'edge_attr')):
-        raise ValueError(f"local_mp {conv!r} has edge_dim={edge_dim}, expected "
+        raise ValueError(f"conv {conv!r} has edge_dim={edge_dim}, expected "
                          f"hidden_channels={C} (edge features are encoded to hidden_channels) "
                          f"or None")
     if isinstance(conv, GINEConv) and edge_encoder is None:
-        raise ValueError(f"local_mp {name} needs edge features: set edge_encoder ('linear' "
+        raise ValueError(f"conv {name} needs edge features: set edge_encoder ('linear' "
                          f"with edge_dim, 'bond' or 'embedding')")
 
 
-def check_local_mp(local_mp: Any) -> None:
-    r"""``local_mp`` is a name, a MessagePassing instance or None."""
-    if local_mp is None or isinstance(local_mp, MessagePassing):
+def check_conv_kind(conv: Any) -> None:
+    r"""``conv`` is a name, a MessagePassing instance or None."""
+    if conv is None or isinstance(conv, MessagePassing):
         return
-    if isinstance(local_mp, str):
-        if local_mp not in LOCAL_MPS:
-            raise ValueError(f"local_mp must be one of {LOCAL_MPS}, a MessagePassing instance "
-                             f"or None, got '{local_mp}'")
+    if isinstance(conv, str):
+        if conv not in CONVS:
+            raise ValueError(f"conv must be one of {CONVS}, a MessagePassing instance or None, "
+                             f"got '{conv}'")
         return
-    if isinstance(local_mp, type) and issubclass(local_mp, MessagePassing):
-        hint = f"pass an instance, e.g. {local_mp.__name__}(hidden_channels, ...)"
-    elif isinstance(local_mp, dict):
+    if isinstance(conv, type) and issubclass(conv, MessagePassing):
+        hint = f"pass an instance, e.g. {conv.__name__}(hidden_channels, ...)"
+    elif isinstance(conv, dict):
         hint = ("a dict is a config spec: LightningCLI builds it from class_path/init_args; "
                 "in Python pass the layer itself")
     else:
         hint = "other modules do not take (x, edge_index)"
-    raise TypeError(f"local_mp must be one of {LOCAL_MPS}, a "
-                    f"torch_geometric.nn.conv.MessagePassing instance or None, got "
-                    f"{type(local_mp).__name__} ({hint})")
+    raise TypeError(f"conv must be one of {CONVS}, a torch_geometric.nn.conv.MessagePassing "
+                    f"instance or None, got {type(conv).__name__} ({hint})")
 
 
-def check_options(in_channels, attention, local_mp, pe, node_encoder, edge_encoder, edge_dim,
+def check_options(in_channels, attn_type, conv, pe, node_encoder, edge_encoder, edge_dim,
                   pooling, block) -> None:
     r"""The string options of :class:`GraphTransformer`, checked up front with the allowed
     values."""
     if block not in BLOCKS:
         raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
-    if isinstance(attention, str) and attention not in ATTENTIONS:
-        raise ValueError(f"attention must be one of {sorted(ATTENTIONS)} (or None, or a "
-                         f"GraphAttention subclass), got '{attention}'")
-    if not (attention is None or isinstance(attention, str) or (
-            isinstance(attention, type) and issubclass(attention, GraphAttention))):
-        raise ValueError(f"attention must be a name, a GraphAttention subclass or None, "
-                         f"got {attention!r}")
-    check_local_mp(local_mp)
+    if isinstance(attn_type, str) and attn_type not in ATTENTIONS:
+        raise ValueError(f"attn_type must be one of {sorted(ATTENTIONS)} (or None, or a "
+                         f"GraphAttention subclass), got '{attn_type}'")
+    if not (attn_type is None or isinstance(attn_type, str) or (
+            isinstance(attn_type, type) and issubclass(attn_type, GraphAttention))):
+        raise ValueError(f"attn_type must be a name, a GraphAttention subclass or None, "
+                         f"got {attn_type!r}")
+    check_conv_kind(conv)
     if pe is not None and pe not in PES:
         raise ValueError(f"pe must be one of {PES} or None, got '{pe}'")
     if pooling is not None and pooling not in POOLINGS:
@@ -162,15 +214,15 @@ def check_options(in_channels, attention, local_mp, pe, node_encoder, edge_encod
         raise ValueError(f"node_encoder must be one of {NODE_ENCODERS}, got '{node_encoder}'")
     if edge_encoder not in EDGE_ENCODERS:
         raise ValueError(f"edge_encoder must be one of {EDGE_ENCODERS}, got '{edge_encoder}'")
-    if pe == 'graph_bridge' and (local_mp is not None or attention not in GRAPH_BRIDGE_OK):
+    if pe == 'graph_bridge' and (conv is not None or attn_type not in GRAPH_BRIDGE_OK):
         raise ValueError(f"pe='graph_bridge' turns nodes and edges into tokens, so it needs an "
-                         f"attention over plain tokens {GRAPH_BRIDGE_OK} and local_mp=None, "
-                         f"got attention={attention!r}, local_mp={local_mp!r}")
-    if attention is None and local_mp is None:
-        raise ValueError("attention and local_mp cannot both be None (the model would ignore "
+                         f"attention over plain tokens {GRAPH_BRIDGE_OK} and conv=None, "
+                         f"got attn_type={attn_type!r}, conv={conv!r}")
+    if attn_type is None and conv is None:
+        raise ValueError("attn_type and conv cannot both be None (the model would ignore "
                          "the graph)")
-    if isinstance(local_mp, str) and local_mp == 'gine' and edge_encoder is None:
-        raise ValueError("local_mp='gine' needs edge features: set edge_encoder ('linear' "
+    if isinstance(conv, str) and conv == 'gine' and edge_encoder is None:
+        raise ValueError("conv='gine' needs edge features: set edge_encoder ('linear' "
                          "with edge_dim, 'bond' or 'embedding')")
     if edge_encoder in ('linear', 'embedding') and edge_dim is None:
         raise ValueError(f"edge_encoder='{edge_encoder}' needs edge_dim")
@@ -223,8 +275,9 @@ _NORM_KEY = re.compile(r'^(blocks\.\d+\.norm[123]|final_norm)\.'
 def upgrade_state_dict(module: torch.nn.Module, state_dict: Dict[str, Any], prefix: str,
                        *args: Any) -> None:
     r"""Load-state-dict pre-hook of :class:`GraphTransformer`: renames the keys of checkpoints
-    written by older layouts (pre-norm blocks with an attention adapter, ``local_mp`` and
-    ``ffn``; ``torch.nn.BatchNorm1d`` norms; ``Sequential`` MLPs) to the current ones."""
+    written by older layouts (pre-norm blocks with an attention adapter, ``local_mp`` (now
+    ``conv``) and ``ffn``; ``torch.nn.BatchNorm1d`` norms; ``Sequential`` MLPs) to the current
+    ones."""
     adapters = {str(i) for i, b in enumerate(module.blocks)
                 if isinstance(getattr(b, 'attn', None), AttentionAdapter)}
     keys = [k[len(prefix):] for k in state_dict if k.startswith(prefix)]

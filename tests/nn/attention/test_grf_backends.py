@@ -349,7 +349,7 @@ def test_mask_coefficients_are_not_weight_decayed():
     from pyg_grf.lightning.tasks import GraphLevelTask
     from pyg_grf.nn import GraphTransformer
     model = GraphTransformer(8, 16, 2, num_layers=2, heads=2,
-                             attention_kwargs={'max_length': 3, 'global_beta': 0.1})
+                             attn_kwargs={'max_length': 3, 'global_beta': 0.1})
     task = GraphLevelTask(model=model, task='multiclass', num_classes=2, weight_decay=0.1)
     task.trainer = type('T', (), {'estimated_stepping_batches': 10, 'max_epochs': 1})()
     opt = task.configure_optimizers()
@@ -384,7 +384,7 @@ def test_graph_transformer_reuses_loads_for_the_same_full_graph():
     b = make_batch()
     b.x = b.x.float()
     model = GraphTransformer(8, 16, 2, num_layers=2, heads=2, pooling=None,
-                             attention_kwargs={'max_length': 3}).eval()
+                             attn_kwargs={'max_length': 3}).eval()
     out1 = model(b)
     first = model._last_payload[1]['grf']
     out2 = model(b)
@@ -402,7 +402,7 @@ def test_graph_transformer_under_inference_mode():
         b = make_batch()
         b.x = b.x.float()
     model = GraphTransformer(8, 16, 2, num_layers=2, heads=2, pooling=None,
-                             attention_kwargs={'max_length': 3}).eval()
+                             attn_kwargs={'max_length': 3}).eval()
     with torch.inference_mode():
         out = model(b)
         assert torch.equal(out, model(b))

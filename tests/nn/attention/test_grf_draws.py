@@ -144,8 +144,8 @@ def test_one_draw_is_the_old_transform():
 
 def test_graph_transformer_gives_each_layer_its_draws():
     b = batch_with_draws(8)
-    model = GraphTransformer(8, 16, 3, num_layers=2, heads=4, attention='grf',
-                             attention_kwargs={'max_length': 3})
+    model = GraphTransformer(8, 16, 3, num_layers=2, heads=4, attn_type='grf',
+                             attn_kwargs={'max_length': 3})
     layers = [m for m in model.modules() if isinstance(m, GRFAttention)]
     assert [m.layer_index for m in layers] == [0, 1]
     assert layers[1].draws(8) == (4, 5, 6, 7)

@@ -37,11 +37,11 @@ def graphs():
 # 'performer' is still the deprecated name of 'favor' (test_deprecated_attention_names)
 @pytest.mark.parametrize('attention', [a for a in sorted(ATTENTIONS)
                                        if a not in ('grid_rpe', 'performer')])
-@pytest.mark.parametrize('local_mp', [None, 'gine'])
-def test_attention_kinds_batch_equals_per_graph(graphs, attention, local_mp):
+@pytest.mark.parametrize('conv', [None, 'gine'])
+def test_attention_kinds_batch_equals_per_graph(graphs, attention, conv):
     torch.manual_seed(0)
-    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attention=attention,
-                             attention_kwargs=KWARGS.get(attention), local_mp=local_mp,
+    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attn_type=attention,
+                             attn_kwargs=KWARGS.get(attention), conv=conv,
                              edge_encoder='linear', edge_dim=3).eval()
     batch = Batch.from_data_list(graphs)
     out = model(batch)
@@ -55,8 +55,8 @@ def test_attention_kinds_batch_equals_per_graph(graphs, attention, local_mp):
 
 @pytest.mark.parametrize('attention', ['grf', 'linear', 'softmax'])
 def test_node_level(graphs, attention):
-    model = GraphTransformer(4, 16, 5, num_layers=1, attention=attention,
-                             attention_kwargs=KWARGS.get(attention), pooling=None).eval()
+    model = GraphTransformer(4, 16, 5, num_layers=1, attn_type=attention,
+                             attn_kwargs=KWARGS.get(attention), pooling=None).eval()
     batch = Batch.from_data_list(graphs)
     out = model(batch)
     assert out.shape == (batch.num_nodes, 5)
@@ -66,8 +66,8 @@ def test_node_level(graphs, attention):
 
 def test_attention_never_crosses_graphs(graphs):
     # Changing one graph's features leaves the other graphs' outputs unchanged.
-    model = GraphTransformer(4, 16, 2, num_layers=2, attention='grf',
-                             attention_kwargs={'max_length': 3}, pooling=None).eval()
+    model = GraphTransformer(4, 16, 2, num_layers=2, attn_type='grf',
+                             attn_kwargs={'max_length': 3}, pooling=None).eval()
     batch = Batch.from_data_list(graphs)
     out = model(batch)
     other = batch.clone()
@@ -79,10 +79,10 @@ def test_attention_never_crosses_graphs(graphs):
     assert not torch.allclose(out[~keep], out2[~keep])
 
 
-@pytest.mark.parametrize('local_mp', ['gin', 'gat', 'gine'])
-def test_local_mp_and_no_attention(graphs, local_mp):
+@pytest.mark.parametrize('conv', ['gin', 'gat', 'gine'])
+def test_conv_and_no_attention(graphs, conv):
     batch = Batch.from_data_list(graphs)
-    model = GraphTransformer(4, 16, 2, num_layers=2, heads=2, attention=None, local_mp=local_mp,
+    model = GraphTransformer(4, 16, 2, num_layers=2, heads=2, attn_type=None, conv=conv,
                              edge_encoder='linear', edge_dim=3, pooling='add')
     assert model(batch).shape == (3, 2)
 
@@ -92,22 +92,22 @@ def test_positional_encodings(graphs, pe):
     t = (AddRandomWalkPE(4, attr_name='random_walk_pe') if pe == 'rwpe' else
          AddLaplacianEigenvectorPE(2, attr_name='laplacian_eigenvector_pe'))
     batch = Batch.from_data_list([t(g.clone()) for g in graphs if g.num_nodes > 3])
-    model = GraphTransformer(4, 16, 2, num_layers=1, attention='linear', pe=pe,
+    model = GraphTransformer(4, 16, 2, num_layers=1, attn_type='linear', pe=pe,
                              pe_dim=4 if pe == 'rwpe' else 2)
     assert model(batch).shape == (2, 2)
     with pytest.raises(ValueError, match='pe_dim=3'):
-        GraphTransformer(4, 16, 2, num_layers=1, attention='linear', pe=pe, pe_dim=3)(batch)
+        GraphTransformer(4, 16, 2, num_layers=1, attn_type='linear', pe=pe, pe_dim=3)(batch)
 
 
 @pytest.mark.parametrize('pooling', ['mean', None])
 def test_graph_bridge(graphs, pooling):
     batch = Batch.from_data_list(graphs)
-    model = GraphTransformer(4, 16, 2, num_layers=1, attention='linear', pe='graph_bridge',
+    model = GraphTransformer(4, 16, 2, num_layers=1, attn_type='linear', pe='graph_bridge',
                              pe_dim=4, edge_encoder='linear', edge_dim=3, pooling=pooling).eval()
     out = model(batch)
     assert out.shape == ((3, 2) if pooling else (batch.num_nodes, 2))
     with pytest.raises(ValueError, match="pe='graph_bridge'"):
-        GraphTransformer(4, 16, 2, num_layers=1, attention='grf', pe='graph_bridge')
+        GraphTransformer(4, 16, 2, num_layers=1, attn_type='grf', pe='graph_bridge')
 
 
 def test_categorical_encoders():
@@ -115,19 +115,19 @@ def test_categorical_encoders():
     edge_index = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
     data = Data(x=torch.zeros(3, 9, dtype=torch.long), edge_index=edge_index,
                 edge_attr=torch.zeros(4, 3, dtype=torch.long))
-    model = GraphTransformer(None, 16, 10, num_layers=1, attention='linear', local_mp='gine',
+    model = GraphTransformer(None, 16, 10, num_layers=1, attn_type='linear', conv='gine',
                              node_encoder='atom', edge_encoder='bond')
     assert model(Batch.from_data_list([data, data])).shape == (2, 10)
     # Graphs without features.
-    model = GraphTransformer(None, 16, 2, num_layers=1, attention='linear', node_encoder=None)
+    model = GraphTransformer(None, 16, 2, num_layers=1, attn_type='linear', node_encoder=None)
     assert model(Batch.from_data_list([Data(edge_index=edge_index, num_nodes=3)])).shape == (1, 2)
 
 
 def test_forward_does_not_mutate(graphs):
     batch = Batch.from_data_list(graphs)
     before = {k: v.clone() for k, v in batch.items() if torch.is_tensor(v)}
-    model = GraphTransformer(4, 16, 2, num_layers=2, attention='grf',
-                             attention_kwargs={'max_length': 3}, local_mp='gine',
+    model = GraphTransformer(4, 16, 2, num_layers=2, attn_type='grf',
+                             attn_kwargs={'max_length': 3}, conv='gine',
                              edge_encoder='linear', edge_dim=3)
     model(batch)
     after = {k: v for k, v in batch.items() if torch.is_tensor(v)}
@@ -136,24 +136,24 @@ def test_forward_does_not_mutate(graphs):
 
 
 def test_repr_and_errors(graphs):
-    model = GraphTransformer(4, 16, 2, num_layers=2, heads=2, attention='linear')
-    assert str(model) == ("GraphTransformer(4, 16, 2, num_layers=2, heads=2, attention='linear', "
-                          "local_mp=None, pe=None, pooling='mean')")
-    with pytest.raises(ValueError, match="attention must be one of"):
-        GraphTransformer(4, 16, 2, num_layers=1, attention='full')
-    with pytest.raises(ValueError, match="local_mp must be one of"):
-        GraphTransformer(4, 16, 2, num_layers=1, local_mp='gcn')
+    model = GraphTransformer(4, 16, 2, num_layers=2, heads=2, attn_type='linear')
+    assert str(model) == ("GraphTransformer(4, 16, 2, num_layers=2, heads=2, attn_type='linear', "
+                          "conv=None, pe=None, pooling='mean')")
+    with pytest.raises(ValueError, match="attn_type must be one of"):
+        GraphTransformer(4, 16, 2, num_layers=1, attn_type='full')
+    with pytest.raises(ValueError, match="conv must be one of"):
+        GraphTransformer(4, 16, 2, num_layers=1, conv='gcn')
     with pytest.raises(ValueError, match="needs edge features"):
-        GraphTransformer(4, 16, 2, num_layers=1, local_mp='gine')
+        GraphTransformer(4, 16, 2, num_layers=1, conv='gine')
     with pytest.raises(ValueError, match="cannot both be None"):
-        GraphTransformer(4, 16, 2, num_layers=1, attention=None)
+        GraphTransformer(4, 16, 2, num_layers=1, attn_type=None)
     # Missing GRF fields: says which and how to add them.
     plain = Data(x=torch.randn(3, 4), edge_index=torch.tensor([[0, 1], [1, 0]]))
-    model = GraphTransformer(4, 16, 2, num_layers=1, attention='grf')
+    model = GraphTransformer(4, 16, 2, num_layers=1, attn_type='grf')
     with pytest.raises(ValueError, match="grf_index.*AddGraphRandomFeatures"):
         model(plain)
     with pytest.raises(ValueError, match="expected data.x with 5 features"):
-        GraphTransformer(5, 16, 2, num_layers=1, attention='linear')(plain)
+        GraphTransformer(5, 16, 2, num_layers=1, attn_type='linear')(plain)
 
 
 def test_custom_adapter(graphs):
@@ -167,13 +167,13 @@ def test_custom_adapter(graphs):
             return self.attn(global_mean_pool(x, batch, num_graphs)[batch])
 
     with pytest.warns(FutureWarning, match='AttentionAdapter subclasses are deprecated'):
-        model = GraphTransformer(4, 8, 2, num_layers=1, attention=MeanAdapter)
+        model = GraphTransformer(4, 8, 2, num_layers=1, attn_type=MeanAdapter)
     assert model(Batch.from_data_list(graphs)).shape == (3, 2)
 
 
 def test_custom_graph_attention(graphs):
     # the way to add an attention kind: a GraphAttention subclass, built as
-    # cls(hidden_channels, heads=heads, dropout=attn_dropout, **attention_kwargs)
+    # cls(hidden_channels, heads=heads, dropout=attn_dropout, **attn_kwargs)
     import warnings
 
     from torch_geometric.nn import global_mean_pool
@@ -190,7 +190,7 @@ def test_custom_graph_attention(graphs):
 
     with warnings.catch_warnings():
         warnings.simplefilter('error', FutureWarning)
-        model = GraphTransformer(4, 8, 2, num_layers=1, attention=MeanAttention).eval()
+        model = GraphTransformer(4, 8, 2, num_layers=1, attn_type=MeanAttention).eval()
         batch = Batch.from_data_list(graphs)
         out = model(batch)
     assert isinstance(model.blocks[0].attn, MeanAttention) and out.shape == (3, 2)
@@ -200,20 +200,20 @@ def test_custom_graph_attention(graphs):
 
 @pytest.mark.parametrize('block', ['pre_norm', 'gps'])
 def test_deprecated_attention_names(graphs, block):
-    # GraphTransformer(attention='performer') is 'favor' (FAVOR+ per graph) and, with
-    # block='gps', attention='softmax' is 'multihead', for one release with a FutureWarning
+    # GraphTransformer(attn_type='performer') is 'favor' (FAVOR+ per graph) and, with
+    # block='gps', attn_type='softmax' is 'multihead', for one release with a FutureWarning
     batch = Batch.from_data_list(graphs)
     old_new = [('performer', 'favor', {'num_features': 8})]
     if block == 'gps':
         old_new.append(('softmax', 'multihead', None))
     for old, new, kwargs in old_new:
         torch.manual_seed(0)
-        with pytest.warns(FutureWarning, match=f"use attention='{new}'"):
-            old_model = GraphTransformer(4, 16, 3, num_layers=1, heads=2, attention=old,
-                                         attention_kwargs=kwargs, block=block).eval()
+        with pytest.warns(FutureWarning, match=f"use attn_type='{new}'"):
+            old_model = GraphTransformer(4, 16, 3, num_layers=1, heads=2, attn_type=old,
+                                         attn_kwargs=kwargs, block=block).eval()
         torch.manual_seed(0)
-        new_model = GraphTransformer(4, 16, 3, num_layers=1, heads=2, attention=new,
-                                     attention_kwargs=kwargs, block=block).eval()
+        new_model = GraphTransformer(4, 16, 3, num_layers=1, heads=2, attn_type=new,
+                                     attn_kwargs=kwargs, block=block).eval()
         assert old_model.attn_type == new
         new_model.load_state_dict(old_model.state_dict())  # strict: the same layers
         assert torch.equal(old_model(batch), new_model(batch))
@@ -230,8 +230,8 @@ def test_gkat_reads_stored_kernel_pairs(graphs):
                                                                   d.num_nodes)
         with_kernel.append(d)
     torch.manual_seed(0)
-    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attention='gkat',
-                             attention_kwargs={'mode': 'softmax'}).eval()
+    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attn_type='gkat',
+                             attn_kwargs={'mode': 'softmax'}).eval()
     a = model(Batch.from_data_list(graphs))
     b = model(Batch.from_data_list(with_kernel))
     assert torch.allclose(a, b, atol=1e-6)
@@ -246,7 +246,7 @@ def test_head_is_pyg_mlp(graphs):
     # on the pooled node states (dropout is off in eval mode; an int dropout is accepted).
     from torch_geometric.nn import MLP, global_mean_pool
     batch = Batch.from_data_list(graphs)
-    model = GraphTransformer(4, 16, 3, num_layers=1, attention='linear', dropout=0, act='relu')
+    model = GraphTransformer(4, 16, 3, num_layers=1, attn_type='linear', dropout=0, act='relu')
     assert isinstance(model.head, MLP) and str(model.head) == 'MLP(16, 16, 3)'
     model.eval()
     captured = {}
@@ -258,16 +258,16 @@ def test_head_is_pyg_mlp(graphs):
     expected = torch.relu(pooled @ w0.T + b0) @ w1.T + b1
     assert torch.allclose(out, expected, atol=1e-6)
     # Dropout sits between the two layers in training mode.
-    model = GraphTransformer(4, 16, 3, num_layers=1, attention='linear', dropout=0.5)
+    model = GraphTransformer(4, 16, 3, num_layers=1, attn_type='linear', dropout=0.5)
     assert model.head.dropout == [0.5, 0.0]
 
 
-@pytest.mark.parametrize('local_mp', ['gin', 'gine'])
-def test_checkpoints_with_the_old_mlp_layout_load(graphs, local_mp):
+@pytest.mark.parametrize('conv', ['gin', 'gine'])
+def test_checkpoints_with_the_old_mlp_layout_load(graphs, conv):
     # Before the two-layer MLPs were PyG MLPs they were Sequential(Linear, act, Dropout, Linear)
     # with keys '<name>.0.*' and '<name>.3.*'; such state dicts still load, to the same outputs.
     batch = Batch.from_data_list(graphs)
-    kwargs = dict(num_layers=2, attention='linear', local_mp=local_mp, edge_encoder='linear',
+    kwargs = dict(num_layers=2, attn_type='linear', conv=conv, edge_encoder='linear',
                   edge_dim=3)
     model = GraphTransformer(4, 16, 3, **kwargs).eval()
     old = {k.replace('head.lins.0.', 'head.0.').replace('head.lins.1.', 'head.3.')
@@ -285,7 +285,7 @@ def test_checkpoints_with_the_old_mlp_layout_load(graphs, local_mp):
     assert torch.equal(parent.model(batch), model(batch))
 
 
-# A MessagePassing instance as local_mp ###################################################
+# A MessagePassing instance as conv #######################################################
 
 
 def _head(model, x):
@@ -295,15 +295,15 @@ def _head(model, x):
 
 
 @pytest.mark.parametrize('edge_attr', [True, False])
-def test_local_mp_instance_equals_hand_composition(graphs, edge_attr):
+def test_conv_instance_equals_hand_composition(graphs, edge_attr):
     # Pre-norm blocks with a user's conv: x + Attn(h) + conv(h, edge_index[, edge_attr]),
     # h = Norm1(x), then the residual FFN; edge features go to the conv when its forward
     # takes them (TransformerConv does).
     from torch_geometric.nn import TransformerConv, global_mean_pool
     batch = Batch.from_data_list(graphs)
     conv = TransformerConv(16, 8, heads=2, edge_dim=16 if edge_attr else None)
-    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attention='linear',
-                             local_mp=conv, edge_encoder='linear' if edge_attr else None,
+    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attn_type='linear',
+                             conv=conv, edge_encoder='linear' if edge_attr else None,
                              edge_dim=3).eval()
     x = batch.x @ model.node_encoder.weight.T + model.node_encoder.bias
     e = None
@@ -323,12 +323,12 @@ def test_local_mp_instance_equals_hand_composition(graphs, edge_attr):
         assert not torch.allclose(model(other), ref, atol=1e-4)
 
 
-def test_local_mp_instance_is_copied_per_layer(graphs):
+def test_conv_instance_is_copied_per_layer(graphs):
     from torch_geometric.nn import GATConv
     conv = GATConv(16, 8, heads=2)
     template = {k: v.clone() for k, v in conv.state_dict().items()}
-    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attention='linear',
-                             local_mp=conv)
+    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attn_type='linear',
+                             conv=conv)
     first, second = model.blocks[0].conv, model.blocks[1].conv
     assert isinstance(first, GATConv) and first is not conv and first is not second
     # Reset copies: own, different weights; the template is untouched and not a submodule.
@@ -336,35 +336,35 @@ def test_local_mp_instance_is_copied_per_layer(graphs):
     assert all(torch.equal(v, conv.state_dict()[k]) for k, v in template.items())
     own = {id(p) for p in model.parameters()}
     assert not any(id(p) in own for p in conv.parameters())
-    assert not any(k.startswith('local_mp') for k in model.state_dict())
+    assert not any(k.startswith(('conv', 'local_mp')) for k in model.state_dict())
     assert str(model) == ("GraphTransformer(4, 16, 3, num_layers=2, heads=2, "
-                          "attention='linear', local_mp=GATConv(16, 8, heads=2), pe=None, "
+                          "attn_type='linear', conv=GATConv(16, 8, heads=2), pe=None, "
                           "pooling='mean')")
     model(Batch.from_data_list(graphs)).sum().backward()
     assert first.lin.weight.grad is not None and second.lin.weight.grad is not None
 
 
-def test_local_mp_instance_bad_input(graphs):
+def test_conv_instance_bad_input(graphs):
     from torch_geometric.nn import GATConv, GCNConv, GINConv, GINEConv
-    kw = dict(num_layers=1, attention='linear')
+    kw = dict(num_layers=1, attn_type='linear')
     with pytest.raises(TypeError, match=r"MessagePassing instance or None, got Linear"):
-        GraphTransformer(4, 16, 2, local_mp=torch.nn.Linear(16, 16), **kw)
+        GraphTransformer(4, 16, 2, conv=torch.nn.Linear(16, 16), **kw)
     with pytest.raises(TypeError, match=r"pass an instance, e.g. GATConv\(hidden_channels"):
-        GraphTransformer(4, 16, 2, local_mp=GATConv, **kw)
+        GraphTransformer(4, 16, 2, conv=GATConv, **kw)
     with pytest.raises(TypeError, match="class_path/init_args"):
-        GraphTransformer(4, 16, 2, local_mp={'class_path': 'torch_geometric.nn.GATConv'}, **kw)
+        GraphTransformer(4, 16, 2, conv={'class_path': 'torch_geometric.nn.GATConv'}, **kw)
     with pytest.raises(ValueError, match=r"in_channels=8, expected hidden_channels=16"):
-        GraphTransformer(4, 16, 2, local_mp=GCNConv(8, 16), **kw)
+        GraphTransformer(4, 16, 2, conv=GCNConv(8, 16), **kw)
     with pytest.raises(ValueError, match=r"out_channels=4 x heads=2 = 8 features, expected "
                                          r"hidden_channels=16"):
-        GraphTransformer(4, 16, 2, local_mp=GATConv(16, 4, heads=2), **kw)
+        GraphTransformer(4, 16, 2, conv=GATConv(16, 4, heads=2), **kw)
     with pytest.raises(ValueError, match=r"edge_dim=5, expected hidden_channels=16"):
-        GraphTransformer(4, 16, 2, local_mp=GATConv(16, 16, edge_dim=5),
+        GraphTransformer(4, 16, 2, conv=GATConv(16, 16, edge_dim=5),
                          edge_encoder='linear', edge_dim=3, **kw)
     with pytest.raises(ValueError, match="GINEConv needs edge features"):
-        GraphTransformer(4, 16, 2, local_mp=GINEConv(torch.nn.Linear(16, 16)), **kw)
+        GraphTransformer(4, 16, 2, conv=GINEConv(torch.nn.Linear(16, 16)), **kw)
     # A conv without stated sizes is checked on its first output.
-    model = GraphTransformer(4, 16, 2, local_mp=GINConv(torch.nn.Linear(16, 8)), **kw)
+    model = GraphTransformer(4, 16, 2, conv=GINConv(torch.nn.Linear(16, 8)), **kw)
     with pytest.raises(ValueError, match=r"returned shape \(17, 8\), expected \(17, 16\)"):
         model(Batch.from_data_list(graphs))
 
@@ -380,9 +380,9 @@ def _gps_batch(graphs):
 
 
 @pytest.mark.parametrize('attention', ['grf', 'gkat', 'linear', 'favor', 'multihead'])
-@pytest.mark.parametrize('local_mp,norm', [(None, 'batch_norm'), ('gine', 'layer_norm'),
-                                           ('gat', None), ('instance', 'batch_norm')])
-def test_gps_block_equals_hand_composition(graphs, attention, local_mp, norm):
+@pytest.mark.parametrize('conv_kind,norm', [(None, 'batch_norm'), ('gine', 'layer_norm'),
+                                            ('gat', None), ('instance', 'batch_norm')])
+def test_gps_block_equals_hand_composition(graphs, attention, conv_kind, norm):
     # GraphTransformer(block='gps') = encoders -> GRFGPSConv layers (built here, by hand, with
     # the model's weights) -> mean pooling -> head, in float64.
     from torch_geometric.nn import GATConv, GINEConv, MLP, global_mean_pool
@@ -393,18 +393,18 @@ def test_gps_block_equals_hand_composition(graphs, attention, local_mp, norm):
     batch = _gps_batch(graphs)
 
     def conv():
-        if local_mp == 'gine':
+        if conv_kind == 'gine':
             return GINEConv(MLP([C, C, C], act='gelu', norm=None), edge_dim=C)
-        if local_mp == 'gat':
+        if conv_kind == 'gat':
             return GATConv(C, C // heads, heads=heads, edge_dim=C)
-        if local_mp == 'instance':
+        if conv_kind == 'instance':
             return GATConv(C, C, heads=heads, concat=False, edge_dim=C)
         return None
 
     torch.manual_seed(0)
-    model = GraphTransformer(4, C, 3, num_layers=2, heads=heads, attention=attention,
-                             attention_kwargs=GPS_KWARGS.get(attention),
-                             local_mp=conv() if local_mp == 'instance' else local_mp,
+    model = GraphTransformer(4, C, 3, num_layers=2, heads=heads, attn_type=attention,
+                             attn_kwargs=GPS_KWARGS.get(attention),
+                             conv=conv() if conv_kind == 'instance' else conv_kind,
                              edge_encoder='linear', edge_dim=3, norm=norm, act='gelu',
                              block='gps').double().eval()
     assert all(type(layer) is GRFGPSConv for layer in model.blocks)
@@ -428,7 +428,7 @@ def test_gps_block_equals_hand_composition(graphs, attention, local_mp, norm):
     grf = GRFLoads.from_data(batch) if attention == 'grf' else None
     rwgnk = RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value) if attention == 'gkat' else None
     for layer in layers:
-        kwargs = {'edge_attr': e} if local_mp is not None else {}
+        kwargs = {'edge_attr': e} if conv_kind is not None else {}
         x = layer(x, batch.edge_index, batch.batch, grf=grf, rwgnk=rwgnk, **kwargs)
     ref = _head(model, global_mean_pool(x, batch.batch))
 
@@ -445,8 +445,8 @@ def test_gps_block_equals_hand_composition(graphs, attention, local_mp, norm):
 @pytest.mark.parametrize('attention', ['grf', 'gkat', 'multihead'])
 def test_gps_block_gradients_flow(graphs, attention):
     batch = _gps_batch(graphs)
-    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attention=attention,
-                             attention_kwargs=GPS_KWARGS.get(attention), local_mp='gine',
+    model = GraphTransformer(4, 16, 3, num_layers=2, heads=2, attn_type=attention,
+                             attn_kwargs=GPS_KWARGS.get(attention), conv='gine',
                              edge_encoder='linear', edge_dim=3, dropout=0.1, block='gps')
     model(batch).square().sum().backward()
     missing = [name for name, p in model.named_parameters() if p.grad is None]
@@ -457,10 +457,10 @@ def test_gps_block_gradients_flow(graphs, attention):
 
 
 def test_gps_block_repr_and_errors():
-    model = GraphTransformer(4, 16, 2, num_layers=1, heads=2, attention='grf', local_mp='gin',
+    model = GraphTransformer(4, 16, 2, num_layers=1, heads=2, attn_type='grf', conv='gin',
                              block='gps')
-    assert str(model) == ("GraphTransformer(4, 16, 2, num_layers=1, heads=2, attention='grf', "
-                          "local_mp='gin', pe=None, pooling='mean', block='gps')")
+    assert str(model) == ("GraphTransformer(4, 16, 2, num_layers=1, heads=2, attn_type='grf', "
+                          "conv='gin', pe=None, pooling='mean', block='gps')")
     assert str(model.blocks[0]).startswith("GRFGPSConv(16, conv=GINConv(")
     assert isinstance(model.final_norm, torch.nn.Identity)  # the layers end with a norm
     with pytest.raises(ValueError, match=r"block must be one of \('pre_norm', 'gps'\), got "
@@ -468,17 +468,17 @@ def test_gps_block_repr_and_errors():
         GraphTransformer(4, 16, 2, num_layers=1, block='post_norm')
     # every attention of the registry and every norm work in both layouts now; the MLP width
     # follows ffn_ratio (GPSConv's 2 * hidden_channels is the default)
-    model = GraphTransformer(4, 16, 2, num_layers=1, attention='linear', ffn_ratio=4,
+    model = GraphTransformer(4, 16, 2, num_layers=1, attn_type='linear', ffn_ratio=4,
                              norm='rms_norm', block='gps')
     assert model.blocks[0].mlp[0].out_features == 64
     assert isinstance(model.blocks[0].norm3, torch.nn.RMSNorm)
-    with pytest.raises(TypeError, match=r"attn_dropout, not attention_kwargs\['dropout'\]"):
-        GraphTransformer(4, 16, 2, num_layers=1, attention='linear',
-                         attention_kwargs={'dropout': 0.1}, block='gps')
-    with pytest.raises(TypeError, match=r"attention='grf' with attention_kwargs="
+    with pytest.raises(TypeError, match=r"attn_dropout, not attn_kwargs\['dropout'\]"):
+        GraphTransformer(4, 16, 2, num_layers=1, attn_type='linear',
+                         attn_kwargs={'dropout': 0.1}, block='gps')
+    with pytest.raises(TypeError, match=r"attn_type='grf' with attn_kwargs="
                                         r"\{'max_lenght': 3\}"):
-        GraphTransformer(4, 16, 2, num_layers=1, attention='grf',
-                         attention_kwargs={'max_lenght': 3}, block='gps')
+        GraphTransformer(4, 16, 2, num_layers=1, attn_type='grf',
+                         attn_kwargs={'max_lenght': 3}, block='gps')
 
 
 @pytest.mark.parametrize('attention', ['softmax', 'favor', 'samsa', 'linear', 'grf',
@@ -498,8 +498,8 @@ def test_empty_batch(attention, block):
     b = Batch.from_data_list([d])
     kw = {'max_length': 2} if attention in ('grf', 'power_series') else None
     for pooling, shape in (('mean', (1, 3)), (None, (0, 3))):
-        model = GraphTransformer(4, 8, 3, num_layers=1, heads=2, attention=attention,
-                                 pooling=pooling, block=block, attention_kwargs=kw)
+        model = GraphTransformer(4, 8, 3, num_layers=1, heads=2, attn_type=attention,
+                                 pooling=pooling, block=block, attn_kwargs=kw)
         out = model(b)
         assert out.shape == shape and torch.isfinite(out).all()
         out.sum().backward()
@@ -512,8 +512,8 @@ def test_full_graph_training_reuses_the_grf_payload(block):
     torch.manual_seed(0)
     data = Data(x=torch.randn(30, 4), edge_index=to_undirected(erdos_renyi_graph(30, 0.2)))
     data = AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0)(data)
-    model = GraphTransformer(4, 8, 3, num_layers=2, heads=2, attention='grf', pooling=None,
-                             block=block, attention_kwargs={'max_length': 2})
+    model = GraphTransformer(4, 8, 3, num_layers=2, heads=2, attn_type='grf', pooling=None,
+                             block=block, attn_kwargs={'max_length': 2})
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     seen = set()
     for _ in range(3):
@@ -545,8 +545,8 @@ def test_full_graph_training_builds_the_mask_statistics_once(block, monkeypatch)
     torch.manual_seed(0)
     data = Data(x=torch.randn(200, 4), edge_index=to_undirected(erdos_renyi_graph(200, 0.02)))
     data = AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0)(data)
-    model = GraphTransformer(4, 8, 3, num_layers=2, heads=2, attention='grf', pooling=None,
-                             block=block, attention_kwargs={'max_length': 2, 'backend': 'pairs'})
+    model = GraphTransformer(4, 8, 3, num_layers=2, heads=2, attn_type='grf', pooling=None,
+                             block=block, attn_kwargs={'max_length': 2, 'backend': 'pairs'})
     for _ in range(4):
         junk = [torch.zeros(200, dtype=torch.long) for _ in range(3)]  # move the allocator
         model(data).square().mean().backward()

@@ -10,6 +10,7 @@ import torch
 from torch_geometric.data import Batch
 
 from pyg_grf.nn import GraphTransformer
+from pyg_grf.nn.models.options import RENAMED_ARGS
 
 FIXTURE = os.path.join(os.path.dirname(__file__), 'fixtures', 'graph_transformer_v1.pt')
 SAVED = torch.load(FIXTURE, weights_only=True)
@@ -25,11 +26,17 @@ def _batch() -> Batch:
 
 
 @pytest.mark.parametrize('name', sorted(SAVED['cases']))
-def test_same_outputs_on_saved_weights(name):
+@pytest.mark.parametrize('names', ['old', 'new'])
+def test_same_outputs_on_saved_weights(name, names):
+    # The fixture's arguments use the old names (attention, attention_kwargs, local_mp); under
+    # PyG's names (attn_type, attn_kwargs, conv) they build the same model.
     case = SAVED['cases'][name]
+    kwargs = dict(case['kwargs'])
+    if names == 'new':
+        kwargs = {RENAMED_ARGS.get(key, key): value for key, value in kwargs.items()}
     with warnings.catch_warnings():
-        warnings.simplefilter('ignore', FutureWarning)  # old attention names
-        model = GraphTransformer(**case['kwargs']).double()
+        warnings.simplefilter('ignore', FutureWarning)  # old argument and attention names
+        model = GraphTransformer(**kwargs).double()
     model.load_state_dict(case['state_dict'], strict=True)
     model.eval()
     with torch.no_grad():
