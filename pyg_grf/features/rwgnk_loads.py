@@ -6,6 +6,8 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
+from pyg_grf.features.loads import KEPT_ATTR, _Kept
+
 
 class RWGNKLoads:
     r"""The RWGNK features :math:`\Psi` of a graph or a PyG batch on their nonzeros (FTFI paper,
@@ -73,7 +75,10 @@ class RWGNKLoads:
     @classmethod
     def from_data(cls, data: Any, prefix: str = 'rwgnk') -> 'RWGNKLoads':
         r"""The features stored on a ``Data`` or ``Batch`` under ``{prefix}_index`` and
-        ``{prefix}_value`` (and ``{prefix}_kernel_index`` / ``_value`` when present)."""
+        ``{prefix}_value`` (and ``{prefix}_kernel_index`` / ``_value`` when present). Kept on
+        ``data`` (never copied deeply or pickled with it) and returned again while ``data``
+        holds the same tensors, so one full graph seen at every step keeps its cached kernel
+        pairs; edited values are caught by :meth:`cached`."""
         missing = [f'{prefix}_{s}' for s in ('index', 'value')
                    if getattr(data, f'{prefix}_{s}', None) is None]
         if missing:
@@ -83,7 +88,19 @@ class RWGNKLoads:
         k_value = getattr(data, f'{prefix}_kernel_value', None)
         if k_index is None or k_value is None:
             k_index = k_value = None
-        return cls(data[f'{prefix}_index'], data[f'{prefix}_value'], k_index, k_value)
+        tensors = (data[f'{prefix}_index'], data[f'{prefix}_value'], k_index, k_value)
+        kept = data.__dict__.get(KEPT_ATTR, {}).get(prefix) if hasattr(data, '__dict__') \
+            else None
+        if kept is not None and all(a is b for a, b in zip(kept._tensors(), tensors)):
+            # the same tensors as last time (one full graph at every step): the kept payload,
+            # whose caches check their inputs' values on use (cached())
+            return kept
+        loads = cls(*tensors)
+        if hasattr(data, '__dict__'):
+            holder = _Kept(data.__dict__.get(KEPT_ATTR, {}))
+            holder[prefix] = loads
+            data.__dict__[KEPT_ATTR] = holder
+        return loads
 
     def repeat(self, copies: int, num_nodes: int) -> 'RWGNKLoads':
         r"""The features of ``copies`` disjoint copies of a graph of ``num_nodes`` nodes (copy

@@ -406,27 +406,15 @@ class GraphTransformer(torch.nn.Module):
 
     def payload(self, data) -> Dict[str, Any]:
         r"""The attention's payload for ``data`` (e.g. ``{'grf': GRFLoads}``), shared by every
-        layer. For one full graph passed at every step it is built once: kept while the
-        tensors it reads (same storage, same version) are unchanged."""
-        attn = self._attn
-        if not isinstance(attn, GraphAttention):
+        layer. For one full graph passed at every step it is built once: the payloads'
+        ``from_data`` keep it on ``data`` and hand it out again only while the data holds
+        exactly the entries it was built from (:meth:`GRFLoads.from_data
+        <pyg_grf.features.GRFLoads.from_data>`, :meth:`RWGNKLoads.from_data
+        <pyg_grf.features.RWGNKLoads.from_data>`), so an edit of the graph, in place or through
+        ``.data``, is never served stale structures."""
+        if not isinstance(self._attn, GraphAttention):
             return {}
-        names = attn.payload_fields(data)
-        if isinstance(attn, AttentionAdapter) or not names:
-            return self.blocks[0].payload(data)
-        tensors = [data[n] for n in names]
-        if getattr(data, 'batch', None) is not None:
-            tensors.append(data.batch)
-        stamp = None
-        if not any(t.is_inference() for t in tensors):  # inference tensors have no version
-            stamp = tuple((t.data_ptr(), t._version, tuple(t.shape)) for t in tensors)
-            stamp += (data.num_nodes,)
-        cached = getattr(self, '_last_payload', None)
-        if stamp is not None and cached is not None and cached[0] == stamp:
-            return cached[1]
-        payload = self.blocks[0].payload(data)  # the first layer's; every layer reads it
-        object.__setattr__(self, '_last_payload', None if stamp is None else (stamp, payload))
-        return payload
+        return self.blocks[0].payload(data)  # the first layer's; every layer reads it
 
     def forward(self, data) -> Tensor:
         r"""Runs the model on a :class:`~torch_geometric.data.Data` or

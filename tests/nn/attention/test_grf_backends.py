@@ -386,14 +386,23 @@ def test_graph_transformer_reuses_loads_for_the_same_full_graph():
     model = GraphTransformer(8, 16, 2, num_layers=2, heads=2, pooling=None,
                              attn_kwargs={'max_length': 3}).eval()
     out1 = model(b)
-    first = model._last_payload[1]['grf']
+    first = model.payload(b)['grf']
     out2 = model(b)
-    assert model._last_payload[1]['grf'] is first  # same tensors: no re-validation, no join
+    assert model.payload(b)['grf'] is first  # same tensors: no re-validation, no join
     assert torch.equal(out1, out2)
-    b.grf_load.mul_(2.0)  # changed in place: rebuilt
+    b.grf_load.mul_(torch.linspace(0.2, 3.0, b.grf_load.numel()))  # in place: rebuilt
     out3 = model(b)
-    assert model._last_payload[1]['grf'] is not first
+    assert model.payload(b)['grf'] is not first
     assert not torch.allclose(out3, out1)
+    # an edit through .data (no version bump) is caught too (issue #15 item 3)
+    second = model.payload(b)['grf']
+    b.grf_load.data.mul_(torch.linspace(3.0, 0.5, b.grf_load.numel()))
+    out4 = model(b)
+    assert model.payload(b)['grf'] is not second
+    fresh = b.clone()
+    fresh.__dict__.pop('_grf_kept', None)
+    fresh.grf_load = b.grf_load.clone()
+    assert torch.allclose(out4, model(fresh), atol=1e-6)
 
 
 def test_graph_transformer_under_inference_mode():

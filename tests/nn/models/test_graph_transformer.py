@@ -520,16 +520,16 @@ def test_full_graph_training_reuses_the_grf_payload(block):
         opt.zero_grad()
         model(data).square().mean().backward()
         opt.step()
-        seen.add(id(_payload(model)))
+        seen.add(id(_payload(model, data)))
     assert len(seen) == 1
     data.grf_load = data.grf_load * 2  # new tensors: a new payload
     model(data)
-    assert id(_payload(model)) not in seen
+    assert id(_payload(model, data)) not in seen
 
 
-def _payload(model):
-    # the GRFLoads kept between calls by the model
-    return model._last_payload[1]['grf']
+def _payload(model, data):
+    # the GRFLoads the model's layers read for data (kept on data between calls)
+    return model.payload(data)['grf']
 
 
 @pytest.mark.parametrize('block', ['pre_norm', 'gps'])
