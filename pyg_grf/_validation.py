@@ -13,7 +13,7 @@ counter and are checked every time.
 from __future__ import annotations
 
 import weakref
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -81,3 +81,15 @@ def batch_or_zeros(batch: Optional[Tensor], num_nodes: int,
         raise ValueError(f"'batch' must have shape [{num_nodes}] (one graph id per node), got "
                          f"{tuple(batch.shape)}")
     return batch
+
+
+def check_shape(tensor: Optional[Tensor], name: str, *shape: Union[int, str]) -> None:
+    r"""Raises :class:`ValueError` unless :obj:`tensor` has the shape :obj:`shape`, whose
+    entries are sizes (checked) or names of free sizes (``'N'``, ``'E'``: not checked), saying
+    what was expected and what came: ``Expected 'x' of shape [N, 16] (got [3, 8])``; a missing
+    tensor (:obj:`None`) reads ``(got None)``."""
+    if tensor is not None and tensor.dim() == len(shape) and all(
+            isinstance(size, str) or tensor.size(i) == size for i, size in enumerate(shape)):
+        return
+    got = None if tensor is None else list(tensor.shape)
+    raise ValueError(f"Expected '{name}' of shape [{', '.join(map(str, shape))}] (got {got})")

@@ -39,24 +39,16 @@ from typing import Any, Dict, Iterator, Optional, Sequence
 import torch
 
 from pyg_grf.datasets.compact import COMPACT_FORMAT, compact_collated, restore_collated
+from pyg_grf.datasets.mirror import file_digest
 
 MANIFEST = 'MANIFEST.json'
 #: Format of the processed caches: 1 as PyG writes them, 2 compact (:mod:`.compact`).
 CACHE_VERSION = 2
-_CHUNK = 1 << 20
 
 
 class DatasetCacheError(RuntimeError):
     r"""Raised when a dataset's processed cache does not match its manifest (modified, truncated
     or foreign files)."""
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, 'rb') as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b''):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _fsync_dir(path: str) -> None:
@@ -179,7 +171,7 @@ def write_manifest(folder: str, info: Dict[str, Any]) -> None:
             full = osp.join(dirpath, name)
             rel = osp.relpath(full, folder).replace(os.sep, '/')
             if rel != MANIFEST:
-                files[rel] = _sha256(full)
+                files[rel] = file_digest(full)
     with open(osp.join(folder, MANIFEST), 'w') as f:
         json.dump(dict(info, version=CACHE_VERSION, files=files), f, indent=1, sort_keys=True)
 
@@ -219,7 +211,7 @@ def verify_manifest(folder: str) -> None:
         if not osp.isfile(full):
             raise DatasetCacheError(f"The dataset cache file '{full}' listed in '{path}' is "
                                     f"missing. {hint}")
-        got = _sha256(full)
+        got = file_digest(full)
         if got != expected:
             raise DatasetCacheError(
                 f"The dataset cache file '{full}' has SHA-256 {got}, but its manifest lists "

@@ -70,8 +70,11 @@ def safe_relpath(rel: str, what: str = 'path') -> str:
     return '/'.join(parts)
 
 
-def _sha256_file(path: str) -> str:
-    h = hashlib.sha256()
+def file_digest(path: str, algorithm: str = 'sha256') -> str:
+    r"""The hex digest (:mod:`hashlib`'s :obj:`algorithm`) of the file at :obj:`path`, read in
+    chunks: the mirror's ``SHA256SUMS``, the manifests of :mod:`pyg_grf.datasets.cache` and the
+    md5 sums of the LRGB release (:func:`pyg_grf.datasets.lrgb.dataset.file_md5`)."""
+    h = hashlib.new(algorithm)
     with open(path, 'rb') as f:
         for chunk in iter(lambda: f.read(_CHUNK), b''):
             h.update(chunk)
@@ -122,7 +125,7 @@ def write_checksums(mirror: str) -> str:
             full = osp.join(dirpath, name)
             rel = osp.relpath(full, mirror).replace(os.sep, '/')
             if rel != CHECKSUM_FILE:
-                lines.append(f'{_sha256_file(full)}  {rel}\n')
+                lines.append(f'{file_digest(full)}  {rel}\n')
     out = osp.join(mirror, CHECKSUM_FILE)
     tmp = f'{out}.{uuid.uuid4().hex}.part'
     with open(tmp, 'w', encoding='utf-8') as f:
@@ -366,4 +369,5 @@ __all__ = [
     'fetch_from_mirror',
     'ensure_raw_files',
     'check_not_in_mirror',
+    'file_digest',
 ]

@@ -116,6 +116,16 @@ def _check_root(root) -> None:
                         f"{root!r}); pass the other settings by keyword")
 
 
+def _check_graphs(features: str, num_graphs: int) -> None:
+    r"""The settings both GKAT tasks share: known node :obj:`features` (:obj:`FEATURES`) and at
+    least two graphs (one per class)."""
+    if features not in FEATURES:
+        raise ValueError(f"Unknown node features {features!r}; expected one of "
+                         f"{list(FEATURES)}")
+    if num_graphs < 2:
+        raise ValueError(f"Expected at least 2 graphs (got num_graphs={num_graphs})")
+
+
 class GeneratedDataset(SafeCacheMixin, InMemoryDataset):
     r"""Base class of datasets generated in memory by :meth:`generate`: without :obj:`root` they
     live only in memory; with a :obj:`root` they are cached to
@@ -280,11 +290,7 @@ class MotifDataset(GeneratedDataset):
     ) -> None:
         _check_root(root)
         self.motif_graph = motif_graph(motif)  # validates the name
-        if features not in FEATURES:
-            raise ValueError(f"Unknown node features {features!r}; expected one of "
-                             f"{list(FEATURES)}")
-        if num_graphs < 2:
-            raise ValueError(f"Expected at least 2 graphs (got num_graphs={num_graphs})")
+        _check_graphs(features, num_graphs)
         h = self.motif_graph.number_of_nodes()
         if not 1 <= num_join_edges <= num_nodes * h:
             raise ValueError(f"Expected 1 <= num_join_edges <= {num_nodes * h} "
@@ -437,11 +443,7 @@ class InducedCycleDataset(GeneratedDataset):
         force_reload: bool = False,
     ) -> None:
         _check_root(root)
-        if features not in FEATURES:
-            raise ValueError(f"Unknown node features {features!r}; expected one of "
-                             f"{list(FEATURES)}")
-        if num_graphs < 2:
-            raise ValueError(f"Expected at least 2 graphs (got num_graphs={num_graphs})")
+        _check_graphs(features, num_graphs)
         if num_nodes < 5:
             # A negative needs a pair at distance in [2, diameter), so diameter >= 3.
             raise ValueError(f"Expected num_nodes >= 5 (got {num_nodes})")

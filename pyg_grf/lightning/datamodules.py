@@ -107,7 +107,47 @@ class EpochSeededRandomSampler(RandomSampler):
         return len(self.data_source)
 
 
-class GraphDataModule(pl.LightningDataModule):
+class _DatasetDataModule(pl.LightningDataModule):
+    r"""What every DataModule here shares: the composed :obj:`pre_transform` and
+    :obj:`transform`, the root, the loader workers, and the dataset, loaded by
+    :meth:`load_dataset` in :meth:`prepare_data` (once per node) and :meth:`setup` (every
+    process), whose :attr:`num_features` and :attr:`num_classes` models are built from."""
+
+    def __init__(self, pre_transform: TransformArg = None, transform: TransformArg = None,
+                 root: Optional[str] = None, num_workers: int = 0):
+        super().__init__()
+        self.num_workers = num_workers
+        self.pre_transform = _compose(pre_transform)
+        self.transform = _compose(transform)
+        self.root = root
+        self.dataset = None
+
+    def load_dataset(self):
+        raise NotImplementedError
+
+    def prepare_data(self) -> None:
+        self.load_dataset()  # process and cache once per node
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        if self.dataset is None:
+            self.dataset = self.load_dataset()
+
+    def _described_dataset(self):
+        r"""The dataset whose :obj:`num_features` and :obj:`num_classes` describe the data."""
+        return self.dataset
+
+    @property
+    def num_features(self) -> int:
+        self.setup()
+        return self._described_dataset().num_features
+
+    @property
+    def num_classes(self) -> int:
+        self.setup()
+        return self._described_dataset().num_classes
+
+
+class GraphDataModule(_DatasetDataModule):
     r"""Base of the graph-level DataModules: subclasses implement :meth:`load_dataset` (build or
     load the dataset, cached) and :meth:`split` (train / val / test subsets).
 
@@ -128,35 +168,24 @@ class GraphDataModule(pl.LightningDataModule):
     def __init__(self, batch_size: int = 32, num_workers: int = 0,
                  pre_transform: TransformArg = None, transform: TransformArg = None,
                  root: Optional[str] = None, seed: int = 0, pin_memory: bool = False):
-        super().__init__()
+        super().__init__(pre_transform, transform, root, num_workers)
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
-        self.num_workers = num_workers
-        self.pre_transform = _compose(pre_transform)
-        self.transform = _compose(transform)
-        self.root = root
         self.seed = seed
         self.pin_memory = pin_memory
-        self.dataset = None
         self.train_dataset = self.val_dataset = self.test_dataset = None
 
-    # To implement -------------------------------------------------------------------------
-
-    def load_dataset(self):
-        raise NotImplementedError
+    # To implement: load_dataset (of the base) and split ------------------------------------
 
     def split(self, dataset) -> Tuple[Any, Any, Any]:
         raise NotImplementedError
 
     # Lightning hooks -----------------------------------------------------------------------
 
-    def prepare_data(self) -> None:
-        self.load_dataset()  # process and cache once per node
-
     def setup(self, stage: Optional[str] = None) -> None:
         if self.dataset is None:
-            self.dataset = self.load_dataset()
+            super().setup(stage)
             self.train_dataset, self.val_dataset, self.test_dataset = self.split(self.dataset)
 
     def _loader(self, dataset, train: bool) -> DataLoader:
@@ -185,18 +214,6 @@ class GraphDataModule(pl.LightningDataModule):
 
     def predict_dataloader(self) -> DataLoader:
         return self._loader(self.test_dataset, False)
-
-    # Facts about the data, for building models ---------------------------------------------
-
-    @property
-    def num_features(self) -> int:
-        self.setup()
-        return self.dataset.num_features
-
-    @property
-    def num_classes(self) -> int:
-        self.setup()
-        return self.dataset.num_classes
 
     def __repr__(self) -> str:
         return (f'{self.__class__.__name__}(batch_size={self.batch_size}, '
@@ -422,18 +439,11 @@ class LRGBDataModule(GraphDataModule):
             out.append(ds)
         return tuple(out)
 
-    @property
-    def num_features(self) -> int:
-        self.setup()
-        return self.train_dataset.num_features
-
-    @property
-    def num_classes(self) -> int:
-        self.setup()
-        return self.train_dataset.num_classes
+    def _described_dataset(self):
+        return self.train_dataset  # self.dataset holds the three splits
 
 
-class PlanetoidDataModule(pl.LightningDataModule):
+class PlanetoidDataModule(_DatasetDataModule):
     r"""A citation graph (:func:`~pyg_grf.datasets.load_planetoid`: Cora, CiteSeer, PubMed) for
     node classification with :class:`~pyg_grf.lightning.tasks.NodeLevelTask`: every loader
     yields the one full graph, whose ``train_mask`` / ``val_mask`` / ``test_mask`` select the
@@ -449,26 +459,14 @@ class PlanetoidDataModule(pl.LightningDataModule):
     def __init__(self, name: str = 'Cora', split: str = 'public',
                  pre_transform: TransformArg = None, transform: TransformArg = None,
                  root: Optional[str] = None, num_workers: int = 0):
-        super().__init__()
+        super().__init__(pre_transform, transform, root, num_workers)
         self.name = name
         self.split = split
-        self.pre_transform = _compose(pre_transform)
-        self.transform = _compose(transform)
-        self.root = root
-        self.num_workers = num_workers
-        self.dataset = None
 
     def load_dataset(self):
         load_planetoid = _dataset_api('load_planetoid')
         return _load_fresh(load_planetoid, name=self.name, root=self.root, split=self.split,
                            transform=self.transform, pre_transform=self.pre_transform)
-
-    def prepare_data(self) -> None:
-        self.load_dataset()
-
-    def setup(self, stage: Optional[str] = None) -> None:
-        if self.dataset is None:
-            self.dataset = self.load_dataset()
 
     def _loader(self) -> DataLoader:
         if self.dataset is None:
@@ -484,13 +482,3 @@ class PlanetoidDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader()
-
-    @property
-    def num_features(self) -> int:
-        self.setup()
-        return self.dataset.num_features
-
-    @property
-    def num_classes(self) -> int:
-        self.setup()
-        return self.dataset.num_classes

@@ -85,15 +85,32 @@ def _node_map(subset: Tensor, num_nodes: int, device: torch.device) -> Tuple[Ten
     return subset, node_map
 
 
-def _restrict(index: Tensor, hop: Tensor, load: Tensor, node_map: Tensor, num_new: int,
-              monotone: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    r"""The entries whose two ends survive, renumbered through :obj:`node_map` and sorted by
-    (start, visited, hop) as the transform stores them."""
+def _check_load_shapes(index: Tensor, hop: Tensor, load: Tensor) -> None:
+    r"""The GRF loads are an index ``[2, nnz]`` with one hop count and one load per entry."""
     if index.dim() != 2 or index.size(0) != 2:
         raise ValueError(f"the GRF index must have shape [2, nnz], got {tuple(index.shape)}")
     if hop.shape != index.shape[1:] or load.shape != index.shape[1:]:
         raise ValueError(f"the GRF hop counts and loads must have shape [{index.size(1)}], got "
                          f"{tuple(hop.shape)} and {tuple(load.shape)}")
+
+
+def _pair_sorted(new: Tensor, hop: Tensor, load: Tensor, num_new: int, monotone: bool,
+                 dtype: torch.dtype) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""The kept entries, renumbered to :obj:`new` ``[2, nnz]``, back in (start, visited, hop)
+    order, the index in :obj:`dtype`. A renumbering that is not :obj:`monotone` changed the order
+    of the (start, visited) pairs; a stable sort on the pair keeps the hop order inside each pair
+    (pairs map one to one)."""
+    if not monotone and new.size(1) > 1:
+        perm = torch.sort(new[0] * num_new + new[1], stable=True).indices
+        new, hop, load = new[:, perm], hop[perm], load[perm]
+    return new.to(dtype), hop, load
+
+
+def _restrict(index: Tensor, hop: Tensor, load: Tensor, node_map: Tensor, num_new: int,
+              monotone: bool) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""The entries whose two ends survive, renumbered through :obj:`node_map` and sorted by
+    (start, visited, hop) as the transform stores them."""
+    _check_load_shapes(index, hop, load)
     num_nodes = node_map.numel()
     if index.numel() > 0:
         lo, hi = torch.aminmax(index)
@@ -105,12 +122,7 @@ def _restrict(index: Tensor, hop: Tensor, load: Tensor, node_map: Tensor, num_ne
     keep = (new >= 0).all(dim=0)
     new = new[:, keep]
     hop, load = hop[keep], load[keep]
-    if not monotone and new.size(1) > 1:
-        # Renumbering changed the order of the (start, visited) pairs; a stable sort on the pair
-        # keeps the hop order inside each pair (pairs map one to one).
-        perm = torch.sort(new[0] * num_new + new[1], stable=True).indices
-        new, hop, load = new[:, perm], hop[perm], load[perm]
-    return new.to(index.dtype), hop, load
+    return _pair_sorted(new, hop, load, num_new, monotone, index.dtype)
 
 
 def subgraph_grf(
@@ -226,11 +238,7 @@ def _by_start(index: Tensor, hop: Tensor, load: Tensor,
               num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""Validates full-graph loads, sorts them by (start, visited, hop) if they are not, and
     returns them with the CSR row pointer of the starts."""
-    if index.dim() != 2 or index.size(0) != 2:
-        raise ValueError(f"the GRF index must have shape [2, nnz], got {tuple(index.shape)}")
-    if hop.shape != index.shape[1:] or load.shape != index.shape[1:]:
-        raise ValueError(f"the GRF hop counts and loads must have shape [{index.size(1)}], got "
-                         f"{tuple(hop.shape)} and {tuple(load.shape)}")
+    _check_load_shapes(index, hop, load)
     start = index[0].long()
     if index.numel() > 0:
         lo, hi = torch.aminmax(index)
@@ -265,11 +273,8 @@ def _restrict_rows(index: Tensor, hop: Tensor, load: Tensor, rowptr: Tensor, ids
     new = torch.stack([seg[keep], visited[keep]])
     pos = pos[keep]
     hop, load = hop[pos], load[pos]
-    if not monotone and new.size(1) > 1:
-        # grouped by new start already; the visited order inside a start changed
-        perm = torch.sort(new[0] * n + new[1], stable=True).indices
-        new, hop, load = new[:, perm], hop[perm], load[perm]
-    return new.to(index.dtype), hop, load
+    # grouped by new start already; only the visited order inside a start may have changed
+    return _pair_sorted(new, hop, load, n, monotone, index.dtype)
 
 
 @functional_transform('restrict_graph_random_features')

@@ -139,9 +139,9 @@ def test_pinned_hashes_beat_a_regenerated_checksum_file(tmp_path, monkeypatch):
 @pytest.mark.data
 def test_pinned_hashes_match_the_project_mirror(mirror):
     # every pinned file is in the mirror with that hash (and the mirror's own list agrees)
-    from pyg_grf.datasets.mirror import _sha256_file, read_checksums
+    from pyg_grf.datasets.mirror import file_digest, read_checksums
     from pyg_grf.datasets.pinned import PINNED_SHA256
     sums = read_checksums(str(mirror))
     for key, sha in PINNED_SHA256.items():
         assert sums[key] == sha
-        assert _sha256_file(str(mirror / key)) == sha
+        assert file_digest(str(mirror / key)) == sha

@@ -3,7 +3,6 @@ release, the form the offline mirror holds), :class:`SafeLRGBDataset` (PyG's
 :class:`~torch_geometric.datasets.LRGBDataset` with the verified cache) and :func:`load_lrgb`
 (any LRGB dataset by name)."""
 import ast
-import hashlib
 import os.path as osp
 import pickle
 from typing import Any, Callable, Dict, List, Optional
@@ -16,16 +15,22 @@ from torch_geometric.datasets import LRGBDataset
 from pyg_grf.datasets.cache import SafeCacheMixin
 from pyg_grf.datasets.lrgb.info import LRGB_INFO, SPLITS, lrgb_name
 from pyg_grf.datasets.lrgb.smiles import smiles_to_graphs
-from pyg_grf.datasets.mirror import data_root, download_failed, ensure_raw_files, missing_files
+from pyg_grf.datasets.mirror import (data_root, download_failed, ensure_raw_files, file_digest,
+                                     missing_files)
 
 
 def file_md5(path: str) -> str:
     r"""The md5 sum of the file :obj:`path` (the checksums the LRGB release publishes)."""
-    h = hashlib.md5()
-    with open(path, 'rb') as f:
-        for chunk in iter(lambda: f.read(1 << 20), b''):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_digest(path, 'md5')
+
+
+def _check_split(split: str, max_graphs: Optional[int]) -> None:
+    r"""The split (one of :data:`SPLITS`) and the number of its graphs to keep (:obj:`None`: all)
+    that every LRGB loader takes."""
+    if split not in SPLITS:
+        raise ValueError(f"Expected split to be one of {list(SPLITS)} (got {split!r})")
+    if max_graphs is not None and max_graphs < 1:
+        raise ValueError(f"Expected max_graphs >= 1 or None (got {max_graphs})")
 
 
 class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
@@ -109,10 +114,7 @@ class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
         num_proc: Optional[int] = None,
         progress: bool = True,
     ) -> None:
-        if split not in SPLITS:
-            raise ValueError(f"Expected split to be one of {list(SPLITS)} (got {split!r})")
-        if max_graphs is not None and max_graphs < 1:
-            raise ValueError(f"Expected max_graphs >= 1 or None (got {max_graphs})")
+        _check_split(split, max_graphs)
         if num_proc is not None and num_proc < 1:
             raise ValueError(f"Expected num_proc >= 1 or None (got {num_proc})")
         self.split = split
@@ -261,10 +263,7 @@ def load_lrgb(
             (:class:`PeptidesFunctional`); ignored by the others. (default: the CPUs available)
     """
     name = lrgb_name(name)
-    if split not in SPLITS:
-        raise ValueError(f"Expected split to be one of {list(SPLITS)} (got {split!r})")
-    if max_graphs is not None and max_graphs < 1:
-        raise ValueError(f"Expected max_graphs >= 1 or None (got {max_graphs})")
+    _check_split(split, max_graphs)
     if name == 'Peptides-func':
         return PeptidesFunctional(root, split, transform, pre_transform, pre_filter,
                                   force_reload, max_graphs=max_graphs, num_proc=num_proc)

@@ -32,6 +32,17 @@ def key_dropout(v: Tensor, p: float, training: bool) -> Tensor:
     return v * (keep / (1.0 - p))
 
 
+def resolve_head_channels(channels: int, heads: int, head_channels: Optional[int]) -> int:
+    r"""The size per head of the contract (:class:`QKVAttention`): :obj:`head_channels` if
+    given, else ``channels // heads``, which must then divide evenly."""
+    if head_channels is None:
+        if channels % heads != 0:
+            raise ValueError(f"'channels' ({channels}) must be divisible by 'heads' ({heads}) "
+                             f"unless 'head_channels' is given")
+        head_channels = channels // heads
+    return head_channels
+
+
 def contract_repr(layer: nn.Module, extra: str = '') -> str:
     r"""``Name(channels, heads=H[, head_channels=C][extra][, dropout=p])``: the one ``repr``
     format of the attention layers (``head_channels`` only when it differs from
@@ -141,11 +152,7 @@ class QKVAttention(GraphAttention):
         super().__init__()
         if channels < 1 or heads < 1:
             raise ValueError(f"'channels' and 'heads' must be positive, got {channels} and {heads}")
-        if head_channels is None:
-            if channels % heads != 0:
-                raise ValueError(f"'channels' ({channels}) must be divisible by 'heads' ({heads}) "
-                                 f"unless 'head_channels' is given")
-            head_channels = channels // heads
+        head_channels = resolve_head_channels(channels, heads, head_channels)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"'dropout' must lie in [0, 1), got {dropout}")
         self.channels = channels

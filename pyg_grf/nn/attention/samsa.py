@@ -17,7 +17,8 @@ from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.typing import OptTensor
 from torch_geometric.utils import to_dense_batch
 
-from pyg_grf.nn.attention.base import GraphAttention, contract_repr
+from pyg_grf._validation import check_shape
+from pyg_grf.nn.attention.base import GraphAttention, contract_repr, resolve_head_channels
 
 MODES = ('soft', 'hard')
 
@@ -116,11 +117,7 @@ class SAMSAAttention(GraphAttention):
             raise ValueError(f"'channels' must be positive (got {channels})")
         if heads < 1:
             raise ValueError(f"'heads' must be positive (got {heads})")
-        if head_channels is None:
-            if channels % heads != 0:
-                raise ValueError(f"'channels' ({channels}) must be divisible by 'heads' "
-                                 f"({heads}) unless 'head_channels' is given")
-            head_channels = channels // heads
+        head_channels = resolve_head_channels(channels, heads, head_channels)
         if head_channels < 1:
             raise ValueError(f"'head_channels' must be positive (got {head_channels})")
         if num_samples < 1:
@@ -196,12 +193,10 @@ class SAMSAAttention(GraphAttention):
                 token indices :math:`(B, k, H)` (support token :math:`s` as :math:`N + s`, empty
                 slot as :math:`-1`). (default: :obj:`False`)
         """
-        if x.dim() != 2 or x.size(-1) != self.channels:
-            raise ValueError(f"Expected 'x' of shape [N, {self.channels}] "
-                             f"(got {list(x.shape)})")
+        check_shape(x, 'x', 'N', self.channels)
         N = x.size(0)
-        if batch is not None and (batch.dim() != 1 or batch.numel() != N):
-            raise ValueError(f"Expected 'batch' of shape [{N}] (got {list(batch.shape)})")
+        if batch is not None:
+            check_shape(batch, 'batch', N)
         if N == 0:  # an empty batch: no tokens, nothing selected
             out = self.to_out(x.new_zeros(0, self.to_out.in_features)) + 0 * x.sum()
             if return_index:

@@ -13,7 +13,7 @@ from torch.nn import Parameter
 from torch_geometric.nn import MLP
 from torch_geometric.typing import OptTensor
 
-from pyg_grf._validation import batch_or_zeros
+from pyg_grf._validation import batch_or_zeros, check_shape
 
 EVAL_NOISE = ('structural', 'seeded', 'zero', 'random')
 
@@ -282,23 +282,18 @@ class GraphBridge(torch.nn.Module):
         """
         x = self._check_x(x)
         N = x.size(0)
-        if edge_index.dim() != 2 or edge_index.size(0) != 2:
-            raise ValueError(f"Expected 'edge_index' of shape [2, E] "
-                             f"(got {list(edge_index.shape)})")
+        check_shape(edge_index, 'edge_index', 2, 'E')
         E = edge_index.size(1)
-        if batch is not None and (batch.dim() != 1 or batch.numel() != N):
-            raise ValueError(f"Expected 'batch' of shape [{N}] (got {list(batch.shape)})")
+        if batch is not None:
+            check_shape(batch, 'batch', N)
         if self.edge_channels is None and edge_attr is not None:
             raise ValueError("Got 'edge_attr' but the module was built with "
                              "'edge_channels=None'")
         if self.edge_channels is not None:
-            if edge_attr is None:
-                raise ValueError(f"Expected 'edge_attr' of shape [E, {self.edge_channels}] "
-                                 f"(got None)")
-            edge_attr = edge_attr.view(-1, 1) if edge_attr.dim() == 1 else edge_attr
-            if edge_attr.shape != (E, self.edge_channels):
-                raise ValueError(f"Expected 'edge_attr' of shape [{E}, {self.edge_channels}] "
-                                 f"(got {list(edge_attr.shape)})")
+            if edge_attr is not None and edge_attr.dim() == 1:
+                edge_attr = edge_attr.view(-1, 1)
+            check_shape(edge_attr, 'edge_attr', 'E' if edge_attr is None else E,
+                        self.edge_channels)
 
         # Positional encodings of nodes and edges (Sec. 4.3):
         node_pe, edge_pe = self.positional_encoding(x, edge_index, batch, noise)
@@ -318,9 +313,7 @@ class GraphBridge(torch.nn.Module):
             token_type = torch.cat([batch.new_zeros(N), batch.new_ones(E)])[perm]
             return torch.cat([h_node, h_edge])[perm], token_batch[perm], token_type
 
-        if token_type.dim() != 1 or token_type.numel() != N + E:
-            raise ValueError(f"Expected 'token_type' of shape [{N + E}] "
-                             f"(got {list(token_type.shape)})")
+        check_shape(token_type, 'token_type', N + E)
         is_node = token_type == 0
         tokens = h_node.new_empty(N + E, h_node.size(-1))
         tokens[is_node] = h_node
@@ -353,9 +346,7 @@ class GraphBridge(torch.nn.Module):
 
     def _check_x(self, x: Tensor) -> Tensor:
         x = x.view(-1, 1) if x.dim() == 1 else x
-        if x.dim() != 2 or x.size(-1) != self.in_channels:
-            raise ValueError(f"Expected 'x' of shape [N, {self.in_channels}] "
-                             f"(got {list(x.shape)})")
+        check_shape(x, 'x', 'N', self.in_channels)
         return x
 
     def __repr__(self) -> str:

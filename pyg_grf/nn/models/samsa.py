@@ -13,6 +13,7 @@ from torch_geometric.nn import MLP
 from torch_geometric.nn.resolver import activation_resolver, aggregation_resolver
 from torch_geometric.typing import OptTensor
 
+from pyg_grf._validation import check_shape
 from pyg_grf.nn.attention.samsa import SAMSAAttention
 from pyg_grf.nn.encoders.graph_bridge import GraphBridge
 
@@ -272,8 +273,7 @@ class SAMSAModel(torch.nn.Module):
             edge_attr = data.get('edge_attr') if edge_attr is None else edge_attr
             batch = data.get('batch') if batch is None else batch
             token_type = data.get('token_type') if token_type is None else token_type
-        if edge_index is None:
-            raise ValueError("Expected 'edge_index' of shape [2, E] (got None)")
+        check_shape(edge_index, 'edge_index', 2, 'E')
         # Encode raw features (e.g. categorical atom/bond features):
         if self.node_encoder is not None:
             x = self.node_encoder(x)
