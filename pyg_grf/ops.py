@@ -75,14 +75,18 @@ class SparsePattern:
         if heads == 1:
             return self
         if heads not in self._repeats:
-            R, S = self.size
-            off = torch.arange(heads, device=self.row.device).view(-1, 1)
-            index = torch.stack([(self.row.view(1, -1) + off * R).view(-1),
-                                 (self.col.view(1, -1) + off * S).view(-1)])
-            rep = SparsePattern(index, (heads * R, heads * S), _trusted=True)
-            rep._block_of = (self, heads)
-            self._repeats[heads] = rep
+            with torch.inference_mode(False):  # cached: must serve training later too
+                self._repeats[heads] = self._build_repeat(heads)
         return self._repeats[heads]
+
+    def _build_repeat(self, heads: int) -> 'SparsePattern':
+        R, S = self.size
+        off = torch.arange(heads, device=self.row.device).view(-1, 1)
+        index = torch.stack([(self.row.view(1, -1) + off * R).view(-1),
+                             (self.col.view(1, -1) + off * S).view(-1)])
+        rep = SparsePattern(index, (heads * R, heads * S), _trusted=True)
+        rep._block_of = (self, heads)
+        return rep
 
     def prepare(self, heads: int = 1) -> 'SparsePattern':
         r"""Builds (and caches) what the products of :meth:`repeat` ``(heads)`` need, forward and
@@ -113,7 +117,8 @@ class SparsePattern:
         if transpose not in self._csr:
             crow, col = self._transpose()[1:] if transpose else (self.crow, self.col)
             if self.nnz < 2 ** 31 - 1 and max(self.size) < 2 ** 31 - 1:
-                crow, col = crow.to(torch.int32), col.to(torch.int32)
+                with torch.inference_mode(False):
+                    crow, col = crow.to(torch.int32), col.to(torch.int32)
             self._csr[transpose] = (crow, col)
         return self._csr[transpose]
 
@@ -125,16 +130,20 @@ class SparsePattern:
         return values.reshape(-1)
 
     def _transpose(self):
-        # Column-major order of the nonzeros, computed on first use and cached.
+        # Column-major order of the nonzeros, computed on first use and cached (outside
+        # inference mode: what is cached must serve training too).
         if self._t is None:
-            if self._block_of is not None:
-                self._t = self._block_transpose(*self._block_of)
-            else:
-                R, S = self.size
-                perm_t = torch.argsort(self.col * R + self.row, stable=True)
-                crow_t = torch.ops.aten._convert_indices_from_coo_to_csr(self.col[perm_t], S)
-                self._t = (perm_t, crow_t, self.row[perm_t])
+            with torch.inference_mode(False):
+                self._t = self._build_transpose()
         return self._t
+
+    def _build_transpose(self):
+        if self._block_of is not None:
+            return self._block_transpose(*self._block_of)
+        R, S = self.size
+        perm_t = torch.argsort(self.col * R + self.row, stable=True)
+        crow_t = torch.ops.aten._convert_indices_from_coo_to_csr(self.col[perm_t], S)
+        return perm_t, crow_t, self.row[perm_t]
 
     @staticmethod
     def _block_transpose(base: 'SparsePattern', heads: int):

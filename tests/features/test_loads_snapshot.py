@@ -55,13 +55,21 @@ def test_edits_of_the_data_never_reach_a_built_payload():
     assert torch.equal(layer(x, grf=grf), before)  # the payload is a snapshot
 
 
-def test_payload_first_used_under_inference_mode_still_trains():
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('mode', ['symmetric', 'asymmetric', 'sparse_softmax'])
+@pytest.mark.parametrize('built_inside', [True, False])
+def test_payload_first_used_under_inference_mode_still_trains(mode, backend, built_inside):
+    # every structure cached on first use (on the loads and on their sparse patterns: per-head
+    # repeats, transposes, CSR indices) is built outside inference mode
     b = make_batch()
     torch.manual_seed(0)
-    layer = GRFAttention(8, heads=2, max_length=3, backend='pairs')
+    layer = GRFAttention(8, heads=2, max_length=3, mode=mode, backend=backend,
+                         global_beta=0.1 if mode != 'sparse_softmax' else None)
     x = torch.randn(b.num_nodes, 8)
+    grf = None if built_inside else GRFLoads.from_data(b)
     with torch.inference_mode():
-        grf = GRFLoads.from_data(b)  # built and first used under inference mode
+        if built_inside:
+            grf = GRFLoads.from_data(b)  # built and first used under inference mode
         layer(x, grf=grf)
     out = layer(x, grf=grf)
     out.square().sum().backward()  # used to fail: inference tensors saved for backward
