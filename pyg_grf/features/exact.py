@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from pyg_grf.features.grf import normalized_adjacency
+from pyg_grf.memory import check_walk_memory
 
 
 def dense_adjacency(edge_index: Tensor, num_nodes: int, edge_weight: Optional[Tensor] = None,
@@ -27,6 +28,15 @@ def power_series_kernel(edge_index: Tensor, num_nodes: int, alpha: Union[Tensor,
     alpha = torch.as_tensor(alpha, dtype=torch.float64) if not isinstance(alpha, Tensor) else alpha
     if alpha.dim() not in (1, 2) or alpha.size(-1) == 0:
         raise ValueError(f"'alpha' must have shape [K] or [H, K], got {tuple(alpha.shape)}")
+    # W, the identity, and per head the running product, its update and their gradients:
+    # about 2 + 4 H dense [N, N] matrices, estimated before the first one is allocated
+    heads = alpha.size(0) if alpha.dim() == 2 else 1
+    check_walk_memory((2 + 4 * heads) * num_nodes ** 2 * alpha.element_size(),
+                      edge_index.device, None,
+                      f"the exact power-series kernel of {num_nodes} nodes ({heads} x dense "
+                      f"[N, N], {alpha.dtype})",
+                      "Use GRFAttention (its O(N) random-feature estimate) for graphs this "
+                      "large, or batch smaller graphs.", error=MemoryError)
     W = dense_adjacency(edge_index, num_nodes, edge_weight, normalization, dtype=alpha.dtype)
     eye = torch.eye(num_nodes, dtype=alpha.dtype, device=W.device)
     K = alpha.size(-1)

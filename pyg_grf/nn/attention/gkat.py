@@ -437,6 +437,14 @@ class GKATAttention(GraphAttention):
                batch: OptTensor) -> Tensor:
         # GKAT-0: dense K = Psi Psi^T and a dense masked softmax, O(N^2).
         N = v.size(0)
+        # about 6 [N, N] matrices (Psi, K, the support and its masks) and 4 [H, N, N] ones
+        # (logits, weights and their gradients), estimated before the first is allocated
+        from pyg_grf.walks import check_walk_memory
+        check_walk_memory((6 + 4 * v.size(1)) * N * N * x.element_size(), x.device, None,
+                          f"GKATAttention(mode='dense') on {N} nodes (dense [N, N] kernel and "
+                          f"[{v.size(1)}, N, N] attention)",
+                          "Use GKATAttention(mode='linear') (never forms the kernel) or "
+                          "mode='softmax' (the kernel's nonzeros only).", error=MemoryError)
         psi = x.new_zeros(N, N).index_put((rwgnk_index[0], rwgnk_index[1]), rwgnk_value,
                                           accumulate=True)
         kernel = psi @ psi.t()

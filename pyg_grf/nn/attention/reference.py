@@ -16,6 +16,7 @@ from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import normalized_adjacency, self_convolution
 from pyg_grf.features.blocks import block_layout
 from pyg_grf.masks.base import DenseMask
+from pyg_grf.memory import check_walk_memory
 from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, split_call
 from pyg_grf.nn.functional import (block_masked_linear_attention, from_blocks,
                                    packed_linear_attention, to_blocks)
@@ -198,6 +199,16 @@ class PowerSeriesAttention(QKVAttention):
                 edge_weight: Optional[Tensor], dtype: torch.dtype, coef: Tensor) -> Tensor:
         # sum_k alpha_k W^k per graph by Horner's rule on the padded [B, n, n] blocks of W
         alpha = torch.stack([self_convolution(f) for f in coef]).to(dtype)  # [H, 2L + 1]
+        # W, the identity, and per head the running product, its update and their gradients
+        # on the padded blocks: about (2 + 4 H) B n^2 values, estimated before allocating
+        sizes = torch.bincount(batch) if num_nodes > 0 else batch.new_zeros(1)
+        B, n = sizes.numel(), int(sizes.max())
+        check_walk_memory((2 + 4 * alpha.size(0)) * B * n * n * alpha.element_size(),
+                          batch.device, None,
+                          f"PowerSeriesAttention's exact kernel on {B} graph(s) of up to {n} "
+                          f"nodes (dense [B, H, n, n] blocks)",
+                          "Use attn_type='grf' (the O(N) random-feature estimate of this "
+                          "kernel) for graphs this large.", error=MemoryError)
         w = normalized_adjacency(edge_index, num_nodes, edge_weight, self.normalization)
         W = to_dense_adj(edge_index, batch, edge_attr=w.to(dtype)).unsqueeze(1)  # [B, 1, n, n]
         eye = torch.eye(W.size(-1), dtype=dtype, device=W.device)

@@ -288,6 +288,24 @@ def test_softmax_kernel_memory_is_checked_first(monkeypatch):
     assert torch.isfinite(out).all()
 
 
+def test_dense_mode_memory_is_checked_first(monkeypatch):
+    # the adversarial review of issue #15 item 7: mode='dense' on a 20k-node star tried to
+    # allocate 6.4 GB and failed inside the allocator; now estimated before the first [N, N]
+    N = 3000
+    path = torch.stack([torch.arange(N - 1), torch.arange(1, N)])
+    g = AddRWGNKFeatures(num_walks=2, max_length=2, lam=0.8, alpha=1.0, seed=0)(
+        Data(edge_index=torch.cat([path, path.flip(0)], 1), num_nodes=N))
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '100M')
+    with pytest.raises(MemoryError, match=r"GKATAttention\(mode='dense'\) on 3000 nodes .*"
+                                          r"0\.5 GiB, more than \$PYG_GRF_MEMORY_LIMIT.*"
+                                          r"mode='linear'"):
+        GKATAttention(8, heads=2, mode='dense')(torch.randn(N, 8), rwgnk=RWGNKLoads.from_data(g))
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '4G')  # (6 + 4 H) N^2 floats fit: it runs
+    small = GKATAttention(8, heads=2, mode='dense')(torch.randn(N, 8),
+                                                    rwgnk=RWGNKLoads.from_data(g))
+    assert torch.isfinite(small).all()
+
+
 @pytest.mark.parametrize('mode', ['linear', 'softmax', 'dense'])
 def test_samples_on_one_shared_graph_equal_a_batch_of_copies(mode):
     # x [B, n, C] with the features of one graph equals the PyG batch of B copies (issue #17:

@@ -430,3 +430,26 @@ def test_global_term_stays_inside_each_graph_with_the_payloads_batch():
     out2 = layer(x2, grf=grf)
     assert torch.allclose(out2[b.batch != 0], out[b.batch != 0], atol=1e-12)
     assert not torch.allclose(out2[b.batch == 0], out[b.batch == 0])
+
+
+def test_exact_kernel_memory_is_estimated_first(monkeypatch):
+    # the adversarial review of issue #15 item 7: PowerSeriesAttention (and the public
+    # power_series_kernel) on a 20k-node graph failed inside the allocator (3.2 GB for one
+    # [N, N] block); the dense blocks are now estimated first, with the O(N) way out named
+    from torch_geometric.data import Data
+    from pyg_grf.features.exact import power_series_kernel
+    from pyg_grf.nn import PowerSeriesAttention
+    N = 2000
+    path = torch.stack([torch.arange(N - 1), torch.arange(1, N)])
+    ei = torch.cat([path, path.flip(0)], 1)
+    data = Data(x=torch.randn(N, 8), edge_index=ei, num_nodes=N)
+    layer = PowerSeriesAttention(8, heads=2, max_length=2)
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '50M')
+    with pytest.raises(MemoryError, match=r"PowerSeriesAttention's exact kernel on 1 graph\(s\) "
+                                          r"of up to 2000 nodes .* attn_type='grf'"):
+        layer(data.x, **layer.payload(data))
+    with pytest.raises(MemoryError, match=r"exact power-series kernel of 2000 nodes .* "
+                                          r"GRFAttention"):
+        power_series_kernel(ei, N, [1.0, 0.5, 0.25])
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '2G')  # fits: runs
+    assert torch.isfinite(layer(data.x, **layer.payload(data))).all()
