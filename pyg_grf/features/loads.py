@@ -222,6 +222,30 @@ class GRFLoads(BlockStructures):
             data.__dict__[KEPT_ATTR] = kept
         return loads
 
+    def refresh(self) -> bool:
+        r"""Drops every cached structure if the entries (or the batch vector) changed since they
+        were built, also by writes that bypass the version counters the caches otherwise check
+        (``grf.load.data.mul_(...)``): an exact :math:`O(\mathrm{nnz})` comparison with a copy
+        taken at the first call (of the key-side loads too). Every GRF layer calls it once per
+        forward, so an edited payload never serves stale structures. Returns whether the
+        caches were dropped."""
+        tensors = (self.index, self.hop, self.load, self.batch, self.draw)
+        snap = self.__dict__.get('_snap')
+        changed = False
+        if snap is None or not all(
+                (a is None and b is None) or (a is not None and b is not None
+                                              and a.shape == b.shape and torch.equal(a, b))
+                for a, b in zip(snap, tensors)):
+            with torch.inference_mode(False):
+                self._snap = tuple(None if t is None else t.clone() for t in tensors)
+            if snap is not None:
+                self._cache = {}
+                changed = True
+        if self.key is not None and self.key.refresh():
+            self._cache = {}  # the symmetric mask's statistics join both sides
+            changed = True
+        return changed
+
     def matches(self, data: Any, prefix: str = 'grf', key_prefix: Optional[str] = None) -> bool:
         r"""Whether these loads hold exactly the entries (and batch vector) that ``data`` stores
         under ``prefix`` (an exact comparison, :math:`O(\mathrm{nnz})`): a payload prepared

@@ -21,24 +21,38 @@ def make_batch():
     return Batch.from_data_list(graphs)
 
 
+@pytest.mark.parametrize('via_data', [False, True])
 @pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
-def test_inplace_edit_of_the_payload_drops_its_caches(backend):
+def test_inplace_edit_of_the_payload_drops_its_caches(backend, via_data):
+    # via_data: writes through .data, which do not bump the version counters (the adversarial
+    # review of issue #15 item 3 found them stale on every backend); refresh() compares exactly
     b = make_batch()
     torch.manual_seed(0)
-    layer = GRFAttention(8, heads=2, max_length=3, backend=backend).to(D)
+    layer = GRFAttention(8, heads=2, max_length=3, backend=backend, global_beta=0.2).to(D)
     x = torch.randn(b.num_nodes, 8, dtype=D)
     grf = GRFLoads.from_data(b)
+
+    def raw(t):
+        return t.data if via_data else t
     layer(x, grf=grf)  # builds and caches the structures
-    grf.load.mul_(torch.linspace(0.2, 3.0, grf.nnz))  # an in-place edit after first use
+    raw(grf.load).mul_(torch.linspace(0.2, 3.0, grf.nnz))  # an in-place edit after first use
     edited = b.clone()
+    edited.__dict__.pop('_grf_kept', None)
     edited.grf_load = grf.load.clone()
     ref = GRFLoads.from_data(edited)
     assert torch.allclose(layer(x, grf=grf), layer(x, grf=ref), atol=1e-12)
     # an edit of the index too (a permutation of the nodes inside graph 0)
-    grf.index[grf.index == 0] = -7
-    grf.index[grf.index == 1] = 0
-    grf.index[grf.index == -7] = 1
+    index = raw(grf.index)
+    index[index == 0] = -7
+    index[index == 1] = 0
+    index[index == -7] = 1
     edited.grf_index = grf.index.clone()
+    assert torch.allclose(layer(x, grf=grf), layer(x, grf=GRFLoads.from_data(edited)),
+                          atol=1e-12)
+    # and of the batch vector (graphs 0 and 1 merged: the global term spans both)
+    raw(grf.batch)[grf.batch == 1] = 0
+    raw(grf.batch)[grf.batch == 2] = 1
+    edited.batch = grf.batch.clone()
     assert torch.allclose(layer(x, grf=grf), layer(x, grf=GRFLoads.from_data(edited)),
                           atol=1e-12)
 
@@ -118,3 +132,20 @@ def test_full_graph_reuse_for_a_plain_data(monkeypatch):
     other = data.clone()
     other.grf_load[:5] = 0.5
     assert GRFLoads.from_data(other) is not GRFLoads.from_data(data)
+
+
+def test_a_batch_vector_beside_the_payload_must_match_it():
+    # the adversarial review of issue #15 item 2: an explicit batch that disagreed with the
+    # payload's was silently ignored
+    b = make_batch()
+    torch.manual_seed(0)
+    layer = GRFAttention(8, heads=2, max_length=3, global_beta=0.1).to(D)
+    x = torch.randn(b.num_nodes, 8, dtype=D)
+    grf = GRFLoads.from_data(b)
+    same = layer(x, b.batch.clone(), grf=grf)  # equal values, another tensor: fine
+    assert torch.equal(same, layer(x, grf=grf))
+    merged = b.batch.clone()
+    merged[merged == 1] = 0
+    with pytest.raises(ValueError, match="'batch' differs from the batch vector the GRF loads "
+                                         "were built with"):
+        layer(x, merged, grf=grf)

@@ -224,8 +224,10 @@ class GRFAttention(QKVAttention):
                 loads ``grf`` cover ``n`` nodes (no PyG ``Batch`` of copies needed).
             batch (Tensor, optional): ``[N]`` graph ids (sorted, as in PyG batches). The GRF
                 mask never crosses graphs, but the global term (``global_beta``) and FAVOR+'s
-                key stabilisation are per graph: they need it (or ``grf`` carrying it) when
-                ``x`` holds several graphs.
+                key stabilisation are per graph: they need it (or ``grf`` carrying it, as
+                ``GRFLoads.from_data(batch)`` does) when ``x`` holds several graphs. Without
+                either, ``x`` is one graph (PyG's convention for ``batch=None``). Given beside
+                loads that carry their own, it must equal theirs (else a ``ValueError``).
             grf (GRFLoads): keyword only: the loads of the transform, ``GRFLoads.from_data(
                 batch)`` (:meth:`payload`), which validates them once and shares the per-batch
                 precomputation between all layers.
@@ -275,6 +277,7 @@ class GRFAttention(QKVAttention):
         if samples is not None:
             n = N // samples
             grf = _as_loads(grf_index, grf_length, grf_load, n, None, grf)
+            grf.refresh()  # an edited payload (even through .data) drops its structures
             if grf.num_nodes != n:
                 raise ValueError(f"x of shape {(samples, n, self.channels)} holds {samples} "
                                  f"samples of {n} nodes, but the GRF loads cover "
@@ -283,13 +286,22 @@ class GRFAttention(QKVAttention):
             grf = grf.repeat(samples)
         else:
             grf = _as_loads(grf_index, grf_length, grf_load, N, batch, grf)
+            grf.refresh()  # an edited payload (even through .data) drops its structures
             if grf.num_nodes != N:
                 raise ValueError(f"the GRF loads cover {grf.num_nodes} nodes but 'x' has {N} "
                                  f"rows")
         grf.check_coefficients(self.max_length, f'{self.__class__.__name__}(max_length='
                                                 f'{self.max_length})')
         if grf.batch is not None:  # the loads' own batch vector (the same graphs): its cached
-            batch = None           # structures serve, also after the loads were pickled
+            # structures serve, also after the loads were pickled; a 'batch' passed beside
+            # them must name the same graphs (O(N) check), never be silently ignored
+            if batch is not None and batch is not grf.batch and not (
+                    batch.shape == grf.batch.shape and torch.equal(batch.to(grf.batch.device),
+                                                                   grf.batch)):
+                raise ValueError("'batch' differs from the batch vector the GRF loads were "
+                                 "built with (GRFLoads.from_data(data) carries data.batch): "
+                                 "pass the loads of this batch, or omit 'batch'")
+            batch = None
         f = self.coefficients()
         linear = self.mode != 'sparse_softmax'
         if linear:
@@ -335,6 +347,7 @@ class GRFAttention(QKVAttention):
         draws (:meth:`draws`)."""
         if not isinstance(grf, GRFLoads):
             raise TypeError(f"'grf' must be a GRFLoads, got {type(grf).__name__}")
+        grf.refresh()
         grf.check_coefficients(self.max_length, f'{self.__class__.__name__}(max_length='
                                                 f'{self.max_length})')
         heads, d = self.heads, self.head_channels
