@@ -71,6 +71,15 @@ def is_sorted(x: Tensor) -> bool:
     return x.numel() < 2 or bool((x[1:] >= x[:-1]).all())
 
 
+def check_sorted_batch(batch: Optional[Tensor]) -> None:
+    r"""Raises a :class:`ValueError` unless the batch vector :obj:`batch` (or :obj:`None`) is
+    sorted, as PyG's mini-batches are: layers that pad per graph
+    (:func:`~torch_geometric.utils.to_dense_batch`) need the nodes of each graph contiguous."""
+    if batch is not None and not is_sorted(batch):
+        raise ValueError("'batch' must be sorted (the nodes of each graph contiguous, as in a "
+                         "PyG mini-batch)")
+
+
 def batch_or_zeros(batch: Optional[Tensor], num_nodes: int,
                    device: Optional[torch.device] = None) -> Tensor:
     r"""The batch vector :obj:`batch`, checked to hold one graph id per node, or, when it is

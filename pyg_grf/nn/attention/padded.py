@@ -12,6 +12,8 @@ from torch import Tensor
 from torch_geometric.nn.attention import PerformerAttention
 from torch_geometric.utils import to_dense_batch
 
+from pyg_grf._validation import check_sorted_batch
+
 from pyg_grf.nn.attention.base import GraphAttention
 
 
@@ -32,6 +34,7 @@ class PaddedMultiheadAttention(torch.nn.MultiheadAttention, GraphAttention):
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         if x.size(0) == 0:  # an empty batch: nothing to pad
             return x * 0
+        check_sorted_batch(batch)
         h, mask = to_dense_batch(x, batch)
         h, _ = super().forward(h, h, h, key_padding_mask=~mask, need_weights=False)
         return h[mask]
@@ -51,5 +54,6 @@ class PaddedPerformerAttention(PerformerAttention, GraphAttention):
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         if x.size(0) == 0:
             return x * 0
+        check_sorted_batch(batch)
         h, mask = to_dense_batch(x, batch)
         return super().forward(h, mask=mask)[mask]

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.utils import to_dense_adj, to_dense_batch
 
-from pyg_grf._validation import batch_or_zeros
+from pyg_grf._validation import batch_or_zeros, check_sorted_batch
 from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import normalized_adjacency, self_convolution
@@ -239,6 +239,7 @@ class SoftmaxAttention(QKVAttention):
         if x.dim() == 2 and x.size(0) == 0:  # an empty batch
             self.project(x)
             return self.empty_output(x)
+        check_sorted_batch(batch)
         batch = batch_or_zeros(batch, x.size(0), x.device)
         q, k, v = self.project(x)
         N, H, C = q.shape

@@ -48,6 +48,8 @@ def structural_hash(x: Tensor, edge_index: Tensor, num_nodes: int, rounds: int =
     Returns:
         int64 tensor :math:`(N)` with values in :math:`[0, 2^{31} - 1)`.
     """
+    if num_nodes == 0:  # an empty graph (or batch): no labels
+        return torch.zeros(0, dtype=torch.long, device=x.device)
     x = x.view(num_nodes, -1)
     if x.is_floating_point():
         bits = x.to(torch.float32).contiguous().view(torch.int32).to(torch.long)

@@ -159,3 +159,18 @@ def test_key_dropout_function():
     assert set(out.unique().tolist()) == {0.0, 2.0}
     frac = float((out[..., 0] > 0).to(D).mean())
     assert abs(frac - 0.5) < 5 * (0.25 / 2000) ** 0.5
+
+
+@pytest.mark.parametrize('cls_path', ['pyg_grf.nn.attention.reference:SoftmaxAttention',
+                                      'pyg_grf.nn.attention.padded:PaddedMultiheadAttention',
+                                      'pyg_grf.nn.attention.padded:PaddedPerformerAttention'])
+def test_padding_attentions_refuse_an_unsorted_batch(cls_path):
+    # the adversarial review of issue #15: the layers that pad per graph crashed with a torch
+    # size mismatch on an unsorted batch vector; now a clear error
+    import importlib
+    module, name = cls_path.split(':')
+    layer = getattr(importlib.import_module(module), name)(8, heads=2)
+    x = torch.randn(6, 8)
+    with pytest.raises(ValueError, match="'batch' must be sorted"):
+        layer(x, torch.tensor([0, 1, 0, 1, 1, 0]))
+    assert layer(x, torch.tensor([0, 0, 0, 1, 1, 1])).shape == (6, 8)

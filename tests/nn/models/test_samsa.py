@@ -97,3 +97,22 @@ def test_docs_example_runs():
     text = (Path(__file__).resolve().parents[3] / 'docs' / 'samsa.md').read_text()
     code = re.search(r'```python\n(.*?)```', text, re.S).group(1)
     exec(compile(code, 'docs/samsa.md', 'exec'), {})
+
+
+@pytest.mark.parametrize('with_other', [False, True])
+def test_samsa_model_on_empty_graphs(with_other):
+    # the adversarial review of issue #15 item 9: a batch holding only an empty graph crashed
+    # in the structural hash ("cannot reshape tensor of 0 elements"); an empty graph beside a
+    # real one must not change the real one's output
+    torch.manual_seed(0)
+    C = 8
+    empty = Data(x=torch.zeros(0, C), edge_index=torch.zeros(2, 0, dtype=torch.long),
+                 edge_attr=torch.zeros(0, C), num_nodes=0)
+    real = Data(x=torch.randn(5, C), edge_index=torch.tensor([[0, 1, 2, 3], [1, 2, 3, 4]]),
+                edge_attr=torch.randn(4, C), num_nodes=5)
+    model = SAMSAModel(C, 16, 2, num_layers=1, edge_channels=C, heads=2).eval()
+    graphs = [empty, real] if with_other else [empty]
+    out = model(Batch.from_data_list(graphs))
+    assert out.shape == (len(graphs), 2) and torch.isfinite(out).all()
+    if with_other:
+        assert torch.allclose(out[1], model(Batch.from_data_list([real]))[0], atol=1e-5)
