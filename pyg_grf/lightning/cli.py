@@ -9,12 +9,21 @@ cross-validation.
     pyg-grf cv --config experiments/configs/mutag_grf_cv.yaml [--folds 0,1,2] [--out DIR]
     pyg-grf plot runs/motifs_grf    # learning curves PNG of the newest run (fit writes it too)
 
-Configs name the task and the data module by ``class_path`` (any
-:class:`~lightning.pytorch.LightningModule` / :class:`~lightning.pytorch.LightningDataModule`,
-e.g. :class:`~pyg_grf.lightning.tasks.GraphLevelTask` and
+Configs name the task and the data module by ``class_path`` (e.g.
+:class:`~pyg_grf.lightning.tasks.GraphLevelTask` and
 :class:`~pyg_grf.lightning.datamodules.SyntheticDataModule`), and the model inside the task by
 ``class_path`` too, so every key is checked against the signatures before anything runs: a wrong
 key or a value of the wrong type stops with an error that names it.
+
+A config may name only the classes of the allow-lists in :mod:`pyg_grf.lightning.specs`
+(``MODEL_CLASS_PATHS``, ``CONFIG_CLASS_PATHS``, and those registered with
+``register_model_class`` / ``register_config_class``, or named in
+``$PYG_GRF_TRUSTED_CLASSES``): building any class a config names would let a config run code
+(``torch_geometric.nn.Sequential`` evaluates strings). jsonargparse imports no other dotted name
+from a config or the command line (:func:`config_import_policy`), and the parsed config is
+checked again before anything is built (:func:`~pyg_grf.lightning.specs.check_config_class_paths`).
+``--ckpt_path`` takes local files (and ``last``, ``best``, ``hpc``) only
+(:func:`check_local_ckpt_path`).
 
 Defaults: seed 0, the logger Lightning picks (TensorBoard if installed, else CSV), a
 :class:`~pyg_grf.lightning.callbacks.AtomicModelCheckpoint` that rewrites ``last.ckpt`` after every
@@ -36,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import glob
+import inspect
 import json
 import math
 import os
@@ -45,7 +55,7 @@ import re
 import shutil
 import sys
 import warnings
-from typing import Any, Dict, Iterator, List, Optional, Sequence
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 import lightning.pytorch as pl
 import torch
@@ -54,6 +64,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from pyg_grf.lightning.callbacks import (AtomicModelCheckpoint, EpochMetricsLog,
                                         LearningCurvePlot, MallocTrim)
+from pyg_grf.lightning.specs import allowed_config_class_paths, check_config_class_paths
 
 # Imported so that short class names (``class_path: GraphLevelTask``) resolve too.
 from pyg_grf.lightning import datamodules as _datamodules  # noqa: F401
@@ -143,8 +154,78 @@ def quiet_logs(once: bool = False) -> Iterator[None]:
             handler.removeFilter(drop)
 
 
+# What configs may name ------------------------------------------------------------------------
+
+#: Extra classes the ``pyg-grf`` command may build from a config: comma-separated dotted names,
+#: each trusting itself and everything under it (``mypackage`` trusts all of ``mypackage``).
+TRUSTED_CLASSES_ENV = 'PYG_GRF_TRUSTED_CLASSES'
+
+_JSONARGPARSE_HINT = ('Add the import path to import_path_allowlist in set_parsing_settings to '
+                      'allow it.')
+_REGISTER_HINT = ('pyg-grf builds only the classes of the allow-lists in pyg_grf.lightning.specs '
+                  '(MODEL_CLASS_PATHS, CONFIG_CLASS_PATHS); register a class of your own with '
+                  'register_model_class / register_config_class before the CLI parses, or name '
+                  f'it (or its package) in ${TRUSTED_CLASSES_ENV}.')
+
+
+def trusted_classes_from_env() -> Tuple[str, ...]:
+    r"""The dotted names in ``$PYG_GRF_TRUSTED_CLASSES`` (comma-separated)."""
+    raw = os.environ.get(TRUSTED_CLASSES_ENV, '')
+    entries = tuple(entry.strip() for entry in raw.split(',') if entry.strip())
+    bad = [entry for entry in entries if not all(part.isidentifier()
+                                                 for part in entry.split('.'))]
+    if bad:
+        raise ValueError(f"${TRUSTED_CLASSES_ENV} must hold comma-separated dotted names such as "
+                         f"'mypackage.MyDataModule', got {', '.join(map(repr, bad))}")
+    return entries
+
+
+@contextlib.contextmanager
+def config_import_policy(allowed: Iterable[str]) -> Iterator[None]:
+    r"""Inside the block, jsonargparse imports a dotted name that a config or the command line
+    gives (a ``class_path``, a function for a ``Callable`` argument) only if it is in
+    :obj:`allowed` or under an entry of it; anything else is refused *before* it is imported,
+    with a parser error that names it. jsonargparse's own denials (``os``, ``subprocess``, ...)
+    stay. Uses jsonargparse's import path policy (4.5x); with older versions this does nothing,
+    and :func:`~pyg_grf.lightning.specs.check_config_class_paths` (run on the parsed config
+    before anything is built) is the only check."""
+    try:
+        from jsonargparse import _common
+        settings = _common.parsing_settings
+        saved = (settings['import_path_verdicts'], settings['import_paths_enforced'])
+    except (ImportError, AttributeError, KeyError):  # pragma: no cover - older jsonargparse
+        yield
+        return
+    verdicts = {entry: False for entry, allow in saved[0].items() if not allow}
+    verdicts['*'] = False  # everything not allowed below
+    for entry in allowed:
+        verdicts.setdefault(entry, True)
+    settings['import_path_verdicts'] = verdicts
+    settings['import_paths_enforced'] = True
+    try:
+        yield
+    finally:
+        settings['import_path_verdicts'], settings['import_paths_enforced'] = saved
+
+
+class _GRFArgumentParser(LightningArgumentParser):
+    r"""The parser of ``pyg-grf``: jsonargparse's hint on refused imports names our
+    allow-lists and how to extend them."""
+
+    def error(self, message: str, *args: Any, **kwargs: Any):
+        message = re.sub(r"Importing '([\w.]+)' is not allowed, denied by the '\*' entry of "
+                         r"the import path denylist\.",
+                         r"Refusing to import '\1': it is not in pyg-grf's allow-lists.", message)
+        return super().error(message.replace(_JSONARGPARSE_HINT, _REGISTER_HINT), *args, **kwargs)
+
+
 class GRFLightningCLI(LightningCLI):
-    r""":class:`LightningCLI` with this package's defaults (see the module docstring)."""
+    r""":class:`LightningCLI` with this package's defaults (see the module docstring).
+
+    Only the classes of the allow-lists in :mod:`pyg_grf.lightning.specs` (and those in
+    ``$PYG_GRF_TRUSTED_CLASSES``) are imported and built from the config and the command line;
+    anything else stops the command before it is built, with a parser error or an
+    :class:`~pyg_grf.lightning.specs.UntrustedClassError` that names it."""
 
     def __init__(self, args: Optional[Sequence[str]] = None, run: bool = True, **kwargs: Any):
         trainer_defaults = dict(TRAINER_DEFAULTS)
@@ -152,9 +233,25 @@ class GRFLightningCLI(LightningCLI):
         kwargs.setdefault('seed_everything_default', 0)
         kwargs.setdefault('save_config_kwargs', {'overwrite': True})
         kwargs.setdefault('parser_kwargs', {'epilog': CV_EPILOG})
-        super().__init__(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True,
-                         subclass_mode_data=True, trainer_defaults=trainer_defaults,
-                         args=None if args is None else list(args), run=run, **kwargs)
+        if 'parser_class' in inspect.signature(LightningCLI.__init__).parameters:
+            kwargs.setdefault('parser_class', _GRFArgumentParser)
+        self.trusted_classes = trusted_classes_from_env()
+        with config_import_policy([*allowed_config_class_paths(), *self.trusted_classes]):
+            super().__init__(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True,
+                             subclass_mode_data=True, trainer_defaults=trainer_defaults,
+                             args=None if args is None else list(args), run=run, **kwargs)
+
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get('subcommand')
+        if subcommand:  # refused before anything reads it (Lightning's CLI does next)
+            check_local_ckpt_path(self.config[subcommand].get('ckpt_path'))
+
+    def before_instantiate_classes(self) -> None:
+        # The parsed config (with what LightningCLI took from --ckpt_path's hyperparameters):
+        # every class it names must be allowed before anything is built.
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        check_config_class_paths(config.as_dict(), '', self.trusted_classes)
 
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
         parser.add_lightning_class_args(AtomicModelCheckpoint, 'checkpoint')
@@ -238,6 +335,36 @@ def best_checkpoint_of(last: str) -> Optional[str]:
     return None
 
 
+def check_local_ckpt_path(ckpt_path: Any) -> None:
+    r"""Refuses a ``--ckpt_path`` that fsspec (through which Lightning reads checkpoints) would
+    not read as a local file: a URL (``scheme://`` anywhere, leading spaces or not), a chained
+    URL (``simplecache::http://...``: ``::`` anywhere), a ``data:`` URL, or Lightning's model
+    ``registry`` (a download). Local paths and the keywords ``last``, ``best`` and ``hpc`` pass.
+
+    Raises:
+        ValueError: naming the path; a downloaded checkpoint is read by Lightning without
+            ``weights_only`` and could run code: download it, check it, and pass the local
+            file.
+    """
+    if ckpt_path is None:
+        return
+    if not isinstance(ckpt_path, (str, os.PathLike)):
+        raise ValueError(f"--ckpt_path must be the path of a local checkpoint file, got "
+                         f"{type(ckpt_path).__name__} {ckpt_path!r}")
+    text = os.fspath(ckpt_path)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    stripped = text.strip()
+    remote = ('://' in stripped or '::' in stripped or stripped.lower().startswith('data:')
+              or stripped.lower() == 'registry' or stripped.lower().startswith('registry:'))
+    if remote:
+        raise ValueError(f"--ckpt_path {text!r}: remote checkpoints are refused (a URL, a "
+                         f"chained fsspec URL with '::', a 'data:' URL or Lightning's model "
+                         f"registry: Lightning unpickles downloads without weights_only, which "
+                         f"can run code); download the file, check it, and pass the local path "
+                         f"(a local file whose name holds '::' or '://' must be renamed)")
+
+
 def resolve_ckpt_path(trainer: pl.Trainer, ckpt_path: str, subcommand: str) -> Optional[str]:
     r"""Resolves ``ckpt_path='last'`` to the ``last.ckpt`` of the newest run and
     ``ckpt_path='best'`` (in a process that has not trained: ``pyg-grf test --ckpt_path best``)
@@ -245,14 +372,9 @@ def resolve_ckpt_path(trainer: pl.Trainer, ckpt_path: str, subcommand: str) -> O
 
     Raises:
         FileNotFoundError: for ``'best'`` when no run with a monitored checkpoint is found.
-        ValueError: for a remote path (``scheme://...``): a downloaded checkpoint is read by
-            Lightning without ``weights_only`` and could run code; download it, check it, and
-            pass the local file.
+        ValueError: for anything but a local path (:func:`check_local_ckpt_path`).
     """
-    if isinstance(ckpt_path, str) and re.match(r'^[A-Za-z][A-Za-z0-9+.-]*://', ckpt_path):
-        raise ValueError(f"--ckpt_path {ckpt_path!r}: remote checkpoints are refused (Lightning "
-                         f"unpickles downloads without weights_only, which can run code); "
-                         f"download the file, check it, and pass the local path")
+    check_local_ckpt_path(ckpt_path)
     ckpt = trainer.checkpoint_callback
     if ckpt_path == 'last':
         last = find_last_checkpoint(trainer)
@@ -336,7 +458,7 @@ def _fmt(values: List[float]) -> str:
     if not values:
         return 'n/a'
     mean = sum(values) / len(values)
-    std = (sum((v - mean)**2 for v in values) / len(values))**0.5
+    std = (sum((v - mean) * (v - mean) for v in values) / len(values))**0.5  # inf, no raise
     return f'{mean:.4f} ± {std:.4f}'
 
 
@@ -456,7 +578,7 @@ def run_plot(argv: Sequence[str]) -> Dict[str, Any]:
     opts = parser.parse_args(list(argv))
     try:
         result = plot_run(opts.run_dir, opts.out, opts.monitor)
-    except (FileNotFoundError, ValueError, ImportError) as exc:
+    except (FileNotFoundError, ValueError, ImportError, OverflowError) as exc:
         parser.error(str(exc))
     panels = ', '.join(result['data'])
     print(f"{result['path']} ({'per-fold results' if result['kind'] == 'cv' else 'panels'}: "

@@ -157,6 +157,12 @@ class LinkLevelTask(Task):
             bad = label[(label != 0) & (label != 1)][:3].tolist()
             raise ValueError(f"expected edge_label in {{0, 1}} (1 = link), got values such as "
                              f"{bad}")
+        if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
+            # .long() would truncate: 0.6 -> 0, -0.5 -> 0 (another node, in range)
+            shown = [round(v, 4) if isinstance(v, float) else v
+                     for v in index.flatten()[:4].tolist()]
+            raise TypeError(f"expected an integer edge_label_index (node ids, torch.long), got "
+                            f"{index.dtype} with values such as {shown}")
         index = index.long()
         # every step checks the pairs (training and predict too): ids in range, one graph each
         N = batch.num_nodes

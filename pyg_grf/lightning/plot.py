@@ -15,13 +15,15 @@ turns that off). The numbers come from the per-epoch rows of ``epoch_metrics.jso
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import glob
+import io
 import json
 import math
 import os.path as osp
 import re
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 #: A series: ``(epoch, value)`` pairs in epoch order.
 Series = List[Tuple[int, float]]
@@ -45,6 +47,17 @@ def _matplotlib_figure(width: float, height: float, ncols: int):
     fig = Figure(figsize=(width * ncols, height), layout='constrained')
     FigureCanvasAgg(fig)
     return fig, fig.subplots(1, ncols, squeeze=False)[0]
+
+
+@contextlib.contextmanager
+def _drawing(source: str, values: List[float]) -> Iterator[None]:
+    # matplotlib fails on values near the float range (ticks of a 1e308-wide axis): one line
+    try:
+        yield
+    except (ValueError, OverflowError) as exc:
+        largest = max((abs(v) for v in values), default=0.)
+        raise ValueError(f"matplotlib could not draw the values of '{source}' ({exc}); the "
+                         f"largest absolute value is {largest:.3g}") from None
 
 
 def has_matplotlib() -> bool:
@@ -107,9 +120,11 @@ def find_run_dir(path: str) -> str:
 
 
 def _float(value: Any) -> Optional[float]:
+    # None for anything that is not a number a plot can use: text, lists, NaN, and integers
+    # too large for a float (JSON allows 400-digit ones)
     try:
         value = float(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
     return None if math.isnan(value) else value
 
@@ -119,6 +134,15 @@ def _epoch(value: Any) -> Optional[int]:
     return int(value) if value is not None and math.isfinite(value) and value >= 0 else None
 
 
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding='utf-8', newline='') as f:
+            return f.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(f"'{path}' is not UTF-8 text (byte {exc.start}: "
+                         f"{exc.object[exc.start:exc.start + 1]!r})") from None
+
+
 def read_epoch_metrics(run_dir: str) -> List[Dict[str, Any]]:
     r"""One dict per finished epoch (``epoch`` plus the metrics logged at the end of it) from
     ``epoch_metrics.jsonl``, else from the per-epoch rows of ``metrics.csv`` (a CSVLogger writes
@@ -126,31 +150,31 @@ def read_epoch_metrics(run_dir: str) -> List[Dict[str, Any]]:
     path = osp.join(run_dir, EPOCH_METRICS)
     if osp.isfile(path):
         out = []
-        with open(path) as f:
-            for lineno, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError:
-                    raise ValueError(f"'{path}' line {lineno} is not JSON (got "
-                                     f"{line.strip()[:60]!r})") from None
-                # rows without a finite epoch (null lines, a killed write) are not epochs
-                if isinstance(row, dict) and _epoch(row.get('epoch')) is not None:
-                    out.append(dict(row, epoch=_epoch(row['epoch'])))
+        for lineno, line in enumerate(_read_text(path).split('\n'), 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                raise ValueError(f"'{path}' line {lineno} is not JSON (got "
+                                 f"{line.strip()[:60]!r})") from None
+            # rows without a finite epoch (null lines, a killed write) are not epochs
+            if isinstance(row, dict) and _epoch(row.get('epoch')) is not None:
+                out.append(dict(row, epoch=_epoch(row['epoch'])))
         return out
     rows: Dict[int, Dict[str, Any]] = {}
-    with open(osp.join(run_dir, 'metrics.csv'), newline='') as f:
-        for row in csv.DictReader(f):
-            epoch = _epoch(row.get('epoch'))
-            if epoch is None:
-                continue
-            merged = rows.setdefault(int(epoch), {'epoch': int(epoch)})
-            for key, value in row.items():
-                # Per-step training values are not epoch values.
-                if key not in ('epoch', 'step') and not key.endswith('_step') \
-                        and _float(value) is not None:
-                    merged[key] = _float(value)
+    path = osp.join(run_dir, 'metrics.csv')
+    for row in csv.DictReader(io.StringIO(_read_text(path), newline='')):
+        epoch = _epoch(row.get('epoch'))
+        if epoch is None:
+            continue
+        merged = rows.setdefault(int(epoch), {'epoch': int(epoch)})
+        for key, value in row.items():
+            # Per-step training values are not epoch values; fields beyond the header (key
+            # None) are no values at all.
+            if isinstance(key, str) and key not in ('epoch', 'step') \
+                    and not key.endswith('_step') and _float(value) is not None:
+                merged[key] = _float(value)
     return [rows[e] for e in sorted(rows)]
 
 
@@ -169,7 +193,11 @@ def _monitor_of(run_dir: str) -> Optional[str]:
         raise ValueError(f"'{path}' must hold a mapping (a LightningCLI config), got "
                          f"{type(config).__name__}")
     checkpoint = config.get('checkpoint') or {}
-    return checkpoint.get('monitor') if isinstance(checkpoint, dict) else None
+    monitor = checkpoint.get('monitor') if isinstance(checkpoint, dict) else None
+    if monitor is not None and not isinstance(monitor, str):
+        raise ValueError(f"'{path}': checkpoint.monitor must be a metric name such as "
+                         f"'val/acc', got {type(monitor).__name__} {monitor!r:.60}")
+    return monitor
 
 
 def learning_curve_panels(rows: List[Dict[str, Any]], monitor: Optional[str] = None) -> Panels:
@@ -233,16 +261,18 @@ def plot_learning_curves(run_dir: str, out: Optional[str] = None,
                          f"'train/loss' or 'val/loss'; the run has {len(rows)} finished epochs)")
     out = out or osp.join(run_dir, LEARNING_CURVES)
     fig, axes = _matplotlib_figure(4.5, 3.4, len(panels))
-    for ax, (name, data) in zip(axes, panels.items()):
-        for split, points in data.items():
-            epochs, values = zip(*points) if points else ((), ())
-            ax.plot(epochs, values, marker='o', markersize=3, label=split)
-        ax.set_title(name)
-        ax.set_xlabel('epoch')
-        ax.grid(alpha=0.3)
-        ax.legend()
-    fig.suptitle(osp.relpath(run_dir), fontsize=9)
-    fig.savefig(out, dpi=100)
+    with _drawing(run_dir, [v for data in panels.values() for points in data.values()
+                            for _, v in points]):
+        for ax, (name, data) in zip(axes, panels.items()):
+            for split, points in data.items():
+                epochs, values = zip(*points) if points else ((), ())
+                ax.plot(epochs, values, marker='o', markersize=3, label=split)
+            ax.set_title(name)
+            ax.set_xlabel('epoch')
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.suptitle(osp.relpath(run_dir), fontsize=9)
+        fig.savefig(out, dpi=100)
     return out, panels
 
 
@@ -283,16 +313,18 @@ def plot_cv_results(cv_dir: str, out: Optional[str] = None
         raise ValueError(f"no finished fold in '{osp.join(cv_dir, 'cv_results.json')}'")
     out = out or osp.join(cv_dir, CV_PLOT)
     fig, axes = _matplotlib_figure(4., 3.2, len(results))
-    for ax, (name, points) in zip(axes, results.items()):
-        folds, values = zip(*points)
-        mean = sum(values) / len(values)
-        std = (sum((v - mean)**2 for v in values) / len(values))**0.5
-        ax.bar([str(f) for f in folds], values, color='tab:blue', alpha=0.7)
-        ax.axhline(mean, color='tab:red')
-        ax.axhspan(mean - std, mean + std, color='tab:red', alpha=0.15)
-        ax.set_title(f'{name}: {mean:.4f} ± {std:.4f}', fontsize=9)
-        ax.set_xlabel('fold')
-    fig.savefig(out, dpi=100)
+    with _drawing(cv_dir, [v for points in results.values() for _, v in points]):
+        for ax, (name, points) in zip(axes, results.items()):
+            folds, values = zip(*points)
+            mean = sum(values) / len(values)
+            # (x * x, not x ** 2: a float power raises OverflowError where a product gives inf)
+            std = (sum((v - mean) * (v - mean) for v in values) / len(values))**0.5
+            ax.bar([str(f) for f in folds], values, color='tab:blue', alpha=0.7)
+            ax.axhline(mean, color='tab:red')
+            ax.axhspan(mean - std, mean + std, color='tab:red', alpha=0.15)
+            ax.set_title(f'{name}: {mean:.4f} ± {std:.4f}', fontsize=9)
+            ax.set_xlabel('fold')
+        fig.savefig(out, dpi=100)
     return out, results
 
 

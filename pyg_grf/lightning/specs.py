@@ -1,17 +1,26 @@
 r"""Model specs: building a task's model from a ``{'class_path': ..., 'init_args': ...}`` spec
-(a config's model, or a checkpoint's hyperparameters), and the allow-list of the classes such a
-spec may name.
+(a config's model, or a checkpoint's hyperparameters), and the allow-lists of the classes such a
+spec, or a ``pyg-grf`` config, may name.
 
 A checkpoint names the classes to build in its hyperparameters; building an arbitrary
 ``class_path`` would let a checkpoint run any code (``os.system``, or
 ``torch_geometric.nn.Sequential``, which evaluates strings). So every ``class_path`` is checked
 against :data:`MODEL_CLASS_PATHS` (and the classes added with :func:`register_model_class`)
 *before* anything is imported, and :class:`UntrustedClassError` is raised otherwise.
+
+A ``pyg-grf`` config (or command line) names classes in more places: the task, the data
+module, transforms, callbacks, loggers, optimizers. The command builds only the classes of
+:data:`MODEL_CLASS_PATHS` and :data:`CONFIG_CLASS_PATHS` (and those added with
+:func:`register_model_class` / :func:`register_config_class`):
+:func:`check_config_class_paths` refuses anything else before it is built.
 """
 from __future__ import annotations
 
+import functools
 import importlib
-from typing import Any, Dict, Optional, Union
+import sys
+import types
+from typing import Any, Dict, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -47,8 +56,64 @@ MODEL_CLASS_PATHS = (
     'ogb.graphproppred.mol_encoder.AtomEncoder', 'ogb.graphproppred.mol_encoder.BondEncoder',
 )
 
+#: The other classes a ``pyg-grf`` config or command line may name (besides
+#: :data:`MODEL_CLASS_PATHS`), by kind: an explicit list again. Add your own with
+#: :func:`register_config_class`.
+CONFIG_CLASS_PATHS: Dict[str, Sequence[str]] = {
+    'data module': (
+        'pyg_grf.lightning.datamodules.SyntheticDataModule',
+        'pyg_grf.lightning.datamodules.TUDataModule',
+        'pyg_grf.lightning.datamodules.LRGBDataModule',
+        'pyg_grf.lightning.datamodules.PlanetoidDataModule',
+    ),
+    'transform': (
+        'pyg_grf.transforms.AddGraphRandomFeatures', 'pyg_grf.transforms.AddRWGNKFeatures',
+        'pyg_grf.transforms.AddGraphBridgeTokens', 'pyg_grf.transforms.RestrictGraphRandomFeatures',
+        'torch_geometric.transforms.NormalizeFeatures', 'torch_geometric.transforms.ToUndirected',
+        'torch_geometric.transforms.AddSelfLoops', 'torch_geometric.transforms.AddRandomWalkPE',
+        'torch_geometric.transforms.AddLaplacianEigenvectorPE',
+        'torch_geometric.transforms.OneHotDegree', 'torch_geometric.transforms.Constant',
+    ),
+    'callback': (
+        'pyg_grf.lightning.callbacks.AtomicModelCheckpoint',
+        'pyg_grf.lightning.callbacks.EpochMetricsLog',
+        'pyg_grf.lightning.callbacks.LearningCurvePlot', 'pyg_grf.lightning.callbacks.MallocTrim',
+        'lightning.pytorch.callbacks.ModelCheckpoint', 'lightning.pytorch.callbacks.EarlyStopping',
+        'lightning.pytorch.callbacks.LearningRateMonitor',
+        'lightning.pytorch.callbacks.ModelSummary', 'lightning.pytorch.callbacks.RichModelSummary',
+        'lightning.pytorch.callbacks.TQDMProgressBar',
+        'lightning.pytorch.callbacks.RichProgressBar', 'lightning.pytorch.callbacks.Timer',
+        'lightning.pytorch.callbacks.DeviceStatsMonitor',
+        'lightning.pytorch.callbacks.StochasticWeightAveraging',
+        'lightning.pytorch.callbacks.GradientAccumulationScheduler',
+    ),
+    'logger': (
+        'lightning.pytorch.loggers.CSVLogger', 'lightning.pytorch.loggers.TensorBoardLogger',
+    ),
+    'trainer plugin': (
+        'lightning.pytorch.strategies.DDPStrategy',
+        'lightning.pytorch.strategies.SingleDeviceStrategy',
+        'lightning.pytorch.profilers.SimpleProfiler',
+        'lightning.pytorch.profilers.AdvancedProfiler',
+    ),
+    'optimizer': (
+        'torch.optim.Adam', 'torch.optim.AdamW', 'torch.optim.SGD', 'torch.optim.RMSprop',
+        'torch.optim.Adagrad', 'torch.optim.Adamax', 'torch.optim.NAdam', 'torch.optim.RAdam',
+    ),
+    'learning-rate scheduler': (
+        'torch.optim.lr_scheduler.StepLR', 'torch.optim.lr_scheduler.MultiStepLR',
+        'torch.optim.lr_scheduler.ExponentialLR', 'torch.optim.lr_scheduler.CosineAnnealingLR',
+        'torch.optim.lr_scheduler.CosineAnnealingWarmRestarts',
+        'torch.optim.lr_scheduler.OneCycleLR', 'torch.optim.lr_scheduler.LinearLR',
+        'torch.optim.lr_scheduler.ConstantLR', 'torch.optim.lr_scheduler.PolynomialLR',
+        'lightning.pytorch.cli.ReduceLROnPlateau',
+    ),
+}
+
 _REGISTERED: Dict[str, type] = {}
+_REGISTERED_CONFIG: Dict[str, type] = {}
 _ALLOWED: Optional[Dict[str, str]] = None
+_ALLOWED_CONFIG: Optional[Dict[str, str]] = None
 
 
 def register_model_class(cls: type) -> type:
@@ -61,28 +126,75 @@ def register_model_class(cls: type) -> type:
     return cls
 
 
+def register_config_class(cls: type) -> type:
+    r"""Allows a class of your own (a data module, a transform, a callback, ...) in ``pyg-grf``
+    configs and command lines (:class:`~pyg_grf.lightning.cli.GRFLightningCLI`), under its
+    defining-module name and the packages that re-export it. Usable as a class decorator; call
+    it before the CLI parses its arguments (e.g. in a script that then calls
+    :func:`pyg_grf.lightning.cli.main`). Register only code you trust: a config may name any
+    registered class with any arguments. Models go through :func:`register_model_class`, which
+    also allows them in checkpoints."""
+    if not isinstance(cls, type):
+        raise TypeError(f"register_config_class needs a class, got {cls!r}")
+    _REGISTERED_CONFIG[f'{cls.__module__}.{cls.__qualname__}'] = cls
+    return cls
+
+
+def _names(cls: type) -> Dict[str, str]:
+    # The defining-module name of a class and the names under which the packages above that
+    # module re-export it (`pyg_grf.nn.GraphTransformer`), each mapped to the first.
+    canonical = f'{cls.__module__}.{cls.__qualname__}'
+    names = {canonical: canonical}
+    parts = cls.__module__.split('.')
+    for end in range(1, len(parts)):
+        package = sys.modules.get('.'.join(parts[:end]))  # already imported: a lookup only
+        if package is not None and getattr(package, cls.__name__, None) is cls:
+            names[f"{'.'.join(parts[:end])}.{cls.__name__}"] = canonical
+    return names
+
+
+def _resolve(paths: Iterable[str]) -> Dict[str, str]:
+    allowed: Dict[str, str] = {}
+    for path in paths:
+        module, name = path.rsplit('.', 1)
+        try:  # trusted packages only: importing them runs no foreign code
+            cls = getattr(importlib.import_module(module), name)
+        except (ImportError, AttributeError):  # e.g. ogb not installed
+            continue
+        allowed.update(_names(cls))
+        allowed[path] = f'{cls.__module__}.{cls.__qualname__}'
+    return allowed
+
+
 def allowed_class_paths() -> Dict[str, str]:
     r"""Every class path a model spec may name (:data:`MODEL_CLASS_PATHS`, their defining-module
-    names, and :func:`register_model_class`'s), mapped to the canonical one."""
+    names and re-exports, and :func:`register_model_class`'s), mapped to the canonical one."""
     global _ALLOWED
     if _ALLOWED is None:
-        allowed = {}
-        for path in MODEL_CLASS_PATHS:
-            module, name = path.rsplit('.', 1)
-            try:  # trusted packages only: importing them runs no foreign code
-                cls = getattr(importlib.import_module(module), name)
-            except (ImportError, AttributeError):  # e.g. ogb not installed
-                continue
-            canonical = f'{cls.__module__}.{cls.__qualname__}'
-            allowed[path] = allowed[canonical] = canonical
-        _ALLOWED = allowed
+        _ALLOWED = _resolve(MODEL_CLASS_PATHS)
     return {**_ALLOWED, **{path: path for path in _REGISTERED}}
+
+
+def allowed_config_class_paths() -> Dict[str, str]:
+    r"""Every class path a ``pyg-grf`` config or command line may name: those of
+    :func:`allowed_class_paths`, of :data:`CONFIG_CLASS_PATHS` and of
+    :func:`register_config_class` (with their defining-module names and re-exports), mapped to
+    the canonical one."""
+    global _ALLOWED_CONFIG
+    if _ALLOWED_CONFIG is None:
+        _ALLOWED_CONFIG = _resolve(path for paths in CONFIG_CLASS_PATHS.values()
+                                   for path in paths)
+    registered: Dict[str, str] = {}
+    for cls in [*_REGISTERED.values(), *_REGISTERED_CONFIG.values()]:
+        registered.update(_names(cls))
+    return {**allowed_class_paths(), **_ALLOWED_CONFIG, **registered}
 
 
 class UntrustedClassError(ValueError):
     r"""Raised when a model spec (from a config or a checkpoint) names a class that is not in
     :data:`MODEL_CLASS_PATHS` (nor registered with :func:`register_model_class`) or something
-    that is not a :class:`torch.nn.Module` subclass."""
+    that is not a :class:`torch.nn.Module` subclass, and when a ``pyg-grf`` config names a
+    class outside :func:`allowed_config_class_paths` (:func:`check_config_class_paths`)."""
 
 
 def check_class_path(class_path: Any, where: str = 'model') -> str:
@@ -121,6 +233,77 @@ def resolve_model_class(class_path: str, where: str = 'model') -> type:
         raise UntrustedClassError(f"'{where}.class_path' {class_path!r} is not a "
                                   f"torch.nn.Module subclass (got {cls!r})")
     return cls
+
+
+def _trusted_by_prefix(path: str, trusted: Iterable[str]) -> bool:
+    return any(path == entry or path.startswith(entry + '.') for entry in trusted)
+
+
+def _suggest(class_path: str, allowed: Iterable[str]) -> str:
+    name = class_path.rsplit('.', 1)[-1]
+    same = sorted(path for path in allowed if path.rsplit('.', 1)[-1] == name)
+    return f" (allowed under this name: {', '.join(same)})" if same else ''
+
+
+def check_config_class_paths(config: Any, where: str = '',
+                             trusted: Iterable[str] = ()) -> None:
+    r"""Walks a parsed ``pyg-grf`` config (nested dicts and lists, as
+    ``jsonargparse.Namespace.as_dict()`` gives) and raises :class:`UntrustedClassError` for
+    every ``class_path`` (or ``_class_path``) outside :func:`allowed_config_class_paths`, and
+    for every class, function or module that a dotted name in the config was resolved to
+    (a ``Callable`` argument given as ``'package.function'``) unless it is an allowed class.
+    :obj:`trusted` holds extra dotted names, each trusting itself and everything under it (the
+    ``pyg-grf`` command takes them from ``$PYG_GRF_TRUSTED_CLASSES``). :obj:`where` is the
+    key of :obj:`config` in the errors (none: the keys of the config itself).
+
+    Call it on the parsed config *before* instantiating anything: a class may run code from
+    its arguments (``torch_geometric.nn.Sequential`` evaluates its ``input_args``)."""
+    allowed = allowed_config_class_paths()
+    trusted = tuple(trusted)
+
+    def refuse(key: str, path: str, what: str) -> UntrustedClassError:
+        return UntrustedClassError(
+            f"Refusing to build '{key}' from {what} {path!r}: a pyg-grf config or command line "
+            f"may only name the classes listed in pyg_grf.lightning.specs.MODEL_CLASS_PATHS "
+            f"and CONFIG_CLASS_PATHS{_suggest(path, allowed)}, since building another class "
+            f"can run any code (torch_geometric.nn.Sequential evaluates strings). To use a "
+            f"class of your own, register it before the CLI parses (register_model_class for "
+            f"models, register_config_class for data modules, transforms, callbacks, ...), or "
+            f"name it, or its package, in $PYG_GRF_TRUSTED_CLASSES "
+            f"(e.g. PYG_GRF_TRUSTED_CLASSES=mypackage.MyDataModule pyg-grf fit ...).")
+
+    def ok(path: str) -> bool:
+        return path in allowed or _trusted_by_prefix(path, trusted)
+
+    def walk(value: Any, key: str) -> None:
+        if isinstance(value, dict):
+            for name in ('class_path', '_class_path'):
+                if name not in value:
+                    continue
+                path, field = value[name], f'{key}.{name}' if key else name
+                if not isinstance(path, str) or not all(
+                        part.isidentifier() for part in path.split('.')) or '.' not in path:
+                    raise UntrustedClassError(
+                        f"'{field}' must be a dotted class name such as "
+                        f"'pyg_grf.lightning.tasks.GraphLevelTask' (got {path!r})")
+                if not ok(path):
+                    raise refuse(key or 'config', path, 'class_path')
+            for name, item in value.items():
+                walk(item, f'{key}.{name}' if key else str(name))
+        elif isinstance(value, (list, tuple)):
+            for i, item in enumerate(value):
+                walk(item, f'{key}[{i}]')
+        elif isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType,
+                                types.MethodType, types.ModuleType, functools.partial)):
+            target = value.func if isinstance(value, functools.partial) else value
+            path = (target.__name__ if isinstance(target, types.ModuleType) else
+                    f"{getattr(target, '__module__', None)}."
+                    f"{getattr(target, '__qualname__', None)}")
+            if not (isinstance(target, type) and ok(path)) and not _trusted_by_prefix(
+                    path, trusted):
+                raise refuse(key or 'config', path, 'the Python object')
+
+    walk(config, where)
 
 
 def check_hparams_class_paths(hparams: Any, where: str = 'hparams') -> None:
@@ -172,13 +355,17 @@ def build_model(model: Union[torch.nn.Module, Dict[str, Any]]) -> torch.nn.Modul
 
 
 __all__ = [
+    'CONFIG_CLASS_PATHS',
     'MODEL_CLASS_PATHS',
     'UntrustedClassError',
     'allowed_class_paths',
+    'allowed_config_class_paths',
     'build_model',
     'build_spec',
     'check_class_path',
+    'check_config_class_paths',
     'check_hparams_class_paths',
+    'register_config_class',
     'register_model_class',
     'resolve_model_class',
 ]

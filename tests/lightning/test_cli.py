@@ -161,6 +161,7 @@ def test_cv_prints_one_model_summary(tmp_path, capsys, monkeypatch):
         monkeypatch.setattr(handler, 'stream', log)
     cfg = tiny_config(tmp_path / 'run', enable_model_summary=True, limit_train_batches=2)
     cfg['data']['class_path'] = 'tests.lightning.helpers.FoldedSyntheticDataModule'
+    monkeypatch.setenv('PYG_GRF_TRUSTED_CLASSES', cfg['data']['class_path'])  # not in the lists
     config = write_config(tmp_path / 'folds.yaml', cfg)
     with warnings.catch_warnings(record=True) as caught:  # (and what is warned)
         warnings.simplefilter('always')

@@ -242,3 +242,25 @@ def test_every_step_refuses_bad_pairs(step):
     batch.edge_label_index[:, 0] = torch.tensor([0, first])  # graph 0 -> graph 1
     with pytest.raises(ValueError, match="pair 0 joins graphs 0 and 1"):
         getattr(module, step)(batch, 0)
+
+
+@pytest.mark.parametrize('step', ['training_step', 'validation_step', 'test_step',
+                                  'predict_step'])
+def test_every_step_refuses_non_integer_pairs(step):
+    # Adversarial review p04: a float edge_label_index was truncated by .long() (0.6 -> node 0,
+    # -0.5 -> node 0, in range and so accepted) instead of refused.
+    module = LinkLevelTask(dict(ENCODER), num_negatives=1)
+    _silent(module)
+    for make, dtype in ((lambda i: i.float() + 0.6, 'torch.float32'),
+                        (lambda i: torch.where(torch.arange(i.numel()).view_as(i) == 0,
+                                               torch.tensor(-0.5, dtype=torch.float64),
+                                               i.double()), 'torch.float64'),
+                        (lambda i: i > 0, 'torch.bool')):
+        batch = _batch()
+        batch.edge_label_index = make(batch.edge_label_index)
+        with pytest.raises(TypeError, match=rf"expected an integer edge_label_index \(node ids, "
+                                            rf"torch\.long\), got {dtype} with values such as"):
+            getattr(module, step)(batch, 0)
+    batch = _batch()  # other integer types are fine
+    batch.edge_label_index = batch.edge_label_index.int()
+    getattr(module, step)(batch, 0)

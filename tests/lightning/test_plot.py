@@ -172,3 +172,49 @@ def test_plot_survives_odd_files(tmp_path, capsys):
     for folder, name, content, expected in cases:
         (folder / name).write_text(content)
         assert expected in error_of(folder)
+
+
+def test_plot_odd_monitors_and_huge_numbers(tmp_path, capsys):
+    # Adversarial review p10: a non-string checkpoint.monitor (AttributeError on .split) and
+    # integers too large for a float (OverflowError in the conversion) gave tracebacks.
+    huge = '1' + '0' * 400
+
+    def error_of(path):
+        with pytest.raises(SystemExit) as exc:
+            main(['plot', str(path)])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and 'Traceback' not in err and len(err.splitlines()) <= 2
+        return err.splitlines()[-1]
+
+    for monitor, shown in (('5', 'int 5'), ('[val/acc]', "list ['val/acc']"),
+                           ('{a: 1}', "dict {'a': 1}")):
+        run = tmp_path / f'monitor_{len(shown)}'
+        _write_rows(run, ROWS)
+        (run / 'config.yaml').write_text(f'checkpoint:\n  monitor: {monitor}\n')
+        assert (f"config.yaml': checkpoint.monitor must be a metric name such as 'val/acc', "
+                f"got {shown}") in error_of(run)
+
+    # Huge numbers as an epoch or a value: the row or the value is skipped.
+    run = tmp_path / 'huge'
+    _write_rows(run, ROWS)
+    with open(run / 'epoch_metrics.jsonl', 'a') as f:
+        f.write(f'{{"epoch": {huge}, "train/loss": 0.3}}\n{{"epoch": 2, "train/loss": {huge}}}\n')
+    result = main(['plot', str(run), '--monitor', 'val/ap'])
+    assert result['data']['loss']['train'] == [(0, 0.9), (1, 0.7)]
+    cv = tmp_path / 'cv'
+    cv.mkdir()
+    (cv / 'cv_results.json').write_text(
+        f'{{"folds": [{{"fold": 0, "acc": {huge}}}, {{"fold": {huge}, "acc": 0.4}}, '
+        f'{{"fold": 1, "acc": 0.5}}]}}')
+    assert main(['plot', str(cv)])['data'] == {'acc': [(1, 0.5)]}
+    # Finite values too large to draw (or to square for the std): one line that says so.
+    (cv / 'cv_results.json').write_text('{"folds": [{"fold": 0, "acc": 1.7e308}, '
+                                        '{"fold": 1, "acc": -1e200}]}')
+    assert 'matplotlib could not draw the values of' in error_of(cv)
+    # metrics.csv: fields beyond the header, and bytes that are not UTF-8.
+    csv_run = tmp_path / 'csv'
+    csv_run.mkdir()
+    (csv_run / 'metrics.csv').write_text('epoch,step,train/loss\n0,1,1.0,5,6\n1,2\n')
+    assert main(['plot', str(csv_run)])['data']['loss']['train'] == [(0, 1.0)]
+    (csv_run / 'metrics.csv').write_bytes(b'epoch,step,train/loss\n0,1,\xff\n')
+    assert "metrics.csv' is not UTF-8 text (byte 26: b'\\xff')" in error_of(csv_run)
