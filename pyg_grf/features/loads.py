@@ -232,10 +232,7 @@ class GRFLoads(BlockStructures):
         tensors = (self.index, self.hop, self.load, self.batch, self.draw)
         snap = self.__dict__.get('_snap')
         changed = False
-        if snap is None or not all(
-                (a is None and b is None) or (a is not None and b is not None
-                                              and a.shape == b.shape and torch.equal(a, b))
-                for a, b in zip(snap, tensors)):
+        if snap is None or not _all_equal(snap, tensors):
             with torch.inference_mode(False):
                 self._snap = tuple(None if t is None else t.clone() for t in tensors)
             if snap is not None:
@@ -477,6 +474,15 @@ class _Kept(dict):
 
     def __reduce__(self):
         return (_Kept, ())
+
+
+def _all_equal(a: Sequence[Optional[Tensor]], b: Sequence[Optional[Tensor]]) -> bool:
+    # exact equality of two tuples of tensors (or None) with one host read, not one per tensor
+    if any((x is None) != (y is None) or (x is not None and x.shape != y.shape)
+           for x, y in zip(a, b)):
+        return False
+    flags = [(x == y).all() for x, y in zip(a, b) if x is not None and x.numel() > 0]
+    return not flags or bool(torch.stack(flags).all())
 
 
 def _external(key: Any) -> bool:
