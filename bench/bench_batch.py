@@ -49,6 +49,7 @@ from torch_geometric.nn.attention import PerformerAttention  # noqa: E402
 from torch_geometric.utils import to_dense_batch, to_undirected  # noqa: E402
 
 from pyg_grf.features import GRFLoads  # noqa: E402
+from pyg_grf.features.loads import KEPT_ATTR  # noqa: E402
 from pyg_grf.nn import GRFAttention  # noqa: E402
 from pyg_grf.nn.attention.grf import backend_costs, choose_backend  # noqa: E402
 from pyg_grf.transforms import AddGraphRandomFeatures  # noqa: E402
@@ -158,6 +159,7 @@ def grf_rows(b: Batch, x: torch.Tensor, repeats: int, backends=BACKENDS, modes=M
             run()  # builds the per-batch structures this backend needs
 
             def prep(layer=layer):
+                b.__dict__.pop(KEPT_ATTR, None)  # a batch seen for the first time
                 g = GRFLoads.from_data(b)
                 with torch.no_grad():
                     layer(x, grf=g)  # structures are built on first use
