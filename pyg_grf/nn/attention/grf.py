@@ -2,6 +2,7 @@ r"""GRF-masked linear attention (GRF paper, Sec. 3, Algorithm 1; App. D)."""
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
@@ -141,6 +142,11 @@ class GRFAttention(QKVAttention):
                          dropout, bias)
         if f_mode not in F_MODES:
             raise ValueError(f"'f_mode' must be one of {F_MODES}, got {f_mode!r}")
+        if f_mode == 'free' and mode != 'sparse_softmax':
+            warnings.warn("GRFAttention(f_mode='free') leaves the mask coefficients "
+                          "unconstrained: negative ones can drive the normaliser towards 0 and "
+                          "the output to large values. f_mode='abs' (the default) or 'signed' "
+                          "bound it.", UserWarning, stacklevel=2)
         if f_mode == 'signed' and mode == 'sparse_softmax':
             raise ValueError("f_mode='signed' needs a linear mode ('symmetric' or "
                              "'asymmetric'), got mode='sparse_softmax'")

@@ -183,7 +183,10 @@ def test_coefficients_and_old_state_dicts():
     with torch.no_grad():
         layer.f.copy_(torch.tensor([[1.0, -0.5, 0.2], [0.3, 0.1, -0.7]]))
     assert torch.equal(layer.coefficients(), layer.f.abs())
-    free = GRFAttention(8, heads=2, max_length=2, f_mode='free')
+    # the unconstrained opt-in says what it risks (issue #15 item 5: never silently)
+    with pytest.warns(UserWarning, match="f_mode='free'\\) leaves the mask coefficients "
+                                         "unconstrained"):
+        free = GRFAttention(8, heads=2, max_length=2, f_mode='free')
     free.load_state_dict(layer.state_dict())  # same parameters, only the mapping differs
     assert torch.equal(free.coefficients(), layer.f)
     assert 'f_mode' not in repr(layer) and "f_mode='free'" in repr(free)
