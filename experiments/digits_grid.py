@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import os
 import os.path as osp
 import sys
-import tempfile
-import time
-import warnings
 from typing import Dict, List
+
+sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from harness import fit_and_test, read_rows, run_grid, summary_table  # noqa: E402
 
 CONFIG = osp.join(osp.dirname(__file__), 'configs', 'digits_grid_grf.yaml')
 M = '--model.init_args.model.init_args.'
@@ -77,61 +75,23 @@ VARIANTS: Dict[str, List[str]] = {
 
 def run_one(variant: str, seed: int, epochs: int, root: str,
             overrides: List[str] = ()) -> Dict[str, float]:
-    from pyg_grf.lightning.cli import GRFLightningCLI
     extra = VARIANTS[variant]
     walk_seed = [f'{T}seed={seed}']
     if callable(extra):  # the variant sets the whole pre_transform, seeds included
         extra, walk_seed = extra(seed), []
-    args = ['--config', CONFIG, f'--seed_everything={seed}', f'--trainer.max_epochs={epochs}',
-            f'--trainer.default_root_dir={root}', '--trainer.enable_checkpointing=true',
-            f'--data.init_args.seed={seed}', *walk_seed, '--data.init_args.cache=false',
-            *overrides, *extra]
-    with warnings.catch_warnings():
-        warnings.filterwarnings('ignore', message="LightningCLI's args parameter")
-        cli = GRFLightningCLI(args=args, run=False)
-    params = sum(p.numel() for p in cli.model.parameters())
-    start = time.perf_counter()
-    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
-    fit_s = time.perf_counter() - start
-    ckpt = cli.trainer.checkpoint_callback
-    metrics = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path='best',
-                               verbose=False)[0]
-    return {'variant': variant, 'seed': seed, 'epochs': epochs, 'params': params,
-            'fit_s': round(fit_s, 1), 'best_val_acc': float(ckpt.best_model_score),
-            **{k: float(v) for k, v in metrics.items()}}
-
-
-def _stats(xs: List[float]):
-    n = len(xs)
-    mean = sum(xs) / n
-    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else float('nan')
-    return mean, std
+    row = fit_and_test(CONFIG, [f'--data.init_args.seed={seed}', *walk_seed,
+                                '--data.init_args.cache=false', *overrides, *extra],
+                       seed, root, epochs)
+    return {'variant': variant, **row}
 
 
 def summarise(rows: List[Dict], out: str) -> str:
-    by: Dict[str, Dict[int, Dict]] = {}
-    for r in rows:
-        by.setdefault(r['variant'], {})[r['seed']] = r
-    base = by.get('linear', {})
-    lines = ['| variant | seeds | test acc % (mean ± std) | paired vs unmasked linear (mean ± SE) '
-             '| min seed | val acc % | params | s / run |', '|---|---|---|---|---|---|---|---|']
-    for v in [v for v in VARIANTS if v in by]:
-        runs = by[v]
-        acc = [100 * runs[s]['test/acc'] for s in sorted(runs)]
-        mean, std = _stats(acc)
-        diff = [100 * (runs[s]['test/acc'] - base[s]['test/acc']) for s in sorted(runs)
-                if s in base]
-        paired = ''
-        if v != 'linear' and len(diff) > 1:
-            dm, ds = _stats(diff)
-            paired = f'{dm:+.1f} ± {ds / math.sqrt(len(diff)):.1f} ({sum(d > 0 for d in diff)}/' \
-                     f'{len(diff)} seeds better)'
-        fit = sum(runs[s]['fit_s'] for s in runs) / len(runs)
-        params = runs[next(iter(runs))]['params']
-        val = 100 * sum(runs[s]['best_val_acc'] for s in runs) / len(runs)
-        lines.append(f'| {v} | {len(acc)} | {mean:.1f} ± {std:.1f} | {paired} | {min(acc):.1f} '
-                     f'| {val:.1f} | {params} | {fit:.0f} |')
-    text = '\n'.join(lines) + '\n'
+    # rows written before the shared harness name the best validation accuracy best_val_acc
+    rows = [{**r, 'best_val': r.get('best_val', r.get('best_val_acc'))} for r in rows]
+    order = [v for v in VARIANTS if any(r['variant'] == v for r in rows)]
+    text = summary_table(rows, 'test/acc', control='linear', order=order,
+                         labels={'metric': 'test acc %', 'control': 'unmasked linear',
+                                 'val': 'val acc %'})
     with open(osp.join(out, 'summary.md'), 'w') as f:
         f.write(text)
     doc = osp.join(osp.dirname(out), osp.basename(out) + '.md')
@@ -178,30 +138,18 @@ def main(argv=None):
                         help='extra CLI override for every run, e.g. '
                         '--override=--data.init_args.dataset_kwargs.noise=0.05 (repeatable)')
     opts = parser.parse_args(argv)
-    os.makedirs(opts.out, exist_ok=True)
     path = osp.join(opts.out, 'runs.jsonl')
-    rows = []
-    if osp.exists(path):
-        with open(path) as f:
-            rows = [json.loads(line) for line in f if line.strip()]
     if not opts.summary_only:
         variants = [v for v in opts.variants.split(',') if v]
         unknown = [v for v in variants if v not in VARIANTS]
         if unknown:
             sys.exit(f'unknown variants {unknown}; known: {list(VARIANTS)}')
-        done = {(r['variant'], r['seed'], r['epochs']) for r in rows}
-        for seed in [int(s) for s in opts.seeds.split(',')]:
-            for v in variants:
-                if (v, seed, opts.epochs) in done:
-                    continue
-                with tempfile.TemporaryDirectory() as root:
-                    row = run_one(v, seed, opts.epochs, root, opts.override)
-                row['overrides'] = opts.override
-                rows.append(row)
-                with open(path, 'a') as f:
-                    f.write(json.dumps(row) + '\n')
-                print(f"{v} seed {seed}: test acc {100 * row['test/acc']:.1f} "
-                      f"({row['fit_s']:.0f} s)", flush=True)
+        run_grid({v: VARIANTS[v] for v in variants}, [int(s) for s in opts.seeds.split(',')],
+                 opts.out, lambda v, _, seed, root: {**run_one(v, seed, opts.epochs, root,
+                                                               opts.override),
+                                                      'overrides': opts.override},
+                 key={'epochs': opts.epochs})
+    rows = read_rows(path)
     print(summarise([r for r in rows if r['epochs'] == opts.epochs], opts.out))
 
 

@@ -1,0 +1,140 @@
+r"""The one small harness the experiments share on top of the product's training stack.
+
+A *run* is what a user gets from ``pyg-grf fit`` then ``pyg-grf test --ckpt_path best``: the
+config of ``experiments/configs/`` with command-line overrides, built, fitted and tested by
+:class:`pyg_grf.lightning.cli.GRFLightningCLI` (:func:`fit_and_test`). An *experiment* is a grid
+of variants (each a list of overrides of one config) times seeds, whose rows are appended to a
+JSONL file as they finish, so a stopped experiment resumes where it was (:func:`run_grid`), and
+summarised as mean ± std per variant with the paired difference to a control variant, e.g.
+the same model with unmasked linear attention (:func:`summary_table`).
+
+    from harness import fit_and_test, run_grid, summary_table
+    rows = run_grid({'grf': [], 'linear': ['--model.init_args.model.init_args.attn_type=linear']},
+                    seeds=[0, 1, 2], out='experiments/results/my_runs',
+                    run=lambda variant, overrides, seed, root: fit_and_test(CONFIG, overrides,
+                                                                              seed, root))
+    print(summary_table(rows, 'test/acc', control='linear'))
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import os.path as osp
+import tempfile
+import time
+import warnings
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+
+Overrides = Sequence[str]
+
+
+def fit_and_test(config: str, overrides: Overrides, seed: int, root: str,
+                 epochs: Optional[int] = None) -> Dict[str, Any]:
+    r"""Fits ``config`` (with ``overrides``) under ``root`` with ``seed_everything=seed``, then
+    tests the checkpoint of the best validation epoch; returns the test metrics, the best
+    validation score, the parameter count and the fit time in seconds."""
+    from pyg_grf.lightning.cli import GRFLightningCLI
+    args = ['--config', config, f'--seed_everything={seed}',
+            f'--trainer.default_root_dir={root}', '--trainer.enable_checkpointing=true',
+            *([f'--trainer.max_epochs={epochs}'] if epochs is not None else []), *overrides]
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message="LightningCLI's args parameter")
+        cli = GRFLightningCLI(args=args, run=False)
+    params = sum(p.numel() for p in cli.model.parameters())
+    start = time.perf_counter()
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    fit_s = time.perf_counter() - start
+    ckpt = cli.trainer.checkpoint_callback
+    metrics = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path='best',
+                               verbose=False)[0]
+    return {'seed': seed, 'epochs': epochs, 'params': params, 'fit_s': round(fit_s, 1),
+            'best_val': float(ckpt.best_model_score),
+            **{k: float(v) for k, v in metrics.items()}}
+
+
+def read_rows(path: str) -> List[Dict[str, Any]]:
+    r"""The rows of a JSONL results file (none if it does not exist)."""
+    if not osp.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def run_grid(variants: Dict[str, Any], seeds: Iterable[int], out: str,
+             run: Callable[[str, Any, int, str], Dict[str, Any]],
+             key: Optional[Dict[str, Any]] = None, log: Callable[[str], None] = print
+             ) -> List[Dict[str, Any]]:
+    r"""Runs every ``(variant, seed)`` not yet in ``out/runs.jsonl`` (rows matching ``key`` on
+    their keys count as done), seed by seed, as ``run(variant, variants[variant], seed,
+    root)`` with a fresh temporary ``root``; appends each row (with ``variant`` and ``key``)
+    as it finishes. Returns all rows of the file that match ``key``."""
+    os.makedirs(out, exist_ok=True)
+    path = osp.join(out, 'runs.jsonl')
+    key = dict(key or {})
+    rows = [r for r in read_rows(path) if all(r.get(k) == v for k, v in key.items())]
+    done = {(r['variant'], r['seed']) for r in rows}
+    for seed in seeds:
+        for variant, spec in variants.items():
+            if (variant, seed) in done:
+                continue
+            with tempfile.TemporaryDirectory() as root:
+                row = {**run(variant, spec, seed, root), **key, 'variant': variant,
+                       'seed': seed}
+            rows.append(row)
+            with open(path, 'a') as f:
+                f.write(json.dumps(row) + '\n')
+            metric = next((k for k in row if k.startswith('test/')), None)
+            log(f"{variant} seed {seed}: {metric} {row.get(metric)} ({row.get('fit_s')} s)")
+    return rows
+
+
+def mean_std(xs: Sequence[float]):
+    r"""Mean and sample standard deviation (nan for one value)."""
+    n = len(xs)
+    mean = sum(xs) / n
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / (n - 1)) if n > 1 else float('nan')
+    return mean, std
+
+
+def paired(rows: Sequence[Dict[str, Any]], variant: str, control: str, metric: str,
+           scale: float = 100.0) -> Optional[Dict[str, float]]:
+    r"""The paired difference ``variant - control`` of ``metric`` over the seeds both ran:
+    mean, standard error, seeds and seeds better (:obj:`None` with fewer than two)."""
+    by = {(r['variant'], r['seed']): r[metric] for r in rows if metric in r}
+    diff = [scale * (by[(variant, s)] - by[(control, s)]) for (v, s) in by
+            if v == variant and (control, s) in by]
+    if len(diff) < 2:
+        return None
+    m, sd = mean_std(diff)
+    return {'mean': m, 'se': sd / math.sqrt(len(diff)), 'seeds': len(diff),
+            'better': sum(d > 0 for d in diff)}
+
+
+def summary_table(rows: Sequence[Dict[str, Any]], metric: str, control: Optional[str] = None,
+                  order: Optional[Sequence[str]] = None, scale: float = 100.0,
+                  labels: Optional[Dict[str, str]] = None) -> str:
+    r"""A markdown table, one line per variant: seeds, ``metric`` (times ``scale``) mean ± std,
+    the paired difference to ``control`` (mean ± standard error, seeds better), the worst seed,
+    the mean best validation score, parameters and fit seconds per run. ``labels`` names the
+    ``metric``, ``control`` and ``val`` columns (default: the keys themselves)."""
+    variants = list(order) if order is not None else list(dict.fromkeys(r['variant']
+                                                                          for r in rows))
+    name = {'metric': metric, 'control': control, 'val': 'val', **(labels or {})}
+    lines = [f"| variant | seeds | {name['metric']} (mean ± std) | paired vs {name['control']} "
+             f"(mean ± SE) | min seed | {name['val']} | params | s / run |",
+             '|---|---|---|---|---|---|---|---|']
+    for v in variants:
+        runs = [r for r in rows if r['variant'] == v and metric in r]
+        if not runs:
+            continue
+        vals = [scale * r[metric] for r in runs]
+        mean, std = mean_std(vals)
+        p = paired(rows, v, control, metric, scale) if control and v != control else None
+        diff = (f"{p['mean']:+.1f} ± {p['se']:.1f} ({p['better']}/{p['seeds']} seeds better)"
+                if p else '')
+        val = scale * sum(r['best_val'] for r in runs) / len(runs)
+        fit = sum(r['fit_s'] for r in runs) / len(runs)
+        lines.append(f"| {v} | {len(runs)} | {mean:.1f} ± {std:.1f} | {diff} | {min(vals):.1f} "
+                     f"| {val:.1f} | {runs[0]['params']} | {fit:.0f} |")
+    return '\n'.join(lines) + '\n'
