@@ -127,7 +127,9 @@ def to_csr(edge_index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, 
     return rowptr, col, perm, deg
 
 
-def _check_args(num_walks, p_halt, max_length, walker, fixed_length):
+def check_walk_args(num_walks, p_halt, max_length, walker, fixed_length):
+    r"""Raises a :class:`ValueError` naming the argument (what was expected, what came) unless
+    the walk settings of :func:`sample_walks` (and of the transforms built on it) are valid."""
     if isinstance(num_walks, bool) or not isinstance(num_walks, int) or num_walks < 1:
         raise ValueError(f"'num_walks' must be an integer >= 1, got {num_walks!r}")
     if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
@@ -187,7 +189,7 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
     Returns:
         :class:`RandomWalks` with ``W = len(start) * num_walks`` walkers.
     """
-    _check_args(num_walks, p_halt, max_length, walker, fixed_length)
+    check_walk_args(num_walks, p_halt, max_length, walker, fixed_length)
     check_edge_index(edge_index, num_nodes)
     device = edge_index.device
     start = _start_nodes(start, num_nodes, device)

@@ -188,7 +188,8 @@ def test_14_checkpoint_cannot_run_code(tmp_path, instantiator):
 
 
 def test_14_allow_list_refuses_non_modules(tmp_path):
-    from pyg_grf.lightning.tasks import GraphLevelTask, UntrustedClassError, _build_model
+    from pyg_grf.lightning.specs import build_model as _build_model
+    from pyg_grf.lightning.tasks import GraphLevelTask, UntrustedClassError
     with pytest.raises(UntrustedClassError, match="Refusing to build .* 'torch.hub.load'"):
         _build_model({'class_path': 'torch.hub.load', 'init_args': {'repo_or_dir': 'x'}})
     with pytest.raises(UntrustedClassError, match='must be a dotted name'):

@@ -28,7 +28,9 @@ from torch import Tensor
 from pyg_grf.walks import check_edge_index, sample_walks
 
 
-def _check_rwgnk_args(lam, alpha) -> None:
+def check_rwgnk_args(lam, alpha) -> None:
+    r"""Raises a :class:`ValueError` unless the RWGNK discount ``lam`` lies in (0, 1] and the
+    normalisation exponent ``alpha`` is >= 0 (what was expected, what came)."""
     if isinstance(lam, bool) or not isinstance(lam, (int, float)) or math.isnan(float(lam)) \
             or not (0.0 < float(lam) <= 1.0):
         raise ValueError(f"'lam' (the discount lambda) must lie in (0, 1], got {lam!r}")
@@ -80,7 +82,7 @@ def rwgnk_features(edge_index: Tensor, num_nodes: int, num_walks: int, *, lam: f
     Returns:
         A coalesced sparse COO tensor ``[N, N]``.
     """
-    _check_rwgnk_args(lam, alpha)
+    check_rwgnk_args(lam, alpha)
     fixed = _resolve_fixed_length(p_halt, fixed_length)
     walks = sample_walks(edge_index, num_nodes, num_walks, p_halt, max_length, walker=walker,
                          fixed_length=fixed, generator=generator)
@@ -145,7 +147,7 @@ def rwgnk_expected_features(edge_index: Tensor, num_nodes: int, *, lam: float,
     Returns:
         Dense ``[N, N]`` tensor.
     """
-    _check_rwgnk_args(lam, 0.0)
+    check_rwgnk_args(lam, 0.0)
     check_edge_index(edge_index, num_nodes)
     fixed = _resolve_fixed_length(p_halt, fixed_length)
     if not fixed and (p_halt is None or not 0.0 < float(p_halt) < 1.0):

@@ -11,7 +11,7 @@ from torch_geometric.transforms import BaseTransform
 
 from pyg_grf.features.grf import NORMALIZATIONS, grf_loads
 from pyg_grf.transforms._seeding import TransformRNG
-from pyg_grf.walks import _check_args
+from pyg_grf.walks import check_walk_args
 
 
 def _index_dtype(num_nodes: int) -> torch.dtype:
@@ -69,7 +69,7 @@ class AddGraphRandomFeatures(BaseTransform):
                  importance: bool = True, fixed_length: bool = False,
                  use_edge_weight: bool = False, seed: Optional[int] = None,
                  attr_prefix: str = 'grf', num_draws: int = 1):
-        _check_args(num_walks, p_halt, max_length, walker, fixed_length)
+        check_walk_args(num_walks, p_halt, max_length, walker, fixed_length)
         if isinstance(num_draws, bool) or not isinstance(num_draws, int) or not (
                 1 <= num_draws <= 2 ** 15 - 1):
             raise ValueError(f"'num_draws' must be an integer in [1, 32767], got {num_draws!r}")

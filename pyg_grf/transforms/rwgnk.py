@@ -8,9 +8,9 @@ from torch_geometric.data import Data
 from torch_geometric.data.datapipes import functional_transform
 from torch_geometric.transforms import BaseTransform
 
-from pyg_grf.features.rwgnk import _check_rwgnk_args, rwgnk_features
+from pyg_grf.features.rwgnk import check_rwgnk_args, rwgnk_features
 from pyg_grf.transforms._seeding import TransformRNG
-from pyg_grf.walks import _check_args
+from pyg_grf.walks import check_walk_args
 
 
 @functional_transform('add_rwgnk_features')
@@ -63,11 +63,11 @@ class AddRWGNKFeatures(BaseTransform):
     def __init__(self, num_walks: int, lam: float, alpha: float, max_length: int,
                  p_halt: Optional[float] = None, walker: str = 'iid',
                  seed: Optional[int] = None, kernel_threshold: Optional[float] = None) -> None:
-        _check_rwgnk_args(lam, alpha)
+        check_rwgnk_args(lam, alpha)
         if kernel_threshold is not None and not kernel_threshold >= 0:
             raise ValueError(f"'kernel_threshold' must be None or >= 0, got {kernel_threshold!r}")
         self.kernel_threshold = kernel_threshold
-        _check_args(num_walks, p_halt, max_length, walker, p_halt is None)
+        check_walk_args(num_walks, p_halt, max_length, walker, p_halt is None)
         self.num_walks = num_walks
         self.lam = lam
         self.alpha = alpha
