@@ -28,7 +28,8 @@ def _remembered(index: Tensor, num_nodes: int) -> bool:
             and entry[2] == num_nodes)
 
 
-def check_index_range(index: Tensor, num_nodes: int, name: str, bound_name: str = 'x') -> None:
+def check_index_range(index: Tensor, num_nodes: int, name: str, bound_name: str = 'x',
+                      remember: bool = True) -> None:
     r"""Raises :class:`ValueError` unless every entry of :obj:`index` lies in
     ``[0, num_nodes)``; a tensor already validated against the same bound (and not modified
     since) is not checked again.
@@ -39,8 +40,11 @@ def check_index_range(index: Tensor, num_nodes: int, name: str, bound_name: str 
         name (str): the argument's name, for the message.
         bound_name (str, optional): what :math:`N` counts, for the message (default: ``'x'``,
             "the rows of 'x'").
+        remember (bool, optional): skip tensors validated before (by identity and version
+            counter). Pass :obj:`False` right before a kernel without bounds checks: a write
+            through ``.data`` moves no version counter (default: :obj:`True`).
     """
-    if index.numel() == 0 or _remembered(index, num_nodes):
+    if index.numel() == 0 or (remember and _remembered(index, num_nodes)):
         return
     lo, hi = (int(v) for v in torch_aminmax(index))
     if lo < 0 or hi >= num_nodes:

@@ -110,22 +110,7 @@ class GRFLoads(BlockStructures):
         if not load.is_floating_point():
             raise TypeError(f"'grf_load' must be a floating-point tensor, got {load.dtype}")
         num_nodes = int(num_nodes)
-        if nnz > 0:
-            # One host sync per batch (PyG's pattern), not one per layer.
-            lo, hi = torch.aminmax(index)
-            lo, hi = int(lo), int(hi)
-            if lo < 0 or hi >= num_nodes:
-                raise ValueError(f"'grf_index' must hold node ids in [0, {num_nodes}), got ids in "
-                                 f"[{lo}, {hi}]")
-            hlo, hhi = torch.aminmax(hop)
-            self.max_hop = int(hhi)
-            if int(hlo) < 0:
-                raise ValueError(f"'grf_length' (hop counts) must be >= 0, got {int(hlo)}")
-            if not bool(torch.isfinite(load).all()):
-                raise ValueError("'grf_load' holds non-finite values (the loads overflowed: use "
-                                 "normalization='sym' or 'rw', or shorter walks)")
-        else:
-            self.max_hop = 0
+        self.max_hop = _check_entries(index, hop, load, num_nodes)
         if max_length is not None:
             if self.max_hop > max_length:
                 raise ValueError(f"the loads have hop counts up to {self.max_hop} but "
@@ -205,6 +190,9 @@ class GRFLoads(BlockStructures):
         for attr in (PREPARED_ATTR, KEPT_ATTR):
             prepared = data.__dict__.get(attr, {}).get((prefix, key_prefix))
             if prepared is not None and prepared.matches(data, prefix, key_prefix):
+                if max_length is not None and prepared.max_hop > max_length:
+                    raise ValueError(f"the loads have hop counts up to {prepared.max_hop} but "
+                                     f"'max_length' is {max_length}")
                 return prepared  # built (with its caches) by pyg_grf.loader or an earlier call
         batch = getattr(data, 'batch', None)
         key = None
@@ -233,6 +221,8 @@ class GRFLoads(BlockStructures):
         snap = self.__dict__.get('_snap')
         changed = False
         if snap is None or not _all_equal(snap, tensors):
+            if snap is not None:  # edited after it was built: checked again before any use
+                self._check_edited()
             with torch.inference_mode(False):
                 self._snap = tuple(None if t is None else t.clone() for t in tensors)
             if snap is not None:
@@ -242,6 +232,24 @@ class GRFLoads(BlockStructures):
             self._cache = {}  # the symmetric mask's statistics join both sides
             changed = True
         return changed
+
+    def _check_edited(self):
+        # the checks of the constructor, for entries edited in place after it (an out-of-range
+        # id would otherwise reach the unchecked CSR kernels)
+        try:
+            max_hop = _check_entries(self.index, self.hop, self.load, self.num_nodes)
+            if self.batch is not None and self.batch.numel() != self.num_nodes:
+                raise ValueError(f"'batch' must have one entry per node ({self.num_nodes}), got "
+                                 f"{self.batch.numel()}")
+            if self.draw is not None and self.draw.numel() > 0 and int(self.draw.min()) < 0:
+                raise ValueError(f"'grf_draw' (draw ids) must be >= 0, got "
+                                 f"{int(self.draw.min())}")
+        except ValueError as e:
+            raise ValueError(f"the GRF loads were edited in place after they were built and are "
+                             f"no longer valid: {e}") from None
+        self.max_hop = max_hop
+        if self.draw is not None and self.draw.numel() > 0:
+            self.num_draws = int(self.draw.max()) + 1
 
     def matches(self, data: Any, prefix: str = 'grf', key_prefix: Optional[str] = None) -> bool:
         r"""Whether these loads hold exactly the entries (and batch vector) that ``data`` stores
@@ -474,6 +482,25 @@ class _Kept(dict):
 
     def __reduce__(self):
         return (_Kept, ())
+
+
+def _check_entries(index: Tensor, hop: Tensor, load: Tensor, num_nodes: int) -> int:
+    # node ids in [0, N), hop counts >= 0, finite loads; returns the largest hop count. One host
+    # sync per batch (PyG's pattern), not one per layer.
+    if index.size(1) == 0:
+        return 0
+    lo, hi = torch.aminmax(index)
+    lo, hi = int(lo), int(hi)
+    if lo < 0 or hi >= num_nodes:
+        raise ValueError(f"'grf_index' must hold node ids in [0, {num_nodes}), got ids in "
+                         f"[{lo}, {hi}]")
+    hlo, hhi = torch.aminmax(hop)
+    if int(hlo) < 0:
+        raise ValueError(f"'grf_length' (hop counts) must be >= 0, got {int(hlo)}")
+    if not bool(torch.isfinite(load).all()):
+        raise ValueError("'grf_load' holds non-finite values (the loads overflowed: use "
+                         "normalization='sym' or 'rw', or shorter walks)")
+    return int(hhi)
 
 
 def _all_equal(a: Sequence[Optional[Tensor]], b: Sequence[Optional[Tensor]]) -> bool:

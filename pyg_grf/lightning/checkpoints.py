@@ -72,14 +72,42 @@ def check_local_ckpt_path(ckpt_path: Any) -> None:
     if isinstance(text, bytes):
         text = os.fsdecode(text)
     stripped = text.strip()
-    remote = ('://' in stripped or '::' in stripped or stripped.lower().startswith('data:')
-              or stripped.lower() == 'registry' or stripped.lower().startswith('registry:'))
+    remote = _is_remote(stripped) or stripped.lower() == 'registry' \
+        or stripped.lower().startswith('registry:')
     if remote:
         raise ValueError(f"--ckpt_path {text!r}: remote checkpoints are refused (a URL, a "
                          f"chained fsspec URL with '::', a 'data:' URL or Lightning's model "
                          f"registry: Lightning unpickles downloads without weights_only, which "
                          f"can run code); download the file, check it, and pass the local path "
                          f"(a local file whose name holds '::' or '://' must be renamed)")
+
+
+def _is_remote(text: str) -> bool:
+    # what fsspec would not read as a local path: a URL, a chained URL, a data: URL
+    text = text.strip()
+    return '://' in text or '::' in text or text.lower().startswith('data:')
+
+
+def check_local_dirs(config: Any) -> None:
+    r"""Refuses a remote run folder (``trainer.default_root_dir``, ``checkpoint.dirpath``):
+    ``--ckpt_path last`` / ``best`` look for checkpoints there, and Lightning reads through
+    fsspec, so a URL there would list and fetch files from elsewhere.
+
+    Raises:
+        ValueError: naming the option and its value.
+    """
+    def get(obj: Any, *keys: str) -> Any:
+        for key in keys:
+            if obj is None:
+                return None
+            obj = obj.get(key) if hasattr(obj, 'get') else getattr(obj, key, None)
+        return obj
+    for keys in (('trainer', 'default_root_dir'), ('checkpoint', 'dirpath')):
+        value = get(config, *keys)
+        if isinstance(value, (str, os.PathLike)) and _is_remote(os.fsdecode(os.fspath(value))):
+            raise ValueError(f"--{'.'.join(keys)} {value!r}: run folders must be local (a URL "
+                             f"or chained fsspec URL would have checkpoints listed and read "
+                             f"from elsewhere)")
 
 
 def resolve_ckpt_path(trainer: pl.Trainer, ckpt_path: str, subcommand: str) -> Optional[str]:

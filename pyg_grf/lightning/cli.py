@@ -62,7 +62,8 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from pyg_grf.lightning.callbacks import (AtomicModelCheckpoint, EpochMetricsLog,
                                         LearningCurvePlot, MallocTrim)
 from pyg_grf.lightning.checkpoints import (  # noqa: F401 (public names of this module)
-    best_checkpoint_of, check_local_ckpt_path, find_last_checkpoint, resolve_ckpt_path,
+    best_checkpoint_of, check_local_ckpt_path, check_local_dirs, find_last_checkpoint,
+    resolve_ckpt_path,
     reuse_log_version)
 from pyg_grf.lightning.specs import allowed_config_class_paths, check_config_class_paths
 
@@ -246,6 +247,7 @@ class GRFLightningCLI(LightningCLI):
         subcommand = self.config.get('subcommand')
         if subcommand:  # refused before anything reads it (Lightning's CLI does next)
             check_local_ckpt_path(self.config[subcommand].get('ckpt_path'))
+            check_local_dirs(self.config[subcommand])
 
     def before_instantiate_classes(self) -> None:
         # The parsed config (with what LightningCLI took from --ckpt_path's hyperparameters):

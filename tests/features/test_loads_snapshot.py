@@ -149,3 +149,31 @@ def test_a_batch_vector_beside_the_payload_must_match_it():
     with pytest.raises(ValueError, match="'batch' differs from the batch vector the GRF loads "
                                          "were built with"):
         layer(x, merged, grf=grf)
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('mode', ['symmetric', 'asymmetric', 'sparse_softmax'])
+def test_entries_edited_out_of_range_after_use_are_refused(mode, backend):
+    # the adversarial re-check: an out-of-range id written into a used payload (through .data:
+    # no version bump) reached the unchecked sparse kernels, silently or worse
+    b = make_batch()
+    layer = GRFAttention(8, heads=2, max_length=3, mode=mode, backend=backend)
+    x = torch.randn(b.num_nodes, 8)
+    grf = GRFLoads.from_data(b)
+    layer(x, grf=grf)
+    grf.index.data[1, 0] = b.num_nodes + 3
+    with pytest.raises(ValueError, match=r"edited in place after they were built and are no "
+                                         r"longer valid: 'grf_index' must hold node ids"):
+        layer(x, grf=grf)
+    grf.index.data[1, 0] = 0  # valid again: runs
+    assert torch.isfinite(layer(x, grf=grf)).all()
+    grf.load.data[0] = float('nan')
+    with pytest.raises(ValueError, match="no longer valid: 'grf_load' holds non-finite"):
+        layer(x, grf=grf)
+
+
+def test_kept_loads_still_check_max_length():
+    b = make_batch()
+    GRFLoads.from_data(b)  # kept on b
+    with pytest.raises(ValueError, match="hop counts up to 3 but 'max_length' is 1"):
+        GRFLoads.from_data(b, max_length=1)

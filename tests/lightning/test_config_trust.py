@@ -229,3 +229,15 @@ def test_check_local_ckpt_path():
             check_local_ckpt_path(url)
     with pytest.raises(ValueError, match='must be the path of a local checkpoint file, got int'):
         check_local_ckpt_path(3)
+
+
+def test_remote_run_folders_are_refused(tmp_path):
+    # --ckpt_path last looks in the run folders: a URL there had checkpoints listed from elsewhere
+    from pyg_grf.lightning.checkpoints import check_local_dirs
+    for opt, value in [('checkpoint.dirpath', 'http://127.0.0.1:9/x'),
+                       ('trainer.default_root_dir', 'simplecache::s3://bucket/run')]:
+        section, key = opt.split('.')
+        with pytest.raises(ValueError, match=f"--{opt} .*run folders must be local"):
+            check_local_dirs({section: {key: value}})
+    check_local_dirs({'trainer': {'default_root_dir': str(tmp_path)},
+                      'checkpoint': {'dirpath': None}})

@@ -49,7 +49,9 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
                          f"{tuple(rwgnk_index.shape)}")
     # Validated once per tensor (free when the layer has checked it already): the COO tensor
     # below skips its own invariant checks, and an id outside [0, N) would corrupt memory.
-    check_index_range(rwgnk_index, num_nodes, "'rwgnk_index'", 'num_nodes')
+    # (not by the remembered check: the COO tensor below skips its invariant checks, and a write
+    # through .data moves no version counter; this runs once per batch)
+    check_index_range(rwgnk_index, num_nodes, "'rwgnk_index'", 'num_nodes', remember=False)
     # Psi Psi^T has up to sum_q c_q^2 entries (c_q: rows visiting q; a hub makes it N^2): check
     # the memory (~48 bytes an entry while coalescing) before the product allocates it
     from pyg_grf.walks import check_walk_memory

@@ -368,3 +368,20 @@ def test_payload_structures_built_once_and_never_stale(mode, backend, monkeypatc
         out = layers[0](b.x, b.batch, rwgnk=rwgnk)
         assert len(builds) == 2 + n
         assert torch.allclose(out, reference(layers[0], b.x, dense_kernel(b)), atol=1e-10)
+
+
+@pytest.mark.parametrize('mode,backend', [('linear', 'sparse'), ('linear', 'pairs'),
+                                          ('softmax', 'auto')])
+def test_ids_edited_through_data_after_use_are_refused(mode, backend):
+    # the adversarial re-check: an out-of-range id written through .data (no version bump)
+    # after a first call skipped the remembered range check and corrupted memory in the kernel
+    # product (glibc abort); it is refused now
+    b = make_batch()
+    kw = {'backend': backend} if mode == 'linear' else {}
+    layer = GKATAttention(8, heads=2, mode=mode, **kw).double()
+    rwgnk = RWGNKLoads.from_data(b)
+    layer(b.x, b.batch, rwgnk=rwgnk)
+    b.rwgnk_index.data[0, 0] = b.num_nodes + 3
+    with pytest.raises(ValueError, match=r"(must hold node ids in \[0, 15\)|row indices must "
+                                         r"lie in \[0, 15\))"):
+        layer(b.x, b.batch, rwgnk=rwgnk)
