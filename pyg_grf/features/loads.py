@@ -223,11 +223,9 @@ class GRFLoads(BlockStructures):
         if snap is None or not _all_equal(snap, tensors):
             if snap is not None:  # edited after it was built: checked again before any use
                 self._check_edited()
-            with torch.inference_mode(False):
-                self._snap = tuple(None if t is None else t.clone() for t in tensors)
-            if snap is not None:
                 self._cache = {}
                 changed = True
+            self._snap = _snapshot(tensors)
         if self.key is not None and self.key.refresh():
             self._cache = {}  # the symmetric mask's statistics join both sides
             changed = True
@@ -501,6 +499,12 @@ def _check_entries(index: Tensor, hop: Tensor, load: Tensor, num_nodes: int) -> 
         raise ValueError("'grf_load' holds non-finite values (the loads overflowed: use "
                          "normalization='sym' or 'rw', or shorter walks)")
     return int(hhi)
+
+
+def _snapshot(tensors: Sequence[Optional[Tensor]]) -> Tuple[Optional[Tensor], ...]:
+    # copies to compare a payload's tensors with later (normal tensors, even in inference mode)
+    with torch.inference_mode(False):
+        return tuple(None if t is None else t.clone() for t in tensors)
 
 
 def _all_equal(a: Sequence[Optional[Tensor]], b: Sequence[Optional[Tensor]]) -> bool:

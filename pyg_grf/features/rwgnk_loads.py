@@ -6,7 +6,7 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_grf.features.loads import KEPT_ATTR, _Kept
+from pyg_grf.features.loads import KEPT_ATTR, _all_equal, _Kept, _snapshot
 
 
 class RWGNKLoads:
@@ -60,13 +60,8 @@ class RWGNKLoads:
         must not be cached (the layer does not)."""
         tensors = self._tensors()
         snap = self._cache.get('_snapshot')
-        if snap is None or not all(
-                (a is None and b is None) or (a is not None and b is not None
-                                              and a.shape == b.shape and torch.equal(a, b))
-                for a, b in zip(snap, tensors)):
-            with torch.inference_mode(False):
-                snap = tuple(None if t is None else t.clone() for t in tensors)
-            self._cache = {'_snapshot': snap}
+        if snap is None or not _all_equal(snap, tensors):
+            self._cache = {'_snapshot': _snapshot(tensors)}
         if name not in self._cache:
             with torch.inference_mode(False):
                 self._cache[name] = build()

@@ -17,6 +17,7 @@ from torch_geometric.utils import softmax
 
 from pyg_grf._validation import check_index_range
 from pyg_grf.masks.rwgnk import RWGNKMask
+from pyg_grf.memory import check_walk_memory
 from pyg_grf.features.rwgnk_loads import RWGNKLoads
 from pyg_grf.nn.attention.base import GraphAttention, contract_repr, key_dropout, split_call
 from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
@@ -47,14 +48,12 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
     if rwgnk_index.dim() != 2 or rwgnk_index.size(0) != 2:
         raise ValueError(f"'rwgnk_index' must have shape [2, nnz], got "
                          f"{tuple(rwgnk_index.shape)}")
-    # Validated once per tensor (free when the layer has checked it already): the COO tensor
-    # below skips its own invariant checks, and an id outside [0, N) would corrupt memory.
-    # (not by the remembered check: the COO tensor below skips its invariant checks, and a write
-    # through .data moves no version counter; this runs once per batch)
+    # Validated here every time (once per batch: the payload caches the result), not by the
+    # remembered check: the COO tensor below skips its own invariant checks, so an id outside
+    # [0, N) would corrupt memory, and a write through .data moves no version counter.
     check_index_range(rwgnk_index, num_nodes, "'rwgnk_index'", 'num_nodes', remember=False)
     # Psi Psi^T has up to sum_q c_q^2 entries (c_q: rows visiting q; a hub makes it N^2): check
     # the memory (~48 bytes an entry while coalescing) before the product allocates it
-    from pyg_grf.walks import check_walk_memory
     count = torch.bincount(rwgnk_index[1].long(), minlength=num_nodes)
     pairs = int((count.double() ** 2).sum())
     check_walk_memory(48 * pairs, rwgnk_value.device, None,
@@ -355,10 +354,12 @@ class GKATAttention(GraphAttention):
                 out = pair_masked_linear_attention(
                     phi_q, phi_k, v, pattern, k_value.to(x.dtype).expand(H, -1), self.eps)
             else:
-                # Psi's pattern (a sort) once per batch, shared by every layer
-                mask = rwgnk.cached(('mask', N), lambda: RWGNKMask.from_index(
-                    rwgnk.index, rwgnk.value, N)) if not rwgnk.value.requires_grad else \
-                    RWGNKMask.from_index(rwgnk_index, rwgnk_value, N)
+                # Psi's pattern (a sort) once per batch, shared by every layer (values with
+                # gradients: built per call, nothing cached)
+                def build_mask():
+                    return RWGNKMask.from_index(rwgnk.index, rwgnk.value, N)
+                mask = (build_mask() if rwgnk.value.requires_grad
+                        else rwgnk.cached(('mask', N), build_mask))
                 out = masked_linear_attention(phi_q, phi_k, v, mask, eps=self.eps)
         elif self.mode == 'softmax':
             # Pairs (i, j) with K_ij != 0 from the sparse product Psi Psi^T.
@@ -441,7 +442,6 @@ class GKATAttention(GraphAttention):
         N = v.size(0)
         # about 6 [N, N] matrices (Psi, K, the support and its masks) and 4 [H, N, N] ones
         # (logits, weights and their gradients), estimated before the first is allocated
-        from pyg_grf.walks import check_walk_memory
         check_walk_memory((6 + 4 * v.size(1)) * N * N * x.element_size(), x.device, None,
                           f"GKATAttention(mode='dense') on {N} nodes (dense [N, N] kernel and "
                           f"[{v.size(1)}, N, N] attention)",

@@ -28,6 +28,7 @@ from torch import Tensor
 
 from pyg_grf.features.blocks import BlockLayout, BlockTerms
 from pyg_grf.features.loads import GRFLoads
+from pyg_grf.memory import check_walk_memory
 from pyg_grf.nn import functional as F
 
 __all__ = ['GRFBackend', 'SparseBackend', 'PairsBackend', 'DenseBackend', 'GRF_BACKENDS',
@@ -52,7 +53,6 @@ def check_backend_memory(grf: GRFLoads, backend: str, mode: str, heads: int, m: 
                          device=None) -> None:
     r"""Raises :class:`BackendMemoryError` when :func:`backend_memory` exceeds the memory
     available (respecting cgroup limits and ``RLIMIT_AS``) or ``$PYG_GRF_MEMORY_LIMIT``."""
-    from pyg_grf.walks import check_walk_memory
     estimate = backend_memory(grf, backend, mode, heads, m, d, batch, itemsize)
 
     def hint() -> str:  # evaluated only when the check fails
