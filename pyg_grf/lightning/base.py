@@ -40,6 +40,13 @@ def _hparams_ignore(model: Any) -> Optional[list]:
     return None
 
 
+#: The task's optimisers by name: ``'adamw'`` decays weights apart from the gradient step
+#: (Loshchilov & Hutter, 2019), ``'adam'`` adds ``weight_decay * w`` to the gradient (an L2
+#: penalty: the GAT and GKAT papers' recipes). Both skip biases, norms and the parameters a
+#: module lists in ``no_weight_decay()``.
+OPTIMIZERS = {'adamw': torch.optim.AdamW, 'adam': torch.optim.Adam}
+
+
 class Task(pl.LightningModule):
     r"""The shared parts of :class:`~pyg_grf.lightning.tasks.GraphLevelTask`,
     :class:`~pyg_grf.lightning.tasks.NodeLevelTask` and
@@ -57,8 +64,9 @@ class Task(pl.LightningModule):
             :class:`~pyg_grf.nn.models.graph_transformer.GraphTransformer` arguments or a
             ``{'class_path': ..., 'init_args': ...}`` spec works too and is saved as a
             hyperparameter (:func:`~pyg_grf.lightning.specs.build_model`).
-        lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas: AdamW with linear
-            warm-up and cosine decay, as in :class:`~pyg_grf.lightning.tasks.GraphLevelTask`.
+        lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas, optimizer: AdamW
+            (or Adam) with linear warm-up and cosine decay, as in
+            :class:`~pyg_grf.lightning.tasks.GraphLevelTask`.
     """
 
     def __init__(
@@ -70,9 +78,12 @@ class Task(pl.LightningModule):
         max_epochs: Optional[int] = None,
         min_lr_ratio: float = 0.,
         betas: tuple = (0.9, 0.999),
+        optimizer: str = 'adamw',
     ):
         super().__init__()
         check_schedule(warmup_epochs, min_lr_ratio)
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {tuple(OPTIMIZERS)}, got '{optimizer}'")
         # The hyperparameters are the arguments of the concrete task's constructor (the caller,
         # and its callers up a user's subclasses), in their order: ours repeat some of them.
         frame = inspect.currentframe()
@@ -88,6 +99,7 @@ class Task(pl.LightningModule):
         self.max_epochs = max_epochs
         self.min_lr_ratio = min_lr_ratio
         self.betas = tuple(betas)
+        self.optimizer_name = optimizer
 
     def forward(self, data) -> Tensor:
         return self.model(data)
@@ -133,7 +145,7 @@ class Task(pl.LightningModule):
                 continue
             # No weight decay on biases, norms and embeddings' scalar parameters.
             (no_decay if param.dim() <= 1 or name in exempt else decay).append(param)
-        optimizer = torch.optim.AdamW(
+        optimizer = OPTIMIZERS[self.optimizer_name](
             [{'params': decay, 'weight_decay': self.weight_decay},
              {'params': no_decay, 'weight_decay': 0.}], lr=self.lr, betas=self.betas)
         warmup, total = schedule_steps(self.trainer.estimated_stepping_batches,

@@ -93,8 +93,9 @@ class LinkLevelTask(Task):
         ks (sequence of int, optional): the k of Hits@k (default: :obj:`(1, 3, 10)`).
         reduction (str, optional): ``'graph'``: MRR / Hits@k averaged per graph, then over the
             graphs (LRGB); ``'edge'``: over all positive pairs (default: :obj:`'graph'`).
-        lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas: AdamW with linear
-            warm-up and cosine decay, as in :class:`~pyg_grf.lightning.tasks.GraphLevelTask`.
+        lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas, optimizer: the
+            optimiser (AdamW or Adam) with linear warm-up and cosine decay, as in
+            :class:`~pyg_grf.lightning.tasks.GraphLevelTask`.
 
     Logs ``{train,val,test}/loss`` and ``{val,test}/{mrr,hits@1,hits@3,hits@10}``
     (``metric_name`` is ``'mrr'``: monitor ``val/mrr`` with ``mode: max``).
@@ -115,10 +116,12 @@ class LinkLevelTask(Task):
         max_epochs: Optional[int] = None,
         min_lr_ratio: float = 0.,
         betas: tuple = (0.9, 0.999),
+        optimizer: str = 'adamw',
     ):
         if num_negatives is not None and num_negatives < 1:
             raise ValueError(f"num_negatives must be None or >= 1, got {num_negatives}")
-        super().__init__(model, lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas)
+        super().__init__(model, lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas,
+                         optimizer)
         self.task = 'link'
         self.decoder_kind = decoder
         self.decoder_kwargs = dict(decoder_kwargs or {})

@@ -74,6 +74,7 @@ class _TargetTask(Task):
         min_lr_ratio: float = 0.,
         betas: tuple = (0.9, 0.999),
         metric: Optional[str] = None,
+        optimizer: str = 'adamw',
     ):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got '{task}'")
@@ -87,7 +88,8 @@ class _TargetTask(Task):
         loss = loss or _DEFAULT_LOSS[task]  # saved as a hyperparameter resolved
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got '{loss}'")
-        super().__init__(model, lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas)
+        super().__init__(model, lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas,
+                         optimizer)
         self.task = task
         self.num_classes = num_classes
         self.num_labels = num_labels
@@ -192,6 +194,10 @@ class GraphLevelTask(_TargetTask):
         metric (str, optional): the metric, one of :data:`METRICS` for the task: ``'acc'``
             (binary, multiclass), ``'macro_f1'`` (multiclass; LRGB PascalVOC-SP / COCO-SP),
             ``'ap'`` (multilabel), ``'mae'`` (regression) (default: the first for the task).
+        optimizer (str, optional): ``'adamw'`` or ``'adam'`` (weight decay as an L2 penalty
+            in the gradient, the recipe of PyG's GAT example and the GKAT paper); with
+            ``min_lr_ratio=1`` and no warm-up the learning rate is constant
+            (default: :obj:`'adamw'`).
 
     Node-level targets on mini-batches of graphs (LRGB PascalVOC-SP / COCO-SP: ``y [N]``, one
     class per node) work the same way with a model that does not pool

@@ -84,7 +84,8 @@ def test_subclass_supplies_the_step_and_gets_its_hyperparameters():
                                          r"<= 1, got 0.0 and 2"):
         Task(torch.nn.Identity(), min_lr_ratio=2)
     assert list(Task(torch.nn.Identity(), lr=0.1).hparams) == [
-        'lr', 'weight_decay', 'warmup_epochs', 'max_epochs', 'min_lr_ratio', 'betas']
+        'lr', 'weight_decay', 'warmup_epochs', 'max_epochs', 'min_lr_ratio', 'betas',
+        'optimizer']
 
 
 @pytest.mark.parametrize('stepping_batches,trainer_epochs,warmup_epochs,max_epochs,expected', [
@@ -109,3 +110,38 @@ def test_rng_states_round_trip():
     assert first[2] == again[2]
     # tensors and plain Python objects only: a weights_only checkpoint holds them
     assert isinstance(states['numpy'][1], torch.Tensor) and isinstance(states['python'], tuple)
+
+
+
+@pytest.mark.parametrize('name', ['adam', 'adamw'])
+def test_optimizer_option_against_a_hand_written_step(name):
+    # One step at a constant learning rate (no warm-up, min_lr_ratio=1) against Adam's first
+    # step written out: with m = (1 - b1) g and v = (1 - b2) g^2 the bias-corrected update is
+    # lr * g / (|g| + eps). For 'adam' g includes the L2 term wd * w; for 'adamw' it does not,
+    # and the weight shrinks by lr * wd * w apart from it. Biases are never decayed.
+    from types import SimpleNamespace
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(3, 2)
+    lr, wd, eps = 0.1, 0.5, 1e-8
+    task = NodeLevelTask(lin, num_classes=2, lr=lr, weight_decay=wd, min_lr_ratio=1.0,
+                         optimizer=name)
+    task._trainer = SimpleNamespace(estimated_stepping_batches=10, max_epochs=1)
+    opt = task.configure_optimizers()['optimizer']
+    w0, b0 = lin.weight.detach().clone(), lin.bias.detach().clone()
+    x = torch.randn(5, 3)
+    lin(x).pow(2).sum().backward()
+    gw, gb = lin.weight.grad.clone(), lin.bias.grad.clone()
+    opt.step()
+    adam = lambda g: lr * g / (g.abs() + eps)  # noqa: E731
+    if name == 'adam':
+        expected_w = w0 - adam(gw + wd * w0)
+    else:
+        expected_w = w0 * (1 - lr * wd) - adam(gw)
+    torch.testing.assert_close(lin.weight.detach(), expected_w)
+    torch.testing.assert_close(lin.bias.detach(), b0 - adam(gb))
+    assert task.hparams.optimizer == name
+
+
+def test_optimizer_option_rejects_unknown_names():
+    with pytest.raises(ValueError, match="optimizer must be one of .*got 'sgd'"):
+        GraphLevelTask(torch.nn.Linear(2, 2), num_classes=2, optimizer='sgd')
