@@ -18,6 +18,10 @@ per batch, *beside* the step:
   trains. What crosses the process boundary is shared memory of about
   ``nnz(M) * (4 * K (K + 1) / 2 + 40)`` bytes per batch (``nnz(M)`` the mask's nonzeros,
   :math:`K = L + 1`): 38 MB for a batch of 64 LRGB-sized molecules.
+
+A loader of a single batch (one full graph, e.g. Planetoid) yields a new ``Batch`` every
+epoch; :class:`DataLoader` hands it the payloads built for the previous one, which
+``from_data`` reuses only if the new batch holds exactly the same entries.
 """
 from __future__ import annotations
 
@@ -27,7 +31,7 @@ from typing import Any, List, Optional, Sequence, Union
 from torch import nn
 from torch_geometric.loader import DataLoader as PyGDataLoader
 
-from pyg_grf.features.loads import PREPARED_ATTR, GRFLoads
+from pyg_grf.features.loads import KEPT_ATTR, PREPARED_ATTR, GRFLoads, _Kept
 from pyg_grf.nn.attention.grf import GRFAttention
 
 __all__ = ['DataLoader', 'PayloadCollater', 'prepare_payload', 'grf_layers']
@@ -118,3 +122,25 @@ class DataLoader(PyGDataLoader):
                          exclude_keys=exclude_keys, **kwargs)
         if model is not None:
             self.collate_fn = PayloadCollater(self.collate_fn, model)
+
+    def __iter__(self):
+        # Full-graph training: a loader of one batch collates the same graph into a new Batch
+        # every epoch, which would rebuild its payload (the pair join, patterns) every step.
+        # The payloads GRFLoads.from_data / RWGNKLoads.from_data kept on the previous batch go
+        # to the new one; from_data returns them only after an exact comparison with the new
+        # batch's entries, so walks redrawn by a transform still get fresh loads.
+        single = self._single_batch()
+        for batch in super().__iter__():
+            if single:
+                last = self.__dict__.get('_last_batch')
+                kept = None if last is None else last.__dict__.get(KEPT_ATTR)
+                if kept and KEPT_ATTR not in batch.__dict__:
+                    batch.__dict__[KEPT_ATTR] = _Kept(kept)
+                self._last_batch = batch
+            yield batch
+
+    def _single_batch(self) -> bool:
+        try:
+            return len(self) == 1
+        except TypeError:  # an iterable-style dataset has no length
+            return False

@@ -186,3 +186,38 @@ def test_bad_input():
     with pytest.raises(ValueError, match="no GRF loads"):
         prepare_payload([GRFAttention(8, max_length=3)], Data(x=torch.randn(3, 8)))
     assert grf_layers(torch.nn.Sequential(GRFAttention(8), torch.nn.Linear(8, 8)))[0].channels == 8
+
+
+@pytest.mark.parametrize('fresh_walks', [False, True])
+def test_one_graph_loader_hands_its_payload_to_the_next_epoch(fresh_walks, monkeypatch):
+    # full-graph training through a loader (PlanetoidDataModule): every epoch collates a new
+    # Batch of the one graph; its kept payload goes to the next epoch's batch, and is reused
+    # only while the entries are exactly the same (a transform drawing fresh walks per access
+    # gets fresh loads every epoch)
+    from torch_geometric.data import InMemoryDataset
+
+    class OneGraph(InMemoryDataset):
+        def __init__(self, data, transform=None):
+            super().__init__(None, transform)
+            self.data, self.slices = self.collate([data])
+
+    torch.manual_seed(0)
+    g = Data(x=torch.randn(30, 8, dtype=torch.float64), edge_index=er_graph(30, 0.2, seed=1))
+    walks = AddGraphRandomFeatures(num_walks=8, max_length=3, seed=0)
+    dataset = (OneGraph(g, transform=walks) if fresh_walks else OneGraph(walks(g)))
+    layer = make_layer('symmetric', 'pairs')
+    loader = DataLoader(dataset, batch_size=1)
+    calls = count_builds(monkeypatch)
+    for _ in range(3):
+        (batch,) = list(loader)
+        grf = GRFLoads.from_data(batch)
+        out = layer(batch.x, batch.batch, grf=grf)
+        torch.testing.assert_close(out, dense_reference(layer, batch), atol=1e-10, rtol=0)
+    builds = calls.count('_build_terms')
+    assert builds == (3 if fresh_walks else 1)
+    # PyG's loader: a new payload every epoch
+    calls.clear()
+    for _ in range(2):
+        (batch,) = list(PyGDataLoader(dataset, batch_size=1))
+        layer(batch.x, batch.batch, grf=GRFLoads.from_data(batch))
+    assert calls.count('_build_terms') == 2
