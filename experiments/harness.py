@@ -46,10 +46,11 @@ def fit_and_test(config: str, overrides: Overrides, seed: int, root: str,
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)
     fit_s = time.perf_counter() - start
     ckpt = cli.trainer.checkpoint_callback
+    epochs_run = cli.trainer.current_epoch
     metrics = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path='best',
                                verbose=False)[0]
     return {'seed': seed, 'epochs': epochs, 'params': params, 'fit_s': round(fit_s, 1),
-            'best_val': float(ckpt.best_model_score),
+            'epochs_run': epochs_run, 'best_val': float(ckpt.best_model_score),
             **{k: float(v) for k, v in metrics.items()}}
 
 
@@ -84,9 +85,31 @@ def run_grid(variants: Dict[str, Any], seeds: Iterable[int], out: str,
             rows.append(row)
             with open(path, 'a') as f:
                 f.write(json.dumps(row) + '\n')
-            metric = next((k for k in row if k.startswith('test/')), None)
+            metric = next((k for k in row if k.startswith('test/') and k != 'test/loss'), None)
             log(f"{variant} seed {seed}: {metric} {row.get(metric)} ({row.get('fit_s')} s)")
     return rows
+
+
+def coordinate_search(space: Dict[str, Sequence[Any]], score: Callable[[Dict[str, Any]], float],
+                      log: Callable[[str], None] = print):
+    r"""Selects one value per key of :obj:`space` one key at a time, in its order, starting from
+    the first value of each: every candidate (the current choice with one key changed) is
+    scored by ``score(candidate)`` (higher is better, e.g. a mean validation accuracy over
+    selection seeds; each distinct candidate once) and the best value is kept (ties: the
+    earlier value). Returns the choice and every scored candidate with its ``score``."""
+    current = {k: values[0] for k, values in space.items()}
+    tried: Dict[str, float] = {}
+    for key, values in space.items():
+        scores = []
+        for value in values:
+            candidate = dict(current, **{key: value})
+            ident = json.dumps(candidate, sort_keys=True)
+            if ident not in tried:
+                tried[ident] = score(candidate)
+                log(f'search {ident}: {tried[ident]:.4f}')
+            scores.append(tried[ident])
+        current[key] = values[max(range(len(values)), key=lambda i: (scores[i], -i))]
+    return current, [dict(json.loads(k), score=v) for k, v in tried.items()]
 
 
 def mean_std(xs: Sequence[float]):

@@ -1,37 +1,27 @@
 #!/usr/bin/env bash
-# Reproduces the GKAT tables (experiments/results/gkat_citation.md and gkat_motifs.md).
+# Reproduces the GKAT tables (experiments/results/gkat_citation.md, gkat_tu.md, gkat_motifs.md)
+# and the Cora GRF-GPS table (cora_grf_gps.md), all through the product's training stack
+# (experiments/harness.py over pyg_grf.lightning; networks in experiments/paper_models.py,
+# configs in experiments/configs/paper/). Runs are appended to experiments/results/<name>/runs.jsonl
+# and finished ones are skipped, so a stopped stream resumes.
 # Usage: bash experiments/run_gkat_figures.sh {a|b}
-#   a: Cora + motifs caveman, ladder, circular_ladder; b: CiteSeer + circle, grid, induced cycles
-#   (the motifs at the paper's 4096 graphs, 3 seeds, at most 60 epochs: ~35 min per family)
 # Streams are independent and single-threaded: two can share a 2-core machine.
-# Citation: the paper's GAT setup (App. A.5.2), early stopping with patience 100; every GKAT
-# variant runs 5 seeds and the table reports all of them, so the choice between variants can be
-# made on validation accuracy.
-set -uo pipefail
+#   a: Cora + CiteSeer (GAT, GKAT, 10 seeds), PROTEINS, ENZYMES;
+#      motifs caveman, ladder, circular_ladder
+#   b: Cora GRF-GPS and its linear control (10 seeds), IMDB-BINARY, IMDB-MULTI, NCI1;
+#      motifs circle, grid, induced cycles
+set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PYG_GRF_MIRROR="${PYG_GRF_MIRROR:-$(cd .. && pwd)/shared/datasets}"
-stream=$1
-cite() {  # dataset, then options
-  local ds=$1; shift
-  python experiments/gkat_citation.py --dataset "$ds" --seeds 5 --epochs 1000 --patience 100 \
-    --threads 1 "$@"
-}
-gkat_variants() {  # dataset
-  cite $1 --model gat
-  cite $1 --model gkat --mode softmax --walk-length 3 --num-walks 16 --lam 0.8 --threshold 0.05
-}
-motifs() {  # motif
-  python experiments/gkat_motifs.py --motifs $1 --num-graphs 4096 --epochs 60 --patience 80 \
-    --seeds 3 --mode softmax --threshold 0.05 --threads 1 --tag $1 "${@:2}"
-}
-if [ "$stream" = a ]; then
-  gkat_variants Cora
-  for m in caveman ladder circular_ladder; do motifs $m; done
-elif [ "$stream" = b ]; then
-  gkat_variants CiteSeer
-  for m in circle grid; do motifs $m; done
-  motifs induced_cycle --walk-length 6  # the paper's GKAT walk length for induced cycles
-else
-  echo "unknown stream '$stream' (expected a or b)" >&2; exit 2
-fi
+tu() { python experiments/gkat_tu.py --dataset "$1" --models gkat gat gin; }
+motifs() { python experiments/gkat_motifs.py --motifs "$@" --seeds 3; }
+case "${1:?usage: run_gkat_figures.sh a|b}" in
+  a) for ds in Cora CiteSeer; do python experiments/gkat_citation.py --dataset $ds --seeds 10; done
+     tu PROTEINS; tu ENZYMES
+     motifs caveman ladder circular_ladder ;;
+  b) python experiments/cora_grf_gps.py --variants grf_gps linear --seeds 10
+     tu IMDB-BINARY; tu IMDB-MULTI; tu NCI1
+     motifs circle grid induced_cycle ;;
+  *) echo "unknown stream '$1' (expected a or b)" >&2; exit 2 ;;
+esac

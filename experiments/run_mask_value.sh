@@ -4,11 +4,8 @@
 #   bash experiments/run_mask_value.sh digits      # Table 1 variants, 5 seeds (~60 min)
 #   bash experiments/run_mask_value.sh ablations   # walkers, importance, free f, 3 seeds (~45 min)
 #   bash experiments/run_mask_value.sh motifs1     # GRF with the library's defaults (|f|, one
-#   bash experiments/run_mask_value.sh motifs2     #   walk set), 3 seeds each
-#   bash experiments/run_mask_value.sh circle      # circle: walks per head and layer + the
-#                                                  #   unmasked-linear control
-#   bash experiments/run_mask_value.sh motifs_linear_a  # unmasked-linear controls of the other
-#   bash experiments/run_mask_value.sh motifs_linear_b  #   five families, 3 seeds (2 streams)
+#   bash experiments/run_mask_value.sh motifs2     #   walk set) and the unmasked-linear control,
+#                                                  #   3 seeds each (experiments/gkat_motifs.py)
 #   bash experiments/run_mask_value.sh peptides SEED [EPOCHS] [MAX_STEPS]  # GRF-GPS and the
 #       same block with unmasked linear attention side by side (439 K parameters each; both
 #       ~0.54 s/step on an idle core), the cosine schedule sized for EPOCHS (9), training
@@ -19,15 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 digits() { python experiments/digits_grid.py --out experiments/results/digits_grid "$@"; }
-motifs() {  # motif, then options
-  python experiments/gkat_motifs.py --motifs "$1" --num-graphs 4096 --epochs 60 --patience 80 \
-    --seeds 3 --mode softmax --threshold 0.05 --threads 1 --models grf --grf-draws 1 \
-    --tag "$1_grf_abs" "${@:2}"
-}
-linear_motifs() {  # motif, then options
-  python experiments/gkat_motifs.py --motifs "$1" --num-graphs 4096 --epochs 60 --patience 80 \
-    --seeds 3 --mode softmax --threshold 0.05 --threads 1 --models linear \
-    --tag "$1_linear" "${@:2}"
+motifs() {  # motifs: GRF with the library's defaults and its unmasked-linear control
+  python experiments/gkat_motifs.py --motifs "$@" --seeds 3 --models grf linear
 }
 peptides() {  # seed, epochs, max_steps
   local out=runs/peptides_mask_value/seed$1 res=experiments/results/peptides_mask_value.txt
@@ -47,18 +37,13 @@ peptides() {  # seed, epochs, max_steps
   done
   wait
 }
-case "${1:?usage: run_mask_value.sh digits|ablations|motifs1|motifs2|circle|motifs_linear_a|motifs_linear_b|peptides}" in
+case "${1:?usage: run_mask_value.sh digits|ablations|motifs1|motifs2|peptides}" in
   digits) digits --variants linear,power_series,grf,grf_old_defaults,softmax,grf_shared_walks,grid_rpe \
     --seeds 0,1,2,3,4 ;;
   ablations) digits --variants grf_free_f,grf_no_importance,grf_walks4,grf_walks16,grf_walks128 \
     --seeds 0,1,2 ;;
-  motifs1) for m in circle caveman circular_ladder; do motifs $m; done ;;
-  motifs2) motifs induced_cycle --walk-length 6; for m in ladder grid; do motifs $m; done ;;
-  circle) python experiments/gkat_motifs.py --motifs circle --num-graphs 4096 --epochs 60 \
-    --patience 80 --seeds 3 --mode softmax --threshold 0.05 --threads 1 --models grf linear \
-    --grf-draws 4 --tag circle_grf_draws ;;
-  motifs_linear_a) for m in caveman grid ladder; do linear_motifs $m; done ;;
-  motifs_linear_b) linear_motifs induced_cycle --walk-length 6; linear_motifs circular_ladder ;;
+  motifs1) motifs circle caveman circular_ladder ;;
+  motifs2) motifs induced_cycle ladder grid ;;
   peptides) peptides "${2:?seed}" "${3:-9}" "${4:-0}" ;;
   *) echo "unknown stream '$1'" >&2; exit 2 ;;
 esac
