@@ -22,14 +22,21 @@ per batch, *beside* the step:
 A loader of a single batch (one full graph, e.g. Planetoid) yields a new ``Batch`` every
 epoch; :class:`DataLoader` hands it the payloads built for the previous one, which
 ``from_data`` reuses only if the new batch holds exactly the same entries.
+
+:class:`NodePartLoader` trains on one large graph part by part (PyG's ``RandomNodeLoader``),
+each part with the GRF loads of its nodes: the full graph's walks restricted to the part, or
+walks drawn afresh on it.
 """
 from __future__ import annotations
 
 import copy
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
 
+import torch
 from torch import nn
+from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader as PyGDataLoader
+from torch_geometric.loader import RandomNodeLoader
 
 from pyg_grf.features.loads import KEPT_ATTR, PREPARED_ATTR, GRFLoads, _Kept
 from pyg_grf.nn.attention.grf import GRFAttention
@@ -144,3 +151,78 @@ class DataLoader(PyGDataLoader):
             return len(self) == 1
         except TypeError:  # an iterable-style dataset has no length
             return False
+
+
+#: How :class:`NodePartLoader` gives each part its walks.
+PART_WALKS = ('restrict', 'recompute')
+
+
+def check_part_args(num_parts: Any, walks: Any, transform: Optional[Callable]) -> None:
+    r"""Checks the arguments of :class:`NodePartLoader` (a clear error at construction, not at
+    the first epoch)."""
+    if not isinstance(num_parts, int) or isinstance(num_parts, bool) or num_parts < 1:
+        raise ValueError(f"'num_parts' must be an integer >= 1, got {num_parts!r}")
+    if walks not in PART_WALKS:
+        raise ValueError(f"'walks' must be one of {PART_WALKS}, got {walks!r}")
+    if walks == 'recompute' and transform is None:
+        raise ValueError("walks='recompute' draws the walks of every part: pass the walk "
+                         "transform, e.g. transform=AddGraphRandomFeatures(...)")
+
+
+class NodePartLoader:
+    r"""One epoch over a large graph in ``num_parts`` random node parts (PyG's
+    :class:`~torch_geometric.loader.RandomNodeLoader`: the subgraph induced by each part), each
+    part carrying the GRF loads of its nodes, so that a GRF model trains on one part per step
+    (memory and time per step :math:`O(N / P)`):
+
+    * ``walks='restrict'``: the walks drawn once on the full graph, restricted to the part
+      (:class:`~pyg_grf.transforms.RestrictGraphRandomFeatures`: the entries whose start and
+      visited node both lie in the part; walks are not cut at the part's boundary);
+    * ``walks='recompute'``: walks drawn afresh on every part by :obj:`transform` (e.g.
+      :class:`~pyg_grf.transforms.AddGraphRandomFeatures`: walks stop at the boundary).
+
+    Args:
+        data (Data or callable): the full graph, with its loads for ``'restrict'``; or a callable
+            returning it, called once per epoch (a dataset's ``lambda: dataset[0]``, so that a
+            per-access transform runs every epoch).
+        num_parts (int): parts per epoch (steps per epoch).
+        walks (str, optional): ``'restrict'`` or ``'recompute'`` (default: :obj:`'restrict'`).
+        transform (callable, optional): draws the walks of a part, for ``'recompute'``.
+        attr_prefixes (list of str, optional): the loads' prefixes (default: every set found).
+        shuffle (bool, optional): new random parts every epoch (default: :obj:`True`).
+    """
+
+    def __init__(self, data: Union[Data, Callable[[], Data]], num_parts: int,
+                 walks: str = 'restrict', transform: Optional[Callable] = None,
+                 attr_prefixes: Optional[Sequence[str]] = None, shuffle: bool = True):
+        check_part_args(num_parts, walks, transform)
+        self.data = data
+        self.num_parts = num_parts
+        self.walks = walks
+        self.transform = transform
+        self.attr_prefixes = attr_prefixes
+        self.shuffle = shuffle
+
+    def __len__(self) -> int:
+        return self.num_parts
+
+    def __iter__(self) -> Iterator[Data]:
+        from pyg_grf.transforms import RestrictGraphRandomFeatures, grf_prefixes
+        full = self.data if isinstance(self.data, Data) else self.data()
+        if not isinstance(full, Data):
+            raise TypeError(f"NodePartLoader expects a torch_geometric.data.Data, got "
+                            f"{type(full).__name__}")
+        restrict = None
+        if self.walks == 'restrict':
+            restrict = RestrictGraphRandomFeatures(full, self.attr_prefixes)
+        # the parts are cut from the graph without its loads (PyG's subgraph would slice any
+        # entry tensor whose length happens to equal the node count); each part gets its own
+        base = full.clone()
+        for prefix in grf_prefixes(full):
+            for name in ('index', 'length', 'load', 'draw'):
+                if f'{prefix}_{name}' in base:
+                    del base[f'{prefix}_{name}']
+        base.n_id = torch.arange(full.num_nodes, device=full.x.device if full.x is not None
+                                 else None)
+        for part in RandomNodeLoader(base, num_parts=self.num_parts, shuffle=self.shuffle):
+            yield restrict(part) if restrict is not None else self.transform(part)

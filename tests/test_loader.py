@@ -221,3 +221,60 @@ def test_one_graph_loader_hands_its_payload_to_the_next_epoch(fresh_walks, monke
         (batch,) = list(PyGDataLoader(dataset, batch_size=1))
         layer(batch.x, batch.batch, grf=GRFLoads.from_data(batch))
     assert calls.count('_build_terms') == 2
+
+
+def _entries(index, hop, load, ids=None):
+    ids = torch.arange(int(index.max()) + 1) if ids is None else ids
+    return sorted((int(ids[a]), int(ids[b]), int(h), round(float(w), 12))
+                  for (a, b), h, w in zip(index.t().tolist(), hop, load))
+
+
+def test_node_part_loader_restrict_against_filtering_the_full_entries():
+    from pyg_grf.loader import NodePartLoader
+    torch.manual_seed(0)
+    g = Data(x=torch.randn(40, 3), edge_index=er_graph(40, 0.15, seed=4),
+             y=torch.arange(40) % 3)
+    full = AddGraphRandomFeatures(num_walks=6, max_length=3, seed=0)(g)
+    parts = list(NodePartLoader(full, num_parts=3))
+    ids = torch.cat([p.n_id for p in parts])
+    assert sorted(ids.tolist()) == list(range(40))  # the parts partition the nodes
+    for p in parts:
+        inside = torch.zeros(40, dtype=torch.bool)
+        inside[p.n_id] = True
+        keep = inside[full.grf_index[0]] & inside[full.grf_index[1]]
+        expected = _entries(full.grf_index[:, keep], full.grf_length[keep], full.grf_load[keep],
+                            torch.arange(40))
+        assert _entries(p.grf_index, p.grf_length, p.grf_load, p.n_id) == expected
+        assert torch.equal(p.y, full.y[p.n_id]) and torch.equal(p.x, full.x[p.n_id])
+
+
+def test_node_part_loader_recompute_draws_walks_on_each_part():
+    from pyg_grf.loader import NodePartLoader
+    calls = []
+    walks = AddGraphRandomFeatures(num_walks=6, max_length=3, seed=0)
+    g = Data(x=torch.randn(40, 3), edge_index=er_graph(40, 0.15, seed=4))
+    loader = NodePartLoader(lambda: g, num_parts=4, walks='recompute',
+                            transform=lambda d: calls.append(d.num_nodes) or walks(d))
+    assert len(loader) == 4
+    parts = list(loader)
+    assert calls == [p.num_nodes for p in parts] and sum(calls) == 40
+    for p in parts:  # walks drawn on the part: one hop is one of the part's own edges
+        assert int(p.grf_index.max()) < p.num_nodes
+        one = p.grf_index[:, p.grf_length == 1]
+        edges = set(map(tuple, p.edge_index.t().tolist()))
+        assert one.size(1) > 0 and set(map(tuple, one.t().tolist())) <= edges
+
+
+def test_node_part_loader_bad_input():
+    from pyg_grf.loader import NodePartLoader
+    g = Data(x=torch.randn(5, 2), edge_index=path_graph(5))
+    with pytest.raises(ValueError, match="'num_parts' must be an integer >= 1, got 0"):
+        NodePartLoader(g, 0)
+    with pytest.raises(ValueError, match="'walks' must be one of .*got 'fresh'"):
+        NodePartLoader(g, 2, walks='fresh')
+    with pytest.raises(ValueError, match="walks='recompute' draws the walks of every part"):
+        NodePartLoader(g, 2, walks='recompute')
+    with pytest.raises(ValueError, match='the data holds no GRF loads'):
+        list(NodePartLoader(g, 2))
+    with pytest.raises(TypeError, match='expects a torch_geometric.data.Data, got list'):
+        list(NodePartLoader(lambda: [g], 2))

@@ -13,6 +13,7 @@ checkpoint sees the same batches as an uninterrupted one.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import importlib
@@ -23,7 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import RandomSampler
-from pyg_grf.loader import DataLoader
+from pyg_grf.loader import DataLoader, NodePartLoader, check_part_args
 from torch_geometric.transforms import BaseTransform, Compose
 
 TransformArg = Optional[Union[BaseTransform, List[BaseTransform]]]
@@ -454,14 +455,25 @@ class PlanetoidDataModule(_DatasetDataModule):
         split (str, optional): Planetoid split (default: :obj:`'public'`).
         pre_transform, transform: as in :class:`GraphDataModule`.
         root (str, optional): dataset root (default: under the data root).
+        num_parts (int, optional): train on ``num_parts`` random node parts per epoch, one
+            step per part (:class:`~pyg_grf.loader.NodePartLoader`); validation and test stay
+            on the full graph (default: :obj:`None`: the full graph every step).
+        part_walks (str, optional): the walks of a part: ``'restrict'`` (the pre-transform's
+            walks on the full graph, restricted to the part) or ``'recompute'`` (the
+            pre-transform applied to the part) (default: :obj:`'restrict'`).
     """
 
     def __init__(self, name: str = 'Cora', split: str = 'public',
                  pre_transform: TransformArg = None, transform: TransformArg = None,
-                 root: Optional[str] = None, num_workers: int = 0):
+                 root: Optional[str] = None, num_workers: int = 0,
+                 num_parts: Optional[int] = None, part_walks: str = 'restrict'):
         super().__init__(pre_transform, transform, root, num_workers)
         self.name = name
         self.split = split
+        if num_parts is not None:
+            check_part_args(num_parts, part_walks, self.pre_transform)
+        self.num_parts = num_parts
+        self.part_walks = part_walks
 
     def load_dataset(self):
         load_planetoid = _dataset_api('load_planetoid')
@@ -474,11 +486,15 @@ class PlanetoidDataModule(_DatasetDataModule):
         return DataLoader(self.dataset, batch_size=1, shuffle=False,
                           num_workers=self.num_workers)
 
-    def train_dataloader(self) -> DataLoader:
+    def train_dataloader(self):
+        if self.num_parts is None:
+            return self._loader()
+        if self.dataset is None:
+            raise RuntimeError("PlanetoidDataModule: call setup() before asking for a dataloader")
+        return NodePartLoader(lambda: self.dataset[0], self.num_parts, self.part_walks,
+                              transform=copy.deepcopy(self.pre_transform))
+
+    def val_dataloader(self) -> DataLoader:  # validation and test: the full graph
         return self._loader()
 
-    def val_dataloader(self) -> DataLoader:
-        return self._loader()
-
-    def test_dataloader(self) -> DataLoader:
-        return self._loader()
+    test_dataloader = val_dataloader

@@ -104,6 +104,32 @@ def test_planetoid(mirror):
     assert int(data.train_mask.sum()) == 140 and dm.num_classes == 7
 
 
+@pytest.mark.data
+@pytest.mark.parametrize('walks', ['restrict', 'recompute'])
+def test_planetoid_node_parts(mirror, walks, tmp_path):
+    # training on 4 random node parts per epoch (each with its GRF loads), validation and test
+    # on the full graph: the parts partition Cora's 2708 nodes and its 140 training nodes
+    from pyg_grf.transforms import AddGraphRandomFeatures
+    pre = AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0)
+    dm = PlanetoidDataModule('Cora', pre_transform=pre, num_parts=4, part_walks=walks,
+                             root=str(tmp_path))
+    dm.prepare_data()
+    dm.setup()
+    parts = list(dm.train_dataloader())
+    assert len(parts) == 4 and sum(p.num_nodes for p in parts) == 2708
+    assert sorted(torch.cat([p.n_id for p in parts]).tolist()) == list(range(2708))
+    assert sum(int(p.train_mask.sum()) for p in parts) == 140
+    assert all(int(p.grf_index.max()) < p.num_nodes for p in parts)
+    assert next(iter(dm.val_dataloader())).num_nodes == 2708
+
+
+def test_planetoid_node_parts_bad_input():
+    with pytest.raises(ValueError, match="'num_parts' must be an integer >= 1, got 0"):
+        PlanetoidDataModule('Cora', num_parts=0)
+    with pytest.raises(ValueError, match="walks='recompute' draws the walks of every part"):
+        PlanetoidDataModule('Cora', num_parts=2, part_walks='recompute')
+
+
 def test_digits_grid_split_by_source_keeps_copies_together():
     pytest.importorskip('sklearn')
     dm = SyntheticDataModule(task='digits_grid', num_graphs=600, split=(0.6, 0.2, 0.2),
