@@ -18,7 +18,7 @@ DDP) and the process's peak over its lifetime (loading, walks and training). Wri
 ``experiments/results/large_graphs.md`` and JSON under ``experiments/results/runs/large_graphs/``
 (git-ignored)::
 
-    OMP_NUM_THREADS=1 taskset -c 1 python experiments/large_graphs.py --threads 1
+    OMP_NUM_THREADS=1 taskset -c 1 python bench/large_graphs.py --threads 1
 """
 from __future__ import annotations
 
@@ -32,8 +32,14 @@ import sys
 import tempfile
 import time
 
+import torch.nn.functional as F
+from torch import nn
+
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, REPO)
+
+from pyg_grf.features import GRFLoads  # noqa: E402
+from pyg_grf.nn import GRFAttention  # noqa: E402
 RUNS = osp.join(REPO, 'experiments', 'results', 'runs', 'large_graphs')
 TABLE = osp.join(REPO, 'experiments', 'results', 'large_graphs.md')
 WAYS = ('full', 'restrict', 'recompute', 'ddp')
@@ -55,10 +61,43 @@ def _reset_peak():
         fh.write('5')
 
 
+def load(name: str = 'Cora'):
+    mirror = osp.join(osp.dirname(REPO), 'shared', 'datasets')
+    if 'PYG_GRF_MIRROR' not in os.environ and osp.isdir(mirror):
+        os.environ['PYG_GRF_MIRROR'] = mirror
+    os.environ.setdefault('PYG_GRF_DATA', tempfile.mkdtemp(prefix='pyg_grf_data_'))
+    from torch_geometric.transforms import NormalizeFeatures
+
+    from pyg_grf.datasets.planetoid import load_planetoid
+    return load_planetoid(name, transform=NormalizeFeatures())[0]
+
+
+class GRFNodeModel(nn.Module):
+    r"""Input MLP, :obj:`num_layers` residual GRF attention layers, linear head."""
+    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
+                 heads: int = 4, max_length: int = 3, num_layers: int = 1,
+                 dropout: float = 0.5, backend: str = 'auto'):
+        super().__init__()
+        self.dropout = dropout
+        self.lin_in = nn.Linear(in_channels, hidden_channels)
+        self.attns = nn.ModuleList(GRFAttention(hidden_channels, heads=heads,
+                                                max_length=max_length, backend=backend)
+                                   for _ in range(num_layers))
+        self.norms = nn.ModuleList(nn.LayerNorm(hidden_channels) for _ in range(num_layers))
+        self.lin_out = nn.Linear(hidden_channels, out_channels)
+
+    def forward(self, x, grf: GRFLoads):
+        x = F.dropout(x, self.dropout, self.training)
+        x = F.relu(self.lin_in(x))
+        for attn, norm in zip(self.attns, self.norms):
+            h = F.dropout(x, self.dropout, self.training)
+            x = norm(x + attn(h, grf=grf))
+        return self.lin_out(F.dropout(x, self.dropout, self.training))
+
+
 def _prepare(args):
     import torch
 
-    from experiments.cora_subgraph import GRFNodeModel, load
     from pyg_grf.transforms import AddGraphRandomFeatures
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
