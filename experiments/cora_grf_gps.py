@@ -22,19 +22,14 @@ without it the earlier selection is used (:data:`SELECTED`). Runs go to
 """
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import os.path as osp
-import statistics
 import sys
-
-import torch
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import paper_models  # noqa: E402,F401  (registers the networks for the configs)
-from harness import (coordinate_search, fit_and_test, read_rows, run_grid,  # noqa: E402
-                     summary_table)
+from harness import (experiment_main, fit_and_test, read_rows, run_grid,  # noqa: E402
+                     select_on_validation, summary_table, write_markdown)
 
 HERE = osp.dirname(osp.abspath(__file__))
 CONFIG = osp.join(HERE, 'configs', 'paper', 'citation_{}.yaml')
@@ -69,13 +64,8 @@ def run(variants, seeds, settings: dict, out: str = OUT, epochs=None, key=None):
 
 
 def search(epochs=None) -> dict:
-    def score(candidate):
-        rows = run(['grf_gps'], SEARCH_SEEDS, candidate, osp.join(OUT, 'search'), epochs,
-                   key={'candidate': json.dumps(candidate, sort_keys=True)})
-        return statistics.mean(r['best_val'] for r in rows)
-    chosen, tried = coordinate_search(SEARCH_SPACE, score)
-    print(f'selected {chosen} from {len(tried)} candidates')
-    return chosen
+    return select_on_validation(SEARCH_SPACE, lambda candidate, seeds, key: run(
+        ['grf_gps'], seeds, candidate, osp.join(OUT, 'search'), epochs, key), SEARCH_SEEDS)
 
 
 def write_table() -> str:
@@ -95,39 +85,24 @@ def write_table() -> str:
              summary_table(gat + rows, 'test/acc', control='linear',
                            order=['gat', 'linear', 'grf_gps'],
                            labels={'metric': 'test acc', 'val': 'val acc'}).rstrip(), '']
-    if osp.exists(NOTES):
-        with open(NOTES) as f:
-            lines += [f.read().rstrip(), '']
-    lines += ['Commands:', '', '```',
-              'python experiments/gkat_citation.py --dataset Cora --models gat --seeds 10',
-              'python experiments/cora_grf_gps.py --variants grf_gps linear --seeds 10', '```',
-              '']
-    text = '\n'.join(lines)
-    with open(TABLE, 'w') as f:
-        f.write(text)
-    return text
+    return write_markdown(TABLE, lines, NOTES, [
+        'python experiments/gkat_citation.py --dataset Cora --models gat --seeds 10',
+        'python experiments/cora_grf_gps.py --variants grf_gps linear --seeds 10'])
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--variants', nargs='+', default=['grf_gps', 'linear'],
-                   choices=['grf_gps', 'linear'])
-    p.add_argument('--seeds', type=int, default=10)
-    p.add_argument('--epochs', type=int, default=None, help='cap (default: the config\'s)')
-    p.add_argument('--search', action='store_true',
-                   help='select the GRF-GPS settings on the validation split first')
-    p.add_argument('--threads', type=int, default=1)
-    p.add_argument('--out', default=OUT)
-    p.add_argument('--table-only', action='store_true')
-    args = p.parse_args(argv)
-    if not args.table_only:
-        torch.set_num_threads(args.threads)
-        os.environ.setdefault('PYG_GRF_MIRROR', osp.join(osp.dirname(osp.dirname(HERE)),
-                                                         'shared', 'datasets'))
+    def add_arguments(p):
+        p.add_argument('--variants', nargs='+', default=['grf_gps', 'linear'],
+                       choices=['grf_gps', 'linear'])
+        p.add_argument('--seeds', type=int, default=10)
+        p.add_argument('--epochs', type=int, default=None, help="cap (default: the config's)")
+        p.add_argument('--search', action='store_true',
+                       help='select the GRF-GPS settings on the validation split first')
+
+    def go(args):
         settings = search(args.epochs) if args.search else SELECTED
         run(args.variants, range(args.seeds), settings, args.out, args.epochs)
-    if args.out == OUT:
-        print(write_table())
+    experiment_main(__doc__, OUT, go, write_table, add_arguments, argv)
 
 
 if __name__ == '__main__':

@@ -16,20 +16,18 @@ table to ``experiments/results/cora_subgraph.md``::
 """
 from __future__ import annotations
 
-import argparse
-import os
 import os.path as osp
 import sys
 
-import torch
-
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from harness import fit_and_test, read_rows, run_grid, summary_table  # noqa: E402
+from harness import (experiment_main, fit_and_test, read_rows, run_grid,  # noqa: E402
+                     summary_table, write_markdown)
 
 HERE = osp.dirname(osp.abspath(__file__))
 CONFIG = osp.join(HERE, 'configs', 'cora_grf.yaml')
 OUT = osp.join(HERE, 'results', 'cora_subgraph')
 TABLE = osp.join(HERE, 'results', 'cora_subgraph.md')
+NOTES = osp.join(HERE, 'results', 'cora_subgraph_notes.md')
 D = '--data.init_args.'
 #: variant -> (overrides, epochs): the part runs take 100 epochs (P steps each), the full graph
 #: 200 (the config's) and 400 (as many steps as restrict4)
@@ -53,7 +51,7 @@ def run(variants, seeds, out: str = OUT):
 
 def write_table() -> str:
     rows = read_rows(osp.join(OUT, 'runs.jsonl'))
-    text = '\n'.join([
+    return write_markdown(TABLE, [
         '# Cora: full-graph training vs training on random node parts (precomputed GRFs)', '',
         'The GRF `GraphTransformer` of `experiments/configs/cora_grf.yaml` (2 pre-norm blocks, '
         '64 channels, 4 heads, max_length 3; 32 walks per node, p_halt 0.3, drawn with the '
@@ -64,28 +62,16 @@ def write_table() -> str:
         'validation epoch, mean ± std over seeds, paired difference to `full`. One CPU thread '
         'per run; s / run is the fit time.', '',
         summary_table(rows, 'test/acc', control='full', order=list(VARIANTS),
-                      labels={'metric': 'test acc', 'val': 'val acc'}).rstrip(), '',
-        'Command:', '', '```', 'python experiments/cora_subgraph.py --seeds 3', '```', ''])
-    with open(TABLE, 'w') as f:
-        f.write(text)
-    return text
+                      labels={'metric': 'test acc', 'val': 'val acc'}).rstrip(), ''],
+        NOTES, ['python experiments/cora_subgraph.py --seeds 3'])
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument('--seeds', type=int, default=3)
-    p.add_argument('--threads', type=int, default=1)
-    p.add_argument('--out', default=OUT)
-    p.add_argument('--table-only', action='store_true')
-    args = p.parse_args(argv)
-    if not args.table_only:
-        torch.set_num_threads(args.threads)
-        os.environ.setdefault('PYG_GRF_MIRROR', osp.join(osp.dirname(osp.dirname(HERE)),
-                                                         'shared', 'datasets'))
-        run(args.variants, range(args.seeds), args.out)
-    if args.out == OUT:
-        print(write_table())
+    def add_arguments(p):
+        p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
+        p.add_argument('--seeds', type=int, default=3)
+    experiment_main(__doc__, OUT, lambda a: run(a.variants, range(a.seeds), a.out), write_table,
+                    add_arguments, argv)
 
 
 if __name__ == '__main__':

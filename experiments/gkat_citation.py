@@ -21,19 +21,14 @@ from them::
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import os.path as osp
 import statistics
 import sys
 
-import torch
-
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import paper_models  # noqa: E402,F401  (registers the networks for the configs)
-from harness import (coordinate_search, fit_and_test, read_rows, run_grid,  # noqa: E402
-                     summary_table)
+from harness import (experiment_main, fit_and_test, read_rows, run_grid,  # noqa: E402
+                     select_on_validation, summary_table, write_markdown)
 
 HERE = osp.dirname(osp.abspath(__file__))
 CONFIG = osp.join(HERE, 'configs', 'paper', 'citation_{}.yaml')
@@ -77,13 +72,8 @@ def run(dataset: str, models, seeds, rwgnk: dict, out: str = OUT, epochs=None, k
 
 
 def search(dataset: str, epochs=None) -> dict:
-    def score(candidate):
-        rows = run(dataset, ['gkat'], SEARCH_SEEDS, candidate, osp.join(OUT, 'search'), epochs,
-                   key={'candidate': json.dumps(candidate, sort_keys=True)})
-        return statistics.mean(r['best_val'] for r in rows)
-    chosen, tried = coordinate_search(SEARCH_SPACE, score)
-    print(f'{dataset}: selected {chosen} from {len(tried)} candidates')
-    return chosen
+    return select_on_validation(SEARCH_SPACE, lambda candidate, seeds, key: run(
+        dataset, ['gkat'], seeds, candidate, osp.join(OUT, 'search'), epochs, key), SEARCH_SEEDS)
 
 
 def write_table() -> str:
@@ -108,39 +98,24 @@ def write_table() -> str:
                   + '. Epochs run (mean): ' + ', '.join(f'{m} {e:.0f}' for m, e in
                                                         epochs.items())
                   + (f'. GKAT\'s RWGNK settings: {gkat}.' if gkat else '.'), '']
-    if osp.exists(NOTES):
-        with open(NOTES) as f:
-            lines += [f.read().rstrip(), '']
-    lines += ['Commands:', '', '```',
-              'python experiments/gkat_citation.py --dataset Cora --models gat gkat --seeds 10',
-              'python experiments/gkat_citation.py --dataset CiteSeer --models gat gkat '
-              '--seeds 10', 'python experiments/gkat_citation.py --table-only', '```', '']
-    text = '\n'.join(lines)
-    with open(TABLE, 'w') as f:
-        f.write(text)
-    return text
+    return write_markdown(TABLE, lines, NOTES, [
+        'python experiments/gkat_citation.py --dataset Cora --models gat gkat --seeds 10',
+        'python experiments/gkat_citation.py --dataset CiteSeer --models gat gkat --seeds 10'])
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--dataset', default='Cora', choices=list(DATASETS))
-    p.add_argument('--models', nargs='+', default=['gat', 'gkat'], choices=['gat', 'gkat'])
-    p.add_argument('--seeds', type=int, default=10)
-    p.add_argument('--epochs', type=int, default=None, help='cap (default: the config\'s)')
-    p.add_argument('--search', action='store_true',
-                   help='select the RWGNK settings on the validation split first')
-    p.add_argument('--threads', type=int, default=1)
-    p.add_argument('--out', default=OUT)
-    p.add_argument('--table-only', action='store_true')
-    args = p.parse_args(argv)
-    if not args.table_only:
-        torch.set_num_threads(args.threads)
-        os.environ.setdefault('PYG_GRF_MIRROR', osp.join(osp.dirname(osp.dirname(HERE)),
-                                                         'shared', 'datasets'))
+    def add_arguments(p):
+        p.add_argument('--dataset', default='Cora', choices=list(DATASETS))
+        p.add_argument('--models', nargs='+', default=['gat', 'gkat'], choices=['gat', 'gkat'])
+        p.add_argument('--seeds', type=int, default=10)
+        p.add_argument('--epochs', type=int, default=None, help="cap (default: the config's)")
+        p.add_argument('--search', action='store_true',
+                       help='select the RWGNK settings on the validation split first')
+
+    def go(args):
         rwgnk = search(args.dataset, args.epochs) if args.search else SELECTED[args.dataset]
         run(args.dataset, args.models, range(args.seeds), rwgnk, args.out, args.epochs)
-    if args.out == OUT:
-        print(write_table())
+    experiment_main(__doc__, OUT, go, write_table, add_arguments, argv)
 
 
 if __name__ == '__main__':

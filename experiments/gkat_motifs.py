@@ -24,17 +24,16 @@ at most ``--epochs`` epochs (paper: 500 with patience 80). Runs are appended to
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os.path as osp
 import sys
 
-import torch
 import yaml
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 from paper_models import MotifNet  # noqa: E402  (registers the networks for the configs)
-from harness import fit_and_test, read_rows, run_grid, summary_table  # noqa: E402
+from harness import (experiment_main, fit_and_test, read_rows, run_grid,  # noqa: E402
+                     summary_table, write_markdown)
 
 HERE = osp.dirname(osp.abspath(__file__))
 CONFIG = osp.join(HERE, 'configs', 'paper', 'motifs.yaml')
@@ -100,34 +99,26 @@ def write_table() -> str:
                   summary_table(sub, 'test/acc', control='linear',
                                 order=['gkat', 'gat', 'gcn', 'grf', 'linear'],
                                 labels={'metric': 'test acc', 'val': 'val acc'}).rstrip(), '']
-    if osp.exists(NOTES):
-        with open(NOTES) as f:
-            lines += [f.read().rstrip(), '']
-    text = '\n'.join(lines)
-    with open(TABLE, 'w') as f:
-        f.write(text)
-    return text
+    return write_markdown(TABLE, lines, NOTES, [
+        'python experiments/gkat_motifs.py --motifs circle caveman --seeds 3'])
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--motifs', nargs='+', default=['caveman', 'circle'], choices=MOTIFS)
-    p.add_argument('--models', nargs='+', default=list(MotifNet.KINDS), choices=MotifNet.KINDS)
-    p.add_argument('--num-graphs', type=int, default=4096)
-    p.add_argument('--seeds', type=int, default=3)
-    p.add_argument('--epochs', type=int, default=None, help='cap (default: the config\'s 60)')
-    p.add_argument('--threads', type=int, default=1)
-    p.add_argument('--out', default=OUT)
-    p.add_argument('--table-only', action='store_true')
-    args = p.parse_args(argv)
-    if not args.table_only:
-        torch.set_num_threads(args.threads)
+    def add_arguments(p):
+        p.add_argument('--motifs', nargs='+', default=['caveman', 'circle'], choices=MOTIFS)
+        p.add_argument('--models', nargs='+', default=list(MotifNet.KINDS),
+                       choices=MotifNet.KINDS)
+        p.add_argument('--num-graphs', type=int, default=4096)
+        p.add_argument('--seeds', type=int, default=3)
+        p.add_argument('--epochs', type=int, default=None,
+                       help="cap (default: the config's 60)")
+
+    def go(args):
         for kind in args.models:
-            print(f'{kind}: hidden {matched_hidden(kind)}, '
-                  f'{params(kind, matched_hidden(kind))} parameters', flush=True)
+            hidden = matched_hidden(kind)
+            print(f'{kind}: hidden {hidden}, {params(kind, hidden)} parameters', flush=True)
         run(args.motifs, args.models, range(args.seeds), args.num_graphs, args.out, args.epochs)
-    if args.out == OUT:
-        print(write_table())
+    experiment_main(__doc__, OUT, go, write_table, add_arguments, argv)
 
 
 if __name__ == '__main__':

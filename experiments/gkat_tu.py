@@ -29,18 +29,15 @@ rerun skips finished folds) and ``experiments/results/gkat_tu.md`` is rebuilt fr
 """
 from __future__ import annotations
 
-import argparse
-import os
 import os.path as osp
 import statistics
 import sys
 from dataclasses import dataclass
 
-import torch
-
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import paper_models  # noqa: E402,F401  (registers the networks for the configs)
-from harness import fit_and_test, mean_std, read_rows, run_grid  # noqa: E402
+from harness import (experiment_main, fit_and_test, mean_std, read_rows,  # noqa: E402
+                     run_grid, write_markdown)
 
 HERE = osp.dirname(osp.abspath(__file__))
 CONFIG = osp.join(HERE, 'configs', 'paper', 'tu_{}.yaml')
@@ -151,35 +148,19 @@ def write_table() -> str:
                 f"{next(iter(runs.values()))['params']} | "
                 f"{statistics.median(r['fit_s'] for r in runs.values()):.0f} |")
     lines.append('')
-    if osp.exists(NOTES):
-        with open(NOTES) as f:
-            lines += [f.read().rstrip(), '']
-    lines += ['Command (per dataset):', '', '```',
-              'python experiments/gkat_tu.py --dataset PROTEINS --models gkat gat gin', '```', '']
-    text = '\n'.join(lines)
-    with open(TABLE, 'w') as f:
-        f.write(text)
-    return text
+    return write_markdown(TABLE, lines, NOTES, [
+        'python experiments/gkat_tu.py --dataset PROTEINS --models gkat gat gin  # per dataset'])
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--dataset', default='PROTEINS', choices=DATASETS)
-    p.add_argument('--models', nargs='+', default=['gkat', 'gat', 'gin'],
-                   choices=['gkat', 'gat', 'gin'])
-    p.add_argument('--folds', type=int, nargs='*', default=list(range(10)))
-    p.add_argument('--epochs', type=int, default=None, help='cap (default: the config\'s)')
-    p.add_argument('--threads', type=int, default=1)
-    p.add_argument('--out', default=OUT)
-    p.add_argument('--table-only', action='store_true')
-    args = p.parse_args(argv)
-    if not args.table_only:
-        torch.set_num_threads(args.threads)
-        os.environ.setdefault('PYG_GRF_MIRROR', osp.join(osp.dirname(osp.dirname(HERE)),
-                                                         'shared', 'datasets'))
-        run(args.dataset, args.models, args.folds, args.out, args.epochs)
-    if args.out == OUT:
-        print(write_table())
+    def add_arguments(p):
+        p.add_argument('--dataset', default='PROTEINS', choices=DATASETS)
+        p.add_argument('--models', nargs='+', default=['gkat', 'gat', 'gin'],
+                       choices=['gkat', 'gat', 'gin'])
+        p.add_argument('--folds', type=int, nargs='*', default=list(range(10)))
+        p.add_argument('--epochs', type=int, default=None, help="cap (default: the config's)")
+    experiment_main(__doc__, OUT, lambda a: run(a.dataset, a.models, a.folds, a.out, a.epochs),
+                    write_table, add_arguments, argv)
 
 
 if __name__ == '__main__':

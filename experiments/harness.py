@@ -17,10 +17,12 @@ the same model with unmasked linear attention (:func:`summary_table`).
 """
 from __future__ import annotations
 
+import argparse
 import json
 import math
 import os
 import os.path as osp
+import statistics
 import tempfile
 import time
 import warnings
@@ -110,6 +112,65 @@ def coordinate_search(space: Dict[str, Sequence[Any]], score: Callable[[Dict[str
             scores.append(tried[ident])
         current[key] = values[max(range(len(values)), key=lambda i: (scores[i], -i))]
     return current, [dict(json.loads(k), score=v) for k, v in tried.items()]
+
+
+def select_on_validation(space: Dict[str, Sequence[Any]],
+                         run: Callable[[Dict[str, Any], Sequence[int], Dict[str, Any]],
+                                       List[Dict[str, Any]]],
+                         seeds: Sequence[int] = (100, 101), log: Callable[[str], None] = print
+                         ) -> Dict[str, Any]:
+    r""":func:`coordinate_search` scored by the mean best validation score over the selection
+    :obj:`seeds` (disjoint from the reported ones): ``run(candidate, seeds, key)`` fits them
+    (e.g. through :func:`run_grid` with ``key``, so a stopped search resumes) and returns the
+    rows. Returns the chosen candidate."""
+    def score(candidate):
+        rows = run(candidate, seeds, {'candidate': json.dumps(candidate, sort_keys=True)})
+        return statistics.mean(r['best_val'] for r in rows)
+    chosen, tried = coordinate_search(space, score, log)
+    log(f'selected {chosen} from {len(tried)} candidates')
+    return chosen
+
+
+def experiment_main(doc: str, out: str, run: Callable[[argparse.Namespace], Any],
+                    write_table: Callable[[], str], add_arguments: Callable = lambda p: None,
+                    argv: Optional[Sequence[str]] = None) -> None:
+    r"""The command line every experiment shares: its own options (``add_arguments``), then
+    ``--threads`` (torch threads per run, default 1), ``--out`` (the runs' folder) and
+    ``--table-only``; runs ``run(args)`` (with ``$PYG_GRF_MIRROR`` defaulting to
+    ``../shared/datasets`` beside the checkout) and rebuilds the table when ``--out`` is the
+    committed folder."""
+    import torch
+    p = argparse.ArgumentParser(description=doc.split('\n')[0])
+    add_arguments(p)
+    p.add_argument('--threads', type=int, default=1)
+    p.add_argument('--out', default=out, help='folder of runs.jsonl (default: the committed '
+                                             'one, whose table is rebuilt)')
+    p.add_argument('--table-only', action='store_true')
+    args = p.parse_args(argv)
+    if not args.table_only:
+        torch.set_num_threads(args.threads)
+        repo = osp.dirname(osp.dirname(osp.abspath(__file__)))
+        os.environ.setdefault('PYG_GRF_MIRROR', osp.join(osp.dirname(repo), 'shared',
+                                                         'datasets'))
+        run(args)
+    if args.out == out:
+        print(write_table())
+
+
+def write_markdown(path: str, lines: Sequence[str], notes: Optional[str] = None,
+                   commands: Sequence[str] = ()) -> str:
+    r"""Writes a results table: :obj:`lines`, then the hand-written notes file :obj:`notes`
+    (kept by reruns) if it exists, then the :obj:`commands` that produce the runs."""
+    lines = list(lines)
+    if notes is not None and osp.exists(notes):
+        with open(notes) as f:
+            lines += [f.read().rstrip(), '']
+    if commands:
+        lines += ['Commands:', '', '```', *commands, '```', '']
+    text = '\n'.join(lines)
+    with open(path, 'w') as f:
+        f.write(text)
+    return text
 
 
 def mean_std(xs: Sequence[float]):

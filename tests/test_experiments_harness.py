@@ -139,3 +139,40 @@ def test_paper_config_fits_and_tests_through_the_harness(tmp_path, monkeypatch):
          '--trainer.logger=false'], seed=0, root=str(tmp_path / 'run'), epochs=1)
     assert row['params'] == 560 and row['epochs_run'] == 1
     assert 0.0 <= row['test/acc'] <= 1.0 and 0.0 <= row['best_val'] <= 1.0
+
+
+def test_select_on_validation_and_the_shared_command_line(tmp_path):
+    # the candidate with the best mean validation score over the selection seeds, each fitted
+    # once per seed under its own key (a stopped search resumes from runs.jsonl)
+    fitted = []
+
+    def run(candidate, seeds, key):
+        def fit(variant, spec, seed, root):
+            fitted.append((candidate['lr'], seed))
+            return {'best_val': {0.1: 0.5, 0.01: 0.7}[candidate['lr']] + 0.01 * seed,
+                    'test/acc': 0.0, 'params': 1, 'fit_s': 0.0}
+        return harness.run_grid({'m': None}, seeds, str(tmp_path), fit, key=key,
+                                log=lambda s: None)
+    chosen = harness.select_on_validation({'lr': [0.1, 0.01]}, run, seeds=(100, 101),
+                                          log=lambda s: None)
+    assert chosen == {'lr': 0.01} and sorted(fitted) == [(0.01, 100), (0.01, 101),
+                                                          (0.1, 100), (0.1, 101)]
+    assert harness.select_on_validation({'lr': [0.1, 0.01]}, run, seeds=(100, 101),
+                                        log=lambda s: None) == chosen
+    assert len(fitted) == 4  # resumed: nothing fitted again
+    # the command line: --table-only rebuilds the table without running; another --out runs
+    # without touching the committed table
+    calls = []
+    table = lambda: calls.append('table') or 'T'  # noqa: E731
+    harness.experiment_main('doc', str(tmp_path), lambda a: calls.append(a.seeds), table,
+                            lambda p: p.add_argument('--seeds', type=int, default=2),
+                            ['--table-only'])
+    harness.experiment_main('doc', str(tmp_path), lambda a: calls.append(a.seeds), table,
+                            lambda p: p.add_argument('--seeds', type=int, default=2),
+                            ['--seeds', '3', '--out', str(tmp_path / 'other')])
+    assert calls == ['table', 3]
+    notes = tmp_path / 'notes.md'
+    notes.write_text('hand-written\n')
+    text = harness.write_markdown(str(tmp_path / 't.md'), ['# t', ''], str(notes), ['cmd'])
+    assert text == '# t\n\nhand-written\n\nCommands:\n\n```\ncmd\n```\n'
+    assert (tmp_path / 't.md').read_text() == text
