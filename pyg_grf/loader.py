@@ -38,7 +38,8 @@ from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader as PyGDataLoader
 from torch_geometric.loader import RandomNodeLoader
 
-from pyg_grf.features.loads import KEPT_ATTR, PREPARED_ATTR, GRFLoads, _Kept
+from pyg_grf.features.kept import PREPARED_ATTR, carry_kept
+from pyg_grf.features.loads import GRFLoads
 from pyg_grf.nn.attention.grf import GRFAttention
 
 __all__ = ['DataLoader', 'PayloadCollater', 'prepare_payload', 'grf_layers']
@@ -139,10 +140,7 @@ class DataLoader(PyGDataLoader):
         single = self._single_batch()
         for batch in super().__iter__():
             if single:
-                last = self.__dict__.get('_last_batch')
-                kept = None if last is None else last.__dict__.get(KEPT_ATTR)
-                if kept and KEPT_ATTR not in batch.__dict__:
-                    batch.__dict__[KEPT_ATTR] = _Kept(kept)
+                carry_kept(self.__dict__.get('_last_batch'), batch)
                 self._last_batch = batch
             yield batch
 

@@ -47,6 +47,10 @@ from pyg_grf._validation import is_sorted
 from pyg_grf.features.grf import hop_values
 from pyg_grf.ops import SparsePattern
 from pyg_grf.features.blocks import BlockLayout, BlockStructures
+from pyg_grf.features.kept import KEPT_ATTR, PREPARED_ATTR  # noqa: F401  (re-exported)
+from pyg_grf.features.kept import KeptPayloads as _Kept
+from pyg_grf.features.kept import all_equal as _all_equal
+from pyg_grf.features.kept import snapshot as _snapshot
 
 
 def _check_tensor(name: str, t: Any, dim: int) -> Tensor:
@@ -465,23 +469,6 @@ class GRFLoads(BlockStructures):
         return self._cache[name]
 
 
-# Where pyg_grf.loader leaves prepared loads on a Data / Batch: a plain attribute (leading
-# underscore), not a data field, so PyG's collation, .to() and slicing never touch it.
-PREPARED_ATTR = '_grf_prepared'
-# Where GRFLoads.from_data keeps the loads it built on a Data / Batch, for the next call on the
-# same unchanged data: a holder that is neither copied by deepcopy (Data.clone) nor pickled, so
-# the caches never travel with the data.
-KEPT_ATTR = '_grf_kept'
-
-
-class _Kept(dict):
-    def __deepcopy__(self, memo):
-        return _Kept()
-
-    def __reduce__(self):
-        return (_Kept, ())
-
-
 def _check_entries(index: Tensor, hop: Tensor, load: Tensor, num_nodes: int) -> int:
     # node ids in [0, N), hop counts >= 0, finite loads; returns the largest hop count. One host
     # sync per batch (PyG's pattern), not one per layer.
@@ -499,21 +486,6 @@ def _check_entries(index: Tensor, hop: Tensor, load: Tensor, num_nodes: int) -> 
         raise ValueError("'grf_load' holds non-finite values (the loads overflowed: use "
                          "normalization='sym' or 'rw', or shorter walks)")
     return int(hhi)
-
-
-def _snapshot(tensors: Sequence[Optional[Tensor]]) -> Tuple[Optional[Tensor], ...]:
-    # copies to compare a payload's tensors with later (normal tensors, even in inference mode)
-    with torch.inference_mode(False):
-        return tuple(None if t is None else t.clone() for t in tensors)
-
-
-def _all_equal(a: Sequence[Optional[Tensor]], b: Sequence[Optional[Tensor]]) -> bool:
-    # exact equality of two tuples of tensors (or None) with one host read, not one per tensor
-    if any((x is None) != (y is None) or (x is not None and x.shape != y.shape)
-           for x, y in zip(a, b)):
-        return False
-    flags = [(x == y).all() for x, y in zip(a, b) if x is not None and x.numel() > 0]
-    return not flags or bool(torch.stack(flags).all())
 
 
 def _external(key: Any) -> bool:

@@ -6,7 +6,10 @@ from typing import Any, Callable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_grf.features.loads import KEPT_ATTR, _all_equal, _Kept, _snapshot
+from pyg_grf.features.kept import KEPT_ATTR
+from pyg_grf.features.kept import KeptPayloads as _Kept
+from pyg_grf.features.kept import all_equal as _all_equal
+from pyg_grf.features.kept import snapshot as _snapshot
 
 
 class RWGNKLoads:
