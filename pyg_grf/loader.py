@@ -42,7 +42,8 @@ from pyg_grf.features.kept import PREPARED_ATTR, carry_kept
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.nn.attention.grf import GRFAttention
 
-__all__ = ['DataLoader', 'PayloadCollater', 'prepare_payload', 'grf_layers']
+__all__ = ['DataLoader', 'PayloadCollater', 'prepare_payload', 'grf_layers', 'NodePartLoader',
+           'check_part_args', 'PART_WALKS']
 
 
 def grf_layers(model: Union[nn.Module, Sequence[GRFAttention]]) -> List[GRFAttention]:
@@ -214,8 +215,9 @@ class NodePartLoader:
         if self.walks == 'restrict':
             restrict = RestrictGraphRandomFeatures(full, self.attr_prefixes)
         # the parts are cut from the graph without its loads (PyG's subgraph would slice any
-        # entry tensor whose length happens to equal the node count); each part gets its own
-        base = full.clone()
+        # entry tensor whose length happens to equal the node count); each part gets its own.
+        # A shallow copy: the keys are dropped from the copy only, no tensor is copied.
+        base = copy.copy(full)
         for prefix in grf_prefixes(full):
             for name in ('index', 'length', 'load', 'draw'):
                 if f'{prefix}_{name}' in base:
