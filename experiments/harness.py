@@ -30,6 +30,10 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 Overrides = Sequence[str]
 
+#: Overrides appended to every run of :func:`fit_and_test` (``--set`` of
+#: :func:`experiment_main`), e.g. ``['--trainer.gradient_clip_val=0']`` for an ablation.
+EXTRA_OVERRIDES: List[str] = []
+
 
 def fit_and_test(config: str, overrides: Overrides, seed: int, root: str,
                  epochs: Optional[int] = None) -> Dict[str, Any]:
@@ -39,7 +43,8 @@ def fit_and_test(config: str, overrides: Overrides, seed: int, root: str,
     from pyg_grf.lightning.cli import GRFLightningCLI
     args = ['--config', config, f'--seed_everything={seed}',
             f'--trainer.default_root_dir={root}', '--trainer.enable_checkpointing=true',
-            *([f'--trainer.max_epochs={epochs}'] if epochs is not None else []), *overrides]
+            *([f'--trainer.max_epochs={epochs}'] if epochs is not None else []), *overrides,
+            *EXTRA_OVERRIDES]
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message="LightningCLI's args parameter")
         cli = GRFLightningCLI(args=args, run=False)
@@ -52,6 +57,7 @@ def fit_and_test(config: str, overrides: Overrides, seed: int, root: str,
     metrics = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path='best',
                                verbose=False)[0]
     return {'seed': seed, 'epochs': epochs, 'params': params, 'fit_s': round(fit_s, 1),
+            **({'extra_overrides': list(EXTRA_OVERRIDES)} if EXTRA_OVERRIDES else {}),
             'epochs_run': epochs_run, 'best_val': float(ckpt.best_model_score),
             **{k: float(v) for k, v in metrics.items()}}
 
@@ -135,8 +141,9 @@ def experiment_main(doc: str, out: str, run: Callable[[argparse.Namespace], Any]
                     write_table: Callable[[], str], add_arguments: Callable = lambda p: None,
                     argv: Optional[Sequence[str]] = None) -> None:
     r"""The command line every experiment shares: its own options (``add_arguments``), then
-    ``--threads`` (torch threads per run, default 1), ``--out`` (the runs' folder) and
-    ``--table-only``; runs ``run(args)`` (with ``$PYG_GRF_MIRROR`` defaulting to
+    ``--threads`` (torch threads per run, default 1), ``--out`` (the runs' folder),
+    ``--set KEY=VALUE`` (a config override added to every run, repeatable; needs another
+    ``--out``, as the committed table does not show it) and ``--table-only``; runs ``run(args)`` (with ``$PYG_GRF_MIRROR`` defaulting to
     ``../shared/datasets`` beside the checkout) and rebuilds the table when ``--out`` is the
     committed folder."""
     import torch
@@ -145,8 +152,15 @@ def experiment_main(doc: str, out: str, run: Callable[[argparse.Namespace], Any]
     p.add_argument('--threads', type=int, default=1)
     p.add_argument('--out', default=out, help='folder of runs.jsonl (default: the committed '
                                              'one, whose table is rebuilt)')
+    p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
+                   help='config override for every run (e.g. trainer.gradient_clip_val=0)')
     p.add_argument('--table-only', action='store_true')
     args = p.parse_args(argv)
+    if args.set and args.out == out:
+        p.error('--set changes every run: give another --out than the committed folder')
+    if any('=' not in s for s in args.set):
+        p.error(f'--set expects KEY=VALUE, got {args.set}')
+    EXTRA_OVERRIDES[:] = ['--' + s.lstrip('-') for s in args.set]
     if not args.table_only:
         torch.set_num_threads(args.threads)
         repo = osp.dirname(osp.dirname(osp.abspath(__file__)))

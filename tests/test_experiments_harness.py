@@ -171,6 +171,16 @@ def test_select_on_validation_and_the_shared_command_line(tmp_path):
                             lambda p: p.add_argument('--seeds', type=int, default=2),
                             ['--seeds', '3', '--out', str(tmp_path / 'other')])
     assert calls == ['table', 3]
+    # --set: an override for every run, refused on the committed folder or without '='
+    seen = []
+    harness.experiment_main('doc', str(tmp_path), lambda a: seen.append(
+        list(harness.EXTRA_OVERRIDES)), table, argv=['--out', str(tmp_path / 'o'),
+                                                      '--set', 'trainer.gradient_clip_val=0'])
+    assert seen == [['--trainer.gradient_clip_val=0']]
+    harness.EXTRA_OVERRIDES.clear()
+    for bad in (['--set', 'a=1'], ['--out', str(tmp_path / 'o'), '--set', 'noequals']):
+        with pytest.raises(SystemExit):
+            harness.experiment_main('doc', str(tmp_path), lambda a: None, table, argv=bad)
     notes = tmp_path / 'notes.md'
     notes.write_text('hand-written\n')
     text = harness.write_markdown(str(tmp_path / 't.md'), ['# t', ''], str(notes), ['cmd'])

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from pyg_grf._validation import is_sorted
+from pyg_grf.features.join import compiled_join, compiled_join_available
 from pyg_grf.ops import SparsePattern
 
 
@@ -268,6 +269,15 @@ class BlockStructures:
             return terms._replace(stats=terms.stats.to(dtype))
         other = self if self.key is None else self.key
         K = max(K, other.max_hop + 1)
+        if compiled_join_available(prow.device):  # the same sums, compiled (features/join.py)
+            if other is not self:
+                block_coords(lay, other.index)  # checks that no key entry crosses graphs
+            row, col, stats, src = compiled_join(
+                self.index, hop, load, *((None,) * 3 if other is self else
+                                         (other.index, other.hop, other.load.to(acc))),
+                K, self.num_nodes)
+            cell = lay.pos.index_select(0, row) * n + lay.pos.index_select(0, col) % n
+            return BlockTerms(cell, stats.to(dtype), src)
         if other is self:  # Phi Phi^T: each unordered pair of entries once, then mirrored
             terms = self_join_terms(lay, prow, self.index[1], hop, load, K, self.num_nodes)
         else:

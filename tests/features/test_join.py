@@ -8,6 +8,7 @@ from torch_geometric.data import Batch, Data
 from pyg_grf.features import GRFLoads
 from pyg_grf.features.blocks import (block_coords, join_terms, self_join_terms,
                                      symmetric_ids)
+from pyg_grf.features.join import compiled_join, compiled_join_available
 from pyg_grf.transforms import AddGraphRandomFeatures
 from tests.utils import er_graph, path_graph
 
@@ -59,3 +60,78 @@ def test_statistics_give_phi_phi_t_with_folded_hop_ids():
     assert torch.allclose(M.view(8, 8), phi @ phi.T, atol=1e-12)
     ids = symmetric_ids(K)
     assert torch.equal(ids, ids.T) and sorted(ids.unique().tolist()) == list(range(6))
+
+
+# The compiled join (features/join.py, numba) against the torch join ##########################
+
+needs_numba = pytest.mark.skipif(not compiled_join_available(),
+                                 reason='numba is not installed (or PYG_GRF_NUMBA=0)')
+
+
+def batch_of(seed, sizes=(6, 13, 1, 9), **kw):
+    t = AddGraphRandomFeatures(num_walks=3, p_halt=0.5, max_length=3, seed=seed, **kw)
+    return Batch.from_data_list([t(Data(edge_index=er_graph(n, 0.4, seed=n), num_nodes=n))
+                                 for n in sizes])
+
+
+def cells_of(lay, row, col):
+    return lay.pos[row] * lay.n + lay.pos[col] % lay.n
+
+
+@needs_numba
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+@pytest.mark.parametrize('big', [False, True])
+def test_compiled_self_join_equals_torch_join(dtype, big):
+    if big:  # one graph whose N^2 cells would need the torch path's sort
+        t = AddGraphRandomFeatures(num_walks=3, p_halt=0.5, max_length=3, seed=0)
+        b = Batch.from_data_list([t(Data(edge_index=path_graph(4100), num_nodes=4100))])
+    else:
+        b = batch_of(0)
+    grf = GRFLoads.from_data(b)
+    lay, full, _ = both_joins(grf)
+    K = grf.max_hop + 1
+    row, col, stats, src = compiled_join(grf.index, grf.hop, grf.load.to(dtype), None, None,
+                                         None, K, grf.num_nodes)
+    assert stats.dtype == dtype and src is not None and stats.size(0) < src.numel()
+    assert torch.equal(cells_of(lay, row, col), full.cell)  # same cells, row-major
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert torch.allclose(stats[src].to(D), full.cell_stats(), atol=tol)
+
+
+@needs_numba
+def test_compiled_join_of_two_walk_sets_and_unsorted_entries():
+    b, bk = batch_of(1), batch_of(2)
+    q, k = GRFLoads.from_data(b), GRFLoads.from_data(bk)
+    lay = q.layout()
+    K = max(q.max_hop, k.max_hop) + 1
+    full = join_terms(lay, block_coords(lay, q.index)[0], q.index[1], q.hop.long(),
+                      q.load.to(D), block_coords(lay, k.index)[0], k.index[1], k.hop.long(),
+                      k.load.to(D), K, q.num_nodes)
+    perm = torch.randperm(q.nnz, generator=torch.Generator().manual_seed(0))  # any order
+    kperm = torch.randperm(k.nnz, generator=torch.Generator().manual_seed(1))
+    row, col, stats, src = compiled_join(q.index[:, perm], q.hop[perm], q.load.to(D)[perm],
+                                         k.index[:, kperm], k.hop[kperm], k.load.to(D)[kperm],
+                                         K, q.num_nodes)
+    assert src is None
+    assert torch.equal(cells_of(lay, row, col), full.cell)
+    assert torch.allclose(stats, full.cell_stats(), atol=1e-12)
+    # the self join is also order-free
+    _, self_full, _ = both_joins(q)
+    row, col, stats, src = compiled_join(q.index[:, perm], q.hop[perm], q.load.to(D)[perm],
+                                         None, None, None, q.max_hop + 1, q.num_nodes)
+    assert torch.equal(cells_of(lay, row, col), self_full.cell)
+    assert torch.allclose(stats[src], self_full.cell_stats(), atol=1e-12)
+
+
+@needs_numba
+def test_block_terms_take_the_compiled_join_unless_disabled(monkeypatch):
+    b = batch_of(3)
+    with_numba = GRFLoads.from_data(b).block_terms(True)
+    assert with_numba.src is not None
+    monkeypatch.setenv('PYG_GRF_NUMBA', '0')
+    assert not compiled_join_available()
+    torch_terms = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes,
+                           batch=b.batch).block_terms(True)
+    assert torch.equal(with_numba.cell, torch_terms.cell)
+    assert torch.allclose(with_numba.cell_stats(), torch_terms.cell_stats(), atol=1e-12)
+    assert not compiled_join_available(torch.device('meta'))

@@ -27,13 +27,14 @@ import torch
 from torch import Tensor
 
 from pyg_grf.features.blocks import BlockLayout, BlockTerms
+from pyg_grf.features.join import compiled_join_available
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.memory import check_walk_memory
 from pyg_grf.nn import functional as F
 
 __all__ = ['GRFBackend', 'SparseBackend', 'PairsBackend', 'DenseBackend', 'GRF_BACKENDS',
            'BackendMemoryError', 'backend_memory', 'check_backend_memory', 'choose_backend',
-           'backend_costs', 'mask_values', 'get_backend']
+           'backend_costs', 'join_bytes', 'mask_values', 'get_backend']
 
 
 class BackendMemoryError(MemoryError):
@@ -92,14 +93,15 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
     * ``'dense'``, symmetric: plus :math:`c_7 \cdot 3 B n_{max}^3 H` for the batched products
       :math:`\widehat\Phi_Q\widehat\Phi_K^\top` per graph (forward and backward);
     * the join (symmetric mask, pair backend), once per ``GRFLoads``: :math:`c_6 T` (several
-      times more per term for one big graph, whose :math:`N^2` cells need a sort), amortised
+      times more per term for one big graph, whose :math:`N^2` cells need a sort; about 7x
+      less per term with the compiled join of :mod:`pyg_grf.features.join`), amortised
       over the layer calls that have used these loads so far (at least two: a batch's layers
       share it), and zero once built (e.g. by :meth:`GRFAttention.prepare
       <pyg_grf.nn.GRFAttention.prepare>` in a DataLoader worker). So a batch seen once pays
       it in full, while one full graph whose loads serve every step (full-graph training)
       moves to the pair backend after a few steps and pays it once. It is only run when that
       share plus the pair cost of :math:`P_\Phi` pairs (a lower bound) is below the sparse and
-      dense estimates and its memory (:func:`backend_memory`) stays under 2 GiB (:math:`T` is
+      dense estimates and its memory (:func:`join_bytes`) stays under 2 GiB (:math:`T` is
       known beforehand; hub nodes make it large).
 
     Measured per layer on one core (LRGB-sized batch / TU-sized batch / 16k grid, symmetric):
@@ -136,10 +138,15 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
         # and product, forward and two in the backward), no join
         costs['dense'] = dense + 3 * lay.num_cells * lay.n * heads * _C_BMM
         T = grf.num_join_terms()
-        # batches coalesce the join by a mark array over their padded cells; one big graph
-        # (N^2 cells) needs a sort of the terms, several times slower per term
-        c_join = _C_JOIN if lay.num_cells <= max(8 * T, 1 << 24) else _C_JOIN_SORT
-        fits = 48 * T < _JOIN_MEMORY  # the join's memory (backend_memory)
+        # torch: batches coalesce the join by a mark array over their padded cells, one big
+        # graph (N^2 cells) needs a sort of the terms; compiled: row by row, slower per term
+        # on one big graph only through cache misses
+        small = lay.num_cells <= max(8 * T, 1 << 24)
+        if compiled_join_available(grf.device):
+            c_join = _C_JOIN_COMPILED if small else _C_JOIN_COMPILED_BIG
+        else:
+            c_join = _C_JOIN if small else _C_JOIN_SORT
+        fits = join_bytes(grf) < _JOIN_MEMORY
         # the mask has at least the pairs of Phi: a lower bound of the pair backend before the
         # join is run
         return costs, (T * c_join, P_phi * heads * (m + d + 1) * _C_PAIR, fits)
@@ -157,6 +164,20 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
     return costs
 
 
+def join_bytes(grf: GRFLoads) -> int:
+    r"""Peak bytes of the join behind the symmetric mask statistics, from its size :math:`T`
+    (:meth:`~pyg_grf.features.GRFLoads.num_join_terms`): the torch join forms half the terms,
+    ~10 values each (~48 bytes a term); the compiled one (:mod:`pyg_grf.features.join`) only
+    its output, at most one upper-triangle cell per two terms with :math:`K (K + 1) / 2`
+    float64 statistics and three indices (the cells are 7-8x fewer than the terms on batches
+    and grids)."""
+    T = grf.num_join_terms()
+    if compiled_join_available(grf.device):
+        K = grf.max_hop + 1 if grf.key is None else max(grf.max_hop, grf.key.max_hop) + 1
+        return (T // 2 + grf.num_nodes) * (8 * K * (K + 1) // 2 + 24)
+    return 48 * T
+
+
 # Cost constants: seconds on one core (bench/bench_batch.py --calibrate --threads 1).
 _C_SPMM = 2.4e-9
 _C_OUTER = 9.8e-9
@@ -164,6 +185,9 @@ _C_PAIR = 1.8e-9
 _C_CELL = 1.5e-8
 _C_JOIN = 7.0e-8
 _C_JOIN_SORT = 4.0e-7  # 262k grid: 10.7 s for 29M terms, default allocator
+# compiled join (numba): LRGB-sized batch 24 ms for 2.49M terms; 64k grid 1.14 s for 31.6M
+_C_JOIN_COMPILED = 1.0e-8
+_C_JOIN_COMPILED_BIG = 3.6e-8
 _C_BMM = 2.0e-10  # per multiply-add of the batched Phi Phi^T products
 _JOIN_MEMORY = 2 ** 31  # bytes
 
@@ -270,10 +294,10 @@ class PairsBackend(GRFBackend):
         if mode == 'symmetric':
             if grf.has_terms(True, batch):  # planned: the join is done, the mask is known
                 return 6 * grf.term_cells(True, batch).numel() * heads * itemsize
-            # the half join: ~48 bytes a term of the full join (half of them formed, ~10 values
-            # each), plus six values per mask entry and head (at most the join's terms)
+            # the join (join_bytes), plus six values per mask entry and head (at most the
+            # join's terms)
             T = grf.num_join_terms()
-            return 48 * T + 6 * T * heads * itemsize
+            return join_bytes(grf) + 6 * T * heads * itemsize
         return 6 * grf.nnz * heads * (m + d + 1) * itemsize
 
     def _plan(self, grf, mode, heads, dtype, batch):

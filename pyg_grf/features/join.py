@@ -1,0 +1,205 @@
+r"""The join behind the symmetric GRF mask statistics, compiled (optional ``numba``).
+
+The symmetric mask is :math:`M = \widehat\Phi_Q\widehat\Phi_K^\top` with
+:math:`\widehat\Phi = \sum_l f_l \Phi_l` (GRF paper, Sec. 3, Eq. 7 and the masked attention of
+Sec. 4), so its f-independent statistics are, for every cell :math:`(i, j)` and hop pair
+:math:`(l, l')`,
+
+.. math::
+    S_{ij}^{l l'} = \sum_v (\Phi_{Q, l})_{iv} (\Phi_{K, l'})_{jv},
+
+and a layer's mask values are :math:`M_{ij} = \sum_{l \le l'} f_l f_{l'}
+(S_{ij}^{l l'} + S_{ij}^{l' l})` (the ids of :func:`~pyg_grf.features.blocks.symmetric_ids`).
+:func:`~pyg_grf.features.blocks.self_join_terms` builds them from vectorised torch passes over
+all :math:`T` pairs of entries that share a visited node :math:`v`, then coalesces the pairs
+per cell; here the same sum runs as one row-by-row sparse product (Gustavson's algorithm: a
+mark array of length :math:`N` finds the distinct columns of a row, whose statistics are then
+accumulated in place), compiled by ``numba``: two passes over the :math:`T` pairs, no
+intermediate arrays of size :math:`T`, and the cells come out sorted row-major without a sort
+of the pairs. The statistics are the same sums in another order (equal up to rounding).
+
+Used on CPU tensors when ``numba`` is installed (``pip install numba``; the first call compiles,
+about a second, cached on disk afterwards) unless ``PYG_GRF_NUMBA=0``; otherwise, and on other
+devices, the torch join runs.
+"""
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+import numpy as np
+import torch
+from torch import Tensor
+
+try:  # optional: the compiled join
+    import numba
+    _jit = numba.njit(cache=True, nogil=True)  # compiles on first call, then cached on disk
+except ImportError:  # pragma: no cover - exercised where numba is absent
+    numba = None
+    _jit = lambda f: f  # noqa: E731 (never called: compiled_join_available is False)
+
+
+def compiled_join_available(device: Optional[torch.device] = None) -> bool:
+    r"""Whether :func:`compiled_join` runs for tensors on ``device``: ``numba`` is importable,
+    ``device`` is the CPU and ``$PYG_GRF_NUMBA`` is not ``0``."""
+    return (numba is not None and os.environ.get('PYG_GRF_NUMBA', '1') != '0'
+            and (device is None or torch.device(device).type == 'cpu'))
+
+
+@_jit
+def _counting_sort(key, N):
+    # stable order of the entries by key (a CSR pointer and the permutation)
+    ptr = np.zeros(N + 1, dtype=np.int64)
+    for e in range(key.shape[0]):
+        ptr[key[e] + 1] += 1
+    for r in range(N):
+        ptr[r + 1] += ptr[r]
+    fill = ptr[:N].copy()
+    order = np.empty(key.shape[0], dtype=np.int64)
+    for e in range(key.shape[0]):
+        order[fill[key[e]]] = e
+        fill[key[e]] += 1
+    return ptr, order
+
+
+@_jit
+def _join(row, col, hop, load, krow, kcol, khop, kload, N, ids, num_coef, upper):
+    # query entries by start node; key entries by visited node, each group by start node
+    # (a stable sort by visited node of the key entries already ordered by start node)
+    q_ptr, q_order = _counting_sort(row, N)
+    _, by_row = _counting_sort(krow, N)
+    kcol_r = kcol[by_row]
+    k_ptr, k_order = _counting_sort(kcol_r, N)
+    k_order = by_row[k_order]
+    return _gustavson(q_ptr, col[q_order], hop[q_order], load[q_order], k_ptr, krow[k_order],
+                      khop[k_order], kload[k_order], ids, num_coef, upper)
+
+
+@_jit
+def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, num_coef,
+               upper):
+    N = q_ptr.shape[0] - 1
+    slot = np.full(N, -1, dtype=np.int64)  # column -> its place in the row being built
+    cols = np.empty(N, dtype=np.int64)  # the row's columns
+    acc = np.zeros((N, num_coef), dtype=q_load.dtype)  # the row's statistics, by place
+    cap = max(16, 4 * q_col.shape[0])
+    out_col = np.empty(cap, dtype=np.int64)
+    stats = np.empty((cap, num_coef), dtype=q_load.dtype)
+    out_ptr = np.zeros(N + 1, dtype=np.int64)
+    for i in range(N):
+        cnt = 0
+        for e in range(q_ptr[i], q_ptr[i + 1]):
+            v, wq = q_col[e], q_load[e]
+            idrow = ids[q_hop[e]]
+            lo, hi = k_ptr[v], k_ptr[v + 1]
+            if upper:  # partners sorted by row: skip those of rows below i
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if k_row[mid] < i:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                hi = k_ptr[v + 1]
+            for t in range(lo, hi):
+                j = k_row[t]
+                s = slot[j]
+                if s < 0:
+                    s = cnt
+                    slot[j] = s
+                    cols[s] = j
+                    cnt += 1
+                acc[s, idrow[k_hop[t]]] += wq * k_load[t]
+        start = out_ptr[i]
+        if start + cnt > cap:  # grow the output
+            while start + cnt > cap:
+                cap *= 2
+            grown = np.empty(cap, dtype=np.int64)
+            grown[:start] = out_col[:start]
+            out_col = grown
+            grown_stats = np.empty((cap, num_coef), dtype=q_load.dtype)
+            grown_stats[:start] = stats[:start]
+            stats = grown_stats
+        for a in range(1, cnt):  # insertion sort of the row's columns (rows are short)
+            j = cols[a]
+            b = a - 1
+            while b >= 0 and cols[b] > j:
+                cols[b + 1] = cols[b]
+                b -= 1
+            cols[b + 1] = j
+        for a in range(cnt):
+            j = cols[a]
+            s = slot[j]
+            out_col[start + a] = j
+            for c in range(num_coef):
+                stats[start + a, c] = acc[s, c]
+                acc[s, c] = 0
+            slot[j] = -1
+        out_ptr[i + 1] = start + cnt
+    P = out_ptr[N]
+    return out_ptr, out_col[:P].copy(), stats[:P].copy()
+
+
+@_jit
+def _mirror(out_ptr, out_col):
+    # all cells of a symmetric mask from its upper triangle (j >= i), row-major: row r holds
+    # the mirrors (r, i) of the upper cells (i, r), i < r, then its own upper cells; src is
+    # the upper cell each reads
+    N = out_ptr.shape[0] - 1
+    lower = np.zeros(N + 1, dtype=np.int64)
+    for a in range(out_ptr[N]):
+        lower[out_col[a] + 1] += 1
+    for i in range(N):  # minus the diagonal, counted above as its own mirror
+        if out_ptr[i + 1] > out_ptr[i] and out_col[out_ptr[i]] == i:
+            lower[i + 1] -= 1
+    ptr = np.zeros(N + 1, dtype=np.int64)
+    for r in range(N):
+        ptr[r + 1] = ptr[r] + lower[r + 1] + out_ptr[r + 1] - out_ptr[r]
+    P = ptr[N]
+    row, col, src = (np.empty(P, dtype=np.int64), np.empty(P, dtype=np.int64),
+                     np.empty(P, dtype=np.int64))
+    fill = ptr[:N].copy()
+    for i in range(N):  # rows in order: each row's mirrors arrive sorted by i
+        for a in range(out_ptr[i], out_ptr[i + 1]):
+            j = out_col[a]
+            if j > i:
+                f = fill[j]
+                row[f], col[f], src[f] = j, i, a
+                fill[j] = f + 1
+    for r in range(N):
+        f = fill[r]
+        for a in range(out_ptr[r], out_ptr[r + 1]):
+            row[f], col[f], src[f] = r, out_col[a], a
+            f += 1
+    return row, col, src
+
+
+def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[Tensor],
+                  key_hop: Optional[Tensor], key_load: Optional[Tensor], K: int,
+                  num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    r"""The symmetric statistics :math:`S_{ij}` (module docstring) of query entries
+    (``index`` ``[2, nnz]`` of (start node, visited node), ``hop``, ``load``) against key
+    entries (``key_*``; :obj:`None` for :math:`\widehat\Phi\widehat\Phi^\top`, whose
+    statistics are symmetric, :math:`S_{ij} = S_{ji}` under the merged ids: only the upper
+    triangle :math:`j \ge i` is summed, half the pairs, and mirrored).
+
+    Returns rows :math:`i` and columns :math:`j` of the cells (global node ids, row-major),
+    ``[P', K (K + 1) / 2]`` statistics in the dtype of ``load`` (float32 or float64) with the
+    coefficient ids of :func:`~pyg_grf.features.blocks.symmetric_ids`, and ``src`` ``[P]``,
+    the statistics row of every cell (:obj:`None`: one row per cell, :math:`P' = P`)."""
+    from pyg_grf.features.blocks import symmetric_ids
+    self_join = key_index is None
+    if self_join:
+        key_index, key_hop, key_load = index, hop, load
+    np_ = lambda t: t.long().contiguous().numpy()  # noqa: E731
+    out_ptr, col, stats = _join(
+        np_(index[0]), np_(index[1]), np_(hop), load.contiguous().numpy(), np_(key_index[0]),
+        np_(key_index[1]), np_(key_hop), key_load.to(load.dtype).contiguous().numpy(),
+        num_nodes, symmetric_ids(K).numpy(), K * (K + 1) // 2, self_join)
+    if self_join:
+        row, col, src = _mirror(out_ptr, col)
+        return (torch.from_numpy(row), torch.from_numpy(col), torch.from_numpy(stats),
+                torch.from_numpy(src))
+    out_ptr = torch.from_numpy(out_ptr)
+    row = torch.repeat_interleave(torch.arange(num_nodes), out_ptr.diff(),
+                                  output_size=int(out_ptr[-1]))
+    return row, torch.from_numpy(col), torch.from_numpy(stats), None
