@@ -37,9 +37,13 @@ class SparsePattern:
     Args:
         index (Tensor): ``[2, nnz]`` (row, col) coordinates; duplicates are allowed and are summed.
         size (tuple): ``(R, S)``.
+        mirror (Tensor, optional): for a symmetric pattern given in row-major order without
+            duplicates, the position of the nonzero :math:`(c, r)` of every nonzero
+            :math:`(r, c)`: the transpose's order, so that no sort builds it.
     """
 
-    def __init__(self, index: Tensor, size: Tuple[int, int], _trusted: bool = False):
+    def __init__(self, index: Tensor, size: Tuple[int, int], _trusted: bool = False,
+                 mirror: Optional[Tensor] = None):
         if index.dim() != 2 or index.size(0) != 2:
             raise ValueError(f"'index' must have shape [2, nnz], got {tuple(index.shape)}")
         R, S = int(size[0]), int(size[1])
@@ -64,6 +68,12 @@ class SparsePattern:
         self.row, self.col = row, col
         self.crow = torch.ops.aten._convert_indices_from_coo_to_csr(row, R)
         self._t = None
+        if mirror is not None:
+            if self.perm is not None or R != S or mirror.shape != (self.nnz,):
+                raise ValueError("'mirror' needs a square pattern in row-major order and one "
+                                 f"position per nonzero ({self.nnz}), got shape "
+                                 f"{tuple(mirror.shape)} for size {self.size}")
+            self._t = (mirror.long(), self.crow, col)  # same pattern, values mirrored
         self._repeats = {}
         self._csr = {}  # CSR indices as handed to torch, per orientation (see _csr_indices)
         self._block_of: Optional[Tuple['SparsePattern', int]] = None  # set by repeat()

@@ -51,10 +51,15 @@ class BlockTerms(NamedTuple):
         src (Tensor, optional): ``[P]`` row of ``stats`` of every cell (a cell below the
             diagonal reads its mirror): the values of a layer are computed on the
             :math:`P' \approx P / 2` rows and then gathered (:meth:`values`).
+        mirror (Tensor, optional): ``[P]`` position of the mirror cell :math:`(j, i)` of every
+            cell :math:`(i, j)` of a symmetric mask (the order of its transpose).
+        index (Tensor, optional): ``[2, P]`` global node ids :math:`(i, j)` of the cells.
     """
     cell: Tensor
     stats: Tensor
     src: Optional[Tensor] = None
+    mirror: Optional[Tensor] = None
+    index: Optional[Tensor] = None
 
     def values(self, coef: Tensor) -> Tensor:
         r"""``[h, P]`` mask values of coefficient rows ``coef`` ``[h, num_coef]`` on ``cell``."""
@@ -212,7 +217,11 @@ def self_join_terms(lay: BlockLayout, prow: Tensor, col: Tensor, hop: Tensor, lo
     src = torch.empty_like(cells)
     src.index_copy_(0, slot_u, torch.arange(c.numel(), device=dev))
     src.index_copy_(0, slot_m, strict)
-    return BlockTerms(cells, upper.stats, src)
+    mirror = torch.arange(cells.numel(), device=dev)
+    up = slot_u.index_select(0, strict)
+    mirror.index_copy_(0, up, slot_m)
+    mirror.index_copy_(0, slot_m, up)
+    return BlockTerms(cells, upper.stats, src, mirror)
 
 
 class BlockStructures:
@@ -250,12 +259,15 @@ class BlockStructures:
     def term_cells(self, symmetric: bool, batch: Optional[Tensor] = None) -> Tensor:
         r"""The cells of :meth:`block_terms` (of any dtype already built: they do not depend on
         it; float64 terms are built if none is)."""
+        return self._built_terms(symmetric, batch).cell
+
+    def _built_terms(self, symmetric: bool, batch: Optional[Tensor] = None) -> BlockTerms:
         self._cached('_check', lambda: None)  # drops the caches after an in-place edit
         bk = self._batch_key(batch)
         for key, terms in self._cache.items():
             if isinstance(key, tuple) and key[:3] == ('terms', symmetric, bk):
-                return terms.cell
-        return self.block_terms(symmetric, batch).cell
+                return terms
+        return self.block_terms(symmetric, batch)
 
     def _build_terms(self, symmetric: bool, lay: BlockLayout, dtype: torch.dtype) -> BlockTerms:
         n = lay.n
@@ -272,12 +284,13 @@ class BlockStructures:
         if compiled_join_available(prow.device):  # the same sums, compiled (features/join.py)
             if other is not self:
                 block_coords(lay, other.index)  # checks that no key entry crosses graphs
-            row, col, stats, src = compiled_join(
-                self.index, hop, load, *((None,) * 3 if other is self else
-                                         (other.index, other.hop, other.load.to(acc))),
-                K, self.num_nodes)
-            cell = lay.pos.index_select(0, row) * n + lay.pos.index_select(0, col) % n
-            return BlockTerms(cell, stats.to(dtype), src)
+            j = compiled_join(self.index, hop, load, *((None,) * 3 if other is self else
+                                                       (other.index, other.hop,
+                                                        other.load.to(acc))),
+                              K, self.num_nodes)
+            cell = lay.pos.index_select(0, j.row) * n + lay.pos.index_select(0, j.col) % n
+            return BlockTerms(cell, j.stats.to(dtype), j.src, j.mirror,
+                              torch.stack([j.row, j.col]))
         if other is self:  # Phi Phi^T: each unordered pair of entries once, then mirrored
             terms = self_join_terms(lay, prow, self.index[1], hop, load, K, self.num_nodes)
         else:
@@ -335,10 +348,13 @@ class BlockStructures:
         lay = self.layout(batch)
 
         def build():
-            cell = self.term_cells(True, batch)
-            n = lay.n
-            b, rc = cell // (n * n), cell % (n * n)
-            start = lay.ptr[b]
-            index = torch.stack([start + rc // n, start + rc % n])
-            return SparsePattern(index, (self.num_nodes, self.num_nodes), _trusted=True)
+            terms = self._built_terms(True, batch)
+            index = terms.index
+            if index is None:
+                n = lay.n
+                b, rc = terms.cell // (n * n), terms.cell % (n * n)
+                start = lay.ptr[b]
+                index = torch.stack([start + rc // n, start + rc % n])
+            return SparsePattern(index, (self.num_nodes, self.num_nodes), _trusted=True,
+                                 mirror=terms.mirror)
         return self._cached(('mask_pattern', self._batch_key(batch)), build)

@@ -25,7 +25,7 @@ devices, the torch join runs.
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional
 
 import numpy as np
 import torch
@@ -143,7 +143,7 @@ def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, nu
 def _mirror(out_ptr, out_col):
     # all cells of a symmetric mask from its upper triangle (j >= i), row-major: row r holds
     # the mirrors (r, i) of the upper cells (i, r), i < r, then its own upper cells; src is
-    # the upper cell each reads
+    # the upper cell each reads, mirror the position of its mirror cell (its transpose)
     N = out_ptr.shape[0] - 1
     lower = np.zeros(N + 1, dtype=np.int64)
     for a in range(out_ptr[N]):
@@ -157,6 +157,7 @@ def _mirror(out_ptr, out_col):
     P = ptr[N]
     row, col, src = (np.empty(P, dtype=np.int64), np.empty(P, dtype=np.int64),
                      np.empty(P, dtype=np.int64))
+    lower_at = np.empty(out_ptr[N], dtype=np.int64)  # where an upper cell's mirror went
     fill = ptr[:N].copy()
     for i in range(N):  # rows in order: each row's mirrors arrive sorted by i
         for a in range(out_ptr[i], out_ptr[i + 1]):
@@ -164,28 +165,47 @@ def _mirror(out_ptr, out_col):
             if j > i:
                 f = fill[j]
                 row[f], col[f], src[f] = j, i, a
+                lower_at[a] = f
                 fill[j] = f + 1
+    mirror = np.empty(P, dtype=np.int64)
     for r in range(N):
         f = fill[r]
         for a in range(out_ptr[r], out_ptr[r + 1]):
             row[f], col[f], src[f] = r, out_col[a], a
+            if out_col[a] == r:
+                mirror[f] = f
+            else:
+                mirror[f] = lower_at[a]
+                mirror[lower_at[a]] = f
             f += 1
-    return row, col, src
+    return row, col, src, mirror
+
+
+class Join(NamedTuple):
+    r"""The output of :func:`compiled_join`: the cells ``(row, col)`` (global node ids,
+    row-major), their statistics ``stats`` ``[P', num_coef]``, the statistics row ``src``
+    ``[P]`` of every cell (:obj:`None`: one row per cell) and, for a symmetric pattern,
+    ``mirror`` ``[P]``, the position of the cell ``(col, row)`` (the transpose's order)."""
+    row: Tensor
+    col: Tensor
+    stats: Tensor
+    src: Optional[Tensor] = None
+    mirror: Optional[Tensor] = None
 
 
 def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[Tensor],
                   key_hop: Optional[Tensor], key_load: Optional[Tensor], K: int,
-                  num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+                  num_nodes: int) -> Join:
     r"""The symmetric statistics :math:`S_{ij}` (module docstring) of query entries
     (``index`` ``[2, nnz]`` of (start node, visited node), ``hop``, ``load``) against key
     entries (``key_*``; :obj:`None` for :math:`\widehat\Phi\widehat\Phi^\top`, whose
     statistics are symmetric, :math:`S_{ij} = S_{ji}` under the merged ids: only the upper
     triangle :math:`j \ge i` is summed, half the pairs, and mirrored).
 
-    Returns rows :math:`i` and columns :math:`j` of the cells (global node ids, row-major),
-    ``[P', K (K + 1) / 2]`` statistics in the dtype of ``load`` (float32 or float64) with the
-    coefficient ids of :func:`~pyg_grf.features.blocks.symmetric_ids`, and ``src`` ``[P]``,
-    the statistics row of every cell (:obj:`None`: one row per cell, :math:`P' = P`)."""
+    Returns a :class:`Join`: the statistics ``[P', K (K + 1) / 2]`` are in the dtype of
+    ``load`` (float32 or float64), with the coefficient ids of
+    :func:`~pyg_grf.features.blocks.symmetric_ids`; ``src`` and ``mirror`` are set for the
+    self join only."""
     from pyg_grf.features.blocks import symmetric_ids
     self_join = key_index is None
     if self_join:
@@ -196,10 +216,9 @@ def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[
         np_(key_index[1]), np_(key_hop), key_load.to(load.dtype).contiguous().numpy(),
         num_nodes, symmetric_ids(K).numpy(), K * (K + 1) // 2, self_join)
     if self_join:
-        row, col, src = _mirror(out_ptr, col)
-        return (torch.from_numpy(row), torch.from_numpy(col), torch.from_numpy(stats),
-                torch.from_numpy(src))
+        row, col, src, mirror = _mirror(out_ptr, col)
+        return Join(*(torch.from_numpy(a) for a in (row, col, stats, src, mirror)))
     out_ptr = torch.from_numpy(out_ptr)
     row = torch.repeat_interleave(torch.arange(num_nodes), out_ptr.diff(),
                                   output_size=int(out_ptr[-1]))
-    return row, torch.from_numpy(col), torch.from_numpy(stats), None
+    return Join(row, torch.from_numpy(col), torch.from_numpy(stats))

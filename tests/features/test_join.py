@@ -38,6 +38,10 @@ def test_half_join_equals_full_join(big):
     assert half.src is not None and half.stats.size(0) < full.stats.size(0)
     assert torch.equal(full.cell, half.cell)
     assert torch.allclose(full.cell_stats(), half.cell_stats(), atol=1e-13)
+    # the half join's mirror: the transpose's order of the cells
+    n = lay.n
+    b, r, c = half.cell // (n * n), (half.cell // n) % n, half.cell % n
+    assert torch.equal(half.mirror, torch.argsort((b * n + c) * n + r))
     coef = torch.rand(2, full.num_coef, dtype=D)
     assert torch.allclose(full.values(coef), half.values(coef), atol=1e-13)
 
@@ -90,12 +94,14 @@ def test_compiled_self_join_equals_torch_join(dtype, big):
     grf = GRFLoads.from_data(b)
     lay, full, _ = both_joins(grf)
     K = grf.max_hop + 1
-    row, col, stats, src = compiled_join(grf.index, grf.hop, grf.load.to(dtype), None, None,
-                                         None, K, grf.num_nodes)
+    row, col, stats, src, mirror = compiled_join(grf.index, grf.hop, grf.load.to(dtype), None,
+                                                 None, None, K, grf.num_nodes)
     assert stats.dtype == dtype and src is not None and stats.size(0) < src.numel()
     assert torch.equal(cells_of(lay, row, col), full.cell)  # same cells, row-major
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     assert torch.allclose(stats[src].to(D), full.cell_stats(), atol=tol)
+    # mirror: the position of (j, i), i.e. the transpose's order (a sort of the keys)
+    assert torch.equal(mirror, torch.argsort(col * grf.num_nodes + row))
 
 
 @needs_numba
@@ -109,16 +115,17 @@ def test_compiled_join_of_two_walk_sets_and_unsorted_entries():
                       k.load.to(D), K, q.num_nodes)
     perm = torch.randperm(q.nnz, generator=torch.Generator().manual_seed(0))  # any order
     kperm = torch.randperm(k.nnz, generator=torch.Generator().manual_seed(1))
-    row, col, stats, src = compiled_join(q.index[:, perm], q.hop[perm], q.load.to(D)[perm],
-                                         k.index[:, kperm], k.hop[kperm], k.load.to(D)[kperm],
-                                         K, q.num_nodes)
-    assert src is None
+    row, col, stats, src, mirror = compiled_join(
+        q.index[:, perm], q.hop[perm], q.load.to(D)[perm], k.index[:, kperm], k.hop[kperm],
+        k.load.to(D)[kperm], K, q.num_nodes)
+    assert src is None and mirror is None
     assert torch.equal(cells_of(lay, row, col), full.cell)
     assert torch.allclose(stats, full.cell_stats(), atol=1e-12)
     # the self join is also order-free
     _, self_full, _ = both_joins(q)
-    row, col, stats, src = compiled_join(q.index[:, perm], q.hop[perm], q.load.to(D)[perm],
-                                         None, None, None, q.max_hop + 1, q.num_nodes)
+    row, col, stats, src, _ = compiled_join(q.index[:, perm], q.hop[perm],
+                                            q.load.to(D)[perm], None, None, None,
+                                            q.max_hop + 1, q.num_nodes)
     assert torch.equal(cells_of(lay, row, col), self_full.cell)
     assert torch.allclose(stats[src], self_full.cell_stats(), atol=1e-12)
 
@@ -128,10 +135,20 @@ def test_block_terms_take_the_compiled_join_unless_disabled(monkeypatch):
     b = batch_of(3)
     with_numba = GRFLoads.from_data(b).block_terms(True)
     assert with_numba.src is not None
+    pattern = GRFLoads.from_data(b).mask_pattern().repeat(2)
     monkeypatch.setenv('PYG_GRF_NUMBA', '0')
     assert not compiled_join_available()
-    torch_terms = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes,
-                           batch=b.batch).block_terms(True)
+    torch_loads = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes, batch=b.batch)
+    torch_terms = torch_loads.block_terms(True)
+    assert with_numba.index is not None and torch_terms.index is None
+    torch_pattern = torch_loads.mask_pattern().repeat(2)
+    assert torch.equal(pattern.row, torch_pattern.row)
+    assert torch.equal(pattern.col, torch_pattern.col)
+    # both transposes come from the mirror; the sort of the keys gives the same order
+    by_sort = type(pattern)(torch.stack([pattern.row, pattern.col]), pattern.size)
+    for x, y, z in zip(pattern._transpose(), torch_pattern._transpose(), by_sort._transpose()):
+        assert torch.equal(x, y) and torch.equal(x, z)
     assert torch.equal(with_numba.cell, torch_terms.cell)
+    assert torch.equal(with_numba.mirror, torch_terms.mirror)
     assert torch.allclose(with_numba.cell_stats(), torch_terms.cell_stats(), atol=1e-12)
     assert not compiled_join_available(torch.device('meta'))

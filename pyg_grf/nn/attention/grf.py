@@ -15,7 +15,8 @@ from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, spli
 # the backends, their cost model and memory checks (re-exported: public names of this module)
 from pyg_grf.nn.attention.grf_backends import (BackendMemoryError, backend_costs,  # noqa: F401
                                                backend_memory, check_backend_memory,
-                                               choose_backend, get_backend, mask_values)
+                                               choose_backend, get_backend, mask_values,
+                                               remember_choice)
 
 MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
 F_MODES = ('abs', 'signed', 'free')
@@ -366,6 +367,7 @@ class GRFAttention(QKVAttention):
         backend = self.backend
         if backend == 'auto':
             backend = choose_backend(run, self.mode, heads, m, d, None, self.f.dtype)
+            remember_choice(run, backend, self.mode, heads, m, d)  # the forward runs it
         get_backend(backend).plan(run, self.mode, heads, self.f.dtype)
         if self.beta_raw is not None:
             grf.layout()

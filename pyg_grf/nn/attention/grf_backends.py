@@ -34,7 +34,7 @@ from pyg_grf.nn import functional as F
 
 __all__ = ['GRFBackend', 'SparseBackend', 'PairsBackend', 'DenseBackend', 'GRF_BACKENDS',
            'BackendMemoryError', 'backend_memory', 'check_backend_memory', 'choose_backend',
-           'backend_costs', 'join_bytes', 'mask_values', 'get_backend']
+           'backend_costs', 'join_bytes', 'mask_values', 'get_backend', 'remember_choice']
 
 
 class BackendMemoryError(MemoryError):
@@ -69,9 +69,28 @@ def check_backend_memory(grf: GRFLoads, backend: str, mode: str, heads: int, m: 
 
 def choose_backend(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
                    batch: Optional[Tensor] = None, dtype: Optional[torch.dtype] = None) -> str:
-    r"""The backend :obj:`'auto'` picks: the cheapest by :func:`backend_costs`."""
+    r"""The backend :obj:`'auto'` picks: the one planned for this layer shape by
+    :meth:`GRFAttention.prepare <pyg_grf.nn.GRFAttention.prepare>` (e.g. in a DataLoader
+    worker, :func:`remember_choice`), else the cheapest by :func:`backend_costs`."""
+    grf._cached('_check', lambda: None)  # drops the caches after an in-place edit
+    planned = grf._cache.get(_choice_key(grf, mode, heads, m, d, batch))
+    if planned is not None:
+        return planned
     costs = backend_costs(grf, mode, heads, m, d, batch, dtype)
     return min(costs, key=costs.get)
+
+
+def remember_choice(grf: GRFLoads, backend: str, mode: str, heads: int, m: int, d: int,
+                    batch: Optional[Tensor] = None) -> None:
+    r"""Makes :func:`choose_backend` return ``backend`` for this layer shape on ``grf`` (the
+    structures of that backend are planned): the forward then runs what was prepared for it,
+    whatever the use counts of the cost model say. Dropped with the caches after an in-place
+    edit of the loads."""
+    grf._cache[_choice_key(grf, mode, heads, m, d, batch)] = backend
+
+
+def _choice_key(grf: GRFLoads, mode, heads, m, d, batch):
+    return ('planned', mode, heads, m, d, grf._batch_key(batch))
 
 
 def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,

@@ -389,7 +389,8 @@ def test_graph_transformer_reuses_loads_for_the_same_full_graph():
     first = model.payload(b)['grf']
     out2 = model(b)
     assert model.payload(b)['grf'] is first  # same tensors: no re-validation, no join
-    assert torch.equal(out1, out2)
+    # equal up to rounding: 'auto' may move to the pair backend once the join is amortised
+    assert torch.allclose(out1, out2, atol=1e-5)
     b.grf_load.mul_(torch.linspace(0.2, 3.0, b.grf_load.numel()))  # in place: rebuilt
     out3 = model(b)
     assert model.payload(b)['grf'] is not first
@@ -414,7 +415,8 @@ def test_graph_transformer_under_inference_mode():
                              attn_kwargs={'max_length': 3}).eval()
     with torch.inference_mode():
         out = model(b)
-        assert torch.equal(out, model(b))
+        # equal up to rounding ('auto' may move to the pairs once the join is amortised)
+        assert torch.allclose(out, model(b), atol=1e-5)
 
 
 def test_layer_mask_accepts_grf_loads():
@@ -488,3 +490,25 @@ def test_layer_reuses_the_loads_structures_for_an_equal_batch_vector(monkeypatch
     assert len(calls) == 1
     assert all(torch.equal(o, outs[0]) for o in outs)
     assert torch.equal(outs[0], layer(b.x, None, grf=grf))
+
+
+def test_prepare_fixes_the_backend_the_forward_runs():
+    # a layer prepared ahead of the step (e.g. in a DataLoader worker) runs the backend it
+    # planned, whatever the cost model's use counts say later; an in-place edit forgets it
+    from pyg_grf.nn.attention.grf_backends import choose_backend, remember_choice
+    b = make_batch()
+    grf = GRFLoads.from_data(b)
+    layer = GRFAttention(8, heads=2, max_length=3).double()
+    chosen = layer.prepare(grf)
+    m = layer.feature_map.output_dim(4) if layer.feature_map is not None else 4
+    assert chosen == choose_backend(grf, 'symmetric', 2, m, 4, None, torch.float64)
+    other = next(n for n in ('sparse', 'dense') if n != chosen)
+    remember_choice(grf, other, 'symmetric', 2, m, 4)
+    assert choose_backend(grf, 'symmetric', 2, m, 4, None, torch.float64) == other
+    out = layer(b.x, b.batch, grf=grf)
+    ref = GRFAttention(8, heads=2, max_length=3, backend=other).double()
+    ref.load_state_dict(layer.state_dict())
+    assert torch.allclose(out, ref(b.x, b.batch, grf=GRFLoads.from_data(b)), atol=1e-12)
+    grf.load.mul_(2.0)  # edited in place: the caches and the remembered choice are dropped
+    costs = backend_costs(grf, 'symmetric', 2, m, 4, None, torch.float64)
+    assert choose_backend(grf, 'symmetric', 2, m, 4, None) == min(costs, key=costs.get)

@@ -65,7 +65,8 @@ def test_old_grf_third_call_warns_and_bad_calls_raise():
     new = conv(b.x, b.edge_index, b.batch, grf=grf, edge_attr=b.edge_attr)
     with pytest.warns(FutureWarning, match="conv\\(x, edge_index, batch, grf=grf\\)"):
         old = conv(b.x, b.edge_index, grf, b.batch, edge_attr=b.edge_attr)
-    assert torch.equal(old, new)
+    # equal up to rounding: 'auto' may move to the pair backend once the loads' join is built
+    assert torch.allclose(old, new, atol=1e-5)
     with pytest.raises(TypeError, match="takes \\(x, edge_index, batch\\) positionally"):
         conv(b.x, b.edge_index, b.batch, grf, edge_attr=b.edge_attr)
     with pytest.raises(TypeError, match="'batch' must be a tensor"):
