@@ -30,7 +30,7 @@ import os.path as osp
 import re
 import uuid
 import warnings
-from typing import Dict, Iterable, List, Optional, Sequence
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, TypeVar
 
 from pyg_grf.datasets.pinned import PINNED_SHA256
 
@@ -357,6 +357,32 @@ def download_failed(exc: BaseException, rel_dir: str, dest_dir: str, missing: Se
     return DatasetNotFoundError(f'{msg} (The download failed: {type(exc).__name__}: {exc}.)')
 
 
+def resolve_root(root: Optional[str], folder: str) -> str:
+    r"""A loader's root directory: :obj:`root` made absolute, or ``<data_root()>/<folder>`` when
+    :obj:`root` is :obj:`None`."""
+    return osp.abspath(root) if root is not None else osp.join(data_root(), folder)
+
+
+_T = TypeVar('_T')
+
+
+def build_with_mirror(build: Callable[[], _T], rel_dir: str, dest_dir: str,
+                      raw_paths: Sequence[str], dataset: str, hint: str = '') -> _T:
+    r"""Returns ``build()`` (a PyG dataset constructor, which downloads the raw files it still
+    lacks) after :func:`ensure_raw_files` has copied them from the mirror where it can. If
+    ``build()`` fails while raw files are still missing (the download failed), raises
+    :func:`download_failed`'s :class:`DatasetNotFoundError` instead, which says how to load the
+    dataset offline; any other error propagates as it is. The arguments after :obj:`build` are
+    those of :func:`ensure_raw_files`."""
+    missing = ensure_raw_files(rel_dir, dest_dir, raw_paths, dataset, hint)
+    try:
+        return build()
+    except Exception as exc:
+        if missing and missing_files(raw_paths):  # the download failed
+            raise download_failed(exc, rel_dir, dest_dir, missing, dataset, hint) from exc
+        raise
+
+
 __all__ = [
     'DatasetNotFoundError',
     'MirrorIntegrityError',
@@ -368,6 +394,8 @@ __all__ = [
     'is_offline',
     'fetch_from_mirror',
     'ensure_raw_files',
+    'build_with_mirror',
+    'resolve_root',
     'check_not_in_mirror',
     'file_digest',
 ]

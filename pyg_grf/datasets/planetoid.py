@@ -6,12 +6,7 @@ from typing import Callable, Optional
 from torch_geometric.datasets import Planetoid
 
 from pyg_grf.datasets.cache import SafeCacheMixin
-from pyg_grf.datasets.mirror import (
-    data_root,
-    download_failed,
-    ensure_raw_files,
-    mirror_root,
-)
+from pyg_grf.datasets.mirror import build_with_mirror, mirror_root, resolve_root
 
 PLANETOID_DATASETS = ('Cora', 'CiteSeer', 'PubMed')
 _RAW = ('x', 'tx', 'allx', 'y', 'ty', 'ally', 'graph', 'test.index')
@@ -63,7 +58,7 @@ def load_planetoid(
         raise ValueError("split='geom-gcn' needs extra split files that the mirror loader does "
                          "not fetch; use split='public', 'full' or 'random'")
 
-    root = osp.abspath(root) if root is not None else osp.join(data_root(), 'Planetoid')
+    root = resolve_root(root, 'Planetoid')
     folder = osp.join(root, name)
     raw_paths = [osp.join(folder, 'raw', f'ind.{name.lower()}.{f}') for f in _RAW]
     hint = ''
@@ -72,15 +67,10 @@ def load_planetoid(
         hint = (f"The mirror holds only an incomplete copy of {name} under "
                 f"'{osp.join(mirror, '_incomplete', 'Planetoid', name)}' (see the mirror's "
                 f"README); add the missing file(s) and move it to 'Planetoid/{name}'.")
-    missing = ensure_raw_files(f'Planetoid/{name}', folder, raw_paths, name, hint)
-
-    try:
-        return SafePlanetoid(root, name, split=split, transform=transform,
-                         pre_transform=pre_transform, force_reload=force_reload, **kwargs)
-    except Exception as exc:
-        if missing and any(not osp.exists(p) for p in raw_paths):
-            raise download_failed(exc, f'Planetoid/{name}', folder, missing, name, hint) from exc
-        raise
+    return build_with_mirror(
+        lambda: SafePlanetoid(root, name, split=split, transform=transform,
+                              pre_transform=pre_transform, force_reload=force_reload, **kwargs),
+        f'Planetoid/{name}', folder, raw_paths, name, hint)
 
 
 __all__ = ['load_planetoid', 'PLANETOID_DATASETS', 'SafePlanetoid']

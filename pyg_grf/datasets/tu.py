@@ -11,7 +11,7 @@ from torch_geometric.transforms import Compose, OneHotDegree
 from torch_geometric.utils import degree
 
 from pyg_grf.datasets.cache import DatasetCacheError, SafeCacheMixin, safe_load
-from pyg_grf.datasets.mirror import data_root, download_failed, ensure_raw_files, missing_files
+from pyg_grf.datasets.mirror import build_with_mirror, resolve_root
 
 #: TU dataset names: letters, digits, '_' and '-' (no path separators, no '..').
 _TU_NAME = re.compile(r'^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$')
@@ -129,20 +129,15 @@ def load_tu(
     if kwargs.get('cleaned', False):
         raise ValueError("'cleaned=True' TU datasets are not supported by the mirror loader")
 
-    root = osp.abspath(root) if root is not None else osp.join(data_root(), 'TUDataset')
+    root = resolve_root(root, 'TUDataset')
     folder = osp.join(root, name)
     raw_paths = [osp.join(folder, 'raw', f'{name}_{f}.txt') for f in ('A', 'graph_indicator')]
     hint = '' if name in TU_DATASETS else (
         f"'{name}' is not one of the known TU datasets {sorted(TU_DATASETS)}; check the spelling.")
-    missing = ensure_raw_files(f'TUDataset/{name}', folder, raw_paths, name, hint)
-
-    try:
-        dataset = SafeTUDataset(root, name, transform=transform, pre_transform=pre_transform,
-                            force_reload=force_reload, **kwargs)
-    except Exception as exc:
-        if missing and missing_files(raw_paths):  # the download failed
-            raise download_failed(exc, f'TUDataset/{name}', folder, missing, name, hint) from exc
-        raise
+    dataset = build_with_mirror(
+        lambda: SafeTUDataset(root, name, transform=transform, pre_transform=pre_transform,
+                              force_reload=force_reload, **kwargs),
+        f'TUDataset/{name}', folder, raw_paths, name, hint)
 
     x = dataset._data.x
     if use_degree_features and (x is None or x.numel() == 0):

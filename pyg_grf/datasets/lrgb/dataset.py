@@ -15,8 +15,8 @@ from torch_geometric.datasets import LRGBDataset
 from pyg_grf.datasets.cache import SafeCacheMixin
 from pyg_grf.datasets.lrgb.info import LRGB_INFO, SPLITS, lrgb_name
 from pyg_grf.datasets.lrgb.smiles import smiles_to_graphs
-from pyg_grf.datasets.mirror import (data_root, download_failed, ensure_raw_files, file_digest,
-                                     missing_files)
+from pyg_grf.datasets.mirror import (build_with_mirror, download_failed, ensure_raw_files,
+                                     file_digest, missing_files, resolve_root)
 
 
 def file_md5(path: str) -> str:
@@ -121,7 +121,7 @@ class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
         self.max_graphs = None if max_graphs is None else int(max_graphs)
         self.num_proc = num_proc
         self.progress = progress
-        root = osp.abspath(root) if root is not None else osp.join(data_root(), 'LRGB')
+        root = resolve_root(root, 'LRGB')
         self.root = root  # raw_paths needs it before the base constructor runs
         rel = f'LRGB/{self.folder}'
         missing = ensure_raw_files(rel, osp.join(root, self.folder), self.raw_paths, self.name)
@@ -269,21 +269,16 @@ def load_lrgb(
                                   force_reload, max_graphs=max_graphs, num_proc=num_proc)
 
     info = LRGB_INFO[name]
-    root = osp.abspath(root) if root is not None else osp.join(data_root(), 'LRGB')
+    root = resolve_root(root, 'LRGB')
     folder = osp.join(root, info.pyg_name)
     ext = 'pickle' if info.pyg_name.endswith('-sp') else 'pt'
     raw_paths = [osp.join(folder, 'raw', f'{s}.{ext}') for s in SPLITS]
     hint = ('Only Peptides-func is in the offline mirror (as the original CSV); the other LRGB '
             'datasets need the PyG-format files or network access.')
-    missing = ensure_raw_files(f'LRGB/{info.pyg_name}', folder, raw_paths, name, hint)
-    try:
-        dataset = SafeLRGBDataset(root, info.pyg_name, split, transform, pre_transform,
-                                  pre_filter, force_reload=force_reload)
-    except Exception as exc:
-        if missing and missing_files(raw_paths):
-            raise download_failed(exc, f'LRGB/{info.pyg_name}', folder, missing, name,
-                                  hint) from exc
-        raise
+    dataset = build_with_mirror(
+        lambda: SafeLRGBDataset(root, info.pyg_name, split, transform, pre_transform,
+                                pre_filter, force_reload=force_reload),
+        f'LRGB/{info.pyg_name}', folder, raw_paths, name, hint)
     return dataset if max_graphs is None else dataset[:max_graphs]
 
 

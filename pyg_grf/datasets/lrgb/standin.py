@@ -12,7 +12,7 @@ from torch_geometric.data import Data
 from torch_geometric.datasets import LRGBDataset
 
 from pyg_grf.datasets.lrgb.info import LRGB_INFO, SPLITS, LRGBInfo, lrgb_name
-from pyg_grf.datasets.mirror import check_not_in_mirror, data_root
+from pyg_grf.datasets.mirror import check_not_in_mirror, resolve_root
 from pyg_grf.datasets.synthetic import GeneratedDataset
 
 
@@ -162,7 +162,7 @@ def write_lrgb_raw_standin(name: str, root: Optional[str] = None, num_graphs: in
         The paths written.
     """
     info = LRGB_INFO[lrgb_name(name)]
-    root = osp.abspath(root) if root is not None else osp.join(data_root(), 'LRGB')
+    root = resolve_root(root, 'LRGB')
     raw_dir = osp.join(root, info.pyg_name, 'raw')
     check_not_in_mirror(raw_dir)
     ext = 'pickle' if info.pyg_name.endswith('-sp') else 'pt'
