@@ -238,16 +238,19 @@ class BlockStructures:
         return self._cached(key, lambda: block_layout(batch, self.num_nodes))
 
     def block_terms(self, symmetric: bool, batch: Optional[Tensor] = None,
-                    dtype: Optional[torch.dtype] = None) -> BlockTerms:
+                    dtype: Optional[torch.dtype] = None,
+                    max_cells: Optional[int] = None) -> BlockTerms:
         r"""The f-independent mask statistics in the dense-block layout (module docstring):
         ``symmetric`` for :math:`\widehat\Phi_Q\widehat\Phi_K^\top`, else :math:`\widehat\Phi`.
         Terms that fall on the same cell are summed per coefficient id, so that the mask values
         of a layer are one small matrix product ``stats @ coef``. Built in ``dtype`` (default
         float64; narrower types are summed in float32), the layers' dtype: one build per batch,
-        shared by the layers."""
+        shared by the layers. ``max_cells`` bounds the cells of the compiled join
+        (:class:`~pyg_grf.features.join.JoinMemoryError` beyond it)."""
         dtype = torch.float64 if dtype is None else dtype
         key = ('terms', symmetric, self._batch_key(batch), dtype)
-        return self._cached(key, lambda: self._build_terms(symmetric, self.layout(batch), dtype))
+        return self._cached(key, lambda: self._build_terms(symmetric, self.layout(batch), dtype,
+                                                           max_cells))
 
     def has_terms(self, symmetric: bool, batch: Optional[Tensor] = None) -> bool:
         r"""Whether :meth:`block_terms` are built (in any dtype) for ``batch``."""
@@ -269,7 +272,8 @@ class BlockStructures:
                 return terms
         return self.block_terms(symmetric, batch)
 
-    def _build_terms(self, symmetric: bool, lay: BlockLayout, dtype: torch.dtype) -> BlockTerms:
+    def _build_terms(self, symmetric: bool, lay: BlockLayout, dtype: torch.dtype,
+                     max_cells: Optional[int] = None) -> BlockTerms:
         n = lay.n
         K = self.max_hop + 1
         acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -287,7 +291,7 @@ class BlockStructures:
             j = compiled_join(self.index, hop, load, *((None,) * 3 if other is self else
                                                        (other.index, other.hop,
                                                         other.load.to(acc))),
-                              K, self.num_nodes)
+                              K, self.num_nodes, max_cells)
             cell = lay.pos.index_select(0, j.row) * n + lay.pos.index_select(0, j.col) % n
             return BlockTerms(cell, j.stats.to(dtype), j.src, j.mirror,
                               torch.stack([j.row, j.col]))

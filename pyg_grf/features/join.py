@@ -63,7 +63,7 @@ def _counting_sort(key, N):
 
 
 @_jit
-def _join(row, col, hop, load, krow, kcol, khop, kload, N, ids, num_coef, upper):
+def _join(row, col, hop, load, krow, kcol, khop, kload, N, ids, num_coef, upper, max_cells):
     # query entries by start node; key entries by visited node, each group by start node
     # (a stable sort by visited node of the key entries already ordered by start node)
     q_ptr, q_order = _counting_sort(row, N)
@@ -72,17 +72,17 @@ def _join(row, col, hop, load, krow, kcol, khop, kload, N, ids, num_coef, upper)
     k_ptr, k_order = _counting_sort(kcol_r, N)
     k_order = by_row[k_order]
     return _gustavson(q_ptr, col[q_order], hop[q_order], load[q_order], k_ptr, krow[k_order],
-                      khop[k_order], kload[k_order], ids, num_coef, upper)
+                      khop[k_order], kload[k_order], ids, num_coef, upper, max_cells)
 
 
 @_jit
 def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, num_coef,
-               upper):
+               upper, max_cells):
     N = q_ptr.shape[0] - 1
     slot = np.full(N, -1, dtype=np.int64)  # column -> its place in the row being built
     cols = np.empty(N, dtype=np.int64)  # the row's columns
     acc = np.zeros((N, num_coef), dtype=q_load.dtype)  # the row's statistics, by place
-    cap = max(16, 4 * q_col.shape[0])
+    cap = min(max(16, 4 * q_col.shape[0]), max_cells)
     out_col = np.empty(cap, dtype=np.int64)
     stats = np.empty((cap, num_coef), dtype=q_load.dtype)
     out_ptr = np.zeros(N + 1, dtype=np.int64)
@@ -110,9 +110,12 @@ def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, nu
                     cnt += 1
                 acc[s, idrow[k_hop[t]]] += wq * k_load[t]
         start = out_ptr[i]
-        if start + cnt > cap:  # grow the output
+        if start + cnt > cap:  # grow the output, up to max_cells
+            if start + cnt > max_cells:
+                return out_ptr, out_col[:0], stats[:0], False
             while start + cnt > cap:
                 cap *= 2
+            cap = min(cap, max_cells)
             grown = np.empty(cap, dtype=np.int64)
             grown[:start] = out_col[:start]
             out_col = grown
@@ -136,7 +139,7 @@ def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, nu
             slot[j] = -1
         out_ptr[i + 1] = start + cnt
     P = out_ptr[N]
-    return out_ptr, out_col[:P].copy(), stats[:P].copy()
+    return out_ptr, out_col[:P].copy(), stats[:P].copy(), True
 
 
 @_jit
@@ -193,9 +196,22 @@ class Join(NamedTuple):
     mirror: Optional[Tensor] = None
 
 
+class JoinMemoryError(MemoryError):
+    r"""Raised by :func:`compiled_join` when the statistics would take more cells than its
+    ``max_cells`` (known only as the join runs: the cells are far fewer than the pairs of
+    entries, typically 7-8x, but not by a bound)."""
+
+
+#: Peak bytes per output cell of :func:`compiled_join` (per stored cell: its statistics in
+#: float64 at most, its column; per cell of the full pattern, about two per stored cell: row,
+#: column, statistics row and mirror).
+def bytes_per_cell(num_coef: int) -> int:
+    return 8 * num_coef + 8 + 2 * 32
+
+
 def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[Tensor],
                   key_hop: Optional[Tensor], key_load: Optional[Tensor], K: int,
-                  num_nodes: int) -> Join:
+                  num_nodes: int, max_cells: Optional[int] = None) -> Join:
     r"""The symmetric statistics :math:`S_{ij}` (module docstring) of query entries
     (``index`` ``[2, nnz]`` of (start node, visited node), ``hop``, ``load``) against key
     entries (``key_*``; :obj:`None` for :math:`\widehat\Phi\widehat\Phi^\top`, whose
@@ -205,16 +221,22 @@ def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[
     Returns a :class:`Join`: the statistics ``[P', K (K + 1) / 2]`` are in the dtype of
     ``load`` (float32 or float64), with the coefficient ids of
     :func:`~pyg_grf.features.blocks.symmetric_ids`; ``src`` and ``mirror`` are set for the
-    self join only."""
+    self join only. Raises :class:`JoinMemoryError` if :math:`P'` exceeds ``max_cells``
+    (default: no limit)."""
     from pyg_grf.features.blocks import symmetric_ids
     self_join = key_index is None
     if self_join:
         key_index, key_hop, key_load = index, hop, load
     np_ = lambda t: t.long().contiguous().numpy()  # noqa: E731
-    out_ptr, col, stats = _join(
+    out_ptr, col, stats, ok = _join(
         np_(index[0]), np_(index[1]), np_(hop), load.contiguous().numpy(), np_(key_index[0]),
         np_(key_index[1]), np_(key_hop), key_load.to(load.dtype).contiguous().numpy(),
-        num_nodes, symmetric_ids(K).numpy(), K * (K + 1) // 2, self_join)
+        num_nodes, symmetric_ids(K).numpy(), K * (K + 1) // 2, self_join,
+        2 ** 62 if max_cells is None else max(int(max_cells), 0))
+    if not ok:
+        raise JoinMemoryError(f"the GRF mask statistics need more than max_cells={max_cells} "
+                              f"cells ({bytes_per_cell(K * (K + 1) // 2)} bytes each); use "
+                              "another backend ('sparse' never forms the mask)")
     if self_join:
         row, col, src, mirror = _mirror(out_ptr, col)
         return Join(*(torch.from_numpy(a) for a in (row, col, stats, src, mirror)))

@@ -152,3 +152,19 @@ def test_block_terms_take_the_compiled_join_unless_disabled(monkeypatch):
     assert torch.equal(with_numba.mirror, torch_terms.mirror)
     assert torch.allclose(with_numba.cell_stats(), torch_terms.cell_stats(), atol=1e-12)
     assert not compiled_join_available(torch.device('meta'))
+
+
+@needs_numba
+def test_compiled_join_stops_at_max_cells():
+    from pyg_grf.features.join import JoinMemoryError
+    grf = GRFLoads.from_data(batch_of(4))
+    full = compiled_join(grf.index, grf.hop, grf.load.to(D), None, None, None,
+                         grf.max_hop + 1, grf.num_nodes)
+    P = full.stats.size(0)  # stored (upper-triangle) cells
+    exact = compiled_join(grf.index, grf.hop, grf.load.to(D), None, None, None,
+                          grf.max_hop + 1, grf.num_nodes, max_cells=P)
+    assert torch.equal(exact.stats, full.stats)
+    for cap in (P - 1, 0):
+        with pytest.raises(JoinMemoryError, match=f'more than max_cells={cap} cells'):
+            compiled_join(grf.index, grf.hop, grf.load.to(D), None, None, None,
+                          grf.max_hop + 1, grf.num_nodes, max_cells=cap)

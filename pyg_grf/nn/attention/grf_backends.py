@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from pyg_grf.features.blocks import BlockLayout, BlockTerms
-from pyg_grf.features.join import compiled_join_available
+from pyg_grf.features.join import JoinMemoryError, bytes_per_cell, compiled_join_available
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.memory import check_walk_memory
 from pyg_grf.nn import functional as F
@@ -120,7 +120,9 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
       it in full, while one full graph whose loads serve every step (full-graph training)
       moves to the pair backend after a few steps and pays it once. It is only run when that
       share plus the pair cost of :math:`P_\Phi` pairs (a lower bound) is below the sparse and
-      dense estimates and its memory (:func:`join_bytes`) stays under 2 GiB (:math:`T` is
+      dense estimates and its memory stays under 2 GiB (:func:`join_bytes` for the torch
+      join; the compiled join stops at the cells that fit and pairs is then off for these
+      loads) (:math:`T` is
       known beforehand; hub nodes make it large).
 
     Measured per layer on one core (LRGB-sized batch / TU-sized batch / 16k grid, symmetric):
@@ -165,7 +167,10 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
             c_join = _C_JOIN_COMPILED if small else _C_JOIN_COMPILED_BIG
         else:
             c_join = _C_JOIN if small else _C_JOIN_SORT
-        fits = join_bytes(grf) < _JOIN_MEMORY
+        # the torch join's memory is known from T; the compiled join's from its cells, which
+        # it bounds as it runs (tried once: beyond the bound, pairs is off for these loads)
+        fits = (not grf._cache.get('join_too_big', False) if compiled_join_available(grf.device)
+                else join_bytes(grf) < _JOIN_MEMORY)
         # the mask has at least the pairs of Phi: a lower bound of the pair backend before the
         # join is run
         return costs, (T * c_join, P_phi * heads * (m + d + 1) * _C_PAIR, fits)
@@ -178,22 +183,33 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
     built = grf.has_terms(True, batch)
     share = 0.0 if built else total / max(2, uses)
     if built or (fits and lower + share < min(costs.values())):
-        P = grf.block_terms(True, batch, dtype).cell.numel()  # runs the join if not built
-        costs['pairs'] = P * heads * (m + d + 1) * _C_PAIR + share
+        try:  # runs the join if not built
+            terms = grf.block_terms(True, batch, dtype, max_cells=_join_cells(grf))
+        except JoinMemoryError:
+            grf._cache['join_too_big'] = True
+            return costs
+        costs['pairs'] = terms.cell.numel() * heads * (m + d + 1) * _C_PAIR + share
     return costs
 
 
+def _join_cells(grf: GRFLoads) -> int:
+    # the cells the compiled join may store within the join's memory bound
+    K = grf.max_hop + 1 if grf.key is None else max(grf.max_hop, grf.key.max_hop) + 1
+    return _JOIN_MEMORY // bytes_per_cell(K * (K + 1) // 2)
+
+
 def join_bytes(grf: GRFLoads) -> int:
-    r"""Peak bytes of the join behind the symmetric mask statistics, from its size :math:`T`
-    (:meth:`~pyg_grf.features.GRFLoads.num_join_terms`): the torch join forms half the terms,
-    ~10 values each (~48 bytes a term); the compiled one (:mod:`pyg_grf.features.join`) only
-    its output, at most one upper-triangle cell per two terms with :math:`K (K + 1) / 2`
-    float64 statistics and three indices (the cells are 7-8x fewer than the terms on batches
-    and grids)."""
+    r"""Peak bytes of the join behind the symmetric mask statistics, bounded from its size
+    :math:`T` (:meth:`~pyg_grf.features.GRFLoads.num_join_terms`): the torch join forms half
+    the terms, ~10 values each (~48 bytes a term); the compiled one
+    (:mod:`pyg_grf.features.join`) only its output, at most one upper-triangle cell per two
+    terms (:func:`~pyg_grf.features.join.bytes_per_cell` each; the cells are in fact 7-8x
+    fewer than the terms on batches and grids, so ``'auto'`` runs it under a bound on its
+    cells instead of this estimate)."""
     T = grf.num_join_terms()
     if compiled_join_available(grf.device):
         K = grf.max_hop + 1 if grf.key is None else max(grf.max_hop, grf.key.max_hop) + 1
-        return (T // 2 + grf.num_nodes) * (8 * K * (K + 1) // 2 + 24)
+        return (T // 2 + grf.num_nodes) * bytes_per_cell(K * (K + 1) // 2)
     return 48 * T
 
 

@@ -512,3 +512,24 @@ def test_prepare_fixes_the_backend_the_forward_runs():
     grf.load.mul_(2.0)  # edited in place: the caches and the remembered choice are dropped
     costs = backend_costs(grf, 'symmetric', 2, m, 4, None, torch.float64)
     assert choose_backend(grf, 'symmetric', 2, m, 4, None) == min(costs, key=costs.get)
+
+
+def test_auto_leaves_pairs_when_the_compiled_join_outgrows_its_bound(monkeypatch):
+    from pyg_grf.features.join import compiled_join_available
+    from pyg_grf.nn.attention import grf_backends
+    if not compiled_join_available():
+        pytest.skip('numba is not installed')
+    b = make_batch()
+    free = GRFLoads.from_data(b)
+    costs = backend_costs(free, 'symmetric', 2, 4, 4, None, torch.float64)
+    assert 'pairs' in costs and free.has_terms(True)  # the join ran within the bound
+    monkeypatch.setattr(grf_backends, '_JOIN_MEMORY', 1000)  # room for a few cells only
+    tight = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes, batch=b.batch)
+    for _ in range(2):  # tried once, then remembered
+        costs = backend_costs(tight, 'symmetric', 2, 4, 4, None, torch.float64)
+        assert 'pairs' not in costs and not tight.has_terms(True)
+    layer = GRFAttention(8, heads=2, max_length=3).double()
+    ref = GRFAttention(8, heads=2, max_length=3, backend='dense').double()
+    ref.load_state_dict(layer.state_dict())
+    assert torch.allclose(layer(b.x, b.batch, grf=tight), ref(b.x, b.batch, grf=free),
+                          atol=1e-12)
