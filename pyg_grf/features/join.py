@@ -8,19 +8,22 @@ Sec. 4), so its f-independent statistics are, for every cell :math:`(i, j)` and 
 .. math::
     S_{ij}^{l l'} = \sum_v (\Phi_{Q, l})_{iv} (\Phi_{K, l'})_{jv},
 
-and a layer's mask values are :math:`M_{ij} = \sum_{l \le l'} f_l f_{l'}
-(S_{ij}^{l l'} + S_{ij}^{l' l})` (the ids of :func:`~pyg_grf.features.blocks.symmetric_ids`).
+and a layer's mask values are :math:`M_{ij} = \sum_{l, l'} f_l f_{l'} S_{ij}^{l l'}`, stored
+with :math:`(l, l')` and :math:`(l', l)` summed under one id (the ids of
+:func:`~pyg_grf.features.blocks.symmetric_ids`).
 :func:`~pyg_grf.features.blocks.self_join_terms` builds them from vectorised torch passes over
 all :math:`T` pairs of entries that share a visited node :math:`v`, then coalesces the pairs
 per cell; here the same sum runs as one row-by-row sparse product (Gustavson's algorithm: a
-mark array of length :math:`N` finds the distinct columns of a row, whose statistics are then
-accumulated in place), compiled by ``numba``: two passes over the :math:`T` pairs, no
-intermediate arrays of size :math:`T`, and the cells come out sorted row-major without a sort
-of the pairs. The statistics are the same sums in another order (equal up to rounding).
+slot array of length :math:`N` gives each column of the row being built its place in a small
+row buffer, where the statistics are accumulated), compiled by ``numba``: one pass over the
+:math:`T` pairs (half of them for :math:`\widehat\Phi\widehat\Phi^\top`, whose upper triangle
+is mirrored), no intermediate arrays of size :math:`T`, and the cells come out sorted
+row-major after a sort of each short row only. The statistics are the same sums in another
+order (equal up to rounding).
 
-Used on CPU tensors when ``numba`` is installed (``pip install numba``; the first call compiles,
-about a second, cached on disk afterwards) unless ``PYG_GRF_NUMBA=0``; otherwise, and on other
-devices, the torch join runs.
+Used on CPU tensors when ``numba`` is installed (``pip install numba``, in the ``[full]`` and
+``[accel]`` extras; the first call compiles, a few seconds, cached on disk afterwards) unless
+``PYG_GRF_NUMBA=0``; otherwise, and on other devices, the torch join runs.
 """
 from __future__ import annotations
 
@@ -79,9 +82,15 @@ def _join(row, col, hop, load, krow, kcol, khop, kload, N, ids, num_coef, upper,
 def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, num_coef,
                upper, max_cells):
     N = q_ptr.shape[0] - 1
+    width = 1  # the most pairs of one row: a bound on its distinct columns
+    for i in range(N):
+        w = 0
+        for e in range(q_ptr[i], q_ptr[i + 1]):
+            w += k_ptr[q_col[e] + 1] - k_ptr[q_col[e]]
+        width = max(width, min(w, N))
     slot = np.full(N, -1, dtype=np.int64)  # column -> its place in the row being built
-    cols = np.empty(N, dtype=np.int64)  # the row's columns
-    acc = np.zeros((N, num_coef), dtype=q_load.dtype)  # the row's statistics, by place
+    cols = np.empty(width, dtype=np.int64)  # the row's columns
+    acc = np.zeros((width, num_coef), dtype=q_load.dtype)  # the row's statistics, by place
     cap = min(max(16, 4 * q_col.shape[0]), max_cells)
     out_col = np.empty(cap, dtype=np.int64)
     stats = np.empty((cap, num_coef), dtype=q_load.dtype)
@@ -122,13 +131,16 @@ def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, nu
             grown_stats = np.empty((cap, num_coef), dtype=q_load.dtype)
             grown_stats[:start] = stats[:start]
             stats = grown_stats
-        for a in range(1, cnt):  # insertion sort of the row's columns (rows are short)
-            j = cols[a]
-            b = a - 1
-            while b >= 0 and cols[b] > j:
-                cols[b + 1] = cols[b]
-                b -= 1
-            cols[b + 1] = j
+        if cnt > 32:  # the row's columns in order (in place)
+            cols[:cnt].sort()
+        else:  # short rows, the common case: insertion sort
+            for a in range(1, cnt):
+                j = cols[a]
+                b = a - 1
+                while b >= 0 and cols[b] > j:
+                    cols[b + 1] = cols[b]
+                    b -= 1
+                cols[b + 1] = j
         for a in range(cnt):
             j = cols[a]
             s = slot[j]

@@ -84,11 +84,16 @@ def cells_of(lay, row, col):
 
 @needs_numba
 @pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
-@pytest.mark.parametrize('big', [False, True])
-def test_compiled_self_join_equals_torch_join(dtype, big):
-    if big:  # one graph whose N^2 cells would need the torch path's sort
-        t = AddGraphRandomFeatures(num_walks=3, p_halt=0.5, max_length=3, seed=0)
+@pytest.mark.parametrize('graph', ['batch', 'big', 'hub'])
+def test_compiled_self_join_equals_torch_join(dtype, graph):
+    t = AddGraphRandomFeatures(num_walks=3, p_halt=0.5, max_length=3, seed=0)
+    if graph == 'big':  # one graph whose N^2 cells would need the torch path's sort
         b = Batch.from_data_list([t(Data(edge_index=path_graph(4100), num_nodes=4100))])
+    elif graph == 'hub':  # a star: rows of ~100 cells (the long-row sort), beside a batch
+        leaves = torch.arange(1, 101)
+        star = torch.stack([torch.cat([leaves * 0, leaves]), torch.cat([leaves, leaves * 0])])
+        b = Batch.from_data_list([t(Data(edge_index=star, num_nodes=101)),
+                                  t(Data(edge_index=er_graph(9, 0.4, seed=9), num_nodes=9))])
     else:
         b = batch_of(0)
     grf = GRFLoads.from_data(b)
