@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from pyg_grf._validation import is_sorted
-from pyg_grf.features.join import compiled_join, compiled_join_available
+from pyg_grf.features.join import CompiledJoinError, compiled_join, compiled_join_available
 from pyg_grf.ops import SparsePattern
 
 
@@ -288,13 +288,17 @@ class BlockStructures:
         if compiled_join_available(prow.device):  # the same sums, compiled (features/join.py)
             if other is not self:
                 block_coords(lay, other.index)  # checks that no key entry crosses graphs
-            j = compiled_join(self.index, hop, load, *((None,) * 3 if other is self else
-                                                       (other.index, other.hop,
-                                                        other.load.to(acc))),
-                              K, self.num_nodes, max_cells)
-            cell = lay.pos.index_select(0, j.row) * n + lay.pos.index_select(0, j.col) % n
-            return BlockTerms(cell, j.stats.to(dtype), j.src, j.mirror,
-                              torch.stack([j.row, j.col]))
+            try:
+                j = compiled_join(self.index, hop, load, *((None,) * 3 if other is self else
+                                                           (other.index, other.hop,
+                                                            other.load.to(acc))),
+                                  K, self.num_nodes, max_cells)
+            except CompiledJoinError:  # cannot compile here (warned once): the torch join
+                j = None
+            if j is not None:
+                cell = lay.pos.index_select(0, j.row) * n + lay.pos.index_select(0, j.col) % n
+                return BlockTerms(cell, j.stats.to(dtype), j.src, j.mirror,
+                                  torch.stack([j.row, j.col]))
         if other is self:  # Phi Phi^T: each unordered pair of entries once, then mirrored
             terms = self_join_terms(lay, prow, self.index[1], hop, load, K, self.num_nodes)
         else:

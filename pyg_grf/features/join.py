@@ -22,12 +22,14 @@ row-major after a sort of each short row only. The statistics are the same sums 
 order (equal up to rounding).
 
 Used on CPU tensors when ``numba`` is installed (``pip install numba``, in the ``[full]`` and
-``[accel]`` extras; the first call compiles, a few seconds, cached on disk afterwards) unless
-``PYG_GRF_NUMBA=0``; otherwise, and on other devices, the torch join runs.
+``[accel]`` extras; the first call compiles, 3-10 s, cached on disk afterwards) unless
+``PYG_GRF_NUMBA=0``; otherwise, and on other devices, the torch join runs. A numba that cannot
+compile here (e.g. one built for another numpy) warns once and leaves the torch join.
 """
 from __future__ import annotations
 
 import os
+import warnings
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -42,10 +44,16 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
     _jit = lambda f: f  # noqa: E731 (never called: compiled_join_available is False)
 
 
+# whether the kernels ran once (then any later error is a real one), or why they cannot run
+_state = {'ran': False, 'broken': None}
+
+
 def compiled_join_available(device: Optional[torch.device] = None) -> bool:
     r"""Whether :func:`compiled_join` runs for tensors on ``device``: ``numba`` is importable,
-    ``device`` is the CPU and ``$PYG_GRF_NUMBA`` is not ``0``."""
-    return (numba is not None and os.environ.get('PYG_GRF_NUMBA', '1') != '0'
+    ``device`` is the CPU, ``$PYG_GRF_NUMBA`` is not ``0`` and the kernels did not fail to
+    compile in this process (:class:`CompiledJoinError`)."""
+    return (numba is not None and _state['broken'] is None
+            and os.environ.get('PYG_GRF_NUMBA', '1') != '0'
             and (device is None or torch.device(device).type == 'cpu'))
 
 
@@ -214,10 +222,17 @@ class JoinMemoryError(MemoryError):
     entries, typically 7-8x, but not by a bound)."""
 
 
-#: Peak bytes per output cell of :func:`compiled_join` (per stored cell: its statistics in
-#: float64 at most, its column; per cell of the full pattern, about two per stored cell: row,
-#: column, statistics row and mirror).
+class CompiledJoinError(RuntimeError):
+    r"""Raised by :func:`compiled_join` when its kernels cannot compile or run in this process
+    (e.g. a numba that does not match the installed numpy); it warns once, and
+    :func:`compiled_join_available` is :obj:`False` from then on, so the callers take the
+    torch join."""
+
+
 def bytes_per_cell(num_coef: int) -> int:
+    r"""Peak bytes per stored cell of :func:`compiled_join`: its statistics (float64 at
+    most) and column, and about two cells of the full pattern per stored one (row, column,
+    statistics row and mirror each)."""
     return 8 * num_coef + 8 + 2 * 32
 
 
@@ -240,18 +255,29 @@ def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[
     if self_join:
         key_index, key_hop, key_load = index, hop, load
     np_ = lambda t: t.long().contiguous().numpy()  # noqa: E731
-    out_ptr, col, stats, ok = _join(
-        np_(index[0]), np_(index[1]), np_(hop), load.contiguous().numpy(), np_(key_index[0]),
-        np_(key_index[1]), np_(key_hop), key_load.to(load.dtype).contiguous().numpy(),
-        num_nodes, symmetric_ids(K).numpy(), K * (K + 1) // 2, self_join,
-        2 ** 62 if max_cells is None else max(int(max_cells), 0))
+    try:
+        out_ptr, col, stats, ok = _join(
+            np_(index[0]), np_(index[1]), np_(hop), load.contiguous().numpy(),
+            np_(key_index[0]), np_(key_index[1]), np_(key_hop),
+            key_load.to(load.dtype).contiguous().numpy(), num_nodes, symmetric_ids(K).numpy(),
+            K * (K + 1) // 2, self_join, 2 ** 62 if max_cells is None else max(int(max_cells), 0))
+        if ok and self_join:
+            row, col_all, src, mirror = _mirror(out_ptr, col)
+    except Exception as e:
+        if _state['ran']:  # compiled and ran before: a real error, not the environment
+            raise
+        _state['broken'] = f'{type(e).__name__}: {e}'
+        warnings.warn(f"the compiled GRF join (numba) cannot run here ({_state['broken']}); "
+                      "the torch join is used instead (PYG_GRF_NUMBA=0 skips the attempt)",
+                      RuntimeWarning)
+        raise CompiledJoinError(_state['broken']) from e
+    _state['ran'] = True
     if not ok:
         raise JoinMemoryError(f"the GRF mask statistics need more than max_cells={max_cells} "
                               f"cells ({bytes_per_cell(K * (K + 1) // 2)} bytes each); use "
                               "another backend ('sparse' never forms the mask)")
     if self_join:
-        row, col, src, mirror = _mirror(out_ptr, col)
-        return Join(*(torch.from_numpy(a) for a in (row, col, stats, src, mirror)))
+        return Join(*(torch.from_numpy(a) for a in (row, col_all, stats, src, mirror)))
     out_ptr = torch.from_numpy(out_ptr)
     row = torch.repeat_interleave(torch.arange(num_nodes), out_ptr.diff(),
                                   output_size=int(out_ptr[-1]))

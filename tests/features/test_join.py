@@ -1,6 +1,8 @@
 """The join behind the symmetric mask statistics: the half join of the entries with themselves
 (each unordered pair once, then mirrored) against the full join of two sides, on a batch and on
 one big graph (whose N^2 cells take the sorting path), and against Phi Phi^T formed densely."""
+import warnings
+
 import pytest
 import torch
 from torch_geometric.data import Batch, Data
@@ -173,3 +175,30 @@ def test_compiled_join_stops_at_max_cells():
         with pytest.raises(JoinMemoryError, match=f'more than max_cells={cap} cells'):
             compiled_join(grf.index, grf.hop, grf.load.to(D), None, None, None,
                           grf.max_hop + 1, grf.num_nodes, max_cells=cap)
+
+
+@needs_numba
+def test_a_compiled_join_that_cannot_run_falls_back_to_the_torch_join(monkeypatch):
+    # e.g. a numba that does not match numpy: warned once, then the torch join, same result
+    from pyg_grf.features import join
+    b = batch_of(5)
+    expected = GRFLoads.from_data(b).block_terms(True)  # compiled, works
+    monkeypatch.setattr(join, '_state', {'ran': False, 'broken': None})
+
+    def broken(*args):
+        raise RuntimeError('LLVM ERROR: cannot select')
+    monkeypatch.setattr(join, '_join', broken)
+    fresh = lambda: GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes,  # noqa: E731
+                             batch=b.batch)
+    with pytest.warns(RuntimeWarning, match='cannot run here .*LLVM ERROR'):
+        got = fresh().block_terms(True)
+    assert torch.equal(got.cell, expected.cell)
+    assert torch.allclose(got.cell_stats(), expected.cell_stats(), atol=1e-12)
+    assert not compiled_join_available()
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # warned once only: the torch join from now on
+        assert torch.equal(fresh().block_terms(True).cell, expected.cell)
+    # once the kernels have run, an error is a real one and propagates
+    monkeypatch.setattr(join, '_state', {'ran': True, 'broken': None})
+    with pytest.raises(RuntimeError, match='LLVM ERROR'):
+        fresh().block_terms(True)
