@@ -120,10 +120,9 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
       it in full, while one full graph whose loads serve every step (full-graph training)
       moves to the pair backend after a few steps and pays it once. It is only run when that
       share plus the pair cost of :math:`P_\Phi` pairs (a lower bound) is below the sparse and
-      dense estimates and its memory stays under 2 GiB (:func:`join_bytes` for the torch
-      join; the compiled join stops at the cells that fit and pairs is then off for these
-      loads) (:math:`T` is
-      known beforehand; hub nodes make it large).
+      dense estimates and its memory stays under 2 GiB: for the torch join, known from
+      :math:`T` beforehand (:func:`join_bytes`; hub nodes make it large); the compiled join
+      stops at the cells that fit, and pairs is then off for these loads.
 
     Measured per layer on one core (LRGB-sized batch / TU-sized batch / 16k grid, symmetric):
     sparse 334-355 / 83-108 / 631-673 ms, pairs 51-57 / 17-26 / 111-114 ms, dense 122-160 /
@@ -167,10 +166,9 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
             c_join = _C_JOIN_COMPILED if small else _C_JOIN_COMPILED_BIG
         else:
             c_join = _C_JOIN if small else _C_JOIN_SORT
-        # the torch join's memory is known from T; the compiled join's from its cells, which
-        # it bounds as it runs (tried once: beyond the bound, pairs is off for these loads)
-        fits = (not grf._cache.get('join_too_big', False) if compiled_join_available(grf.device)
-                else join_bytes(grf) < _JOIN_MEMORY)
+        # the torch join's memory is known from T; the compiled join bounds its cells as it
+        # runs (tried once: beyond the bound, pairs is off for these loads, below)
+        fits = compiled_join_available(grf.device) or join_bytes(grf) < _JOIN_MEMORY
         # the mask has at least the pairs of Phi: a lower bound of the pair backend before the
         # join is run
         return costs, (T * c_join, P_phi * heads * (m + d + 1) * _C_PAIR, fits)
@@ -179,6 +177,7 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
     if join is None:
         return costs
     total, lower, fits = join
+    fits = fits and not grf._cache.get('join_too_big', False)
     uses = grf._count(('uses',) + key[1:])  # layer calls that costed these loads so far
     built = grf.has_terms(True, batch)
     share = 0.0 if built else total / max(2, uses)

@@ -525,9 +525,13 @@ def test_auto_leaves_pairs_when_the_compiled_join_outgrows_its_bound(monkeypatch
     assert 'pairs' in costs and free.has_terms(True)  # the join ran within the bound
     monkeypatch.setattr(grf_backends, '_JOIN_MEMORY', 1000)  # room for a few cells only
     tight = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes, batch=b.batch)
-    for _ in range(2):  # tried once, then remembered
+    calls = []
+    real = tight.block_terms
+    monkeypatch.setattr(tight, 'block_terms', lambda *a, **k: calls.append(1) or real(*a, **k))
+    for _ in range(3):  # tried once, then remembered
         costs = backend_costs(tight, 'symmetric', 2, 4, 4, None, torch.float64)
         assert 'pairs' not in costs and not tight.has_terms(True)
+    assert len(calls) == 1
     layer = GRFAttention(8, heads=2, max_length=3).double()
     ref = GRFAttention(8, heads=2, max_length=3, backend='dense').double()
     ref.load_state_dict(layer.state_dict())
