@@ -130,8 +130,18 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
     the dense constant is set so that the padded blocks win only where the mask fills them (small
     dense graphs), where the pair backend does the same work through slower sparse kernels.
 
+    At small widths the kernels cost per nonzero rather than per channel, and not even
+    monotonically: on the motif batch of ``experiments/gkat_motifs.py`` (128 graphs of ~110
+    nodes, 2 heads, 691k mask cells), per layer sparse / pairs / dense measured 50 / 82 / 86 ms
+    at 2 channels per head, 34 / 127 / 67 ms at 4, 67 / 52 / 90 ms at 8 and 236 / 65 / 86 ms
+    at 16. So the pair width counts as at least 40 channels, and each CSR product of
+    ``'sparse'`` adds :math:`c_8 P_\Phi H`; with these, ``'auto'`` picks the fastest at
+    every width above (while it once the join was cheap picked pairs at 4 channels per head,
+    3.7x slower there).
+
     The constants were fitted with ``python bench/bench_batch.py --calibrate --threads 1`` on the
-    2-core x86 CPU of our CI; only their ratios matter for the choice."""
+    2-core x86 CPU of our CI (the small-width terms by hand on the three batches above); only
+    their ratios matter for the choice."""
     key = ('costs', mode, heads, m, d, grf._batch_key(batch))
     symmetric = mode == 'symmetric'
 
@@ -141,7 +151,8 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
         costs = {}
         width = heads * m * (d + 1)
         if mode != 'sparse_softmax':
-            costs['sparse'] = ((2 if symmetric else 1) * P_phi * width * _C_SPMM
+            costs['sparse'] = ((2 if symmetric else 1) * P_phi * (width * _C_SPMM
+                                                               + heads * _C_SPMM_NNZ)
                                + N * width * _C_OUTER)
         lay = grf.layout(batch)
         # per cell: a few elementwise passes plus the two block products; larger blocks fall
@@ -151,7 +162,7 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
         if mode == 'sparse_softmax':
             dense *= 1.6
         if not symmetric:
-            costs['pairs'] = P_phi * heads * (m + d + 1) * _C_PAIR
+            costs['pairs'] = P_phi * heads * _pair_width(m, d) * _C_PAIR
             costs['dense'] = dense
             return costs, None
         # dense blocks: the mask is Phi_Q Phi_K^T per graph, one batched product (B n^3 per head
@@ -171,7 +182,7 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
         fits = compiled_join_available(grf.device) or join_bytes(grf) < _JOIN_MEMORY
         # the mask has at least the pairs of Phi: a lower bound of the pair backend before the
         # join is run
-        return costs, (T * c_join, P_phi * heads * (m + d + 1) * _C_PAIR, fits)
+        return costs, (T * c_join, P_phi * heads * _pair_width(m, d) * _C_PAIR, fits)
     costs, join = grf._cached(key, compute)
     costs = dict(costs)
     if join is None:
@@ -187,8 +198,14 @@ def backend_costs(grf: GRFLoads, mode: str, heads: int, m: int, d: int,
         except JoinMemoryError:
             grf._cache['join_too_big'] = True
             return costs
-        costs['pairs'] = terms.cell.numel() * heads * (m + d + 1) * _C_PAIR + share
+        costs['pairs'] = terms.cell.numel() * heads * _pair_width(m, d) * _C_PAIR + share
     return costs
+
+
+def _pair_width(m: int, d: int) -> int:
+    # below ~40 channels the sampled and sparse products do not get cheaper with the width
+    # (index traffic, and slow kernel paths at some small widths): see backend_costs
+    return max(m + d + 1, _PAIR_MIN_WIDTH)
 
 
 def _join_cells(grf: GRFLoads) -> int:
@@ -214,8 +231,10 @@ def join_bytes(grf: GRFLoads) -> int:
 
 # Cost constants: seconds on one core (bench/bench_batch.py --calibrate --threads 1).
 _C_SPMM = 2.4e-9
+_C_SPMM_NNZ = 8.0e-8  # per nonzero and head of a CSR product, whatever its width (tiny widths)
 _C_OUTER = 9.8e-9
 _C_PAIR = 1.8e-9
+_PAIR_MIN_WIDTH = 40
 _C_CELL = 1.5e-8
 _C_JOIN = 7.0e-8
 _C_JOIN_SORT = 4.0e-7  # 262k grid: 10.7 s for 29M terms, default allocator

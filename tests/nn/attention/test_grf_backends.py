@@ -521,7 +521,8 @@ def test_auto_leaves_pairs_when_the_compiled_join_outgrows_its_bound(monkeypatch
         pytest.skip('numba is not installed')
     b = make_batch()
     free = GRFLoads.from_data(b)
-    costs = backend_costs(free, 'symmetric', 2, 4, 4, None, torch.float64)
+    costs = backend_costs(free, 'symmetric', 2, 64, 64, None, torch.float64)
+    # wide heads (64 channels): pairs is worth a join here
     assert 'pairs' in costs and free.has_terms(True)  # the join ran within the bound
     monkeypatch.setattr(grf_backends, '_JOIN_MEMORY', 1000)  # room for a few cells only
     tight = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes, batch=b.batch)
@@ -529,7 +530,7 @@ def test_auto_leaves_pairs_when_the_compiled_join_outgrows_its_bound(monkeypatch
     real = tight.block_terms
     monkeypatch.setattr(tight, 'block_terms', lambda *a, **k: calls.append(1) or real(*a, **k))
     for _ in range(3):  # tried once, then remembered
-        costs = backend_costs(tight, 'symmetric', 2, 4, 4, None, torch.float64)
+        costs = backend_costs(tight, 'symmetric', 2, 64, 64, None, torch.float64)
         assert 'pairs' not in costs and not tight.has_terms(True)
     assert len(calls) == 1
     layer = GRFAttention(8, heads=2, max_length=3).double()
