@@ -100,7 +100,9 @@ def write_table() -> str:
                                 order=['gkat', 'gat', 'gcn', 'grf', 'linear'],
                                 labels={'metric': 'test acc', 'val': 'val acc'}).rstrip(), '']
     return write_markdown(TABLE, lines, NOTES, [
-        'python experiments/gkat_motifs.py --motifs circle caveman --seeds 3'])
+        'python experiments/gkat_motifs.py --motifs circle caveman --seeds 3',
+        'python experiments/gkat_motifs.py --motifs circular_ladder --seeds 3',
+        'python experiments/gkat_motifs.py --motifs grid --seeds 3'])
 
 
 def main(argv=None):
