@@ -294,8 +294,8 @@ class BlockStructures:
                                                             other.load.to(acc))),
                                   K, self.num_nodes, max_cells)
             except CompiledJoinError:  # cannot compile here (warned once): the torch join
-                j = None
-            if j is not None:
+                pass
+            else:
                 cell = lay.pos.index_select(0, j.row) * n + lay.pos.index_select(0, j.col) % n
                 return BlockTerms(cell, j.stats.to(dtype), j.src, j.mirror,
                                   torch.stack([j.row, j.col]))

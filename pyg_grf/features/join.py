@@ -78,7 +78,7 @@ def _join(row, col, hop, load, krow, kcol, khop, kload, N, ids, num_coef, upper,
     # query entries by start node; key entries by visited node, each group by start node
     # (a stable sort by visited node of the key entries already ordered by start node)
     q_ptr, q_order = _counting_sort(row, N)
-    _, by_row = _counting_sort(krow, N)
+    by_row = q_order if upper else _counting_sort(krow, N)[1]  # upper: keys are the queries
     kcol_r = kcol[by_row]
     k_ptr, k_order = _counting_sort(kcol_r, N)
     k_order = by_row[k_order]
@@ -252,14 +252,13 @@ def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[
     (default: no limit)."""
     from pyg_grf.features.blocks import symmetric_ids
     self_join = key_index is None
-    if self_join:
-        key_index, key_hop, key_load = index, hop, load
     np_ = lambda t: t.long().contiguous().numpy()  # noqa: E731
+    query = (np_(index[0]), np_(index[1]), np_(hop), load.contiguous().numpy())
+    keys = query if self_join else (np_(key_index[0]), np_(key_index[1]), np_(key_hop),
+                                    key_load.to(load.dtype).contiguous().numpy())
     try:
         out_ptr, col, stats, ok = _join(
-            np_(index[0]), np_(index[1]), np_(hop), load.contiguous().numpy(),
-            np_(key_index[0]), np_(key_index[1]), np_(key_hop),
-            key_load.to(load.dtype).contiguous().numpy(), num_nodes, symmetric_ids(K).numpy(),
+            *query, *keys, num_nodes, symmetric_ids(K).numpy(),
             K * (K + 1) // 2, self_join, 2 ** 62 if max_cells is None else max(int(max_cells), 0))
         if ok and self_join:
             row, col_all, src, mirror = _mirror(out_ptr, col)

@@ -208,10 +208,15 @@ def _pair_width(m: int, d: int) -> int:
     return max(m + d + 1, _PAIR_MIN_WIDTH)
 
 
+def _num_coef(grf: GRFLoads) -> int:
+    # statistics per cell of the symmetric mask: K (K + 1) / 2 hop pairs, K over both sides
+    K = grf.max_hop + 1 if grf.key is None else max(grf.max_hop, grf.key.max_hop) + 1
+    return K * (K + 1) // 2
+
+
 def _join_cells(grf: GRFLoads) -> int:
     # the cells the compiled join may store within the join's memory bound
-    K = grf.max_hop + 1 if grf.key is None else max(grf.max_hop, grf.key.max_hop) + 1
-    return _JOIN_MEMORY // bytes_per_cell(K * (K + 1) // 2)
+    return _JOIN_MEMORY // bytes_per_cell(_num_coef(grf))
 
 
 def join_bytes(grf: GRFLoads) -> int:
@@ -224,8 +229,7 @@ def join_bytes(grf: GRFLoads) -> int:
     cells instead of this estimate)."""
     T = grf.num_join_terms()
     if compiled_join_available(grf.device):
-        K = grf.max_hop + 1 if grf.key is None else max(grf.max_hop, grf.key.max_hop) + 1
-        return (T // 2 + grf.num_nodes) * bytes_per_cell(K * (K + 1) // 2)
+        return (T // 2 + grf.num_nodes) * bytes_per_cell(_num_coef(grf))
     return 48 * T
 
 
