@@ -143,9 +143,9 @@ def experiment_main(doc: str, out: str, run: Callable[[argparse.Namespace], Any]
     r"""The command line every experiment shares: its own options (``add_arguments``), then
     ``--threads`` (torch threads per run, default 1), ``--out`` (the runs' folder),
     ``--set KEY=VALUE`` (a config override added to every run, repeatable; needs another
-    ``--out``, as the committed table does not show it) and ``--table-only``; runs ``run(args)`` (with ``$PYG_GRF_MIRROR`` defaulting to
-    ``../shared/datasets`` beside the checkout) and rebuilds the table when ``--out`` is the
-    committed folder."""
+    ``--out``, as the committed table does not show it) and ``--table-only``; runs
+    ``run(args)`` (with ``$PYG_GRF_MIRROR`` defaulting to ``../shared/datasets`` beside the
+    checkout) and rebuilds the table when ``--out`` is the committed folder."""
     import torch
     p = argparse.ArgumentParser(description=doc.split('\n')[0])
     add_arguments(p)

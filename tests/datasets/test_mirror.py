@@ -145,3 +145,31 @@ def test_pinned_hashes_match_the_project_mirror(mirror):
     for key, sha in PINNED_SHA256.items():
         assert sums[key] == sha
         assert file_digest(str(mirror / key)) == sha
+
+
+def test_build_with_mirror_explains_a_failed_download(tmp_path, monkeypatch):
+    # online, nothing in the mirror: a build that fails while raw files are still missing is a
+    # failed download, reported as DatasetNotFoundError saying how to load offline; a failure
+    # with every raw file present (e.g. a corrupt file) propagates unchanged
+    from pyg_grf.datasets.mirror import build_with_mirror
+    (tmp_path / 'empty_mirror').mkdir()
+    monkeypatch.setenv('PYG_GRF_MIRROR', str(tmp_path / 'empty_mirror'))
+    monkeypatch.setenv('PYG_GRF_DATA', str(tmp_path / 'data'))
+    monkeypatch.delenv('PYG_GRF_OFFLINE', raising=False)
+    dest = tmp_path / 'data' / 'TUDataset' / 'TOY'
+    raw = [str(dest / 'raw' / 'TOY_A.txt')]
+
+    def no_network():
+        raise OSError('network unreachable')
+    with pytest.raises(DatasetNotFoundError, match=r"TOY.*not found.*TOY_A\.txt.*The download "
+                                                   r"failed: OSError: network unreachable"):
+        build_with_mirror(no_network, 'TUDataset/TOY', str(dest), raw, 'TOY')
+    (dest / 'raw').mkdir(parents=True)
+    (dest / 'raw' / 'TOY_A.txt').write_text('corrupt')
+
+    def corrupt():
+        raise ValueError('bad raw file')
+    with pytest.raises(ValueError, match='bad raw file'):
+        build_with_mirror(corrupt, 'TUDataset/TOY', str(dest), raw, 'TOY')
+    assert build_with_mirror(lambda: 'dataset', 'TUDataset/TOY', str(dest), raw, 'TOY') == \
+        'dataset'
