@@ -27,34 +27,22 @@ from torch.utils.data import RandomSampler
 from pyg_grf.loader import DataLoader, NodePartLoader, check_part_args
 from torch_geometric.transforms import BaseTransform, Compose
 
+from pyg_grf.transforms.standardize import Standardize
+
 TransformArg = Optional[Union[BaseTransform, List[BaseTransform]]]
 
 
 def _dataset_api(name: str):
-    r"""``pyg_grf.datasets.<name>``, looked up when needed (the public names of the package,
-    falling back to the submodules that define them)."""
-    package = importlib.import_module('pyg_grf.datasets')
-    if hasattr(package, name):
-        return getattr(package, name)
-    for sub in ('synthetic', 'images', 'tu', 'splits', 'planetoid', 'mirror', 'lrgb', 'peptides'):
-        try:
-            module = importlib.import_module(f'pyg_grf.datasets.{sub}')
-        except ImportError:
-            continue
-        if hasattr(module, name):
-            return getattr(module, name)
-    raise ImportError(f"pyg_grf.datasets has no '{name}' (is the datasets module installed and "
-                      f"up to date?)")
+    r"""``pyg_grf.datasets.<name>``, looked up when called (so that a patched name is used)."""
+    return getattr(importlib.import_module('pyg_grf.datasets'), name)
 
 
 def _compose(transform: TransformArg) -> Optional[Callable]:
-    if transform is None:
+    if not isinstance(transform, (list, tuple)):
+        return transform
+    if not transform:
         return None
-    if isinstance(transform, (list, tuple)):
-        if len(transform) == 0:
-            return None
-        return transform[0] if len(transform) == 1 else Compose(list(transform))
-    return transform
+    return transform[0] if len(transform) == 1 else Compose(list(transform))
 
 
 def _load_fresh(factory: Callable[..., Any], **kwargs: Any):
@@ -75,10 +63,6 @@ def _load_fresh(factory: Callable[..., Any], **kwargs: Any):
                       f"another pre_transform/pre_filter; processing it again", stacklevel=2)
         dataset = factory(**kwargs, force_reload=True)
     return dataset
-
-
-def _default_root(*parts: str) -> str:
-    return osp.join(_dataset_api('data_root')(), *parts)
 
 
 class EpochSeededRandomSampler(RandomSampler):
@@ -164,12 +148,17 @@ class GraphDataModule(_DatasetDataModule):
         root (str, optional): dataset root (default: under ``$PYG_GRF_DATA`` / ``./datasets``).
         seed (int, optional): seed of the training shuffle (default: :obj:`0`).
         pin_memory (bool, optional): loader option (default: :obj:`False`).
+        standardize (list of str, optional): attributes standardised per column with the
+            training split's statistics (:class:`~pyg_grf.transforms.Standardize`, kept as
+            :attr:`standardizer`), e.g. ``['x', 'y']`` for a regression (default: :obj:`None`).
     """
 
     def __init__(self, batch_size: int = 32, num_workers: int = 0,
                  pre_transform: TransformArg = None, transform: TransformArg = None,
-                 root: Optional[str] = None, seed: int = 0, pin_memory: bool = False):
+                 root: Optional[str] = None, seed: int = 0, pin_memory: bool = False,
+                 standardize: Optional[List[str]] = None):
         super().__init__(pre_transform, transform, root, num_workers)
+        self.standardizer = Standardize(standardize) if standardize else None
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.batch_size = batch_size
@@ -187,7 +176,12 @@ class GraphDataModule(_DatasetDataModule):
     def setup(self, stage: Optional[str] = None) -> None:
         if self.dataset is None:
             super().setup(stage)
-            self.train_dataset, self.val_dataset, self.test_dataset = self.split(self.dataset)
+            splits = self.split(self.dataset)
+            if self.standardizer is not None:  # training statistics, applied before transform
+                self.standardizer.fit(splits[0])
+                for part in splits:
+                    part.transform = _compose([self.standardizer, *filter(None, [part.transform])])
+            self.train_dataset, self.val_dataset, self.test_dataset = splits
 
     def _loader(self, dataset, train: bool) -> DataLoader:
         if dataset is None:
@@ -250,7 +244,9 @@ class SyntheticDataModule(GraphDataModule):
     Args:
         task (str, optional): ``'motifs'``, ``'induced_cycles'`` or ``'digits_grid'``
             (:class:`~pyg_grf.datasets.DigitsGridDataset`: scikit-learn's digits as patch
-            grids, the GRF paper's image setting; ``num_graphs`` at most 1797 per copy)
+            grids, the GRF paper's image setting; ``num_graphs`` at most 1797 per copy) or
+            ``'mass_spring'`` (:class:`~pyg_grf.datasets.MassSpringDataset`: point clouds with
+            node regression targets, ``num_graphs`` clouds; with ``standardize=['x', 'y']``)
             (default: :obj:`'motifs'`).
         num_graphs (int, optional): dataset size (default: :obj:`1024`).
         split (tuple, optional): train / val / test fractions (default: :obj:`(0.8, 0.1, 0.1)`).
@@ -268,7 +264,8 @@ class SyntheticDataModule(GraphDataModule):
     """
 
     TASKS = {'motifs': 'MotifDataset', 'induced_cycles': 'InducedCycleDataset',
-             'digits_grid': 'DigitsGridDataset'}
+             'digits_grid': 'DigitsGridDataset', 'mass_spring': 'MassSpringDataset'}
+    _SIZE_ARG = {'mass_spring': 'num_clouds'}
 
     def __init__(self, task: str = 'motifs', num_graphs: int = 1024,
                  split: Tuple[float, float, float] = (0.8, 0.1, 0.1), data_seed: int = 0,
@@ -276,9 +273,9 @@ class SyntheticDataModule(GraphDataModule):
                  cache: bool = True, batch_size: int = 32, num_workers: int = 0,
                  pre_transform: TransformArg = None, transform: TransformArg = None,
                  root: Optional[str] = None, seed: int = 0, pin_memory: bool = False,
-                 split_by: Optional[str] = None):
+                 split_by: Optional[str] = None, standardize: Optional[List[str]] = None):
         super().__init__(batch_size, num_workers, pre_transform, transform, root, seed,
-                         pin_memory)
+                         pin_memory, standardize)
         self.split_by = split_by
         if task not in self.TASKS:
             raise ValueError(f"task must be one of {sorted(self.TASKS)}, got '{task}'")
@@ -295,9 +292,10 @@ class SyntheticDataModule(GraphDataModule):
         cls = _dataset_api(self.TASKS[self.task])
         root = None
         if self.cache:
-            root = osp.join(self.root or _default_root('synthetic'),
+            root = osp.join(self.root or osp.join(_dataset_api('data_root')(), 'synthetic'),
                             _transform_key(self.pre_transform))
-        return _load_fresh(cls, root=root, num_graphs=self.num_graphs, seed=self.data_seed,
+        size = {self._SIZE_ARG.get(self.task, 'num_graphs'): self.num_graphs}
+        return _load_fresh(cls, root=root, **size, seed=self.data_seed,
                            transform=self.transform, pre_transform=self.pre_transform,
                            **self.dataset_kwargs)
 

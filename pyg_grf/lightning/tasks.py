@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics import Accuracy, F1Score, MeanAbsoluteError, Metric
+from torchmetrics import Accuracy, F1Score, MeanAbsoluteError, MeanSquaredError, Metric
 
 from pyg_grf.lightning.base import SPLITS, Task
 from pyg_grf.lightning.metrics import MultilabelAveragePrecision
@@ -43,12 +43,12 @@ _DEFAULT_LOSS = {
     'regression': 'l1',
 }
 #: Metrics per task (the first is the default): accuracy, LRGB macro average precision, mean
-#: absolute error, macro F1 (LRGB PascalVOC-SP / COCO-SP).
+#: absolute or squared error, macro F1 (LRGB PascalVOC-SP / COCO-SP).
 METRICS = {
     'binary': ('acc',),
     'multiclass': ('acc', 'macro_f1'),
     'multilabel': ('ap',),
-    'regression': ('mae',),
+    'regression': ('mae', 'mse'),
 }
 
 #: The former private name of :func:`~pyg_grf.lightning.specs.build_model`.
@@ -109,6 +109,8 @@ class _TargetTask(Task):
             return Accuracy(task='multiclass', num_classes=self.num_classes)
         if self.task == 'multilabel':
             return MultilabelAveragePrecision(self.num_labels)
+        if self.metric_name == 'mse':
+            return MeanSquaredError()
         return MeanAbsoluteError()
 
     # Loss and metric on (prediction, target) pairs ---------------------------------------
@@ -193,7 +195,8 @@ class GraphLevelTask(_TargetTask):
         betas (tuple, optional): AdamW betas (default: :obj:`(0.9, 0.999)`).
         metric (str, optional): the metric, one of :data:`METRICS` for the task: ``'acc'``
             (binary, multiclass), ``'macro_f1'`` (multiclass; LRGB PascalVOC-SP / COCO-SP),
-            ``'ap'`` (multilabel), ``'mae'`` (regression) (default: the first for the task).
+            ``'ap'`` (multilabel), ``'mae'`` or ``'mse'`` (regression) (default: the first for
+            the task).
         optimizer (str, optional): ``'adamw'`` or ``'adam'`` (weight decay as an L2 penalty
             in the gradient, the recipe of PyG's GAT example and the GKAT paper); with
             ``min_lr_ratio=1`` and no warm-up the learning rate is constant
@@ -203,7 +206,7 @@ class GraphLevelTask(_TargetTask):
     class per node) work the same way with a model that does not pool
     (``GraphTransformer(pooling=None)``): every node is one example.
 
-    Logs ``{train,val,test}/loss`` and ``{train,val,test}/{acc,ap,mae,macro_f1}``.
+    Logs ``{train,val,test}/loss`` and ``{train,val,test}/{acc,ap,mae,mse,macro_f1}``.
     """
 
     def select(self, batch, split: str) -> Tuple[Tensor, Tensor, int]:

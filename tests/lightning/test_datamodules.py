@@ -152,3 +152,27 @@ def test_digits_grid_split_by_source_keeps_copies_together():
     bad = SyntheticDataModule(task='motifs', num_graphs=20, split_by='source', cache=False)
     with pytest.raises(ValueError, match="split_by='source' needs one 'source' value per graph"):
         bad.setup()
+
+
+def test_mass_spring_clouds_standardised_with_training_statistics():
+    # node regression on point clouds: every cloud is one graph; x and y are standardised with
+    # the statistics of the training clouds only (checked against the raw clouds)
+    from pyg_grf.datasets import MassSpringDataset
+    dm = SyntheticDataModule(task='mass_spring', num_graphs=4, split=(0.5, 0.25, 0.25),
+                             dataset_kwargs={'num_points': 100}, cache=False, batch_size=1,
+                             standardize=['x', 'y'])
+    dm.setup('fit')
+    raw = MassSpringDataset(num_points=100, num_clouds=4, seed=0)
+    train_idx = dm.train_dataset.indices()
+    xs = torch.cat([raw[i].x for i in train_idx])
+    mean, std = xs.mean(0), xs.std(0).clamp_min(1e-6)
+    for part in (dm.train_dataset, dm.val_dataset, dm.test_dataset):
+        for i, data in zip(part.indices(), part):
+            assert torch.allclose(data.x, (raw[i].x - mean) / std, atol=1e-4)
+    y = torch.cat([d.y for d in dm.train_dataset])
+    assert torch.allclose(y.mean(0), torch.zeros(3), atol=1e-5)
+    assert dm.num_features == 15
+    batch = next(iter(dm.val_dataloader()))
+    assert batch.num_graphs == 1 and batch.y.shape == (100, 3)
+    assert torch.allclose(dm.standardizer.inverse(batch.y, 'y'), raw[dm.val_dataset.indices()[0]].y,
+                          atol=1e-5)

@@ -157,9 +157,24 @@ def test_macro_f1_metric_equals_sklearn_over_node_batches():
     assert got == pytest.approx(expected, abs=1e-6)
 
 
+def test_mse_metric_over_node_batches_equals_the_pooled_mean_square():
+    # node-level regression on mini-batches (point clouds): the epoch's MSE is the mean of the
+    # squared errors over every target entry of every batch, not a mean of batch means
+    from pyg_grf.lightning.tasks import GraphLevelTask
+    task = GraphLevelTask(torch.nn.Identity(), task='regression', metric='mse', loss='mse')
+    gen = torch.Generator().manual_seed(1)
+    sq = []
+    for n in (5, 40):
+        out, y = torch.randn(n, 3, generator=gen), torch.randn(n, 3, generator=gen)
+        task._update_metric('test', *task._prepare(out, y))
+        sq.append((out - y).pow(2).view(-1))
+    assert float(task.metrics['test_metric'].compute()) == pytest.approx(
+        float(torch.cat(sq).mean()), rel=1e-6)
+
+
 def test_metric_must_fit_the_task():
     from pyg_grf.lightning.tasks import GraphLevelTask
-    with pytest.raises(ValueError, match=r"metric for task='regression' must be one of \('mae',\)"):
+    with pytest.raises(ValueError, match=r"metric for task='regression' must be one of \('mae', 'mse'\)"):
         GraphLevelTask(torch.nn.Identity(), task='regression', metric='macro_f1')
     with pytest.raises(ValueError, match="must be one of"):
         GraphLevelTask(torch.nn.Identity(), task='multilabel', num_labels=3, metric='acc')
