@@ -36,10 +36,11 @@ EXTRA_OVERRIDES: List[str] = []
 
 
 def fit_and_test(config: str, overrides: Overrides, seed: int, root: str,
-                 epochs: Optional[int] = None) -> Dict[str, Any]:
+                 epochs: Optional[int] = None, callbacks: Sequence[Any] = ()) -> Dict[str, Any]:
     r"""Fits ``config`` (with ``overrides``) under ``root`` with ``seed_everything=seed``, then
     tests the checkpoint of the best validation epoch; returns the test metrics, the best
-    validation score, the parameter count and the fit time in seconds."""
+    validation score, the parameter count and the fit time in seconds. ``callbacks`` (e.g. a
+    timer of the training steps) join the trainer's own."""
     from pyg_grf.lightning.cli import GRFLightningCLI
     args = ['--config', config, f'--seed_everything={seed}',
             f'--trainer.default_root_dir={root}', '--trainer.enable_checkpointing=true',
@@ -48,6 +49,7 @@ def fit_and_test(config: str, overrides: Overrides, seed: int, root: str,
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message="LightningCLI's args parameter")
         cli = GRFLightningCLI(args=args, run=False)
+    cli.trainer.callbacks.extend(callbacks)
     params = sum(p.numel() for p in cli.model.parameters())
     start = time.perf_counter()
     cli.trainer.fit(cli.model, datamodule=cli.datamodule)

@@ -4,6 +4,7 @@ import importlib.util
 import json
 import math
 import os.path as osp
+import sys
 
 import pytest
 
@@ -80,7 +81,6 @@ def test_coordinate_search_against_exhaustive_search():
 
 def _paper_models():
     # imported as the experiments import it (the configs name its classes 'paper_models.X')
-    import sys
     if 'paper_models' not in sys.modules:
         spec = importlib.util.spec_from_file_location('paper_models', osp.join(
             HERE, 'experiments', 'paper_models.py'))
@@ -186,3 +186,34 @@ def test_select_on_validation_and_the_shared_command_line(tmp_path):
     text = harness.write_markdown(str(tmp_path / 't.md'), ['# t', ''], str(notes), ['cmd'])
     assert text == '# t\n\nhand-written\n\nCommands:\n\n```\ncmd\n```\n'
     assert (tmp_path / 't.md').read_text() == text
+
+
+def test_point_cloud_variants_match_parameters_and_run_through_the_harness(tmp_path,
+                                                                            monkeypatch):
+    # the scale experiment's variants are GraphTransformers built by the product's CLI from
+    # one config (the GAT one through a second config file: attn_type None), parameter counts
+    # matched to the GRF model's; one tiny cloud fit and tested, its steps timed
+    from pyg_grf.lightning.cli import GRFLightningCLI
+    monkeypatch.setenv('PYG_GRF_DATA', str(tmp_path / 'data'))
+    if 'point_cloud_scale' not in sys.modules:
+        spec = importlib.util.spec_from_file_location('point_cloud_scale', osp.join(
+            HERE, 'experiments', 'point_cloud_scale.py'))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        sys.modules['point_cloud_scale'] = module
+    pcs = sys.modules['point_cloud_scale']
+    counts, kinds = {}, {}
+    for variant in pcs.VARIANTS:
+        cli = GRFLightningCLI(args=['--config', pcs.CONFIG, *pcs.overrides(variant, 128),
+                                    f'--trainer.default_root_dir={tmp_path}'], run=False)
+        model = cli.model.model
+        counts[variant] = sum(p.numel() for p in model.parameters())
+        kinds[variant] = (model.attn_type, type(model.blocks[0].conv).__name__)
+    assert kinds == {'grf': ('grf', 'NoneType'), 'linear': ('linear', 'NoneType'),
+                     'favor': ('favor', 'NoneType'), 'gat': (None, 'GATConv')}
+    assert all(abs(n - counts['grf']) <= 0.01 * counts['grf'] for n in counts.values())
+    timer = pcs.StepTimer()
+    row = harness.fit_and_test(pcs.CONFIG, [*pcs.overrides('grf', 128), '--trainer.logger=false'],
+                               seed=0, root=str(tmp_path / 'run'), epochs=1, callbacks=[timer])
+    assert len(timer.times) == 4 and timer.median() > 0  # 4 training clouds, one step each
+    assert row['test/mse'] > 0 and row['params'] == counts['grf']

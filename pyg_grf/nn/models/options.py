@@ -198,8 +198,11 @@ def check_options(in_channels, attn_type, conv, pe, node_encoder, edge_encoder, 
     if block not in BLOCKS:
         raise ValueError(f"block must be one of {BLOCKS}, got {block!r}")
     if isinstance(attn_type, str) and attn_type not in ATTENTIONS:
+        hint = (" (a nested '=null' on the command line reaches the model as the string "
+                "'None': write null in a YAML config, e.g. a second --config file)"
+                if attn_type == 'None' else '')
         raise ValueError(f"attn_type must be one of {sorted(ATTENTIONS)} (or None, or a "
-                         f"GraphAttention subclass), got '{attn_type}'")
+                         f"GraphAttention subclass), got '{attn_type}'{hint}")
     if not (attn_type is None or isinstance(attn_type, str) or (
             isinstance(attn_type, type) and issubclass(attn_type, GraphAttention))):
         raise ValueError(f"attn_type must be a name, a GraphAttention subclass or None, "

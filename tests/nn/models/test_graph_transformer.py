@@ -141,6 +141,8 @@ def test_repr_and_errors(graphs):
                           "conv=None, pe=None, pooling='mean')")
     with pytest.raises(ValueError, match="attn_type must be one of"):
         GraphTransformer(4, 16, 2, num_layers=1, attn_type='full')
+    with pytest.raises(ValueError, match="string 'None': write null in a YAML config"):
+        GraphTransformer(4, 16, 2, num_layers=1, attn_type='None', conv='gin')
     with pytest.raises(ValueError, match="conv must be one of"):
         GraphTransformer(4, 16, 2, num_layers=1, conv='gcn')
     with pytest.raises(ValueError, match="needs edge features"):
