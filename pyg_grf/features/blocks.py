@@ -9,7 +9,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_grf._validation import is_sorted
+from pyg_grf._validation import check_sorted_batch
 from pyg_grf.features.join import CompiledJoinError, compiled_join, compiled_join_available
 from pyg_grf.ops import SparsePattern
 
@@ -108,9 +108,7 @@ def block_layout(batch: Optional[Tensor], num_nodes: int) -> BlockLayout:
         return BlockLayout(1, max(num_nodes, 1), pos, torch.tensor([num_nodes]),
                            torch.zeros(1, dtype=torch.long, device=pos.device))
     batch = batch.long()
-    if not is_sorted(batch):
-        raise ValueError("'batch' must be sorted (the nodes of each graph contiguous, as in a "
-                         "PyG mini-batch)")
+    check_sorted_batch(batch)
     sizes = torch.bincount(batch)
     B = sizes.numel()
     n = int(sizes.max())

@@ -34,6 +34,3 @@ class CausalMask(MaskOperator):
 
     def to_dense(self) -> Tensor:
         return torch.ones(self.num_nodes, self.num_nodes).tril_()
-
-    def __repr__(self) -> str:
-        return f'CausalMask(num_nodes={self.num_nodes})'

@@ -3,6 +3,7 @@ block-Toeplitz matrix by a :math:`d`-dimensional FFT (FTFI paper, Sec. 3.2, Lemm
 App. A.7)."""
 from __future__ import annotations
 
+import math
 from typing import Sequence, Tuple
 
 import torch
@@ -58,9 +59,7 @@ class GridRPEMask(MaskOperator):
         if len(shape) == 0 or any(int(s) != s or s < 1 for s in shape):
             raise ValueError(f"'shape' must be a non-empty tuple of positive integers, got {shape}")
         self.shape: Tuple[int, ...] = tuple(int(s) for s in shape)
-        self.num_nodes = 1
-        for s in self.shape:
-            self.num_nodes *= s
+        self.num_nodes = math.prod(self.shape)
         K = sum(s - 1 for s in self.shape) + 1
         if not isinstance(f, Tensor) or f.dim() not in (1, 2):
             got = tuple(f.shape) if isinstance(f, Tensor) else type(f)

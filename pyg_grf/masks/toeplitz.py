@@ -82,7 +82,3 @@ class ToeplitzMask(MaskOperator):
         L = self.num_nodes
         i = torch.arange(L, device=self.weights.device)
         return self.weights[..., i.view(-1, 1) - i.view(1, -1) + L - 1]
-
-    def __repr__(self) -> str:
-        heads = '' if self.num_heads is None else f', heads={self.num_heads}'
-        return f'ToeplitzMask(num_nodes={self.num_nodes}{heads})'

@@ -15,8 +15,7 @@ from torch_geometric.datasets import LRGBDataset
 from pyg_grf.datasets.cache import SafeCacheMixin
 from pyg_grf.datasets.lrgb.info import LRGB_INFO, SPLITS, lrgb_name
 from pyg_grf.datasets.lrgb.smiles import smiles_to_graphs
-from pyg_grf.datasets.mirror import (build_with_mirror, download_failed, ensure_raw_files,
-                                     file_digest, missing_files, resolve_root)
+from pyg_grf.datasets.mirror import build_with_mirror, file_digest, resolve_root
 
 
 def file_md5(path: str) -> str:
@@ -123,16 +122,9 @@ class PeptidesFunctional(SafeCacheMixin, InMemoryDataset):
         self.progress = progress
         root = resolve_root(root, 'LRGB')
         self.root = root  # raw_paths needs it before the base constructor runs
-        rel = f'LRGB/{self.folder}'
-        missing = ensure_raw_files(rel, osp.join(root, self.folder), self.raw_paths, self.name)
-        try:
-            super().__init__(root, transform, pre_transform, pre_filter,
-                             force_reload=force_reload)
-        except Exception as exc:
-            if missing and missing_files(self.raw_paths):  # the download failed
-                raise download_failed(exc, rel, osp.join(root, self.folder), missing,
-                                      self.name) from exc
-            raise
+        build_with_mirror(lambda: super(PeptidesFunctional, self).__init__(
+            root, transform, pre_transform, pre_filter, force_reload=force_reload),
+            f'LRGB/{self.folder}', osp.join(root, self.folder), self.raw_paths, self.name)
         self.load(self.processed_paths[SPLITS.index(split)])
 
     @property

@@ -397,7 +397,7 @@ class GKATAttention(GraphAttention):
         # pairs, else Psi Psi^T (memory estimated first); once per batch, cached on the payload
         def build():
             if rwgnk.kernel is not None:
-                k_index, k_value = GKATAttention._check_kernel(rwgnk.kernel)
+                k_index, k_value = rwgnk.kernel  # shapes checked by RWGNKLoads
                 if threshold > 0:
                     keep = k_value.abs() > threshold
                     k_index, k_value = k_index[:, keep], k_value[keep]
@@ -409,14 +409,6 @@ class GKATAttention(GraphAttention):
                                          and rwgnk.kernel_value.requires_grad):
             return build()  # values carrying gradients: nothing cached
         return rwgnk.cached(('kernel', N, threshold, dtype), build)
-
-    @staticmethod
-    def _check_kernel(kernel: Tuple[Tensor, Tensor]) -> Tuple[Tensor, Tensor]:
-        k_index, k_value = kernel
-        if k_index.dim() != 2 or k_index.size(0) != 2 or k_value.shape != (k_index.size(1),):
-            raise ValueError(f"'kernel' must be (index [2, P], value [P]), got shapes "
-                             f"{tuple(k_index.shape)} and {tuple(k_value.shape)}")
-        return k_index, k_value
 
     def _logits(self, x: Tensor, v: Tensor, pairs: Optional[Tensor] = None) -> Tensor:
         r"""Logits :math:`e_{ij}` of ``score`` for the ``[2, P]`` (query, key) ``pairs``

@@ -2,6 +2,7 @@ r"""Linear attention masked by a learnable grid relative-position mask (the "Toe
 linear" variant of the GRF paper's Table 1; FTFI paper, Sec. 3.2)."""
 from __future__ import annotations
 
+import math
 from typing import Any, Optional, Sequence
 
 import torch
@@ -41,9 +42,7 @@ class GridRPEAttention(MaskedLinearAttention):
                              "[height, width]})")
         rpe = GridRPE(grid_shape, heads, f_init, method)
         super().__init__(channels, heads=heads, mask_module=rpe, **kwargs)
-        self.grid_nodes = 1
-        for size in rpe.shape:
-            self.grid_nodes *= size
+        self.grid_nodes = math.prod(rpe.shape)
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         if x.dim() == 3:

@@ -15,7 +15,6 @@ from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import normalized_adjacency, self_convolution
 from pyg_grf.features.blocks import block_layout
-from pyg_grf.masks.base import DenseMask
 from pyg_grf.memory import check_walk_memory
 from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, split_call
 from pyg_grf.nn.functional import (block_masked_linear_attention, from_blocks,
