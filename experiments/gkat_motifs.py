@@ -102,7 +102,9 @@ def write_table() -> str:
     return write_markdown(TABLE, lines, NOTES, [
         'python experiments/gkat_motifs.py --motifs circle caveman --seeds 3',
         'python experiments/gkat_motifs.py --motifs circular_ladder --seeds 3',
-        'python experiments/gkat_motifs.py --motifs grid --seeds 3'])
+        'python experiments/gkat_motifs.py --motifs grid --seeds 3',
+        'python experiments/gkat_motifs.py --motifs ladder --seeds 3',
+        'python experiments/gkat_motifs.py --motifs induced_cycle --seeds 3'])
 
 
 def main(argv=None):
