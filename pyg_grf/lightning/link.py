@@ -21,6 +21,7 @@ from pyg_grf.lightning.base import SPLITS, Task
 from pyg_grf.lightning.link_metrics import (
     LINK_HITS_KS,
     LinkRankingMetrics,
+    check_pairs_in_graphs,
     filtered_link_candidates,
     link_ranks,
 )
@@ -168,19 +169,7 @@ class LinkLevelTask(Task):
                             f"{index.dtype} with values such as {shown}")
         index = index.long()
         # every step checks the pairs (training and predict too): ids in range, one graph each
-        N = batch.num_nodes
-        if index.numel() > 0:
-            lo, hi = int(index.min()), int(index.max())
-            if lo < 0 or hi >= N:
-                raise ValueError(f"edge_label_index holds node ids outside [0, {N}) (got "
-                                 f"{lo}..{hi})")
-            vec = LinkLevelTask._batch_vector(batch)
-            cross = vec[index[0]] != vec[index[1]]
-            if bool(cross.any()):
-                k = int(cross.nonzero()[0])
-                raise ValueError(f"edge_label_index pairs must join two nodes of the same graph; "
-                                 f"pair {k} joins graphs {int(vec[index[0, k]])} and "
-                                 f"{int(vec[index[1, k]])}")
+        check_pairs_in_graphs(index, LinkLevelTask._batch_vector(batch))
         return index, label
 
     @staticmethod

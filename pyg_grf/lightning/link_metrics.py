@@ -97,6 +97,22 @@ class LinkCandidates:
         return self.mask.size(1)
 
 
+def check_pairs_in_graphs(index: Tensor, batch: Tensor) -> None:
+    r"""Raises a :class:`ValueError` unless every pair of ``index`` (``[2, L]``, long) joins two
+    node ids in ``[0, N)`` of one graph of the batch vector ``batch`` (``[N]``)."""
+    if index.numel() == 0:
+        return
+    N, lo, hi = batch.numel(), int(index.min()), int(index.max())
+    if lo < 0 or hi >= N:
+        raise ValueError(f"edge_label_index holds node ids outside [0, {N}) (got {lo}..{hi})")
+    cross = batch[index[0]] != batch[index[1]]
+    if bool(cross.any()):
+        k = int(cross.nonzero()[0])
+        raise ValueError(f"edge_label_index pairs must join two nodes of the same graph; pair "
+                         f"{k} joins graphs {int(batch[index[0, k]])} and "
+                         f"{int(batch[index[1, k]])}")
+
+
 def filtered_link_candidates(edge_label_index: Tensor, edge_label: Tensor,
                              batch: Optional[Tensor] = None, num_nodes: Optional[int] = None,
                              *, exclude_self: bool = False) -> LinkCandidates:
@@ -140,14 +156,7 @@ def filtered_link_candidates(edge_label_index: Tensor, edge_label: Tensor,
     if N > 1 and bool((batch[1:] < batch[:-1]).any()):
         raise ValueError("expected a sorted batch vector (nodes of a graph contiguous, as in a "
                          "PyG Batch)")
-    if L > 0 and (int(edge_label_index.min()) < 0 or int(edge_label_index.max()) >= N):
-        raise ValueError(f"edge_label_index holds node ids outside [0, {N}) (got "
-                         f"{int(edge_label_index.min())}..{int(edge_label_index.max())})")
-    if L > 0 and bool((batch[edge_label_index[0]] != batch[edge_label_index[1]]).any()):
-        k = int((batch[edge_label_index[0]] != batch[edge_label_index[1]]).nonzero()[0])
-        raise ValueError(f"edge_label_index pairs must join two nodes of the same graph; pair "
-                         f"{k} joins graphs {int(batch[edge_label_index[0, k]])} and "
-                         f"{int(batch[edge_label_index[1, k]])}")
+    check_pairs_in_graphs(edge_label_index, batch)
 
     B = int(batch.max()) + 1 if N > 0 else 0
     counts = torch.bincount(batch, minlength=B)
