@@ -6,7 +6,7 @@ one run per (size, variant, seed) by :mod:`harness`.
 
 Data: :class:`~pyg_grf.datasets.MassSpringDataset` clouds of 8,192, 32,768 and 131,072
 particles (kNN graph over the current positions; target: every particle's displacement over the
-next frame), 4 training, 1 validation and 2 test clouds, standardised with the training clouds'
+next frame), 10 training, 2 validation and 4 test clouds, standardised with the training clouds'
 statistics (``standardize=['x', 'y']``), so the test MSE is in units of the target's variance
 (predicting zero scores about 1). GRF walks are drawn once per cloud by the ``pre_transform`` and
 cached with the dataset.
@@ -25,8 +25,8 @@ its parameter count is closest to ``grf``'s):
 * ``gat``: PyG's :class:`~torch_geometric.nn.GATConv` on the kNN graph, no attention.
 
 Budget: the same CPU seconds of training per variant and size (one thread; process time, so
-other jobs on the machine do not shorten it). A variant's step time is measured by a 2-epoch
-calibration fit, and its run gets the epochs (4 steps each, at most ``--max-steps`` steps) that
+other jobs on the machine do not shorten it). A variant's step time is measured by a 1-epoch
+calibration fit, and its run gets the epochs (10 steps each, at most ``--max-steps`` steps) that
 fit the budget, with the task's cosine decay over them. The checkpoint of the best validation
 MSE is tested. Reported per size: test MSE (mean ± std over seeds, paired difference to
 ``linear``), the median CPU seconds of one training step (forward, backward, Adam on one
@@ -121,8 +121,10 @@ def run(sizes, variants, seeds, out: str = OUT, max_steps: int = 2000, budget_sc
         def fit(variant, _, seed, root):
             args = overrides(variant, size)
             calib = StepTimer()
-            fit_and_test(CONFIG, args, seed, root + '/calibration', epochs=2, callbacks=[calib])
-            epochs = max(1, min(max_steps // 4, int(budget / (4 * calib.median()))))
+            fit_and_test(CONFIG, args, seed, root + '/calibration', epochs=1, callbacks=[calib])
+            steps_per_epoch = len(calib.times)
+            epochs = max(1, min(max_steps // steps_per_epoch,
+                                int(budget / (steps_per_epoch * calib.median()))))
             timer = StepTimer()
             row = fit_and_test(CONFIG, args + [
                 f'--trainer.check_val_every_n_epoch={max(1, epochs // 20)}'], seed, root,
