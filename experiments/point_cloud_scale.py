@@ -113,24 +113,45 @@ def overrides(variant: str, size: int) -> List[str]:
             D + 'dataset_kwargs=' + json.dumps({'num_points': size, 'graph_k': 6})]
 
 
+def fit_one(variant: str, size: int, seed: int, root: str, budget: float, max_steps: int,
+            extra=(), threads: int = 1):
+    r"""One run: a 1-epoch calibration fit measures the step time, then the fit with the
+    epochs that fit :obj:`budget` CPU seconds, tested at its best validation epoch."""
+    import torch
+    import harness
+    torch.set_num_threads(threads)
+    harness.EXTRA_OVERRIDES[:] = list(extra)
+    args = overrides(variant, size)
+    calib = StepTimer()
+    fit_and_test(CONFIG, args, seed, root + '/calibration', epochs=1, callbacks=[calib])
+    steps_per_epoch = len(calib.times)
+    epochs = max(1, min(max_steps // steps_per_epoch,
+                        int(budget / (steps_per_epoch * calib.median()))))
+    timer = StepTimer()
+    row = fit_and_test(CONFIG, args + [
+        f'--trainer.check_val_every_n_epoch={max(1, epochs // 20)}'], seed, root,
+        epochs=epochs, callbacks=[timer])
+    return dict(row, s_per_step=timer.median(), steps=len(timer.times),
+                train_cpu_s=round(sum(timer.times), 1), calib_s_per_step=calib.median())
+
+
 def run(sizes, variants, seeds, out: str = OUT, max_steps: int = 2000, budget_scale=1.0):
+    import multiprocessing
+    import harness
+    import torch
     rows = []
     for size in sizes:
         budget = BUDGET.get(size, 80) * budget_scale
 
         def fit(variant, _, seed, root):
-            args = overrides(variant, size)
-            calib = StepTimer()
-            fit_and_test(CONFIG, args, seed, root + '/calibration', epochs=1, callbacks=[calib])
-            steps_per_epoch = len(calib.times)
-            epochs = max(1, min(max_steps // steps_per_epoch,
-                                int(budget / (steps_per_epoch * calib.median()))))
-            timer = StepTimer()
-            row = fit_and_test(CONFIG, args + [
-                f'--trainer.check_val_every_n_epoch={max(1, epochs // 20)}'], seed, root,
-                epochs=epochs, callbacks=[timer])
-            return dict(row, s_per_step=timer.median(), steps=len(timer.times),
-                        train_cpu_s=round(sum(timer.times), 1), calib_s_per_step=calib.median())
+            # every run in a fresh process: at 131k points one GRF fit peaks at 8.7 GB and the
+            # process keeps ~5 GB of it afterwards (freed memory the allocator holds), so runs
+            # in one process ran out of this machine's 24 GB by the ninth fit
+            ctx = multiprocessing.get_context('spawn')
+            with ctx.Pool(1) as pool:
+                return pool.apply(fit_one, (variant, size, seed, root, budget, max_steps,
+                                            list(harness.EXTRA_OVERRIDES),
+                                            torch.get_num_threads()))
         rows += run_grid({v: None for v in variants}, seeds, out, fit,
                          key={'size': size, 'budget_s': budget, 'max_steps': max_steps})
     return rows
