@@ -198,9 +198,10 @@ def mean_std(xs: Sequence[float]):
 
 
 def paired(rows: Sequence[Dict[str, Any]], variant: str, control: str, metric: str,
-           scale: float = 100.0) -> Optional[Dict[str, float]]:
+           scale: float = 100.0, lower_is_better: bool = False) -> Optional[Dict[str, float]]:
     r"""The paired difference ``variant - control`` of ``metric`` over the seeds both ran:
-    mean, standard error, seeds and seeds better (:obj:`None` with fewer than two)."""
+    mean, standard error, seeds and seeds better (a lower value where
+    :obj:`lower_is_better`, e.g. an error) (:obj:`None` with fewer than two)."""
     by = {(r['variant'], r['seed']): r[metric] for r in rows if metric in r}
     diff = [scale * (by[(variant, s)] - by[(control, s)]) for (v, s) in by
             if v == variant and (control, s) in by]
@@ -208,21 +209,25 @@ def paired(rows: Sequence[Dict[str, Any]], variant: str, control: str, metric: s
         return None
     m, sd = mean_std(diff)
     return {'mean': m, 'se': sd / math.sqrt(len(diff)), 'seeds': len(diff),
-            'better': sum(d > 0 for d in diff)}
+            'better': sum(d < 0 if lower_is_better else d > 0 for d in diff)}
 
 
 def summary_table(rows: Sequence[Dict[str, Any]], metric: str, control: Optional[str] = None,
                   order: Optional[Sequence[str]] = None, scale: float = 100.0,
-                  labels: Optional[Dict[str, str]] = None) -> str:
+                  labels: Optional[Dict[str, str]] = None,
+                  lower_is_better: bool = False) -> str:
     r"""A markdown table, one line per variant: seeds, ``metric`` (times ``scale``) mean ± std,
     the paired difference to ``control`` (mean ± standard error, seeds better), the worst seed,
     the mean best validation score, parameters and fit seconds per run. ``labels`` names the
-    ``metric``, ``control`` and ``val`` columns (default: the keys themselves)."""
+    ``metric``, ``control`` and ``val`` columns (default: the keys themselves);
+    ``lower_is_better`` for errors (then a seed is better with a lower value, and the worst
+    seed is the highest)."""
     variants = list(order) if order is not None else list(dict.fromkeys(r['variant']
                                                                           for r in rows))
     name = {'metric': metric, 'control': control, 'val': 'val', **(labels or {})}
     lines = [f"| variant | seeds | {name['metric']} (mean ± std) | paired vs {name['control']} "
-             f"(mean ± SE) | min seed | {name['val']} | params | s / run |",
+             f"(mean ± SE) | {'max' if lower_is_better else 'min'} seed | {name['val']} | "
+             f"params | s / run |",
              '|---|---|---|---|---|---|---|---|']
     for v in variants:
         runs = [r for r in rows if r['variant'] == v and metric in r]
@@ -230,11 +235,13 @@ def summary_table(rows: Sequence[Dict[str, Any]], metric: str, control: Optional
             continue
         vals = [scale * r[metric] for r in runs]
         mean, std = mean_std(vals)
-        p = paired(rows, v, control, metric, scale) if control and v != control else None
+        p = (paired(rows, v, control, metric, scale, lower_is_better)
+             if control and v != control else None)
         diff = (f"{p['mean']:+.1f} ± {p['se']:.1f} ({p['better']}/{p['seeds']} seeds better)"
                 if p else '')
         val = scale * sum(r['best_val'] for r in runs) / len(runs)
         fit = sum(r['fit_s'] for r in runs) / len(runs)
-        lines.append(f"| {v} | {len(runs)} | {mean:.1f} ± {std:.1f} | {diff} | {min(vals):.1f} "
+        worst = max(vals) if lower_is_better else min(vals)
+        lines.append(f"| {v} | {len(runs)} | {mean:.1f} ± {std:.1f} | {diff} | {worst:.1f} "
                      f"| {val:.1f} | {runs[0]['params']} | {fit:.0f} |")
     return '\n'.join(lines) + '\n'

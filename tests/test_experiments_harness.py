@@ -48,6 +48,11 @@ def test_run_grid_resumes_and_summarises(tmp_path):
     mean = sum(accs) / 3
     std = math.sqrt(sum((a - mean) ** 2 for a in accs) / 2)
     assert f'{mean:.1f} ± {std:.1f}' in line and '+10.0 ± 0.0 (3/3 seeds better)' in line
+    # an error metric: a seed is better with a lower value, and the worst seed is the highest
+    assert harness.paired(rows, 'grf', 'linear', 'test/acc', lower_is_better=True)['better'] == 0
+    table = harness.summary_table(rows, 'test/acc', control='linear', lower_is_better=True)
+    line = [ln for ln in table.splitlines() if ln.startswith('| grf ')][0]
+    assert '(0/3 seeds better) | 83.0 |' in line and '| max seed |' in table
 
 
 def test_paired_needs_two_seeds():
