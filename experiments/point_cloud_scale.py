@@ -61,11 +61,14 @@ NOTES = osp.join(HERE, 'results', 'point_cloud_scale_notes.md')
 VARIANTS = ('grf', 'linear', 'favor', 'gat')
 BUDGET = {8192: 60, 32768: 80, 131072: 80}  # CPU seconds of training per variant
 M, D = '--model.init_args.model.init_args.', '--data.init_args.'
-ARCH = {'grf': [],
-        'linear': [f'{M}attn_type=linear', M + 'attn_kwargs={}'],
-        'favor': [f'{M}attn_type=favor', M + 'attn_kwargs={"num_features": 16}'],
-        # attn_type None from a YAML file: jsonargparse reads a nested `=null` as 'None'
-        'gat': ['--config', osp.join(HERE, 'configs', 'paper', 'point_cloud_gat.yaml')]}
+#: ``GraphTransformer`` arguments of each variant, over the config's (which is ``grf``).
+VARIANT_ARGS = {'grf': {},
+                'linear': {'attn_type': 'linear', 'attn_kwargs': {}},
+                'favor': {'attn_type': 'favor', 'attn_kwargs': {'num_features': 16}},
+                'gat': {'attn_type': None, 'attn_kwargs': {}, 'conv': 'gat'}}
+#: ``gat``'s arguments as a second config file: jsonargparse reads a nested ``=null`` on the
+#: command line as the string 'None'.
+GAT_CONFIG = osp.join(HERE, 'configs', 'paper', 'point_cloud_gat.yaml')
 
 
 class StepTimer(Callback):
@@ -95,12 +98,9 @@ def matched_ffn_ratio(variant: str) -> float:
     the config's ratio)."""
     from pyg_grf.nn import GraphTransformer
     base = _model_args()
-    kinds = {'grf': {}, 'linear': {'attn_type': 'linear', 'attn_kwargs': {}},
-             'favor': {'attn_type': 'favor', 'attn_kwargs': {'num_features': 16}},
-             'gat': {'attn_type': None, 'attn_kwargs': {}, 'conv': 'gat'}}
 
     def params(kind, ratio):
-        model = GraphTransformer(**dict(base, **kinds[kind], ffn_ratio=ratio))
+        model = GraphTransformer(**dict(base, **VARIANT_ARGS[kind], ffn_ratio=ratio))
         return sum(p.numel() for p in model.parameters())
     target = params('grf', base['ffn_ratio'])
     C = base['hidden_channels']
@@ -109,7 +109,10 @@ def matched_ffn_ratio(variant: str) -> float:
 
 
 def overrides(variant: str, size: int) -> List[str]:
-    return [*ARCH[variant], f'{M}ffn_ratio={matched_ffn_ratio(variant)}',
+    args = VARIANT_ARGS[variant]
+    arch = (['--config', GAT_CONFIG] if variant == 'gat' else
+            [f'{M}{k}={v if isinstance(v, str) else json.dumps(v)}' for k, v in args.items()])
+    return [*arch, f'{M}ffn_ratio={matched_ffn_ratio(variant)}',
             D + 'dataset_kwargs=' + json.dumps({'num_points': size, 'graph_k': 6})]
 
 
