@@ -3,7 +3,6 @@ r"""The GPS layer of PyG with topology-aware linear-cost attention: the one bloc
 from __future__ import annotations
 
 import inspect
-import warnings
 from typing import Any, Dict, Optional, Union
 
 import torch
@@ -15,8 +14,6 @@ from torch_geometric.nn.inits import reset
 from torch_geometric.nn.resolver import activation_resolver, normalization_resolver
 from torch_geometric.typing import Adj
 
-from pyg_grf.features.loads import GRFLoads
-from pyg_grf.features.rwgnk_loads import RWGNKLoads
 from pyg_grf.nn.attention.base import GraphAttention
 from pyg_grf.nn.attention.registry import ATTENTIONS, attention_resolver
 
@@ -104,9 +101,8 @@ class GRFGPSConv(torch.nn.Module):
     Shapes:
         - **input:** node features :math:`(|\mathcal{V}|, F)`, edge indices
           :math:`(2, |\mathcal{E}|)`, batch vector :math:`(|\mathcal{V}|)` (optional), the
-          attention's payload by keyword (``grf=GRFLoads.from_data(batch)`` for ``'grf'``,
-          ``rwgnk=RWGNKLoads.from_data(batch)`` for ``'gkat'``; :meth:`payload` gives it for
-          any type), further arguments of ``conv`` (e.g. ``edge_attr``)
+          attention's payload by keyword (``**conv.payload(batch)``: ``grf=`` for ``'grf'``,
+          ``rwgnk=`` for ``'gkat'``), further arguments of ``conv`` (e.g. ``edge_attr``)
         - **output:** node features :math:`(|\mathcal{V}|, F)`
     """
 
@@ -177,7 +173,7 @@ class GRFGPSConv(torch.nn.Module):
             return h
         return norm(h, batch=batch) if self.norm_with_batch else norm(h)
 
-    def forward(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor] = None, *args,
+    def forward(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor] = None,
                 **kwargs) -> Tensor:
         r"""Runs the forward pass of the module, with the call shape of PyG's
         :class:`~torch_geometric.nn.conv.GPSConv`: ``conv(x, edge_index, batch, **kwargs)``.
@@ -186,32 +182,11 @@ class GRFGPSConv(torch.nn.Module):
             x (Tensor): node features.
             edge_index (Tensor or SparseTensor): the graph, for ``conv``.
             batch (Tensor, optional): graph id of every node; attention never crosses graphs.
-            **kwargs: the attention's payload (its ``payload_keys``: ``grf=`` a
-                :class:`~pyg_grf.features.GRFLoads` for ``'grf'``, ``rwgnk=`` a
-                :class:`~pyg_grf.features.RWGNKLoads` for ``'gkat'``; build it once per batch,
-                e.g. ``conv.payload(batch)``, and pass it to every layer), then further
+            **kwargs: the attention's payload (its ``payload_keys``: ``grf=`` for ``'grf'``,
+                ``rwgnk=`` for ``'gkat'``; build it once per batch, e.g.
+                ``conv.payload(batch)``, and pass it to every layer), then further
                 arguments of ``conv`` (e.g. ``edge_attr``).
-
-        The old call ``conv(x, edge_index, grf, batch)`` (``grf`` third) and ``rwgnk=`` as a
-        tuple of tensors still work for one release with a :class:`FutureWarning`; any other
-        extra positional argument is an error, so a batch vector can never be taken for the
-        loads.
         """
-        legacy_none = batch is None and len(args) == 1 and isinstance(args[0], Tensor)
-        if isinstance(batch, GRFLoads) or legacy_none:  # the old order (x, edge_index, grf, batch)
-            warnings.warn("GRFGPSConv.forward(x, edge_index, grf, batch) is deprecated: use "
-                          "PyG GPSConv's order, conv(x, edge_index, batch, grf=grf)",
-                          FutureWarning, stacklevel=2)
-            if kwargs.get('grf') is not None:
-                raise TypeError("GRFGPSConv.forward got the GRF loads twice (third positional "
-                                "argument and grf=)")
-            kwargs['grf'], batch = batch, (args[0] if args else kwargs.pop('batch', None))
-            args = args[1:]
-        if args:
-            raise TypeError(f"GRFGPSConv.forward takes (x, edge_index, batch) positionally, as "
-                            f"PyG's GPSConv; pass the attention's payload (grf=, rwgnk=) and "
-                            f"the conv's arguments by keyword (got {len(args)} more positional "
-                            f"argument(s))")
         if batch is not None and not isinstance(batch, Tensor):
             raise TypeError(f"'batch' must be a tensor of graph ids, got {type(batch).__name__}")
         payload = self._payload(edge_index, kwargs)
@@ -264,13 +239,6 @@ class GRFGPSConv(torch.nn.Module):
                                  f"{self.attn.hint}")
             else:
                 payload[key] = kwargs.pop(key)
-        if 'rwgnk' in payload and isinstance(payload['rwgnk'], (tuple, list)):
-            warnings.warn("rwgnk= as a tuple of tensors is deprecated: pass "
-                          "rwgnk=RWGNKLoads.from_data(batch)", FutureWarning, stacklevel=3)
-            if len(payload['rwgnk']) not in (2, 4):
-                raise ValueError("rwgnk= needs (rwgnk_index, rwgnk_value[, rwgnk_kernel_index, "
-                                 "rwgnk_kernel_value]) from AddRWGNKFeatures")
-            payload['rwgnk'] = RWGNKLoads(*payload['rwgnk'])
         return payload
 
     def __repr__(self) -> str:

@@ -13,7 +13,6 @@ while the tensors it was built from are unchanged. Options and their checks:
 from __future__ import annotations
 
 import copy
-import warnings
 from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
@@ -26,12 +25,10 @@ from pyg_grf._validation import batch_or_zeros
 from pyg_grf.nn.attention.base import GraphAttention
 from pyg_grf.nn.attention.registry import ATTENTIONS
 from pyg_grf.nn.conv.grf_gps_conv import GRFGPSConv, norm_resolver
-from pyg_grf.nn.models.options import (NOT_GIVEN, POOLINGS, RENAMED_ARGS, AttentionAdapter,
-                                       check_conv, check_options, embed, encoder,
-                                       rename_arguments, resolve_attention, two_layer_mlp,
-                                       upgrade_state_dict)
+from pyg_grf.nn.models.options import (POOLINGS, check_conv, check_options, embed, encoder,
+                                       two_layer_mlp)
 
-__all__ = ['GraphTransformer', 'ATTENTIONS', 'AttentionAdapter']
+__all__ = ['GraphTransformer', 'ATTENTIONS']
 
 
 class GraphTransformer(torch.nn.Module):
@@ -70,10 +67,8 @@ class GraphTransformer(torch.nn.Module):
             ``'power_series'``, ``'grid_rpe'``, ``'samsa'``), a
             :class:`~pyg_grf.nn.attention.GraphAttention` subclass (built as
             ``cls(hidden_channels, heads=heads, dropout=attn_dropout, **attn_kwargs)``), or
-            :obj:`None` for no attention (a pure MPNN when ``conv`` is set). Old meanings:
-            ``'performer'`` (FAVOR+ per graph, now ``'favor'``) and, with ``block='gps'``,
-            ``'softmax'`` (torch's multi-head attention, now ``'multihead'``) keep their old
-            meaning for one release with a :class:`FutureWarning` (default: :obj:`'grf'`).
+            :obj:`None` for no attention (a pure MPNN when ``conv`` is set)
+            (default: :obj:`'grf'`).
         attn_kwargs (dict, optional): arguments of the attention layer, e.g.
             ``{'feature_map': 'relu', 'max_length': 4}`` (default: :obj:`None`).
         conv (str or MessagePassing, optional): the local message passing beside the
@@ -118,11 +113,6 @@ class GraphTransformer(torch.nn.Module):
         block (str, optional): the layout of every :class:`~pyg_grf.nn.GRFGPSConv` layer:
             ``'pre_norm'`` (above) or ``'gps'`` (PyG GPSConv's post-norm layout)
             (default: :obj:`'pre_norm'`).
-        attention (str or type, optional): deprecated name of ``attn_type``, kept for one
-            release (with a :class:`FutureWarning`; giving both names with different values
-            raises a :class:`TypeError`).
-        attention_kwargs (dict, optional): deprecated name of ``attn_kwargs``, as above.
-        local_mp (str or MessagePassing, optional): deprecated name of ``conv``, as above.
 
     Shapes:
         - **input:** a :class:`~torch_geometric.data.Data` or
@@ -156,25 +146,14 @@ class GraphTransformer(torch.nn.Module):
         norm: Optional[str] = 'layer_norm',
         head_layers: int = 2,
         block: str = 'pre_norm',
-        *,
-        # deprecated names of attn_type, attn_kwargs, conv (NOT_GIVEN: left out of configs)
-        attention: Optional[str] = NOT_GIVEN,
-        attention_kwargs: Optional[Dict[str, Any]] = NOT_GIVEN,
-        local_mp: Union[str, MessagePassing, None] = NOT_GIVEN,
     ):
         super().__init__()
-        # The old names (with one FutureWarning): PyG GPSConv's names now.
-        new = rename_arguments(dict(attn_type=attn_type, attn_kwargs=attn_kwargs, conv=conv),
-                               dict(attention=attention, attention_kwargs=attention_kwargs,
-                                    local_mp=local_mp))
-        attn_type, attn_kwargs, conv = new['attn_type'], new['attn_kwargs'], new['conv']
         self.in_channels = in_channels
         self.hidden_channels = hidden_channels
         self.out_channels = out_channels
         self.num_layers = num_layers
         self.heads = heads
-        # Old attention names ('performer' was FAVOR+, ...) resolved, with a FutureWarning.
-        self.attn_type = resolve_attention(attn_type, block)
+        self.attn_type = attn_type
         self.attn_kwargs = dict(attn_kwargs or {})
         # A MessagePassing instance is a template (each layer gets a reset deep copy): kept as a
         # plain attribute, not a submodule, so its parameters are not the model's.
@@ -228,37 +207,7 @@ class GraphTransformer(torch.nn.Module):
         else:
             raise ValueError(f"head_layers must be 1 or 2, got {head_layers}")
 
-        self._register_load_state_dict_pre_hook(upgrade_state_dict, with_module=True)
         self.reset_parameters()
-
-    # The former attribute names (read-only, for one release).
-    @property
-    def attention(self) -> Any:
-        r"""Deprecated: :attr:`attn_type`."""
-        warnings.warn("GraphTransformer.attention is renamed attn_type", FutureWarning,
-                      stacklevel=2)
-        return self.attn_type
-
-    @property
-    def attention_kwargs(self) -> Dict[str, Any]:
-        r"""Deprecated: :attr:`attn_kwargs`."""
-        warnings.warn("GraphTransformer.attention_kwargs is renamed attn_kwargs", FutureWarning,
-                      stacklevel=2)
-        return self.attn_kwargs
-
-    @property
-    def local_mp(self) -> Union[str, MessagePassing, None]:
-        r"""Deprecated: :attr:`conv`."""
-        warnings.warn("GraphTransformer.local_mp is renamed conv", FutureWarning, stacklevel=2)
-        return self.conv
-
-    def __setstate__(self, state: Dict[str, Any]) -> None:
-        # whole models pickled by older versions keep their options under the former names
-        for old, new in RENAMED_ARGS.items():
-            if old in state:
-                value = state.pop(old)
-                state.setdefault(new, dict(value or {}) if new == 'attn_kwargs' else value)
-        super().__setstate__(state)
 
     @property
     def _norm_kwargs(self) -> Dict[str, Any]:
@@ -267,7 +216,7 @@ class GraphTransformer(torch.nn.Module):
     def _make_block(self) -> GRFGPSConv:
         C, attn = self.hidden_channels, self.attn_type
         kwargs = dict(self.attn_kwargs, dropout=self.attn_dropout)
-        if isinstance(attn, type):  # a GraphAttention subclass (or an old adapter)
+        if isinstance(attn, type):  # a GraphAttention subclass
             try:
                 attn = attn(C, heads=self.heads, **kwargs)
             except TypeError as exc:  # e.g. a misspelt attn_kwargs key

@@ -58,16 +58,11 @@ def test_pyg_call_shape_is_gpsconvs(attn_type):
     assert torch.allclose(out2[b.batch != 0], out[b.batch != 0], atol=1e-6)
 
 
-def test_old_grf_third_call_warns_and_bad_calls_raise():
+def test_bad_calls_raise():
     b = make_batch()
     conv = GRFGPSConv(C, gine(), heads=2, attn_kwargs={'max_length': 3}).eval()
     grf = GRFLoads.from_data(b)
-    new = conv(b.x, b.edge_index, b.batch, grf=grf, edge_attr=b.edge_attr)
-    with pytest.warns(FutureWarning, match="conv\\(x, edge_index, batch, grf=grf\\)"):
-        old = conv(b.x, b.edge_index, grf, b.batch, edge_attr=b.edge_attr)
-    # equal up to rounding: 'auto' may move to the pair backend once the loads' join is built
-    assert torch.allclose(old, new, atol=1e-5)
-    with pytest.raises(TypeError, match="takes \\(x, edge_index, batch\\) positionally"):
+    with pytest.raises(TypeError, match="positional argument"):
         conv(b.x, b.edge_index, b.batch, grf, edge_attr=b.edge_attr)
     with pytest.raises(TypeError, match="'batch' must be a tensor"):
         conv(b.x, b.edge_index, [0, 1], grf=grf, edge_attr=b.edge_attr)
@@ -105,10 +100,6 @@ def test_attention_only_linear_and_gkat():
     conv = GRFGPSConv(C, None, heads=2, attn_type='gkat')
     out = conv(g.x, g.edge_index, batch=g.batch, rwgnk=RWGNKLoads(g.rwgnk_index, g.rwgnk_value))
     assert out.shape == (25, C)
-    # the deprecated tuple form still works, with a FutureWarning
-    with pytest.warns(FutureWarning, match='rwgnk= as a tuple'):
-        old = conv(g.x, g.edge_index, batch=g.batch, rwgnk=(g.rwgnk_index, g.rwgnk_value))
-    assert torch.equal(old, out)
 
 
 def test_repr_and_bad_input():

@@ -4,7 +4,7 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE
 from torch_geometric.utils import erdos_renyi_graph, to_undirected
 
-from pyg_grf.nn.models.graph_transformer import ATTENTIONS, AttentionAdapter, GraphTransformer
+from pyg_grf.nn.models.graph_transformer import ATTENTIONS, GraphTransformer
 from pyg_grf.transforms import AddGraphRandomFeatures
 
 KWARGS = {
@@ -33,8 +33,8 @@ def graphs():
     return _graphs()
 
 
-# 'grid_rpe' needs every graph to be one grid: tests/masks/test_grid.py; GraphTransformer's
-# 'performer' is still the deprecated name of 'favor' (test_deprecated_attention_names)
+# 'grid_rpe' needs every graph to be one grid: tests/masks/test_grid.py; PyG's
+# PerformerAttention draws new random features on every call
 @pytest.mark.parametrize('attention', [a for a in sorted(ATTENTIONS)
                                        if a not in ('grid_rpe', 'performer')])
 @pytest.mark.parametrize('conv', [None, 'gine'])
@@ -158,21 +158,6 @@ def test_repr_and_errors(graphs):
         GraphTransformer(5, 16, 2, num_layers=1, attn_type='linear')(plain)
 
 
-def test_custom_adapter(graphs):
-    # the deprecated way to add an attention kind: still works, with a FutureWarning
-    class MeanAdapter(AttentionAdapter):  # attention = mean of the graph's nodes
-        def build(self, channels, heads, dropout, **kwargs):
-            return torch.nn.Linear(channels, channels)
-
-        def forward(self, x, batch, num_graphs, fields):
-            from torch_geometric.nn import global_mean_pool
-            return self.attn(global_mean_pool(x, batch, num_graphs)[batch])
-
-    with pytest.warns(FutureWarning, match='AttentionAdapter subclasses are deprecated'):
-        model = GraphTransformer(4, 8, 2, num_layers=1, attn_type=MeanAdapter)
-    assert model(Batch.from_data_list(graphs)).shape == (3, 2)
-
-
 def test_custom_graph_attention(graphs):
     # the way to add an attention kind: a GraphAttention subclass, built as
     # cls(hidden_channels, heads=heads, dropout=attn_dropout, **attn_kwargs)
@@ -198,27 +183,6 @@ def test_custom_graph_attention(graphs):
     assert isinstance(model.blocks[0].attn, MeanAttention) and out.shape == (3, 2)
     per_graph = torch.cat([model(Batch.from_data_list([g])) for g in graphs])
     assert torch.allclose(out, per_graph, atol=1e-5)
-
-
-@pytest.mark.parametrize('block', ['pre_norm', 'gps'])
-def test_deprecated_attention_names(graphs, block):
-    # GraphTransformer(attn_type='performer') is 'favor' (FAVOR+ per graph) and, with
-    # block='gps', attn_type='softmax' is 'multihead', for one release with a FutureWarning
-    batch = Batch.from_data_list(graphs)
-    old_new = [('performer', 'favor', {'num_features': 8})]
-    if block == 'gps':
-        old_new.append(('softmax', 'multihead', None))
-    for old, new, kwargs in old_new:
-        torch.manual_seed(0)
-        with pytest.warns(FutureWarning, match=f"use attn_type='{new}'"):
-            old_model = GraphTransformer(4, 16, 3, num_layers=1, heads=2, attn_type=old,
-                                         attn_kwargs=kwargs, block=block).eval()
-        torch.manual_seed(0)
-        new_model = GraphTransformer(4, 16, 3, num_layers=1, heads=2, attn_type=new,
-                                     attn_kwargs=kwargs, block=block).eval()
-        assert old_model.attn_type == new
-        new_model.load_state_dict(old_model.state_dict())  # strict: the same layers
-        assert torch.equal(old_model(batch), new_model(batch))
 
 
 def test_gkat_reads_stored_kernel_pairs(graphs):
@@ -262,29 +226,6 @@ def test_head_is_pyg_mlp(graphs):
     # Dropout sits between the two layers in training mode.
     model = GraphTransformer(4, 16, 3, num_layers=1, attn_type='linear', dropout=0.5)
     assert model.head.dropout == [0.5, 0.0]
-
-
-@pytest.mark.parametrize('conv', ['gin', 'gine'])
-def test_checkpoints_with_the_old_mlp_layout_load(graphs, conv):
-    # Before the two-layer MLPs were PyG MLPs they were Sequential(Linear, act, Dropout, Linear)
-    # with keys '<name>.0.*' and '<name>.3.*'; such state dicts still load, to the same outputs.
-    batch = Batch.from_data_list(graphs)
-    kwargs = dict(num_layers=2, attn_type='linear', conv=conv, edge_encoder='linear',
-                  edge_dim=3)
-    model = GraphTransformer(4, 16, 3, **kwargs).eval()
-    old = {k.replace('head.lins.0.', 'head.0.').replace('head.lins.1.', 'head.3.')
-            .replace('nn.lins.0.', 'nn.0.').replace('nn.lins.1.', 'nn.3.')
-            .replace('.conv.', '.local_mp.').replace('.mlp.', '.ffn.'): v
-           for k, v in model.state_dict().items()}
-    assert 'head.3.weight' in old and 'blocks.1.local_mp.nn.0.bias' in old
-    fresh = GraphTransformer(4, 16, 3, **kwargs).eval()
-    fresh.load_state_dict(old)  # strict
-    assert torch.equal(fresh(batch), model(batch))
-    # The same inside a parent module (a LightningModule stores the model as 'model.*').
-    parent = torch.nn.Module()
-    parent.model = GraphTransformer(4, 16, 3, **kwargs).eval()
-    parent.load_state_dict({f'model.{k}': v for k, v in old.items()})
-    assert torch.equal(parent.model(batch), model(batch))
 
 
 # A MessagePassing instance as conv #######################################################
@@ -493,7 +434,7 @@ def test_empty_batch(attention, block):
     if block == 'gps' and attention in ('samsa', 'power_series'):
         pytest.skip('no GPS layer for this attention')
     if block == 'gps' and attention == 'softmax':
-        attention = 'multihead'  # what 'softmax' built in this layout (its deprecated name)
+        attention = 'multihead'  # torch's MultiheadAttention in PyG GPSConv's layout
     d = Data(x=torch.zeros(0, 4), edge_index=torch.zeros(2, 0, dtype=torch.long), num_nodes=0)
     d = AddGraphRandomFeatures(num_walks=2, max_length=2, seed=0)(d)
     d = AddRWGNKFeatures(num_walks=2, max_length=2, lam=0.5, alpha=1.0, seed=0)(d)
