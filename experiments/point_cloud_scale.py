@@ -20,8 +20,7 @@ its parameter count is closest to ``grf``'s):
   mask adds);
 * ``favor``: the same layer with Performer (FAVOR+) random features, 16 per head of 8
   channels, unmasked over the whole cloud. (PyG's ``PerformerAttention``, ReLU features, which
-  the earlier hand-written loop ran, is ``attn_type='performer'`` only from the next release:
-  in this one the name keeps its old meaning, FAVOR+, with a ``FutureWarning``.)
+  the earlier hand-written loop ran, is ``attn_type='performer'``.)
 * ``gat``: PyG's :class:`~torch_geometric.nn.GATConv` on the kNN graph, no attention.
 
 Budget: the same CPU seconds of training per variant and size (one thread; process time, so

@@ -176,7 +176,8 @@ def _evil_checkpoint(path, class_path, init_args, instantiator=False):
 
 @pytest.mark.parametrize('instantiator', [False, True])
 def test_14_checkpoint_cannot_run_code(tmp_path, instantiator):
-    from pyg_grf.lightning.tasks import GraphLevelTask, UntrustedClassError
+    from pyg_grf.lightning.specs import UntrustedClassError
+    from pyg_grf.lightning.tasks import GraphLevelTask
     marker = tmp_path / 'pwned'
     ckpt = tmp_path / 'evil.ckpt'
     _evil_checkpoint(ckpt, 'os.system', {'command': f'touch {marker}'}, instantiator)
@@ -189,7 +190,8 @@ def test_14_checkpoint_cannot_run_code(tmp_path, instantiator):
 
 def test_14_allow_list_refuses_non_modules(tmp_path):
     from pyg_grf.lightning.specs import build_model as _build_model
-    from pyg_grf.lightning.tasks import GraphLevelTask, UntrustedClassError
+    from pyg_grf.lightning.specs import UntrustedClassError
+    from pyg_grf.lightning.tasks import GraphLevelTask
     with pytest.raises(UntrustedClassError, match="Refusing to build .* 'torch.hub.load'"):
         _build_model({'class_path': 'torch.hub.load', 'init_args': {'repo_or_dir': 'x'}})
     with pytest.raises(UntrustedClassError, match='must be a dotted name'):

@@ -9,9 +9,6 @@ Graph-level tasks (:class:`GraphLevelTask`) take mini-batches of graphs; node-le
 (:class:`NodeLevelTask`) take one graph with ``train_mask`` / ``val_mask`` / ``test_mask``
 (Planetoid). Gradient clipping is a :class:`~lightning.pytorch.Trainer` option
 (``gradient_clip_val``).
-
-The names of :mod:`pyg_grf.lightning.specs` and :mod:`pyg_grf.lightning.schedule` are
-importable from here too, as before they moved there.
 """
 from __future__ import annotations
 
@@ -24,15 +21,6 @@ from torchmetrics import Accuracy, F1Score, MeanAbsoluteError, MeanSquaredError,
 
 from pyg_grf.lightning.base import SPLITS, Task
 from pyg_grf.lightning.metrics import MultilabelAveragePrecision
-from pyg_grf.lightning.schedule import warmup_cosine_schedule
-from pyg_grf.lightning.specs import (
-    MODEL_CLASS_PATHS,
-    UntrustedClassError,
-    allowed_class_paths,
-    build_model,
-    check_hparams_class_paths,
-    register_model_class,
-)
 
 TASKS = ('binary', 'multiclass', 'multilabel', 'regression')
 LOSSES = ('cross_entropy', 'bce', 'l1', 'mse', 'smooth_l1')
@@ -50,9 +38,6 @@ METRICS = {
     'multilabel': ('ap',),
     'regression': ('mae', 'mse'),
 }
-
-#: The former private name of :func:`~pyg_grf.lightning.specs.build_model`.
-_build_model = build_model
 
 
 class _TargetTask(Task):
@@ -232,11 +217,4 @@ __all__ = [
     'LOSSES',
     'METRICS',
     'SPLITS',
-    'MODEL_CLASS_PATHS',
-    'UntrustedClassError',
-    'allowed_class_paths',
-    'build_model',
-    'check_hparams_class_paths',
-    'register_model_class',
-    'warmup_cosine_schedule',
 ]

@@ -9,7 +9,7 @@ import torch
 from torch_geometric.data import Batch, Data
 from torch_geometric.loader import DataLoader
 
-from pyg_grf.lightning import schedule, specs, tasks
+from pyg_grf.lightning import specs
 from pyg_grf.lightning.link import LinkLevelTask
 from pyg_grf.lightning.specs import (
     UntrustedClassError,
@@ -22,13 +22,7 @@ from pyg_grf.lightning.tasks import GraphLevelTask, NodeLevelTask
 MODEL = dict(in_channels=3, hidden_channels=8, num_layers=1, attn_type='linear', dropout=0.1)
 
 
-def test_tasks_module_keeps_the_moved_names():
-    # Configs, old checkpoints and user code import these from pyg_grf.lightning.tasks.
-    for name in ('MODEL_CLASS_PATHS', 'UntrustedClassError', 'allowed_class_paths',
-                 'build_model', 'check_hparams_class_paths', 'register_model_class'):
-        assert getattr(tasks, name) is getattr(specs, name), name
-    assert tasks.warmup_cosine_schedule is schedule.warmup_cosine_schedule
-    assert tasks._build_model is specs.build_model  # the former private name
+def test_task_class_paths():
     allowed = allowed_class_paths()
     for path in ('pyg_grf.lightning.tasks.GraphLevelTask', 'pyg_grf.lightning.tasks.NodeLevelTask',
                  'pyg_grf.lightning.link.LinkLevelTask'):

@@ -3,7 +3,6 @@ App. A.5)."""
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -19,7 +18,7 @@ from pyg_grf._validation import check_index_range
 from pyg_grf.masks.rwgnk import RWGNKMask
 from pyg_grf.memory import check_walk_memory
 from pyg_grf.features.rwgnk_loads import RWGNKLoads
-from pyg_grf.nn.attention.base import GraphAttention, contract_repr, key_dropout, split_call
+from pyg_grf.nn.attention.base import GraphAttention, contract_repr, key_dropout
 from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
 from pyg_grf.nn.functional import masked_linear_attention, pair_masked_linear_attention
 from pyg_grf.ops import SparsePattern, head_spmm
@@ -153,7 +152,6 @@ class GKATAttention(GraphAttention):
             every attention layer of the package does (default: :obj:`True`). With
             :obj:`False` the layer is the paper's GAT-shaped one (no output projection), e.g. to
             stack it as a convolution with ``concat=False`` for class scores.
-        out_channels (int, optional): deprecated name of ``head_channels``.
 
     Shapes:
         - **input:** node features :math:`(N, F)`, ``rwgnk_index`` :math:`(2, |\Psi|)`,
@@ -168,17 +166,8 @@ class GKATAttention(GraphAttention):
                  score: str = 'gat', kernel_weighting: bool = True, bias: bool = True,
                  threshold: float = 0.0, cached: bool = False,
                  feature_map_kwargs: Optional[Dict[str, Any]] = None, eps: float = 1e-6,
-                 backend: str = 'auto', project: bool = True,
-                 out_channels: Optional[int] = None):
+                 backend: str = 'auto', project: bool = True):
         super().__init__()
-        if out_channels is not None:
-            if head_channels is not None and head_channels != out_channels:
-                raise ValueError(f"'out_channels' is the old name of 'head_channels'; got both "
-                                 f"({out_channels} and {head_channels})")
-            warnings.warn("GKATAttention(out_channels=...) is deprecated: it is the size per "
-                          "head, now called 'head_channels' as in every attention layer",
-                          FutureWarning, stacklevel=2)
-            head_channels = out_channels
         if backend not in LINEAR_BACKENDS:
             raise ValueError(f"'backend' must be one of {LINEAR_BACKENDS}, got {backend!r}")
         self.backend = backend
@@ -268,13 +257,6 @@ class GKATAttention(GraphAttention):
             self.feature_map.redraw()
         self._cache = None
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
-        # checkpoints written before the attention contract named the projections lin/lin_q/lin_k
-        for old, new in (('lin.', 'to_v.'), ('lin_q.', 'to_q.'), ('lin_k.', 'to_k.')):
-            for key in [k for k in state_dict if k.startswith(prefix + old)]:
-                state_dict[prefix + new + key[len(prefix + old):]] = state_dict.pop(key)
-        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-
     requires = ('rwgnk_index', 'rwgnk_value')
     optional = ('rwgnk_kernel_index', 'rwgnk_kernel_value')
     hint = "add the transform pyg_grf.transforms.AddRWGNKFeatures (best as pre_transform)"
@@ -284,8 +266,8 @@ class GKATAttention(GraphAttention):
         r"""``{'rwgnk': RWGNKLoads.from_data(data)}``."""
         return {'rwgnk': RWGNKLoads.from_data(data)}
 
-    def forward(self, x: Tensor, *args: Any, batch: OptTensor = None,
-                rwgnk: Optional[RWGNKLoads] = None, **legacy: Any) -> Tensor:
+    def forward(self, x: Tensor, batch: OptTensor = None, *,
+                rwgnk: Optional[RWGNKLoads] = None) -> Tensor:
         r"""Runs the layer.
 
         Args:
@@ -297,20 +279,7 @@ class GKATAttention(GraphAttention):
             rwgnk (RWGNKLoads): keyword only: the batch's RWGNK features
                 (:meth:`payload`, ``RWGNKLoads.from_data(batch)``), with the kernel pairs when
                 the transform stored them.
-
-        The old call ``forward(x, rwgnk_index, rwgnk_value, batch, kernel)`` still works for
-        one release with a :class:`FutureWarning`.
         """
-        batch, old = split_call(self, args, batch, legacy,
-                                ('rwgnk_index', 'rwgnk_value', 'batch', 'kernel'),
-                                'x, rwgnk_index, rwgnk_value, batch, kernel',
-                                'x, batch=None, *, rwgnk=RWGNKLoads.from_data(data)')
-        if old is not None:
-            if rwgnk is not None:
-                raise TypeError("GKATAttention.forward got the RWGNK features twice")
-            kernel = old.get('kernel')
-            rwgnk = RWGNKLoads(old.get('rwgnk_index'), old.get('rwgnk_value'),
-                               *(kernel if kernel is not None else (None, None)))
         if not isinstance(rwgnk, RWGNKLoads):
             raise (ValueError if rwgnk is None else TypeError)(
                 f"GKATAttention needs rwgnk=RWGNKLoads.from_data(batch) (the features of "

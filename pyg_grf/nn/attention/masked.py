@@ -12,7 +12,7 @@ from pyg_grf._validation import batch_or_zeros
 from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.masks.base import MaskOperator
 from pyg_grf.masks.packing import PackingMask
-from pyg_grf.nn.attention.base import QKVAttention, split_call
+from pyg_grf.nn.attention.base import QKVAttention
 from pyg_grf.nn.functional import masked_linear_attention
 
 
@@ -99,7 +99,7 @@ class MaskedLinearAttention(QKVAttention):
                 hasattr(self.mask_module, 'reset_parameters'):
             self.mask_module.reset_parameters()
 
-    def forward(self, x: Tensor, *args: Any, batch: Optional[Tensor] = None,
+    def forward(self, x: Tensor, batch: Optional[Tensor] = None, *,
                 mask: Optional[MaskOperator] = None, **mask_kwargs: Any) -> Tensor:
         r"""
         Args:
@@ -110,21 +110,7 @@ class MaskedLinearAttention(QKVAttention):
                 (per-graph unmasked attention).
             mask (MaskOperator, optional): keyword only: the mask; overrides the mask module.
             **mask_kwargs: passed to the mask module.
-
-        The old call ``forward(x, mask, batch)`` works for one release with a
-        :class:`FutureWarning`.
         """
-        if args and not (args[0] is None or (isinstance(args[0], Tensor) and args[0].dim() == 1)
-                         ) or len(args) > 1:  # the old order (x, mask, batch)
-            batch, old = split_call(self, args, batch, {}, ('mask', 'batch'), 'x, mask, batch',
-                                    'x, batch=None, *, mask=None')
-            if mask is not None:
-                raise TypeError("MaskedLinearAttention.forward got 'mask' twice")
-            mask = old.get('mask')
-        elif args:  # the batch vector, positionally
-            if batch is not None:
-                raise TypeError("MaskedLinearAttention.forward got multiple values for 'batch'")
-            batch = args[0]
         samples = None
         if x.dim() == 3:  # samples on one shared mask
             if batch is not None:

@@ -16,7 +16,7 @@ from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import normalized_adjacency, self_convolution
 from pyg_grf.features.blocks import block_layout
 from pyg_grf.memory import check_walk_memory
-from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, split_call
+from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients
 from pyg_grf.nn.functional import (block_masked_linear_attention, from_blocks,
                                    packed_linear_attention, to_blocks)
 
@@ -120,24 +120,14 @@ class PowerSeriesAttention(QKVAttention):
         r"""``{'edge_index': data.edge_index}`` (a block passes its own ``edge_index``)."""
         return {'edge_index': data.edge_index}
 
-    def forward(self, x: Tensor, *args: Any, batch: Optional[Tensor] = None,
+    def forward(self, x: Tensor, batch: Optional[Tensor] = None, *,
                 edge_index: Optional[Tensor] = None, edge_weight: Optional[Tensor] = None
                 ) -> Tensor:
         r"""``x`` ``[N, channels]`` with the graphs of a PyG batch (``batch``), or
         ``[B, n, channels]``: ``B`` samples on the one graph ``edge_index`` of ``n`` nodes
         (e.g. the patch grid of a batch of images). The kernel is built per graph, as
         ``[B, H, n, n]`` dense blocks (one for a shared graph), never over the whole batch.
-        ``edge_index`` (and ``edge_weight``) are keyword only; the old call
-        ``forward(x, edge_index, batch, edge_weight)`` works for one release with a
-        :class:`FutureWarning`."""
-        batch, old = split_call(self, args, batch, {}, ('edge_index', 'batch', 'edge_weight'),
-                                'x, edge_index, batch, edge_weight',
-                                'x, batch=None, *, edge_index, edge_weight=None')
-        if old is not None:
-            if edge_index is not None:
-                raise TypeError("PowerSeriesAttention.forward got 'edge_index' twice")
-            edge_index = old.get('edge_index')
-            edge_weight = old.get('edge_weight') if edge_weight is None else edge_weight
+        ``edge_index`` (and ``edge_weight``) are keyword only."""
         if not isinstance(edge_index, Tensor):
             raise ValueError(f"PowerSeriesAttention needs the graph: edge_index= (got "
                              f"{type(edge_index).__name__})")

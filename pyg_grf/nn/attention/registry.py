@@ -1,7 +1,7 @@
 r"""The one registry of attention types: a name means one layer everywhere
 (the ``attn_type`` of :class:`~pyg_grf.nn.GRFGPSConv` and of
-:class:`~pyg_grf.nn.GraphTransformer`, where ``'performer'`` keeps its old meaning, FAVOR+, for
-this release with a :class:`FutureWarning`), and every layer is called as ``attn(x, batch, **attn.payload(data))``
+:class:`~pyg_grf.nn.GraphTransformer`), and every layer is called as
+``attn(x, batch, **attn.payload(data))``
 (:class:`~pyg_grf.nn.attention.base.GraphAttention`).
 
 ========================  ==============================================================  ==================

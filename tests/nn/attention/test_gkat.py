@@ -236,24 +236,6 @@ def test_linear_backend_repr_and_bad_value():
         GKATAttention(8, backend='dense')
 
 
-def test_deprecated_out_channels_and_old_state_dict():
-    with pytest.warns(FutureWarning, match='head_channels'):
-        old = GKATAttention(8, heads=2, mode='softmax', out_channels=3, project=False)
-    assert old.head_channels == 3
-    with pytest.raises(ValueError, match="old name of 'head_channels'"):
-        GKATAttention(8, heads=2, out_channels=3, head_channels=4)
-    # a checkpoint from before the contract (lin, lin_q, lin_k) loads into the new names
-    layer = GKATAttention(8, heads=2, mode='softmax', score='dot', head_channels=3,
-                          project=False)
-    state = {k.replace('to_v.', 'lin.').replace('to_q.', 'lin_q.').replace('to_k.', 'lin_k.'): v
-             for k, v in layer.state_dict().items()}
-    assert 'lin.weight' in state
-    fresh = GKATAttention(8, heads=2, mode='softmax', score='dot', head_channels=3,
-                          project=False)
-    fresh.load_state_dict(state)
-    assert torch.equal(fresh.to_v.weight, layer.to_v.weight)
-
-
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize('mode', ['softmax', 'linear'])
 def test_half_precision_module(dtype, mode):
