@@ -1,27 +1,26 @@
-r"""Crash-safe, verified ``processed/`` caches for PyG datasets.
+r"""PyG datasets with an offline-mirror ``download()`` and a crash-safe, verified ``processed/``.
 
-PyG writes a dataset's ``processed/`` files in place, compares the ``pre_transform`` only by a
-warning, and reads ``pre_transform.pt`` with ``torch.load(weights_only=False)``. The
-:class:`SafeCacheMixin` (put it before the PyG dataset class) replaces that step:
+:class:`SafeCacheMixin` (list it before the PyG dataset class) keeps PyG's machinery
+(``raw_file_names``, ``download()`` skipped when the raw files exist, ``process()``,
+``processed_file_names``, ``load``) and changes what PyG leaves unsafe:
 
-* **keyed by the whole pre-processing state**: the folder is ``processed_<hash>``, the hash of the
-  class's :meth:`cache_key` (dataset settings) and the reprs of ``pre_transform`` and
-  ``pre_filter`` (reprs must show every setting, as PyG's ``pre_transform`` check assumes); a
-  changed transform gets its own cache, never a stale one;
-* **atomic**: processing writes into a temporary sibling folder that is renamed into place only
-  after every file and a ``MANIFEST.json`` (SHA-256 of every file) are written and synced; a
-  process killed at any point leaves either no cache (the next run processes again) or a complete
-  one, never a partial file;
-* **verified**: opening a cache checks every file against the manifest before PyG loads it; a
-  mismatch raises :class:`DatasetCacheError` that names the folder to delete (or
-  ``force_reload=True``);
-* **one writer**: processing holds an exclusive lock (``<folder>.lock``), so a process opening
-  the dataset while another one writes it waits and then reads the finished cache;
-* **compact**: :meth:`SafeCacheMixin.save` stores the collated tensors in the lossless compact
-  form of :mod:`pyg_grf.datasets.compact` (narrow integer dtypes, sorted index rows as counts),
-  and :meth:`SafeCacheMixin.load` restores them, so the dataset in memory is bit-identical to
-  the uncompacted one. The format is versioned (:data:`CACHE_VERSION`, part of the folder hash
-  and of the manifest): a cache written in an older format is rebuilt, never misread.
+* **download**: :meth:`~SafeCacheMixin.download` first copies the raw files from the offline mirror
+  (:func:`~pyg_grf.datasets.mirror.fetch_from_mirror`: ``SHA256SUMS`` and pinned hashes checked),
+  then falls back to the class's own download, or raises
+  :class:`~pyg_grf.datasets.mirror.DatasetNotFoundError` offline or when the download fails;
+* **keyed**: the processed folder is ``processed_<hash>`` beside PyG's ``processed/``; the hash
+  covers PyG's own folder and file names (``processed_file_names``), :meth:`cache_key`, and the
+  repr and full configuration (:func:`describe`) of ``pre_transform`` and ``pre_filter``. PyG only
+  warns when the ``pre_transform`` repr changed (and unpickles ``pre_transform.pt`` to compare);
+  here a changed transform gets a cache of its own, never a stale one;
+* **atomic**: ``process()`` writes into a temporary sibling folder, renamed into place after every
+  file and a ``MANIFEST.json`` (SHA-256 of every file) are written and synced;
+* **verified**: opening a cache checks that the manifest lists exactly the files of the folder, the
+  processed files among them, with their SHA-256; else :class:`DatasetCacheError`;
+* **one writer**: processing holds an exclusive lock (``processed_<hash>.lock``);
+* **loaded safely**: every cache is read with ``torch.load(weights_only=True)`` (:func:`safe_load`;
+  PyG falls back to a full unpickle), in the lossless compact form of :mod:`.compact` written by
+  :meth:`~SafeCacheMixin.save`.
 """
 from __future__ import annotations
 
@@ -34,31 +33,35 @@ import shutil
 import time
 import uuid
 from contextlib import contextmanager
-from typing import Any, Dict, Iterator, Optional, Sequence
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
+from torch_geometric.data.dataset import files_exist
 
-from pyg_grf.datasets.compact import COMPACT_FORMAT, compact_collated, restore_collated
-from pyg_grf.datasets.mirror import file_digest
+from pyg_grf.datasets.compact import compact_collated, restore_collated
+from pyg_grf.datasets.mirror import (
+    DatasetNotFoundError,
+    check_not_in_mirror,
+    fetch_from_mirror,
+    file_digest,
+    is_offline,
+    not_found_message,
+)
 
 MANIFEST = 'MANIFEST.json'
-#: Format of the processed caches: 1 as PyG writes them, 2 compact (:mod:`.compact`).
+#: Format of the processed caches (part of the folder hash): 2 = compact (:mod:`.compact`).
 CACHE_VERSION = 2
 
 
 class DatasetCacheError(RuntimeError):
-    r"""Raised when a dataset's processed cache does not match its manifest (modified, truncated
-    or foreign files)."""
+    r"""A processed cache does not match its manifest, or holds more than tensors and plain data."""
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:  # pragma: no cover (platforms without directory fds)
-        return
+def _fsync(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
-    except OSError:  # pragma: no cover
+    except OSError:  # pragma: no cover (directories on some file systems)
         pass
     finally:
         os.close(fd)
@@ -67,24 +70,24 @@ def _fsync_dir(path: str) -> None:
 def _fsync_tree(path: str) -> None:
     for dirpath, _, filenames in os.walk(path):
         for name in filenames:
-            with open(osp.join(dirpath, name), 'rb+') as f:
-                os.fsync(f.fileno())
-        _fsync_dir(dirpath)
+            _fsync(osp.join(dirpath, name))
+        _fsync(dirpath)
 
 
 @contextmanager
 def file_lock(path: str, timeout: Optional[float] = None) -> Iterator[None]:
     r"""An exclusive advisory lock on the file :obj:`path` (created if needed), released on exit
-    and by the kernel when the process dies. Waits up to :obj:`timeout` seconds (forever when
-    :obj:`None`)."""
+    and by the kernel when the process dies; waits up to :obj:`timeout` seconds (:obj:`None`:
+    forever)."""
+    import fcntl
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            import fcntl
-        except ImportError:  # pragma: no cover (Windows: no locking)
-            yield
-            return
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0), 0o644)
+    except IsADirectoryError:
+        raise DatasetCacheError(f"The lock file '{path}' is a directory; expected a plain file "
+                                f"(pyg_grf creates it). Remove the directory and load again."
+                                ) from None
+    try:
         start = time.monotonic()
         while True:
             try:
@@ -97,24 +100,16 @@ def file_lock(path: str, timeout: Optional[float] = None) -> Iterator[None]:
                     raise TimeoutError(f"Could not lock '{path}' within {timeout} s; another "
                                        f"process is processing this dataset") from None
                 time.sleep(0.05)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        yield
     finally:
-        os.close(fd)
-
-
-def _repr(obj: Any) -> str:
-    return 'None' if obj is None else repr(obj)
+        os.close(fd)  # releases the lock
 
 
 def describe(obj: Any, _depth: int = 0) -> Any:
     r"""A JSON-able description of a transform's (or filter's) full configuration: its class and
-    every public attribute, recursively (nested transforms, lists, dicts, tensors by content).
-    A ``repr`` is not enough: PyG's ``AddRandomWalkPE`` prints no ``walk_length``, so a cache
-    keyed on it served 8-dimensional PEs to a request for 4. Private attributes (``_...``, e.g.
-    a generator's advancing state) are left out."""
+    every public attribute, recursively (tensors by content). A ``repr`` is not enough: PyG's
+    ``AddRandomWalkPE`` prints no ``walk_length``. Private attributes (``_...``, e.g. a generator's
+    advancing state) are left out."""
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     if isinstance(obj, (list, tuple)):
@@ -123,9 +118,9 @@ def describe(obj: Any, _depth: int = 0) -> Any:
         return {str(k): describe(v, _depth + 1) for k, v in sorted(obj.items(), key=str)}
     if isinstance(obj, torch.Tensor):
         data = obj.detach().cpu().contiguous()
+        raw = data.numpy().tobytes() if data.numel() else b''
         return {'tensor': list(data.shape), 'dtype': str(data.dtype),
-                'sha256': hashlib.sha256(data.numpy().tobytes() if data.numel() else b'')
-                .hexdigest()[:16]}
+                'sha256': hashlib.sha256(raw).hexdigest()[:16]}
     if isinstance(obj, torch.Generator):
         return 'torch.Generator'
     name = f'{type(obj).__module__}.{type(obj).__qualname__}'
@@ -137,20 +132,18 @@ def describe(obj: Any, _depth: int = 0) -> Any:
 
 
 def cache_folder_name(key: Dict[str, Any], pre_transform: Any, pre_filter: Any) -> str:
-    r"""``processed_<16 hex digits>``: a hash of the dataset settings :obj:`key` and the full
-    configuration (:func:`describe`) and reprs of :obj:`pre_transform` and :obj:`pre_filter`."""
-    text = json.dumps({'v': CACHE_VERSION, 'key': key, 'pre_transform': _repr(pre_transform),
-                       'pre_filter': _repr(pre_filter),
-                       'pre_transform_config': describe(pre_transform),
-                       'pre_filter_config': describe(pre_filter)}, sort_keys=True, default=str)
+    r"""``processed_<16 hex digits>``: a hash of :obj:`key` and of the repr and :func:`describe` of
+    :obj:`pre_transform` and :obj:`pre_filter`."""
+    text = json.dumps({'v': CACHE_VERSION, 'key': key, 'pre_transform': repr(pre_transform),
+                       'pre_filter': repr(pre_filter), 'pre_transform_config':
+                       describe(pre_transform), 'pre_filter_config': describe(pre_filter)},
+                      sort_keys=True, default=str)
     return 'processed_' + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def safe_load(path: str) -> Any:
-    r"""``torch.load(path, weights_only=True)`` with PyG's data classes allowed: tensors, plain
-    containers and :class:`~torch_geometric.data.Data` / ``HeteroData`` classes, never
-    arbitrary code. The one loader of every processed cache and raw pickle of the package; a file
-    that needs more raises :class:`DatasetCacheError` (nothing of it is run)."""
+    r"""``torch.load(path, weights_only=True)`` with PyG's ``Data`` / ``HeteroData`` classes
+    allowed, never arbitrary code; anything else raises :class:`DatasetCacheError`."""
     import pickle
     from torch_geometric.data import Data, HeteroData
     try:
@@ -163,170 +156,186 @@ def safe_load(path: str) -> Any:
                                 ) from None
 
 
-def write_manifest(folder: str, info: Dict[str, Any]) -> None:
-    r"""Writes ``<folder>/MANIFEST.json`` with the SHA-256 of every file under :obj:`folder`."""
-    files = {}
+def _listing(folder: str) -> Dict[str, str]:
+    out = {}
     for dirpath, _, filenames in os.walk(folder):
         for name in filenames:
-            full = osp.join(dirpath, name)
-            rel = osp.relpath(full, folder).replace(os.sep, '/')
+            rel = osp.relpath(osp.join(dirpath, name), folder).replace(os.sep, '/')
             if rel != MANIFEST:
-                files[rel] = file_digest(full)
+                out[rel] = osp.join(dirpath, name)
+    return out
+
+
+def write_manifest(folder: str, info: Dict[str, Any]) -> None:
+    r"""Writes ``<folder>/MANIFEST.json`` with the SHA-256 of every file under :obj:`folder`."""
+    files = {rel: file_digest(path) for rel, path in _listing(folder).items()}
     with open(osp.join(folder, MANIFEST), 'w') as f:
         json.dump(dict(info, version=CACHE_VERSION, files=files), f, indent=1, sort_keys=True)
 
 
-def manifest_version(folder: str) -> Optional[int]:
-    r"""The cache format version that ``<folder>/MANIFEST.json`` records (:obj:`None` when the
-    manifest is missing or unreadable, or names no version)."""
-    try:
-        with open(osp.join(folder, MANIFEST)) as f:
-            version = json.load(f).get('version')
-    except (OSError, ValueError, AttributeError):
-        return None
-    return version if isinstance(version, int) else None
-
-
-def verify_manifest(folder: str) -> None:
-    r"""Checks every file of :obj:`folder` against its ``MANIFEST.json``.
+def verify_manifest(folder: str, required: Sequence[str] = ()) -> None:
+    r"""Checks :obj:`folder` against its ``MANIFEST.json``: the manifest must list exactly the
+    files of the folder (a manifest edited to list fewer files hides none of them), the
+    :obj:`required` ones among them, each with the SHA-256 it lists.
 
     Raises:
-        DatasetCacheError: if the manifest is unreadable, or a listed file is missing or has
-            another SHA-256.
+        DatasetCacheError: naming the first mismatch and the folder to delete.
     """
     path = osp.join(folder, MANIFEST)
-    hint = (f"Delete '{folder}' (it is re-created on the next load) or pass "
-            f"force_reload=True.")
+    hint = f"Delete '{folder}' (it is re-created on the next load) or pass force_reload=True."
     try:
         with open(path) as f:
-            manifest = json.load(f)
-        files = manifest['files']
+            files = json.load(f)['files']
         if not isinstance(files, dict):
             raise TypeError('files is not a dict')
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DatasetCacheError(f"The dataset cache manifest '{path}' is unreadable "
                                 f"({type(exc).__name__}: {exc}). {hint}") from None
-    for rel, expected in sorted(files.items()):
+    present = _listing(folder)
+    for rel in sorted(set(present) - set(files)):
+        raise DatasetCacheError(f"The dataset cache file '{present[rel]}' is not listed in "
+                                f"'{path}': the folder or its manifest was modified. {hint}")
+    for rel in sorted(set(files) | set(required)):
         full = osp.join(folder, rel)
-        if not osp.isfile(full):
-            raise DatasetCacheError(f"The dataset cache file '{full}' listed in '{path}' is "
-                                    f"missing. {hint}")
+        if rel not in present or rel not in files:
+            raise DatasetCacheError(f"The dataset cache file '{full}' is missing from the folder "
+                                    f"or from '{path}'. {hint}")
         got = file_digest(full)
-        if got != expected:
+        if got != files[rel]:
             raise DatasetCacheError(
                 f"The dataset cache file '{full}' has SHA-256 {got}, but its manifest lists "
-                f"{expected}: it was modified or damaged after it was written. {hint}")
+                f"{files[rel]}: it was modified or damaged after it was written. {hint}")
 
 
 class SafeCacheMixin:
-    r"""Mixin for PyG :class:`~torch_geometric.data.Dataset` subclasses (list it first) that makes
-    the processed cache keyed by the whole pre-processing state, atomic, verified and
-    single-writer (see the module docstring). Subclasses may extend :meth:`cache_key` with their
-    own settings and set :attr:`cache_parent` (the folder that holds ``processed_<hash>``)."""
+    r"""Mixin for PyG :class:`~torch_geometric.data.Dataset` classes (list it first): mirror
+    ``download()``, and a keyed, atomic, verified, single-writer, safely loaded cache (see the
+    module docstring). Subclasses set :attr:`mirror_folder` (or :meth:`mirror_sources`) and may
+    extend :meth:`cache_key`, :meth:`download_from_source` and :attr:`not_found_hint`."""
 
     _staging_dir: Optional[str] = None
+    #: The mirror's folder for this class (``TUDataset``, ``Planetoid``, ``LRGB``).
+    mirror_folder: str = ''
+    not_found_hint: str = ''
 
+    # Raw files ---------------------------------------------------------------------------------
+    def mirror_sources(self) -> List[Tuple[str, str]]:
+        r"""``(path in the mirror, folder to copy it into)`` of the raw files: by default
+        ``<mirror_folder>/<name>/raw`` into :attr:`raw_dir` (PyG's layout)."""
+        return [(f'{self.mirror_folder}/{self.name}/raw', self.raw_dir)]  # type: ignore
+
+    @property
+    def has_download(self) -> bool:
+        return len(self.raw_file_names) > 0  # type: ignore[attr-defined]
+
+    def _download(self) -> None:
+        check_not_in_mirror(self.root)  # type: ignore[attr-defined]
+        super()._download()  # type: ignore[misc]
+
+    def download(self) -> None:
+        r"""Copies the raw files from the mirror; what is still missing is downloaded by
+        :meth:`download_from_source` unless ``$PYG_GRF_OFFLINE`` is set."""
+        sources = self.mirror_sources()
+        for rel, dest in sources:
+            fetch_from_mirror(rel, dest)
+        raw_paths = self.raw_paths  # type: ignore[attr-defined]
+        if files_exist(raw_paths):
+            return
+        missing = [osp.basename(p) for p in raw_paths if not osp.exists(p)]
+        msg = not_found_message(self.name, osp.dirname(sources[0][0]),  # type: ignore
+                                missing, self.not_found_hint)
+        if is_offline():
+            raise DatasetNotFoundError(msg)
+        try:
+            self.download_from_source()
+        except Exception as exc:
+            raise DatasetNotFoundError(f'{msg} (The download failed: {type(exc).__name__}: '
+                                       f'{exc}.)') from exc
+
+    def download_from_source(self) -> None:
+        r"""The dataset's own download (PyG's ``download()`` by default)."""
+        super().download()  # type: ignore[misc]
+
+    # The cache ---------------------------------------------------------------------------------
     def cache_key(self) -> Dict[str, Any]:
-        r"""The dataset settings that change the processed files (besides the transforms)."""
-        return {'class': f'{type(self).__module__}.{type(self).__qualname__}'}
+        r"""Settings that change the processed files, besides PyG's folder and file names."""
+        return {}
 
     @property
     def cache_parent(self) -> str:
-        r"""The folder that holds ``processed_<hash>``: the parent of PyG's ``processed_dir``
-        by default."""
-        return osp.dirname(self._pyg_processed_dir())
-
-    def _pyg_processed_dir(self) -> str:
-        return super().processed_dir  # type: ignore[misc]
+        r"""The folder holding ``processed_<hash>``: that of PyG's ``processed_dir``."""
+        return osp.dirname(super().processed_dir)  # type: ignore[misc]
 
     @property
     def processed_dir(self) -> str:
         if self._staging_dir is not None:
             return self._staging_dir
-        return osp.join(self.cache_parent, self.cache_folder)
-
-    @property
-    def cache_folder(self) -> str:
-        return cache_folder_name(self.cache_key(), getattr(self, 'pre_transform', None),
-                                 getattr(self, 'pre_filter', None))
+        key = dict(self.cache_key(), cls=f'{type(self).__module__}.{type(self).__qualname__}',
+                   pyg_dir=osp.basename(super().processed_dir),  # type: ignore[misc]
+                   files=list(self.processed_file_names))  # type: ignore[attr-defined]
+        return osp.join(self.cache_parent, cache_folder_name(
+            key, getattr(self, 'pre_transform', None), getattr(self, 'pre_filter', None)))
 
     @classmethod
     def save(cls, data_list: Sequence[Any], path: str) -> None:
-        r""":meth:`InMemoryDataset.save` in the compact format: ``(mapping, slices, data_cls,
-        spec)`` with the tensors of :func:`~pyg_grf.datasets.compact.compact_collated`, which
-        :meth:`load` restores bit for bit."""
-        from torch_geometric.io import fs  # PyG's writer (fsspec paths), as InMemoryDataset's
+        r""":meth:`InMemoryDataset.save` in the compact form ``(mapping, slices, data_cls, spec)``
+        of :func:`~pyg_grf.datasets.compact.compact_collated`, restored bit for bit by
+        :meth:`load`."""
+        from torch_geometric.io import fs  # PyG's writer, as InMemoryDataset.save's
         data, slices = cls.collate(data_list)  # type: ignore[attr-defined]
         mapping, spec = compact_collated(data, slices)
         fs.torch_save((mapping, slices, data.__class__, spec), path)
 
-    def load(self, path: str, data_cls=None) -> None:
-        r""":meth:`InMemoryDataset.load` with ``torch.load(weights_only=True)`` only (PyG falls
-        back to ``weights_only=False`` when that fails). Reads PyG's format (2 or 3 items) and
-        the compact one of :meth:`save` (4 items), restored to the original tensors."""
-        from torch_geometric.data import Data
+    def load(self, path: str, data_cls: Any = None) -> None:
+        r""":meth:`InMemoryDataset.load` of a file written by :meth:`save`, through
+        :func:`safe_load`."""
         out = safe_load(path)
         hint = f"delete '{osp.dirname(path)}' or pass force_reload=True."
-        if not isinstance(out, tuple) or len(out) not in (2, 3, 4):
+        if not isinstance(out, tuple) or len(out) != 4 or not isinstance(out[0], dict):
             got = type(out).__name__ + (f' of {len(out)}' if isinstance(out, tuple) else '')
-            raise DatasetCacheError(f"'{path}' is not a PyG dataset cache (expected a tuple of "
-                                    f"2 to 4 items, got {got}); {hint}")
-        data, self.slices = out[0], out[1]
-        data_cls = out[2] if len(out) >= 3 else (data_cls or Data)
-        if len(out) == 4:
-            if not isinstance(data, dict):
-                raise DatasetCacheError(f"'{path}' is a compact cache without a tensor mapping "
-                                        f"(got {type(data).__name__}); {hint}")
-            try:
-                data = restore_collated(data, self.slices, out[3])
-            except ValueError as exc:
-                raise DatasetCacheError(f"'{path}' is not a readable '{COMPACT_FORMAT}' cache: "
-                                        f"{exc}; {hint}") from None
-        self.data = data_cls.from_dict(data) if isinstance(data, dict) else data
+            raise DatasetCacheError(f"'{path}' is not a pyg_grf dataset cache (expected a tuple "
+                                    f"(mapping, slices, class, spec), got {got}); {hint}")
+        try:
+            data = restore_collated(out[0], out[1], out[3])
+        except ValueError as exc:
+            raise DatasetCacheError(f"'{path}' is not a readable compact cache: {exc}; "
+                                    f"{hint}") from None
+        self.slices = out[1]
+        self.data = out[2].from_dict(data)
 
     def _process(self) -> None:
         final = self.processed_dir
-        parent = osp.dirname(final)
+        parent, base = osp.split(final)
+        check_not_in_mirror(final)
         os.makedirs(parent, exist_ok=True)
         with file_lock(final + '.lock'):
-            # A cache whose manifest names another format version is rebuilt (the version is in
-            # the folder hash too; this covers a folder copied or renamed by hand). An
-            # unreadable manifest is an error of verify_manifest, as before.
-            version = manifest_version(final)
-            done = (osp.isfile(osp.join(final, MANIFEST))
-                    and (version is None or version == CACHE_VERSION))
-            if done and not self.force_reload:
-                verify_manifest(final)
+            names = self.processed_file_names  # type: ignore[attr-defined]
+            if osp.isfile(osp.join(final, MANIFEST)) and not self.force_reload:  # type: ignore
+                verify_manifest(final, [names] if isinstance(names, str) else names)
                 return
-            # Leftovers of processes killed while writing (we hold the lock: none is running).
-            base = osp.basename(final)
-            for name in os.listdir(parent):
-                if name.startswith(base + '.tmp-') or name.startswith(base + '.old-'):
+            for name in os.listdir(parent):  # leftovers of killed processes (we hold the lock)
+                if name.startswith((base + '.tmp-', base + '.old-')):
                     shutil.rmtree(osp.join(parent, name), ignore_errors=True)
             staging = osp.join(parent, f'{base}.tmp-{uuid.uuid4().hex}')
             os.makedirs(staging)
             self._staging_dir = staging
             try:
-                self.process()
+                self.process()  # type: ignore[attr-defined]
             except BaseException:
                 shutil.rmtree(staging, ignore_errors=True)
                 raise
             finally:
                 self._staging_dir = None
-            write_manifest(staging, {'dataset': self.cache_key(),
-                                     'pre_transform': _repr(getattr(self, 'pre_transform', None)),
-                                     'pre_filter': _repr(getattr(self, 'pre_filter', None))})
+            write_manifest(staging, {'pre_transform': repr(getattr(self, 'pre_transform', None)),
+                                     'pre_filter': repr(getattr(self, 'pre_filter', None))})
             _fsync_tree(staging)
-            if osp.lexists(final):  # force_reload, or an incomplete cache without manifest
-                old = osp.join(parent, f'{base}.old-{uuid.uuid4().hex}')
+            old = osp.join(parent, f'{base}.old-{uuid.uuid4().hex}')
+            if osp.lexists(final):  # force_reload, or a folder without manifest
                 os.replace(final, old)
-                os.replace(staging, final)
-                shutil.rmtree(old, ignore_errors=True)
-            else:
-                os.replace(staging, final)
-            _fsync_dir(parent)
+            os.replace(staging, final)
+            shutil.rmtree(old, ignore_errors=True)
+            _fsync(parent)
 
 
 __all__ = ['SafeCacheMixin', 'DatasetCacheError', 'file_lock', 'verify_manifest',
-           'write_manifest', 'manifest_version', 'cache_folder_name', 'safe_load',
-           'CACHE_VERSION']
+           'write_manifest', 'cache_folder_name', 'describe', 'safe_load', 'CACHE_VERSION']

@@ -1,141 +1,103 @@
 r"""SHA-256 of every raw file of the datasets the offline mirror serves, pinned in the package.
 
-The mirror's own ``SHA256SUMS`` lives inside the mirror it checks: whoever can replace a file
-there can regenerate it too. These hashes cannot be changed from the mirror. A file listed here
-must match it, whatever ``SHA256SUMS`` says; a file that its loader unpickles (Planetoid's
-``ind.*`` files, ``*.pickle``) is copied only when it is listed here (see
-:func:`pyg_grf.datasets.mirror.fetch_from_mirror`). Hashes of the original releases (TU
-collection, Planetoid, LRGB), as the project's mirror serves them.
+The mirror's own ``SHA256SUMS`` lives inside the mirror it checks: whoever can replace a file there
+can regenerate it too. These hashes cannot be changed from the mirror: a file listed here must match
+it, whatever ``SHA256SUMS`` says, and a file that its loader unpickles (Planetoid's ``ind.*``,
+``*.pickle``) is copied only when it is listed here (see
+:func:`~pyg_grf.datasets.mirror.fetch_from_mirror`). Hashes of the original releases (TU collection,
+Planetoid, LRGB) as the project's mirror serves them: a folder line, then ``<sha256> <name>`` lines.
+"""
+_PINNED = """
+LRGB/peptides-functional/
+e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855 701eb743e899f4d793f0e13c8fa5a1b4
+4573079852cce8867ad2d734c5dd22d77538bbe9f628223a8d4b3b531f6fffd0 splits_random_stratified_peptide.pickle
+LRGB/peptides-functional/raw/
+e314f7dfb1ac46ef83fe5f5aa4fe502ad4527da633b64e6b997cb0c452511de3 peptide_multi_class_dataset.csv.gz
+Planetoid/CiteSeer/raw/
+2ac30345d95c9ec933a817ee0bdd6a5f077f8c184a20e696910192d534414668 ind.citeseer.allx
+f704b2d986dde6c2669934de1f3ae5696a6cf9455c0f6b2646a2d135ea0a1c95 ind.citeseer.ally
+d79a4ef9d3e7169aee8946145f6b7306e35bc79bffad26346cfb94e10e9912a7 ind.citeseer.graph
+2af990671580b6b2df5d158d1038f8292e30c9cd821b5453f399659b25b723d4 ind.citeseer.test.index
+539a8906a2da97628d212f2fdd668c109a8b3f0d36574b59e5d3fd5b5303da21 ind.citeseer.tx
+55e5bd1ba1e733a04598753ad1a8d57957f4b8f89e74519f41f4f4938767e4ce ind.citeseer.ty
+d20de19150741e555de0ed037195630fc194114ebc7fd72ced62810148aa22f6 ind.citeseer.x
+8ba87e515d8e3ee3cf52f6d2c5b86aa73f11ecad825a808455209ec26cd54924 ind.citeseer.y
+Planetoid/Cora/raw/
+9419ba2f26f5c35243db64aba110e0f35a04851609e0dc5433450676ca6b8543 ind.cora.allx
+2b998f5cc7fedc86e7f97ca2498f47a1ffc1462c29e2d578b23bf3f62b6e7d71 ind.cora.ally
+58f13302f39dde8852dad6fe6d15b89b077b6d7f837626bce671ef80344b383d ind.cora.graph
+297ce89af2b51a6a194181c7dbe1796c6a1cf9cd9349a88383b1b1e227867875 ind.cora.test.index
+b9afbaa4a400df991f6f02ef677e1e44da55ffc04801fd02f9e673987829226a ind.cora.tx
+41f5ac76596a1699cc33f53084a2419e92961c42bb75f36fc38e616d348532ad ind.cora.ty
+23cfa55d91c6f624233f5eb7b6e3f141f1bd2b2ae39608a63cf5d084bb27baab ind.cora.x
+94465c14eb53e04ca262198dcbb2521ee8af60fb3f3d546cd6ca24a511b0e7d1 ind.cora.y
+Planetoid/PubMed/raw/
+508e538e2abdccdd54c4d3e9f49d638b4af7107d85845f66ddea5a5152658b7e ind.pubmed.allx
+0c37bbe3b5014ec365e9d393cf4791925e5ed94fb194305d74f064a8d7b50f0e ind.pubmed.ally
+5b89f0036ca22909471f1e6558eb42fa06e0c730a577bde5b058b40638f81dc9 ind.pubmed.graph
+b101d421688bbaecbd82e8a18f1e282378d6830f3a37666f28ebc47f844341b5 ind.pubmed.test.index
+4eb5f5d0f30f26497eb0ac6ac9719d09c67e284f1ed0385c93f3ef27a671da3d ind.pubmed.tx
+ee2e0d4819d9fbcc403689c3bf2e49face401b605932f093bc58ab6461130fdd ind.pubmed.ty
+fbe9cb5c47200d1b7769a26e579be3b7130b556831f9d850e77c4c74f2599b33 ind.pubmed.x
+e6c807633307a07ed659249006536a147c7999c797f11a2560752990181b41b3 ind.pubmed.y
+TUDataset/DD/raw/
+24c50078f3af2e2b1c5839901ef446c4604d5c980fb1aba91b4a5542c6efbf48 DD_A.txt
+95aabe75f6537326a14e4efc0d006854c20769f3cfc4877b862803d21c51aff2 DD_graph_indicator.txt
+b9df6495feb673f79dea357cca30e08f8602e52d978c77b53ec2552d1cb2ab4e DD_graph_labels.txt
+b0d10b05702c2d655d691b5a6f5585081993860013eeab801572202df1c5c108 DD_node_labels.txt
+980903d8294920565c89dfd173dadc575cb332964cd3ae09e996518a2bbdfa33 README.txt
+TUDataset/ENZYMES/raw/
+5553c84f8f562f3e199dfd27192174f485e85c44c1357661098668937a739cbf ENZYMES_A.txt
+95ba0fa47eba6f02e6b754a215dc66d5b49de3f45f57a128514301a8d7ed5f46 ENZYMES_graph_indicator.txt
+04743e08967e61e65cdacbb90f8df6ee53742b3d2e7b84675b85ebac70506856 ENZYMES_graph_labels.txt
+305a8fc3b12f79fb844ef3374d6a3c8ceeb4887dd4f86bbfe37932c4c5434e7b ENZYMES_node_attributes.txt
+8263eb9b64efa231a5886343483ccfc0342f2407014763a8f738fd51c32ce770 ENZYMES_node_labels.txt
+32d5fef501200221a2c0e1af3366797fa443ab8f490231c5fb4a8719e1df48cf README.txt
+TUDataset/IMDB-BINARY/raw/
+23c8964bab82f81469271186d721131714a265d0ca8c44ae048118da1d0c4092 IMDB-BINARY_A.txt
+415cc3ba25b8c647dcf34d3de034f675ee070616f3b803be939cb26773489f26 IMDB-BINARY_graph_indicator.txt
+63a44411fd6342b9c4429828c16e144a2a11ef5244e25bb60f0ffa8b3ee2ffce IMDB-BINARY_graph_labels.txt
+TUDataset/IMDB-MULTI/raw/
+fb538b23758d78df199272301e57dc74ad5754d6c3d79d5ed0a343193ddf4ec6 IMDB-MULTI_A.txt
+0274532a0e47dad9cdd21c08995c2265e43040a2c2a3b36c62fdb790994571d3 IMDB-MULTI_graph_indicator.txt
+613c2357b6b996f6f04b91697a99da87774820f9d08bf22813992f4c7afda855 IMDB-MULTI_graph_labels.txt
+TUDataset/MUTAG/raw/
+d9656ca7493f3445d737c711710bb36fd432dddd1c0ea32e1d4713c86ebd28e2 MUTAG_A.txt
+4669ce755075ff86c3240709345745886400908fa637a49310459b9c267b3e56 MUTAG_edge_labels.txt
+7d520a4d6c7961c0cdeabe076d8fe27e795b6d373485c9a2b744987e560a2056 MUTAG_graph_indicator.txt
+a1518ea39ba3426bd42f57396b9c4baffe68e9adc718caeeab0119c6591a5f2c MUTAG_graph_labels.txt
+678f429965490e84dd27713017538c995fc05d1621beac910848b600015ee863 MUTAG_node_labels.txt
+66de65e4826e112482ec680bbbdf7c0af56d826ce935c110786d130b79b76b06 README.txt
+TUDataset/NCI1/raw/
+2c028eda59a5fe96e2265a63d9ac236901bd9a7dc658498be13cd704a703076d NCI1_A.txt
+ffe5acfa754b057d5ce0dc725c5aadb631628161886cc040d38c719635257dc5 NCI1_graph_indicator.txt
+fae44681e70113f496256ae87eaac33b7836e3a97fe8e023933b84fde6a5c8a2 NCI1_graph_labels.txt
+dc0a22b6cbff0c939de00373e823977ba32b358f560e4288d7602f7b51407ee2 NCI1_node_labels.txt
+1866d918409a22531ef00ff7b0f72200c3a06722342c23c5e3299cebb5cd8757 README.txt
+TUDataset/PROTEINS/raw/
+4c4b33e272fc95cac6d27ed6d5d12b9a852c8610e91fff59f8f0dbdd5a20df67 PROTEINS_A.txt
+8d4ff1e852a5c28561e9bffb44cf9490bc552b13a3b6156dd12dc7f44e9afc4a PROTEINS_graph_indicator.txt
+c0ef9810c440775252872318d0c8adc385588e14bc4c47a2c34aa96ee3c7cdcd PROTEINS_graph_labels.txt
+54eef829abb37e458a5fbf3a3c581e48e5810e220463c2cd951856b9ceb08f07 PROTEINS_node_attributes.txt
+f758e8ad3d6e3c026b50833d75f6f90735b94eb3345e4243707f495ca8afea8d PROTEINS_node_labels.txt
+e9c4ed2c9a4059ddfdc2eb7330ebecfc6c8d42dabd5ce2ee67f28aed0db49da7 README.txt
+TUDataset/REDDIT-BINARY/raw/
+b228731d53869d651d352e70307a7ac25f398dbf1760443ba17634d5b1b08526 REDDIT-BINARY_A.txt
+fad8bb968f18c038d3dcd429c0387dc153d2b4e5880b2f55422444acd939deeb REDDIT-BINARY_graph_indicator.txt
+06c3b8209797dacc2aacb74f9ac4e5d81083f998dab96f38ff19279874059813 REDDIT-BINARY_graph_labels.txt
 """
 
+
+def _parse(text: str) -> dict:
+    out, folder = {}, ''
+    for line in text.strip().splitlines():
+        if line.endswith('/'):
+            folder = line
+        else:
+            sha, name = line.split()
+            out[folder + name] = sha
+    return out
+
+
 #: ``{path relative to the mirror: sha256}``.
-PINNED_SHA256 = {
-    'LRGB/peptides-functional/701eb743e899f4d793f0e13c8fa5a1b4':
-        'e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855',
-    'LRGB/peptides-functional/raw/peptide_multi_class_dataset.csv.gz':
-        'e314f7dfb1ac46ef83fe5f5aa4fe502ad4527da633b64e6b997cb0c452511de3',
-    'LRGB/peptides-functional/splits_random_stratified_peptide.pickle':
-        '4573079852cce8867ad2d734c5dd22d77538bbe9f628223a8d4b3b531f6fffd0',
-    'Planetoid/CiteSeer/raw/ind.citeseer.allx':
-        '2ac30345d95c9ec933a817ee0bdd6a5f077f8c184a20e696910192d534414668',
-    'Planetoid/CiteSeer/raw/ind.citeseer.ally':
-        'f704b2d986dde6c2669934de1f3ae5696a6cf9455c0f6b2646a2d135ea0a1c95',
-    'Planetoid/CiteSeer/raw/ind.citeseer.graph':
-        'd79a4ef9d3e7169aee8946145f6b7306e35bc79bffad26346cfb94e10e9912a7',
-    'Planetoid/CiteSeer/raw/ind.citeseer.test.index':
-        '2af990671580b6b2df5d158d1038f8292e30c9cd821b5453f399659b25b723d4',
-    'Planetoid/CiteSeer/raw/ind.citeseer.tx':
-        '539a8906a2da97628d212f2fdd668c109a8b3f0d36574b59e5d3fd5b5303da21',
-    'Planetoid/CiteSeer/raw/ind.citeseer.ty':
-        '55e5bd1ba1e733a04598753ad1a8d57957f4b8f89e74519f41f4f4938767e4ce',
-    'Planetoid/CiteSeer/raw/ind.citeseer.x':
-        'd20de19150741e555de0ed037195630fc194114ebc7fd72ced62810148aa22f6',
-    'Planetoid/CiteSeer/raw/ind.citeseer.y':
-        '8ba87e515d8e3ee3cf52f6d2c5b86aa73f11ecad825a808455209ec26cd54924',
-    'Planetoid/Cora/raw/ind.cora.allx':
-        '9419ba2f26f5c35243db64aba110e0f35a04851609e0dc5433450676ca6b8543',
-    'Planetoid/Cora/raw/ind.cora.ally':
-        '2b998f5cc7fedc86e7f97ca2498f47a1ffc1462c29e2d578b23bf3f62b6e7d71',
-    'Planetoid/Cora/raw/ind.cora.graph':
-        '58f13302f39dde8852dad6fe6d15b89b077b6d7f837626bce671ef80344b383d',
-    'Planetoid/Cora/raw/ind.cora.test.index':
-        '297ce89af2b51a6a194181c7dbe1796c6a1cf9cd9349a88383b1b1e227867875',
-    'Planetoid/Cora/raw/ind.cora.tx':
-        'b9afbaa4a400df991f6f02ef677e1e44da55ffc04801fd02f9e673987829226a',
-    'Planetoid/Cora/raw/ind.cora.ty':
-        '41f5ac76596a1699cc33f53084a2419e92961c42bb75f36fc38e616d348532ad',
-    'Planetoid/Cora/raw/ind.cora.x':
-        '23cfa55d91c6f624233f5eb7b6e3f141f1bd2b2ae39608a63cf5d084bb27baab',
-    'Planetoid/Cora/raw/ind.cora.y':
-        '94465c14eb53e04ca262198dcbb2521ee8af60fb3f3d546cd6ca24a511b0e7d1',
-    'Planetoid/PubMed/raw/ind.pubmed.allx':
-        '508e538e2abdccdd54c4d3e9f49d638b4af7107d85845f66ddea5a5152658b7e',
-    'Planetoid/PubMed/raw/ind.pubmed.ally':
-        '0c37bbe3b5014ec365e9d393cf4791925e5ed94fb194305d74f064a8d7b50f0e',
-    'Planetoid/PubMed/raw/ind.pubmed.graph':
-        '5b89f0036ca22909471f1e6558eb42fa06e0c730a577bde5b058b40638f81dc9',
-    'Planetoid/PubMed/raw/ind.pubmed.test.index':
-        'b101d421688bbaecbd82e8a18f1e282378d6830f3a37666f28ebc47f844341b5',
-    'Planetoid/PubMed/raw/ind.pubmed.tx':
-        '4eb5f5d0f30f26497eb0ac6ac9719d09c67e284f1ed0385c93f3ef27a671da3d',
-    'Planetoid/PubMed/raw/ind.pubmed.ty':
-        'ee2e0d4819d9fbcc403689c3bf2e49face401b605932f093bc58ab6461130fdd',
-    'Planetoid/PubMed/raw/ind.pubmed.x':
-        'fbe9cb5c47200d1b7769a26e579be3b7130b556831f9d850e77c4c74f2599b33',
-    'Planetoid/PubMed/raw/ind.pubmed.y':
-        'e6c807633307a07ed659249006536a147c7999c797f11a2560752990181b41b3',
-    'TUDataset/DD/raw/DD_A.txt':
-        '24c50078f3af2e2b1c5839901ef446c4604d5c980fb1aba91b4a5542c6efbf48',
-    'TUDataset/DD/raw/DD_graph_indicator.txt':
-        '95aabe75f6537326a14e4efc0d006854c20769f3cfc4877b862803d21c51aff2',
-    'TUDataset/DD/raw/DD_graph_labels.txt':
-        'b9df6495feb673f79dea357cca30e08f8602e52d978c77b53ec2552d1cb2ab4e',
-    'TUDataset/DD/raw/DD_node_labels.txt':
-        'b0d10b05702c2d655d691b5a6f5585081993860013eeab801572202df1c5c108',
-    'TUDataset/DD/raw/README.txt':
-        '980903d8294920565c89dfd173dadc575cb332964cd3ae09e996518a2bbdfa33',
-    'TUDataset/ENZYMES/raw/ENZYMES_A.txt':
-        '5553c84f8f562f3e199dfd27192174f485e85c44c1357661098668937a739cbf',
-    'TUDataset/ENZYMES/raw/ENZYMES_graph_indicator.txt':
-        '95ba0fa47eba6f02e6b754a215dc66d5b49de3f45f57a128514301a8d7ed5f46',
-    'TUDataset/ENZYMES/raw/ENZYMES_graph_labels.txt':
-        '04743e08967e61e65cdacbb90f8df6ee53742b3d2e7b84675b85ebac70506856',
-    'TUDataset/ENZYMES/raw/ENZYMES_node_attributes.txt':
-        '305a8fc3b12f79fb844ef3374d6a3c8ceeb4887dd4f86bbfe37932c4c5434e7b',
-    'TUDataset/ENZYMES/raw/ENZYMES_node_labels.txt':
-        '8263eb9b64efa231a5886343483ccfc0342f2407014763a8f738fd51c32ce770',
-    'TUDataset/ENZYMES/raw/README.txt':
-        '32d5fef501200221a2c0e1af3366797fa443ab8f490231c5fb4a8719e1df48cf',
-    'TUDataset/IMDB-BINARY/raw/IMDB-BINARY_A.txt':
-        '23c8964bab82f81469271186d721131714a265d0ca8c44ae048118da1d0c4092',
-    'TUDataset/IMDB-BINARY/raw/IMDB-BINARY_graph_indicator.txt':
-        '415cc3ba25b8c647dcf34d3de034f675ee070616f3b803be939cb26773489f26',
-    'TUDataset/IMDB-BINARY/raw/IMDB-BINARY_graph_labels.txt':
-        '63a44411fd6342b9c4429828c16e144a2a11ef5244e25bb60f0ffa8b3ee2ffce',
-    'TUDataset/IMDB-MULTI/raw/IMDB-MULTI_A.txt':
-        'fb538b23758d78df199272301e57dc74ad5754d6c3d79d5ed0a343193ddf4ec6',
-    'TUDataset/IMDB-MULTI/raw/IMDB-MULTI_graph_indicator.txt':
-        '0274532a0e47dad9cdd21c08995c2265e43040a2c2a3b36c62fdb790994571d3',
-    'TUDataset/IMDB-MULTI/raw/IMDB-MULTI_graph_labels.txt':
-        '613c2357b6b996f6f04b91697a99da87774820f9d08bf22813992f4c7afda855',
-    'TUDataset/MUTAG/raw/MUTAG_A.txt':
-        'd9656ca7493f3445d737c711710bb36fd432dddd1c0ea32e1d4713c86ebd28e2',
-    'TUDataset/MUTAG/raw/MUTAG_edge_labels.txt':
-        '4669ce755075ff86c3240709345745886400908fa637a49310459b9c267b3e56',
-    'TUDataset/MUTAG/raw/MUTAG_graph_indicator.txt':
-        '7d520a4d6c7961c0cdeabe076d8fe27e795b6d373485c9a2b744987e560a2056',
-    'TUDataset/MUTAG/raw/MUTAG_graph_labels.txt':
-        'a1518ea39ba3426bd42f57396b9c4baffe68e9adc718caeeab0119c6591a5f2c',
-    'TUDataset/MUTAG/raw/MUTAG_node_labels.txt':
-        '678f429965490e84dd27713017538c995fc05d1621beac910848b600015ee863',
-    'TUDataset/MUTAG/raw/README.txt':
-        '66de65e4826e112482ec680bbbdf7c0af56d826ce935c110786d130b79b76b06',
-    'TUDataset/NCI1/raw/NCI1_A.txt':
-        '2c028eda59a5fe96e2265a63d9ac236901bd9a7dc658498be13cd704a703076d',
-    'TUDataset/NCI1/raw/NCI1_graph_indicator.txt':
-        'ffe5acfa754b057d5ce0dc725c5aadb631628161886cc040d38c719635257dc5',
-    'TUDataset/NCI1/raw/NCI1_graph_labels.txt':
-        'fae44681e70113f496256ae87eaac33b7836e3a97fe8e023933b84fde6a5c8a2',
-    'TUDataset/NCI1/raw/NCI1_node_labels.txt':
-        'dc0a22b6cbff0c939de00373e823977ba32b358f560e4288d7602f7b51407ee2',
-    'TUDataset/NCI1/raw/README.txt':
-        '1866d918409a22531ef00ff7b0f72200c3a06722342c23c5e3299cebb5cd8757',
-    'TUDataset/PROTEINS/raw/PROTEINS_A.txt':
-        '4c4b33e272fc95cac6d27ed6d5d12b9a852c8610e91fff59f8f0dbdd5a20df67',
-    'TUDataset/PROTEINS/raw/PROTEINS_graph_indicator.txt':
-        '8d4ff1e852a5c28561e9bffb44cf9490bc552b13a3b6156dd12dc7f44e9afc4a',
-    'TUDataset/PROTEINS/raw/PROTEINS_graph_labels.txt':
-        'c0ef9810c440775252872318d0c8adc385588e14bc4c47a2c34aa96ee3c7cdcd',
-    'TUDataset/PROTEINS/raw/PROTEINS_node_attributes.txt':
-        '54eef829abb37e458a5fbf3a3c581e48e5810e220463c2cd951856b9ceb08f07',
-    'TUDataset/PROTEINS/raw/PROTEINS_node_labels.txt':
-        'f758e8ad3d6e3c026b50833d75f6f90735b94eb3345e4243707f495ca8afea8d',
-    'TUDataset/PROTEINS/raw/README.txt':
-        'e9c4ed2c9a4059ddfdc2eb7330ebecfc6c8d42dabd5ce2ee67f28aed0db49da7',
-    'TUDataset/REDDIT-BINARY/raw/REDDIT-BINARY_A.txt':
-        'b228731d53869d651d352e70307a7ac25f398dbf1760443ba17634d5b1b08526',
-    'TUDataset/REDDIT-BINARY/raw/REDDIT-BINARY_graph_indicator.txt':
-        'fad8bb968f18c038d3dcd429c0387dc153d2b4e5880b2f55422444acd939deeb',
-    'TUDataset/REDDIT-BINARY/raw/REDDIT-BINARY_graph_labels.txt':
-        '06c3b8209797dacc2aacb74f9ac4e5d81083f998dab96f38ff19279874059813',
-}
+PINNED_SHA256 = _parse(_PINNED)

@@ -127,21 +127,15 @@ def _check_graphs(features: str, num_graphs: int) -> None:
 
 
 class GeneratedDataset(SafeCacheMixin, InMemoryDataset):
-    r"""Base class of datasets generated in memory by :meth:`generate`: without :obj:`root` they
-    live only in memory; with a :obj:`root` they are cached to
-    ``root/<folder>/processed_<hash>/<tag>.pt``, the hash covering the settings (:obj:`tag`) and
-    the reprs of :obj:`pre_transform` and :obj:`pre_filter`; the cache is written atomically and
-    checked against its SHA-256 manifest on load (:mod:`pyg_grf.datasets.cache`)."""
+    r"""Base of the datasets generated in memory by :meth:`generate`: without :obj:`root` they live
+    only in memory; with one they are cached to ``root/<folder>/processed_<hash>/<tag>.pt``
+    (:class:`~pyg_grf.datasets.cache.SafeCacheMixin`: keyed by the settings in :attr:`tag` and
+    the transforms, atomic, verified)."""
     folder: str = 'generated'
 
-    def __init__(
-        self,
-        root: Optional[str] = None,
-        transform: Optional[Callable] = None,
-        pre_transform: Optional[Callable] = None,
-        pre_filter: Optional[Callable] = None,
-        force_reload: bool = False,
-    ) -> None:
+    def __init__(self, root: Optional[str] = None, transform: Optional[Callable] = None,
+                 pre_transform: Optional[Callable] = None,
+                 pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
         _check_root(root)
         self._cached = root is not None
         super().__init__(None if root is None else str(root), transform, pre_transform,
@@ -169,9 +163,6 @@ class GeneratedDataset(SafeCacheMixin, InMemoryDataset):
     @property
     def cache_parent(self) -> str:
         return osp.join(self.root, self.folder)
-
-    def cache_key(self):
-        return dict(super().cache_key(), tag=self.tag)
 
     @property
     def processed_file_names(self) -> List[str]:
@@ -226,51 +217,20 @@ class MotifDataset(GeneratedDataset):
         num_nodes (int, optional): Nodes of the large Erdos-Renyi graph. (default: :obj:`100`)
         num_join_edges (int, optional): Edges joining the two parts. (default: :obj:`3`)
         features (str, optional): Node features, see above. (default: :obj:`"neighbor_degrees"`)
-        transform (callable, optional): A transform applied on every access.
-            (default: :obj:`None`)
-        pre_transform (callable, optional): A transform applied once, after generation.
-            (default: :obj:`None`)
-        pre_filter (callable, optional): A filter applied once, after generation.
-            (default: :obj:`None`)
-        force_reload (bool, optional): Whether to regenerate a cached dataset.
-            (default: :obj:`False`)
+        transform, pre_transform, pre_filter, force_reload: As in PyG datasets (the
+            ``pre_*`` ones applied once, after generation).
 
     **STATS:** (defaults, :obj:`num_graphs=4096`)
 
-    .. list-table::
-        :widths: 20 10 10 10 10
-        :header-rows: 1
-
-        * - Motif
-          - #graphs
-          - #nodes
-          - #edges (undirected)
-          - #classes
-        * - caveman
-          - 4,096
-          - 112
-          - ~171
-          - 2
-        * - circle
-          - 4,096
-          - 110
-          - ~113
-          - 2
-        * - grid
-          - 4,096
-          - 109
-          - ~148
-          - 2
-        * - ladder
-          - 4,096
-          - 110
-          - ~146
-          - 2
-        * - circular_ladder
-          - 4,096
-          - 110
-          - ~168
-          - 2
+    =============== ======= ====== =================== ========
+    Motif           #graphs #nodes #edges (undirected) #classes
+    =============== ======= ====== =================== ========
+    caveman         4,096   112    ~171                2
+    circle          4,096   110    ~113                2
+    grid            4,096   109    ~148                2
+    ladder          4,096   110    ~146                2
+    circular_ladder 4,096   110    ~168                2
+    =============== ======= ====== =================== ========
     """
     folder = 'MotifDataset'
 
@@ -404,29 +364,16 @@ class InducedCycleDataset(GeneratedDataset):
         seed (int, optional): Seed of the generator. (default: :obj:`0`)
         num_nodes (int, optional): Nodes per tree. (default: :obj:`50`)
         features (str, optional): Node features. (default: :obj:`"neighbor_degrees"`)
-        transform (callable, optional): A transform applied on every access.
-            (default: :obj:`None`)
-        pre_transform (callable, optional): A transform applied once, after generation.
-            (default: :obj:`None`)
-        pre_filter (callable, optional): A filter applied once, after generation.
-            (default: :obj:`None`)
-        force_reload (bool, optional): Whether to regenerate a cached dataset.
-            (default: :obj:`False`)
+        transform, pre_transform, pre_filter, force_reload: As in PyG datasets (the
+            ``pre_*`` ones applied once, after generation).
 
     **STATS:**
 
-    .. list-table::
-        :widths: 10 10 10 10
-        :header-rows: 1
-
-        * - #graphs
-          - #nodes
-          - #edges (undirected)
-          - #classes
-        * - 4,096
-          - 50
-          - 50
-          - 2
+    ======= ====== =================== ========
+    #graphs #nodes #edges (undirected) #classes
+    ======= ====== =================== ========
+    4,096   50     50                  2
+    ======= ====== =================== ========
     """
     folder = 'InducedCycleDataset'
 

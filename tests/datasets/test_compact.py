@@ -1,4 +1,3 @@
-import json
 import os
 
 import pytest
@@ -6,7 +5,6 @@ import torch
 from torch_geometric.data import Data, InMemoryDataset
 from torch_geometric.loader import DataLoader
 
-import pyg_grf.datasets.cache as cache
 from pyg_grf.datasets import MotifDataset, load_lrgb, write_lrgb_raw_standin
 from pyg_grf.datasets.cache import DatasetCacheError, SafeCacheMixin, safe_load
 from pyg_grf.datasets.compact import (
@@ -15,7 +13,7 @@ from pyg_grf.datasets.compact import (
     narrow_integers,
     restore_collated,
 )
-from pyg_grf.datasets.lrgb import SafeLRGBDataset
+from pyg_grf.datasets.lrgb import SPLITS, standin_graphs
 from pyg_grf.transforms import AddGraphRandomFeatures
 
 
@@ -24,10 +22,17 @@ def grf(**kwargs):
                                          **kwargs))
 
 
-def plain_save(monkeypatch):
-    # The cache as PyG writes it and the package did before the compact format (version 1).
-    monkeypatch.setattr(SafeCacheMixin, 'save', classmethod(InMemoryDataset.save.__func__))
-    monkeypatch.setattr(cache, 'CACHE_VERSION', 1)
+class Plain(InMemoryDataset):
+    # The reference: graphs collated in memory, as PyG keeps them (never compacted).
+    def __init__(self, data_list):
+        super().__init__()
+        self.data, self.slices = self.collate(data_list)
+
+
+def plain_size(dataset, path):
+    # The size of the same data in PyG's own file format.
+    InMemoryDataset.save(list(dataset), str(path))
+    return os.path.getsize(path)
 
 
 def assert_same_tensors(a, b):
@@ -109,23 +114,19 @@ def test_compact_hand_written():
 
 @pytest.mark.parametrize('name', ['Peptides-struct', 'PascalVOC-SP', 'PCQM-Contact'])
 def test_compact_cache_round_trip(name, monkeypatch, tmp_path):
-    # The same stand-in raw files processed twice through PyG's LRGBDataset and the safe cache:
-    # written compact (now) and as PyG writes them (the format before): bit-identical data,
-    # slices, graphs and batches, with the dtypes of today.
+    # Stand-in raw files processed through PyG's LRGBDataset and the cache (written compact):
+    # bit-identical data, slices, graphs and batches to the same graphs collated in memory.
     monkeypatch.setenv('PYG_GRF_OFFLINE', '1')
     monkeypatch.delenv('PYG_GRF_MIRROR', raising=False)
-    roots = {kind: str(tmp_path / kind) for kind in ('compact', 'plain')}
-    for root in roots.values():
-        write_lrgb_raw_standin(name, root, num_graphs=7, seed=1)
-    compact = load_lrgb(name, 'val', roots['compact'], pre_transform=grf())
-    with monkeypatch.context() as m:
-        plain_save(m)
-        plain = load_lrgb(name, 'val', roots['plain'], pre_transform=grf())
-        plain_path = plain.processed_paths[1]
+    write_lrgb_raw_standin(name, str(tmp_path), num_graphs=7, seed=1)
+    compact = load_lrgb(name, 'val', str(tmp_path), pre_transform=grf())
+    t = grf()  # the transform sees train, then val, as in process()
+    graphs = {s: [t(d) for d in standin_graphs(name, 7, seed=1 + i)] for i, s in enumerate(SPLITS)}
+    plain = Plain(graphs['val'])
+    if name == 'PascalVOC-SP':  # PyG's process() casts the superpixel features to float
+        plain._data.x, plain._data.edge_attr = plain._data.x.float(), plain._data.edge_attr.float()
     assert_same_dataset(compact, plain)
     assert compact._data.grf_index.dtype == torch.int32
-    if name != 'PascalVOC-SP':
-        assert compact._data.x.dtype == torch.long
 
     path = compact.processed_paths[1]
     mapping, slices, _, spec = safe_load(path)
@@ -133,63 +134,18 @@ def test_compact_cache_round_trip(name, monkeypatch, tmp_path):
     assert mapping['grf_index'].dim() == 1
     if name != 'PascalVOC-SP':  # categorical OGB features
         assert mapping['x'].dtype == torch.uint8 and mapping['edge_attr'].dtype == torch.uint8
-    assert len(safe_load(plain_path)) == 3
-    assert os.path.getsize(path) < os.path.getsize(plain_path)
+    assert os.path.getsize(path) < plain_size(plain, tmp_path / 'plain.pt')
 
 
-def test_compact_with_draws_and_motifs(monkeypatch, tmp_path):
+def test_compact_with_draws_and_motifs(tmp_path):
     # Several walk draws: grf_index is sorted by (draw, start node), not by start node, so its
     # first row is kept (narrowed); the data is still restored bit for bit.
     kwargs = dict(motif='circle', num_graphs=6, num_nodes=12)
-    compact = MotifDataset(str(tmp_path / 'compact'), pre_transform=grf(num_draws=2), **kwargs)
-    with monkeypatch.context() as m:
-        plain_save(m)
-        plain = MotifDataset(str(tmp_path / 'plain'), pre_transform=grf(num_draws=2), **kwargs)
+    compact = MotifDataset(str(tmp_path), pre_transform=grf(num_draws=2), **kwargs)
+    plain = MotifDataset(pre_transform=grf(num_draws=2), **kwargs)  # in memory, not cached
     assert_same_dataset(compact, plain)
     spec = safe_load(compact.processed_paths[0])[3]
     assert 'first_row' not in spec['fields']['grf_index']
-
-
-def count_processing(monkeypatch):
-    calls = []
-    real = SafeLRGBDataset.process
-    monkeypatch.setattr(SafeLRGBDataset, 'process',
-                        lambda self: calls.append(1) or real(self))
-    return calls
-
-
-def test_old_cache_format_is_rebuilt(monkeypatch, tmp_path):
-    monkeypatch.setenv('PYG_GRF_OFFLINE', '1')
-    monkeypatch.delenv('PYG_GRF_MIRROR', raising=False)
-    root = str(tmp_path)
-    write_lrgb_raw_standin('Peptides-struct', root, num_graphs=5)
-    calls = count_processing(monkeypatch)
-    with monkeypatch.context() as m:  # a cache written by the version-1 code
-        plain_save(m)
-        old = load_lrgb('Peptides-struct', 'test', root, pre_transform=grf())
-        assert calls == [1]
-        load_lrgb('Peptides-struct', 'test', root, pre_transform=grf())
-        assert calls == [1]  # its own cache, reused
-        old_dir = old.processed_dir
-    with open(os.path.join(old_dir, 'MANIFEST.json')) as f:
-        assert json.load(f)['version'] == 1
-
-    new = load_lrgb('Peptides-struct', 'test', root, pre_transform=grf())
-    assert calls == [1, 1]  # not read: processed again, into a folder of its own
-    assert new.processed_dir != old_dir
-    assert len(safe_load(new.processed_paths[2])) == 4
-    assert_same_dataset(new, old)
-    load_lrgb('Peptides-struct', 'test', root, pre_transform=grf())
-    assert calls == [1, 1]
-
-    # An old cache found under the new folder name (copied by hand) is rebuilt, not misread.
-    for name in os.listdir(new.processed_dir):
-        os.remove(os.path.join(new.processed_dir, name))
-    os.rmdir(new.processed_dir)
-    os.rename(old_dir, new.processed_dir)
-    again = load_lrgb('Peptides-struct', 'test', root, pre_transform=grf())
-    assert calls == [1, 1, 1] and len(safe_load(again.processed_paths[2])) == 4
-    assert_same_dataset(again, old)
 
 
 def test_restore_bad_input():
@@ -233,33 +189,35 @@ def test_load_rejects_broken_compact_cache(tmp_path):
     path = str(tmp_path / 'data.pt')
     torch.save((mapping, None, Data, spec), path)
     dataset = InMemoryDataset.__new__(MotifDataset)
-    with pytest.raises(DatasetCacheError, match=r"data.pt' is not a readable 'pyg_grf.compact' "
-                                                r"cache: Expected 'x' to name .*force_reload"):
+    with pytest.raises(DatasetCacheError, match=r"data.pt' is not a readable compact cache: "
+                                                r"Expected 'x' to name .*force_reload"):
         SafeCacheMixin.load(dataset, path)
     torch.save((mapping, None, Data, spec, 'extra'), path)
-    with pytest.raises(DatasetCacheError, match=r"expected a tuple of 2 to 4 items, got tuple "
-                                                r"of 5"):
+    with pytest.raises(DatasetCacheError, match=r"expected a tuple \(mapping, slices, class, "
+                                                r"spec\), got tuple of 5"):
         SafeCacheMixin.load(dataset, path)
 
 
 @pytest.mark.data
-def test_peptides_compact_round_trip(offline_mirror, monkeypatch, tmp_path):
-    # The real Peptides-func molecules (first 40 of the split) with GRF walk features, cached
-    # compact and as before from the same CSV: bit-identical, OGB ids stored as uint8.
+def test_peptides_compact_round_trip(offline_mirror, tmp_path):
+    # The real Peptides-func molecules (first 40 of each split) with GRF walk features, cached
+    # compact: bit-identical to the same graphs collated in memory, OGB ids stored as uint8.
     pytest.importorskip('rdkit')
     from pyg_grf.datasets import PeptidesFunctional
 
-    def load(root):
-        return PeptidesFunctional(str(root), split='val', max_graphs=40, num_proc=1,
-                                  progress=False, pre_transform=grf(num_walks=16, p_halt=0.2,
-                                                                    max_length=4))
-    compact = load(tmp_path / 'compact')
-    with monkeypatch.context() as m:
-        plain_save(m)
-        plain = load(tmp_path / 'plain')
-        plain_size = sum(os.path.getsize(p) for p in plain.processed_paths)
+    def load(split, pre_transform):
+        return PeptidesFunctional(str(tmp_path), split=split, max_graphs=40, num_proc=1,
+                                  progress=False, pre_transform=pre_transform)
+
+    def walks():
+        return grf(num_walks=16, p_halt=0.2, max_length=4)
+    compact = load('val', walks())
+    t = walks()  # train first, then val, as in process()
+    plain = [[t(d) for d in load(s, None)] for s in ('train', 'val')][1]
+    plain = Plain(plain)
     assert_same_dataset(compact, plain)
     mapping, _, _, spec = safe_load(compact.processed_paths[1])
     assert mapping['x'].dtype == torch.uint8 and mapping['edge_attr'].dtype == torch.uint8
     assert spec['fields']['grf_index']['first_row'] == 'counts'
-    assert sum(os.path.getsize(p) for p in compact.processed_paths) < 0.45 * plain_size
+    size = os.path.getsize(compact.processed_paths[1])
+    assert size < 0.45 * plain_size(plain, tmp_path / 'plain.pt')

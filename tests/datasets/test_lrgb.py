@@ -33,20 +33,17 @@ def test_lrgb_info():
     assert LRGB_INFO['PCQM-Contact'].target == 'edge_label'
 
 
-def test_lrgb_package_exports():
-    # The names of the former single module, re-exported by the package (and pyg_grf.datasets).
+def test_lrgb_classes_are_pyg_lrgb_datasets():
+    # Peptides-func's own class is PyG's LRGBDataset with other raw files, download and process
+    from torch_geometric.datasets import LRGBDataset as PyGLRGBDataset
+
     import pyg_grf.datasets as datasets
-    import pyg_grf.datasets.lrgb as lrgb
-    names = ['PeptidesFunctional', 'load_lrgb', 'lrgb_standin', 'lrgb_name', 'LRGBInfo',
-             'LRGB_INFO', 'LRGBStandIn', 'standin_graphs', 'write_lrgb_raw_standin',
-             'DatasetNotFoundError', 'smiles_to_graphs', 'default_num_proc', 'SafeLRGBDataset',
-             'SPLITS']
-    assert set(names) <= set(lrgb.__all__)
-    for name in lrgb.__all__:
-        assert getattr(lrgb, name) is not None
-        if hasattr(datasets, name):
-            assert getattr(datasets, name) is getattr(lrgb, name)
-    assert lrgb.PeptidesFunctional.__module__ == 'pyg_grf.datasets.lrgb.dataset'
+    from pyg_grf.datasets.lrgb import LRGBDataset
+    assert issubclass(PeptidesFunctional, LRGBDataset) and issubclass(LRGBDataset, PyGLRGBDataset)
+    for name in ('raw_file_names', 'download_from_source', 'process'):
+        assert name in vars(PeptidesFunctional)
+    assert 'processed_file_names' not in vars(PeptidesFunctional)
+    assert datasets.PeptidesFunctional is PeptidesFunctional
 
 
 @pytest.mark.parametrize('name', list(LRGB_INFO))
@@ -85,14 +82,14 @@ def test_lrgb_bad_input(monkeypatch, tmp_path):
     monkeypatch.setenv('PYG_GRF_OFFLINE', '1')
     monkeypatch.delenv('PYG_GRF_MIRROR', raising=False)
     monkeypatch.setenv('PYG_GRF_DATA', str(tmp_path))
-    with pytest.raises(DatasetNotFoundError, match=r"Peptides-func.*peptide_multi_class"
+    with pytest.raises(DatasetNotFoundError, match=r"peptides-func.*peptide_multi_class"
                                                    r".*PYG_GRF_MIRROR"):
         PeptidesFunctional()
 
 
 @pytest.mark.data
 def test_other_lrgb_not_in_mirror(offline_mirror):
-    with pytest.raises(DatasetNotFoundError, match=r"Peptides-struct.*Only Peptides-func"):
+    with pytest.raises(DatasetNotFoundError, match=r"peptides-struct.*Only Peptides-func"):
         load_lrgb('peptides-struct')
 
 
@@ -104,10 +101,10 @@ def test_peptides_functional(offline_mirror, tmp_path):
     elapsed = time.perf_counter() - start
     val, test = PeptidesFunctional(split='val'), PeptidesFunctional(split='test')
     assert (len(train), len(val), len(test)) == (10873, 2331, 2331)
-    folder = tmp_path / 'data' / 'LRGB' / 'peptides-functional'
+    folder = tmp_path / 'data' / 'LRGB' / 'peptides-func'  # PyG's LRGBDataset layout
     assert {'train.pt', 'val.pt', 'test.pt'} <= {p.name for p in folder.glob('processed_*/*')}
     assert (folder / 'raw' / 'peptide_multi_class_dataset.csv.gz').exists()
-    assert (folder / 'splits_random_stratified_peptide.pickle').exists()
+    assert (folder / 'raw' / 'splits_random_stratified_peptide.pickle').exists()
 
     for dataset in (train, val, test):
         data = dataset._data
@@ -133,10 +130,11 @@ def test_peptides_cache_per_pre_transform(tmp_path):
     def folder(pre_transform):
         ds = PeptidesFunctional.__new__(PeptidesFunctional)
         ds.root, ds.pre_transform, ds.pre_filter = str(tmp_path), pre_transform, None
+        ds.name, ds.max_graphs = 'peptides-func', None
         return ds.processed_dir
 
     plain = folder(None)
-    assert osp.dirname(plain) == str(tmp_path / 'peptides-functional')
+    assert osp.dirname(plain) == str(tmp_path / 'peptides-func')
     assert osp.basename(plain).startswith('processed_')
     grf4 = folder(AddGraphRandomFeatures(num_walks=4, seed=0))
     names = {plain, grf4, folder(AddGraphRandomFeatures(num_walks=8, seed=0)),
@@ -208,10 +206,10 @@ def test_smiles_to_graphs_parallel_equals_serial(capsys):
 
 
 def _fake_peptides(root, num_rows=30):
-    # A small CSV + split pickle in the LRGB release layout (md5 sums patched in by the test).
+    # A small CSV + split pickle as the LRGB release has them (md5 sums patched in by the test).
     import gzip
     import pandas as pd
-    folder = root / 'peptides-functional'
+    folder = root / 'peptides-func'
     (folder / 'raw').mkdir(parents=True)
     rng = np.random.default_rng(0)
     df = pd.DataFrame({'smiles': [SMILES[i % len(SMILES)] for i in range(num_rows)],
@@ -222,22 +220,21 @@ def _fake_peptides(root, num_rows=30):
         df.to_csv(f)
     perm = rng.permutation(num_rows)
     split = {'train': perm[:18], 'val': perm[18:24], 'test': perm[24:]}
-    with open(folder / PeptidesFunctional.split_name, 'wb') as f:
+    with open(folder / 'raw' / PeptidesFunctional.split_name, 'wb') as f:
         pickle.dump(split, f)
     return df, split
 
 
 def test_peptides_max_graphs_before_processing(monkeypatch, tmp_path):
     pytest.importorskip('rdkit')
-    import pyg_grf.datasets.lrgb.dataset as lrgb_dataset
     from ogb.utils import smiles2graph
-    from pyg_grf.datasets.lrgb import file_md5
+
+    import pyg_grf.datasets.lrgb as lrgb_dataset
+    from pyg_grf.datasets.mirror import file_digest
     df, split = _fake_peptides(tmp_path)
-    md5 = {name: file_md5(str(p)) for name, p in (
-        (PeptidesFunctional.csv_name,
-         tmp_path / 'peptides-functional' / 'raw' / PeptidesFunctional.csv_name),
-        (PeptidesFunctional.split_name,
-         tmp_path / 'peptides-functional' / PeptidesFunctional.split_name))}
+    raw = tmp_path / 'peptides-func' / 'raw'
+    md5 = {name: file_digest(str(raw / name), 'md5')
+           for name in (PeptidesFunctional.csv_name, PeptidesFunctional.split_name)}
     monkeypatch.setattr(PeptidesFunctional, 'md5', md5)
     converted = []
     real = lrgb_dataset.smiles_to_graphs

@@ -11,7 +11,7 @@ from pyg_grf.datasets import (
     load_tu,
     mirror_root,
 )
-from pyg_grf.datasets.mirror import check_not_in_mirror, ensure_raw_files, write_checksums
+from pyg_grf.datasets.mirror import check_not_in_mirror, write_checksums
 from tests.datasets.conftest import listing
 
 
@@ -79,7 +79,7 @@ def test_offline_not_found(monkeypatch, tmp_path):
         load_tu('MUTAG')
     with pytest.raises(DatasetNotFoundError, match=r"Cora.*ind\.cora\.x.*PYG_GRF_MIRROR"):
         load_planetoid('Cora')
-    assert not (tmp_path / 'data' / 'TUDataset' / 'MUTAG').exists()
+    assert not list((tmp_path / 'data').rglob('processed_*'))
 
 
 def test_dataset_missing_from_mirror(fake_mirror):
@@ -93,10 +93,12 @@ def test_never_process_inside_mirror(fake_mirror, monkeypatch):
     monkeypatch.setenv('PYG_GRF_DATA', str(fake_mirror))
     with pytest.raises(ValueError, match='inside the read-only mirror'):
         check_not_in_mirror(osp.join(str(fake_mirror), 'TUDataset'))
+    before = listing(fake_mirror)
     with pytest.raises(ValueError, match='inside the read-only mirror'):
-        load_tu('TOY')
+        load_tu('TOY')  # its raw files are there, so PyG would process in place
     with pytest.raises(ValueError, match='inside the read-only mirror'):
-        ensure_raw_files('TUDataset/TOY', str(fake_mirror / 'TUDataset' / 'TOY'), [], 'TOY')
+        fetch_from_mirror('TUDataset/TOY', str(fake_mirror / 'TUDataset' / 'copy'))
+    assert listing(fake_mirror) == before
 
 
 def test_load_tu_from_fake_mirror(fake_mirror, tmp_path):
@@ -112,7 +114,7 @@ def test_load_tu_from_fake_mirror(fake_mirror, tmp_path):
 
 
 def test_pinned_hashes_beat_a_regenerated_checksum_file(tmp_path, monkeypatch):
-    # issue #15 item 15: SHA256SUMS lives in the mirror it checks; a tampered Planetoid pickle
+    # SHA256SUMS lives in the mirror it checks; a tampered Planetoid pickle
     # with a regenerated SHA256SUMS is refused by the hash pinned in the package
     from pyg_grf.datasets.mirror import MirrorIntegrityError, fetch_from_mirror
     from pyg_grf.datasets.pinned import PINNED_SHA256
@@ -147,29 +149,28 @@ def test_pinned_hashes_match_the_project_mirror(mirror):
         assert file_digest(str(mirror / key)) == sha
 
 
-def test_build_with_mirror_explains_a_failed_download(tmp_path, monkeypatch):
-    # online, nothing in the mirror: a build that fails while raw files are still missing is a
-    # failed download, reported as DatasetNotFoundError saying how to load offline; a failure
-    # with every raw file present (e.g. a corrupt file) propagates unchanged
-    from pyg_grf.datasets.mirror import build_with_mirror
+def test_failed_download_says_how_to_load_offline(tmp_path, monkeypatch):
+    # online, nothing in the mirror: download() falls back to PyG's download; when that fails the
+    # error says how to load offline; a failure with every raw file present propagates unchanged
+    from pyg_grf.datasets import TUDataset
     (tmp_path / 'empty_mirror').mkdir()
+    write_checksums(str(tmp_path / 'empty_mirror'))
     monkeypatch.setenv('PYG_GRF_MIRROR', str(tmp_path / 'empty_mirror'))
     monkeypatch.setenv('PYG_GRF_DATA', str(tmp_path / 'data'))
     monkeypatch.delenv('PYG_GRF_OFFLINE', raising=False)
-    dest = tmp_path / 'data' / 'TUDataset' / 'TOY'
-    raw = [str(dest / 'raw' / 'TOY_A.txt')]
+    calls = []
 
-    def no_network():
+    def no_network(self):
+        calls.append(self.name)
         raise OSError('network unreachable')
+    monkeypatch.setattr(TUDataset, 'download_from_source', no_network)
     with pytest.raises(DatasetNotFoundError, match=r"TOY.*not found.*TOY_A\.txt.*The download "
                                                    r"failed: OSError: network unreachable"):
-        build_with_mirror(no_network, 'TUDataset/TOY', str(dest), raw, 'TOY')
-    (dest / 'raw').mkdir(parents=True)
-    (dest / 'raw' / 'TOY_A.txt').write_text('corrupt')
-
-    def corrupt():
-        raise ValueError('bad raw file')
-    with pytest.raises(ValueError, match='bad raw file'):
-        build_with_mirror(corrupt, 'TUDataset/TOY', str(dest), raw, 'TOY')
-    assert build_with_mirror(lambda: 'dataset', 'TUDataset/TOY', str(dest), raw, 'TOY') == \
-        'dataset'
+        load_tu('TOY')
+    assert calls == ['TOY']
+    raw = tmp_path / 'data' / 'TUDataset' / 'TOY' / 'raw'
+    (raw / 'TOY_A.txt').write_text('corrupt')
+    (raw / 'TOY_graph_indicator.txt').write_text('1\n')
+    with pytest.raises(Exception) as info:
+        load_tu('TOY')
+    assert not isinstance(info.value, DatasetNotFoundError) and calls == ['TOY']

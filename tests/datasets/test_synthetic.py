@@ -176,7 +176,7 @@ def test_bad_input():
 
 
 def test_cache_is_keyed_on_the_transforms_full_configuration(tmp_path):
-    # issue #15 item 17: PyG's AddRandomWalkPE repr hides walk_length; asking for 4 after 8 used
+    # PyG's AddRandomWalkPE repr hides walk_length; asking for 4 after 8 used
     # to return the cached 8-dimensional PE
     from torch_geometric.transforms import AddRandomWalkPE
 

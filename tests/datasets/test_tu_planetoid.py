@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from pyg_grf.datasets import DatasetNotFoundError, load_planetoid, load_tu
+from pyg_grf.datasets import load_planetoid, load_tu
 
 
 @pytest.mark.data
@@ -53,23 +53,13 @@ def test_cora(offline_mirror):
 
 @pytest.mark.data
 def test_pubmed_from_mirror(offline_mirror):
-    # The mirror used to ship PubMed without ind.pubmed.allx (under _incomplete/); it now ships
-    # all eight files (allx rebuilt, listed in SHA256SUMS). Either way the loader must do the
-    # right thing.
-    if (offline_mirror / 'Planetoid' / 'PubMed' / 'raw' / 'ind.pubmed.allx').exists():
-        data = load_planetoid('PubMed')[0]
-        assert (data.num_nodes, data.num_edges) == (19717, 88648)
-    else:
-        with pytest.raises(DatasetNotFoundError,
-                           match=r"PubMed.*ind\.pubmed\.allx.*_incomplete"):
-            load_planetoid('PubMed')
+    data = load_planetoid('PubMed')[0]
+    assert (data.num_nodes, data.num_edges) == (19717, 88648)
 
 
 def test_unknown_planetoid():
     with pytest.raises(ValueError, match="Unknown Planetoid dataset 'Corra'; expected one of"):
         load_planetoid('Corra')
-    with pytest.raises(ValueError, match="geom-gcn"):
-        load_planetoid('Cora', split='geom-gcn')
 
 
 class _Evil:
@@ -84,7 +74,7 @@ class _Evil:
 
 @pytest.mark.data
 def test_replaced_tu_cache_runs_no_code(offline_mirror, tmp_path):
-    # issue #15 item 14: PyG's TUDataset loader falls back to a full unpickle; a replaced
+    # PyG's TUDataset loader falls back to a full unpickle; a replaced
     # processed file (with a regenerated manifest) must be refused without running anything
     import json
     import pickle
