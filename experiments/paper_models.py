@@ -28,7 +28,8 @@ from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, global_add_pool, global_mean_pool
 from torch_geometric.nn.models import GIN
 
-from pyg_grf.features import GRFLoads, RWGNKLoads
+from pyg_grf.features import GRFLoads
+from pyg_grf.nn.attention.gkat import RWGNKPlan
 from pyg_grf.lightning.specs import register_model_class
 from pyg_grf.nn import GKATAttention, GRFAttention, GRFGPSConv
 from pyg_grf.nn.attention.reference import LinearAttention
@@ -75,7 +76,7 @@ class CitationGKAT(torch.nn.Module):
                                    concat=False, **kw)
 
     def forward(self, data) -> Tensor:
-        rwgnk = RWGNKLoads.from_data(data)
+        rwgnk = RWGNKPlan.build(data)
         x = F.dropout(data.x, self.dropout, self.training)
         x = F.elu(self.conv1(x, rwgnk=rwgnk))
         x = F.dropout(x, self.dropout, self.training)
@@ -154,7 +155,7 @@ class TUAttentionClassifier(torch.nn.Module):
         if self.fc is not None:
             x = F.relu(self.fc(x))
         if self.kind == 'gkat':
-            rwgnk = RWGNKLoads.from_data(data)
+            rwgnk = RWGNKPlan.build(data)
             attend = lambda layer, h: layer(h, batch=data.batch, rwgnk=rwgnk)  # noqa: E731
         else:
             attend = lambda layer, h: layer(h, data.edge_index)  # noqa: E731
@@ -236,7 +237,7 @@ class MotifNet(torch.nn.Module):
         elif self.kind == 'linear':
             layer = lambda conv, h: conv(h, data.batch)  # noqa: E731
         elif self.kind == 'gkat':
-            rwgnk = RWGNKLoads.from_data(data)
+            rwgnk = RWGNKPlan.build(data)
             layer = lambda conv, h: conv(h, rwgnk=rwgnk)  # noqa: E731
         else:
             layer = lambda conv, h: conv(h, data.edge_index)  # noqa: E731

@@ -19,7 +19,7 @@ from pyg_grf.datasets.mirror import (
     fetch_from_mirror,
     write_checksums,
 )
-from pyg_grf.features import RWGNKLoads
+from pyg_grf.nn.attention.gkat import RWGNKPlan
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 
@@ -340,11 +340,11 @@ def test_01_rwgnk_index_out_of_range(mode, bad):
     layer = GKATAttention(8, heads=2, mode=mode)
     with pytest.raises(ValueError, match=rf"'rwgnk_index' must hold node ids in \[0, 5\).*refers "
                                          rf"to node {bad}"):
-        layer(x, rwgnk=RWGNKLoads(index, value))
+        layer(x, rwgnk=RWGNKPlan.from_tensors(index, value))
 
 
 def test_01_rwgnk_kernel_validates_its_input():
-    from pyg_grf.nn.attention.gkat import rwgnk_kernel
+    from pyg_grf.features import rwgnk_kernel
     with pytest.raises(ValueError, match=r"must hold node ids in \[0, 3\).*node -2"):
         rwgnk_kernel(torch.tensor([[0, 1], [-2, 1]]), torch.ones(2), 3)
 
@@ -362,12 +362,12 @@ def test_01_index_checked_once_per_batch_tensor(monkeypatch):
     # through .data could fool); the other softmax layer reuses the payload's kernel.
     x, index, value = _rwgnk_inputs()
     layers = [GKATAttention(8, heads=2, mode=m) for m in ('linear', 'softmax', 'softmax')]
-    rwgnk = RWGNKLoads(index, value)
+    rwgnk = RWGNKPlan.from_tensors(index, value)
     for layer in layers:
         layer(x, rwgnk=rwgnk)
     assert len(calls) == 2
     index.add_(0)  # modified in place: checked again
-    layers[0](x, rwgnk=RWGNKLoads(index, value))
+    layers[0](x, rwgnk=RWGNKPlan.from_tensors(index, value))
     assert len(calls) == 3
 
 
@@ -377,15 +377,15 @@ def test_01_inference_tensors_are_checked_every_time():
     from pyg_grf.nn import GKATAttention
     x, index, value = _rwgnk_inputs()
     layer = GKATAttention(8, heads=2, mode='softmax')
-    expected = layer(x, rwgnk=RWGNKLoads(index, value))
+    expected = layer(x, rwgnk=RWGNKPlan.from_tensors(index, value))
     with torch.inference_mode():
         x_i, index_i, value_i = x.clone(), index.clone(), value.clone()
         assert index_i.is_inference()
         for _ in range(2):
-            assert torch.allclose(layer(x_i, rwgnk=RWGNKLoads(index_i, value_i)), expected)
+            assert torch.allclose(layer(x_i, rwgnk=RWGNKPlan.from_tensors(index_i, value_i)), expected)
         index_i[1, 0] = -1
         with pytest.raises(ValueError, match=r"'rwgnk_index' must hold node ids in \[0, 5\)"):
-            layer(x_i, rwgnk=RWGNKLoads(index_i, value_i))
+            layer(x_i, rwgnk=RWGNKPlan.from_tensors(index_i, value_i))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -457,9 +457,9 @@ def test_04_favor_output_independent_of_other_graphs(kind):
         lin_k, 'bias', None) is not None else 0)).t()).solution.t().detach()
     batch = Batch.from_data_list([a, b])
     if kind == 'gkat':
-        alone = layer(a.x, rwgnk=RWGNKLoads(a.rwgnk_index, a.rwgnk_value))
+        alone = layer(a.x, rwgnk=RWGNKPlan.from_tensors(a.rwgnk_index, a.rwgnk_value))
         together = layer(batch.x, batch.batch,
-                         rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value))
+                         rwgnk=RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value))
     else:
         alone = layer(a.x)
         together = layer(batch.x, batch=batch.batch)

@@ -5,12 +5,10 @@ from pyg_grf.features.grf import (DirectedGraphWarning, deconvolve, graph_random
                                   grf_tail_bound, grf_values, normalized_adjacency,
                                   required_walks, self_convolution, sparsity_bound)
 from pyg_grf.features.loads import GRFLoads
-from pyg_grf.features.rwgnk import rwgnk_expected_features, rwgnk_features
-from pyg_grf.features.rwgnk_loads import RWGNKLoads
+from pyg_grf.features.rwgnk import rwgnk_expected_features, rwgnk_features, rwgnk_kernel
 
 __all__ = [
     'GRFLoads',
-    'RWGNKLoads',
     'normalized_adjacency',
     'DirectedGraphWarning',
     'grf_loads',
@@ -26,4 +24,5 @@ __all__ = [
     'sparsity_bound',
     'rwgnk_features',
     'rwgnk_expected_features',
+    'rwgnk_kernel',
 ]

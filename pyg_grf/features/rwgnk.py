@@ -20,11 +20,13 @@ with the expectation replaced by a Monte Carlo mean over ``num_walks`` walks. Th
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
+from pyg_grf._validation import check_index_range
+from pyg_grf.memory import check_walk_memory
 from pyg_grf.walks import check_edge_index, sample_walks
 
 
@@ -167,3 +169,52 @@ def rwgnk_expected_features(edge_index: Tensor, num_nodes: int, *, lam: float,
         term = term @ trans
         out = out + term
     return out
+
+
+#: bytes of one product :math:`\Psi_{ai}\Psi_{bi}` while :func:`rwgnk_kernel` coalesces them
+KERNEL_BYTES_PER_PRODUCT = 48
+
+
+def kernel_products(index: Tensor, num_nodes: int) -> int:
+    r"""The number of products :math:`\Psi_{ai}\Psi_{bi}` of :math:`\Psi\Psi^\top`,
+    :math:`\sum_i c_i^2` with :math:`c_i` the rows of :math:`\Psi` that visit :math:`i`: an upper
+    bound of the kernel's nonzeros, without forming it."""
+    count = torch.bincount(index[1].long(), minlength=num_nodes)
+    return int((count.double() ** 2).sum())
+
+
+def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
+                 threshold: float = 0.0) -> Tuple[Tensor, Tensor]:
+    r"""The nonzeros of the RWGNK kernel :math:`\mathcal{K} = \Psi\Psi^\top` (FTFI paper, Eq. 5),
+    as a sparse product, never a dense :math:`N \times N` matrix; the memory is checked first
+    (:data:`KERNEL_BYTES_PER_PRODUCT` per product of :func:`kernel_products`).
+
+    Args:
+        rwgnk_index (Tensor): ``[2, nnz]`` indices of :math:`\Psi`.
+        rwgnk_value (Tensor): ``[nnz]`` values of :math:`\Psi`.
+        num_nodes (int): :math:`N`.
+        threshold (float): keep the pairs with :math:`|\mathcal{K}_{ij}| >` ``threshold``
+            (default: ``0.``: every nonzero).
+
+    Returns:
+        ``(kernel_index [2, P], kernel_value [P])``, sorted by :math:`(i, j)`.
+    """
+    if rwgnk_index.dim() != 2 or rwgnk_index.size(0) != 2:
+        raise ValueError(f"'rwgnk_index' must have shape [2, nnz], got "
+                         f"{tuple(rwgnk_index.shape)}")
+    check_index_range(rwgnk_index, num_nodes, "'rwgnk_index'", 'num_nodes', remember=False)
+    products = kernel_products(rwgnk_index, num_nodes)
+    check_walk_memory(KERNEL_BYTES_PER_PRODUCT * products, rwgnk_value.device, None,
+                      f"the GKAT kernel Psi Psi^T of {num_nodes} nodes ({products} products)",
+                      "Use GKATAttention(mode='linear', backend='sparse') (never forms the "
+                      "kernel) or a threshold.", error=MemoryError)
+    # sparse products have no half-precision kernels: at least float32, returned in the dtype
+    work = torch.promote_types(rwgnk_value.dtype, torch.float32)
+    psi = torch.sparse_coo_tensor(rwgnk_index.long(), rwgnk_value.detach().to(work),
+                                  (num_nodes, num_nodes), check_invariants=False).coalesce()
+    kernel = torch.sparse.mm(psi, psi.t()).coalesce()
+    index, value = kernel.indices(), kernel.values().to(rwgnk_value.dtype)
+    keep = value.abs() > threshold
+    if not bool(keep.all()):
+        index, value = index[:, keep], value[keep]
+    return index, value

@@ -8,7 +8,7 @@ from torch_geometric.data import Data
 from torch_geometric.data.datapipes import functional_transform
 from torch_geometric.transforms import BaseTransform
 
-from pyg_grf.features.rwgnk import check_rwgnk_args, rwgnk_features
+from pyg_grf.features.rwgnk import check_rwgnk_args, rwgnk_features, rwgnk_kernel
 from pyg_grf.transforms._seeding import TransformRNG
 from pyg_grf.walks import check_walk_args
 
@@ -26,8 +26,9 @@ class AddRWGNKFeatures(BaseTransform):
 
     With ``kernel_threshold`` set, it also stores the pairs of the kernel
     :math:`\mathcal{K} = \Psi\Psi^\top` above that threshold (see
-    :func:`~pyg_grf.nn.attention.gkat.rwgnk_kernel`), so that ``GKATAttention(mode='softmax')``
-    on mini-batches does not recompute the sparse product in every layer and every step:
+    :func:`~pyg_grf.features.rwgnk_kernel`), so that the plan of a batch
+    (:class:`~pyg_grf.nn.attention.gkat.RWGNKPlan`) does not recompute the sparse product; these
+    pairs then *are* the mask of the GKAT layers (a positive threshold approximates it):
 
     * ``rwgnk_kernel_index`` ``[2, P]`` (batched like ``rwgnk_index``) and
       ``rwgnk_kernel_value`` ``[P]``.
@@ -92,7 +93,6 @@ class AddRWGNKFeatures(BaseTransform):
         data.rwgnk_index = psi.indices().to(data.edge_index.device)
         data.rwgnk_value = psi.values().to(data.edge_index.device)
         if self.kernel_threshold is not None:
-            from pyg_grf.nn.attention.gkat import rwgnk_kernel
             k_index, k_value = rwgnk_kernel(psi.indices(), psi.values(), num_nodes,
                                             self.kernel_threshold)
             data.rwgnk_kernel_index = k_index.to(data.edge_index.device)

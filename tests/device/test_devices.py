@@ -12,7 +12,8 @@ import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
-from pyg_grf.features import GRFLoads, RWGNKLoads
+from pyg_grf.features import GRFLoads
+from pyg_grf.nn.attention.gkat import RWGNKPlan
 from pyg_grf.nn import GKATAttention, GRFAttention, GRFGPSConv, LinearAttention
 from pyg_grf.transforms import AddGraphRandomFeatures, AddRWGNKFeatures
 from tests.utils import er_graph, grid_graph, path_graph
@@ -67,7 +68,7 @@ class WithLoads(torch.nn.Module):
         if self.kind == 'grf':
             return self.layer(x, batch, grf=GRFLoads.from_data(b))
         if self.kind == 'rwgnk':
-            return self.layer(x, batch, rwgnk=RWGNKLoads.from_data(b))
+            return self.layer(x, batch, rwgnk=RWGNKPlan.build(b))
         return self.layer(x, batch)
 
 

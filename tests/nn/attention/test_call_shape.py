@@ -10,7 +10,8 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.nn import GINEConv
 
 from pyg_grf.datasets import grid_edge_index
-from pyg_grf.features import GRFLoads, RWGNKLoads
+from pyg_grf.features import GRFLoads
+from pyg_grf.nn.attention.gkat import RWGNKPlan
 from pyg_grf.masks import DenseMask
 from pyg_grf.nn import GRFGPSConv
 from pyg_grf.nn.attention import (ATTENTIONS, GraphAttention, MaskedLinearAttention,
@@ -107,7 +108,7 @@ def test_masked_linear_takes_the_one_call_shape(batch):
 
 @pytest.mark.parametrize('name,error,match', [
     ('grf', ValueError, r'needs the loads: pass grf=GRFLoads.from_data\(batch\)'),
-    ('gkat', ValueError, r'needs rwgnk=RWGNKLoads.from_data\(batch\).*got NoneType'),
+    ('gkat', ValueError, r'needs rwgnk=RWGNKPlan.*got NoneType'),
     ('power_series', ValueError, r'needs the graph: edge_index= \(got NoneType\)'),
 ])
 def test_missing_payload(batch, name, error, match):
@@ -123,17 +124,17 @@ def test_missing_payload(batch, name, error, match):
 
 def test_payload_of_the_wrong_type(batch):
     b = batch
-    grf, rwgnk = GRFLoads.from_data(b), RWGNKLoads.from_data(b)
+    grf, rwgnk = GRFLoads.from_data(b), RWGNKPlan.build(b)
     layer = build('grf')
     with pytest.raises(TypeError, match=r"'grf' must be a pyg_grf.features.GRFLoads, got "
-                                        r"RWGNKLoads"):
+                                        r"RWGNKPlan"):
         layer(b.x, b.batch, grf=rwgnk)
     with pytest.raises(TypeError, match="'grf' must be a pyg_grf.features.GRFLoads, got tuple"):
         layer(b.x, b.batch, grf=(b.grf_index, b.grf_length, b.grf_load))
     layer = build('gkat')
-    with pytest.raises(TypeError, match=r'needs rwgnk=RWGNKLoads.*got GRFLoads'):
+    with pytest.raises(TypeError, match=r'needs rwgnk=RWGNKPlan.*got GRFLoads'):
         layer(b.x, b.batch, rwgnk=grf)
-    with pytest.raises(TypeError, match=r'needs rwgnk=RWGNKLoads.*got tuple'):
+    with pytest.raises(TypeError, match=r'needs rwgnk=RWGNKPlan.*got tuple'):
         layer(b.x, b.batch, rwgnk=(b.rwgnk_index, b.rwgnk_value))
     layer = build('power_series')
     with pytest.raises(ValueError, match=r'needs the graph: edge_index= \(got list\)'):
@@ -171,7 +172,7 @@ def test_gps_conv_missing_and_misplaced_payload(batch):
     with pytest.raises(ValueError, match=r"attn_type='gkat' needs rwgnk=.*AddRWGNKFeatures"):
         conv(b.x, b.edge_index, b.batch)
     with pytest.raises(TypeError, match='positional argument'):
-        conv(b.x, b.edge_index, b.batch, RWGNKLoads.from_data(b))
+        conv(b.x, b.edge_index, b.batch, RWGNKPlan.build(b))
 
 
 # (c) GRFGPSConv routes the payload to its attention ############################################

@@ -6,7 +6,8 @@ import torch.nn.functional as F
 from torch_geometric.data import Batch, Data
 from torch_geometric.utils import to_undirected
 
-from pyg_grf.features import RWGNKLoads
+from pyg_grf.features import rwgnk_kernel
+from pyg_grf.nn.attention.gkat import RWGNKPlan, choose_backend, costs
 from pyg_grf.nn import GKATAttention
 from pyg_grf.transforms import AddRWGNKFeatures
 
@@ -71,7 +72,7 @@ def test_matches_dense_reference(mode, score, concat, project):
                           project=project)
     layer = layer.double()
     torch.nn.init.normal_(layer.to_out.bias if project else layer.bias)
-    out = layer(batch.x, batch.batch, rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value))
+    out = layer(batch.x, batch.batch, rwgnk=RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value))
     assert out.shape == (batch.num_nodes, 8 if project else 6 if concat else 3)
     assert layer.out_channels == out.size(1)
     ref = reference(layer, batch.x, dense_kernel(batch))
@@ -81,7 +82,7 @@ def test_matches_dense_reference(mode, score, concat, project):
 def test_unweighted_support_ablation():
     batch = make_batch()
     layer = GKATAttention(8, heads=2, mode='softmax', kernel_weighting=False).double()
-    out = layer(batch.x, rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value))
+    out = layer(batch.x, rwgnk=RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value))
     assert torch.allclose(out, reference(layer, batch.x, dense_kernel(batch)), atol=1e-6)
 
 
@@ -89,7 +90,7 @@ def test_unweighted_support_ablation():
 def test_no_cross_graph_attention(mode):
     batch = make_batch()
     layer = GKATAttention(8, heads=2, mode=mode).double()
-    rwgnk = RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value)
+    rwgnk = RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value)
     out = layer(batch.x, batch.batch, rwgnk=rwgnk)
     x = batch.x.clone()
     x[batch.batch == 2] += torch.randn_like(x[batch.batch == 2])
@@ -99,7 +100,7 @@ def test_no_cross_graph_attention(mode):
     assert not torch.allclose(out[~keep], out2[~keep])
     # Each graph alone gives the same result as inside the batch.
     data = batch.get_example(1)
-    alone = layer(data.x, rwgnk=RWGNKLoads(data.rwgnk_index, data.rwgnk_value))
+    alone = layer(data.x, rwgnk=RWGNKPlan.from_tensors(data.rwgnk_index, data.rwgnk_value))
     assert torch.allclose(alone, out[batch.batch == 1], atol=1e-12)
 
 
@@ -109,27 +110,24 @@ def test_gradcheck(mode):
     data = batch.get_example(0)
     layer = GKATAttention(8, heads=2, mode=mode, head_channels=2).double()
     x = data.x.clone().requires_grad_()
-    value = data.rwgnk_value.clone().requires_grad_()
-    assert torch.autograd.gradcheck(
-        lambda x, v: layer(x, rwgnk=RWGNKLoads(data.rwgnk_index, v)), (x, value))
+    plan = RWGNKPlan.from_tensors(data.rwgnk_index, data.rwgnk_value.double())
+    assert torch.autograd.gradcheck(lambda x: layer(x, rwgnk=plan), (x, ))
     # Gradients reach every parameter.
-    layer(x, rwgnk=RWGNKLoads(data.rwgnk_index, value)).square().sum().backward()
+    layer(x, rwgnk=plan).square().sum().backward()
     for name, p in layer.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
 
-def test_dropout_and_cache():
+def test_dropout():
     batch = make_batch()
-    layer = GKATAttention(8, heads=2, mode='softmax', dropout=0.5, cached=True).double()
-    rwgnk = RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value)
+    layer = GKATAttention(8, heads=2, mode='softmax', dropout=0.5).double()
+    rwgnk = RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value)
     layer.eval()
     out = layer(batch.x, rwgnk=rwgnk)
-    # cached kernel pairs, no dropout in eval
+    # no dropout in eval
     assert torch.equal(out, layer(batch.x, rwgnk=rwgnk))
     layer.train()
     assert not torch.allclose(layer(batch.x, rwgnk=rwgnk), out)
-    layer.reset_parameters()
-    assert layer._cache is None
 
 
 def test_repr_and_defaults():
@@ -139,7 +137,7 @@ def test_repr_and_defaults():
         "GKATAttention(16, heads=2, mode='softmax', score='gat', project=False, dropout=0.6)")
     assert layer.att_src is None and layer.to_q is not None
     x = torch.randn(3, 16)
-    out = layer(x, rwgnk=RWGNKLoads(torch.tensor([[0, 1, 2], [0, 1, 2]]), torch.ones(3)))
+    out = layer(x, rwgnk=RWGNKPlan.from_tensors(torch.tensor([[0, 1, 2], [0, 1, 2]]), torch.ones(3)))
     assert out.shape == (3, 16)
 
 
@@ -153,20 +151,28 @@ def test_bad_input():
     layer = GKATAttention(8, heads=2)
     idx = torch.tensor([[0, 1], [1, 0]])
     with pytest.raises(ValueError, match=r"'x' must have shape \[N, 8\]"):
-        layer(torch.randn(2, 5), rwgnk=RWGNKLoads(idx, torch.ones(2)))
+        layer(torch.randn(2, 5), rwgnk=RWGNKPlan.from_tensors(idx, torch.ones(2)))
     with pytest.raises(ValueError, match="'rwgnk_value' must have shape"):
-        layer(torch.randn(2, 8), rwgnk=RWGNKLoads(idx, torch.ones(3)))
+        layer(torch.randn(2, 8), rwgnk=RWGNKPlan.from_tensors(idx, torch.ones(3)))
     with pytest.raises(ValueError, match="'rwgnk_index' must have shape"):
-        layer(torch.randn(2, 8), rwgnk=RWGNKLoads(idx[0], torch.ones(2)))
+        layer(torch.randn(2, 8), rwgnk=RWGNKPlan.from_tensors(idx[0], torch.ones(2)))
     with pytest.raises(ValueError, match=r"must hold node ids in \[0, 1\).*refers to node 1"):
-        layer(torch.randn(1, 8), rwgnk=RWGNKLoads(idx, torch.ones(2)))
+        RWGNKPlan.from_tensors(idx, torch.ones(2), num_nodes=1)
+    # item 6 of issue 31: a row-count mismatch is an error (extra rows used to get the bias)
+    with pytest.raises(ValueError, match=r"'x' has 3 rows but the RWGNK plan is of 2 nodes"):
+        layer(torch.randn(3, 8), rwgnk=RWGNKPlan.from_tensors(idx, torch.ones(2)))
+    with pytest.raises(TypeError, match=r"needs rwgnk=RWGNKPlan.*got tuple"):
+        layer(torch.randn(2, 8), rwgnk=(idx, torch.ones(2)))
+    with pytest.raises(ValueError, match=r"'backend' must be 'auto' or one of \('pairs', "
+                                         r"'dense'\) for mode='softmax', got 'sparse'"):
+        GKATAttention(8, mode='softmax', backend='sparse')
 
 
 @pytest.mark.parametrize('mode', ['softmax', 'dense'])
 def test_threshold_drops_small_kernel_entries(mode):
     batch = make_batch()
     layer = GKATAttention(8, heads=2, mode=mode, threshold=0.2).double()
-    out = layer(batch.x, batch.batch, rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value))
+    out = layer(batch.x, batch.batch, rwgnk=RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value))
     kernel = dense_kernel(batch)
     assert bool(((kernel > 0) & (kernel <= 0.2)).any())  # the threshold matters here
     kernel = torch.where(kernel > 0.2, kernel, torch.zeros_like(kernel))
@@ -198,15 +204,17 @@ def test_precomputed_kernel_pairs(stored, layer_threshold):
     assert torch.allclose(stored_dense, expected, atol=1e-6)
     layer = GKATAttention(8, heads=2, mode='softmax', threshold=layer_threshold).double()
     out = layer(batch.x, batch.batch,
-                rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value.double(),
-                                 batch.rwgnk_kernel_index, batch.rwgnk_kernel_value.double()))
+                rwgnk=RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value.double(), None,
+                                             batch.rwgnk_kernel_index,
+                                             batch.rwgnk_kernel_value.double()))
     cut = max(stored, layer_threshold)
     ref_kernel = torch.where(kernel > cut, kernel, torch.zeros_like(kernel))
     assert torch.allclose(out, reference(layer, batch.x, ref_kernel), atol=1e-6)
-    with pytest.raises(ValueError, match=r"'kernel' must be \(index \[2, P\], value \[P\]\)"):
-        layer(batch.x, rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value.double(),
-                                        batch.rwgnk_kernel_index,
-                                        batch.rwgnk_kernel_value[:-1]))
+    with pytest.raises(ValueError, match=r"kernel pairs must be \(index \[2, P\], value \[P\]\)"):
+        layer(batch.x, rwgnk=RWGNKPlan.from_tensors(batch.rwgnk_index,
+                                                    batch.rwgnk_value.double(), None,
+                                                    batch.rwgnk_kernel_index,
+                                                    batch.rwgnk_kernel_value[:-1]))
     with pytest.raises(ValueError, match="'kernel_threshold' must be None or >= 0"):
         AddRWGNKFeatures(num_walks=4, lam=0.7, alpha=1.0, max_length=3, kernel_threshold=-1.0)
 
@@ -214,7 +222,6 @@ def test_precomputed_kernel_pairs(stored, layer_threshold):
 @pytest.mark.parametrize('backend', ['sparse', 'pairs', 'auto'])
 @pytest.mark.parametrize('with_kernel', [False, True])
 def test_linear_backends_equal_dense_reference(backend, with_kernel):
-    from pyg_grf.nn.attention.gkat import rwgnk_kernel
     batch = make_batch()
     torch.manual_seed(1)
     layer = GKATAttention(8, heads=2, mode='linear', head_channels=3, backend=backend).double()
@@ -222,7 +229,12 @@ def test_linear_backends_equal_dense_reference(backend, with_kernel):
     kernel = rwgnk_kernel(batch.rwgnk_index, batch.rwgnk_value, batch.num_nodes) \
         if with_kernel else (None, None)
     x = batch.x.clone().requires_grad_()
-    out = layer(x, batch.batch, rwgnk=RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value, *kernel))
+    plan = RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value, None, *kernel)
+    if with_kernel and backend == 'sparse':  # stored pairs are the mask: not Psi Psi^T's
+        with pytest.raises(ValueError, match="backend='sparse' computes the exact kernel"):
+            layer(x, batch.batch, rwgnk=plan)
+        return
+    out = layer(x, batch.batch, rwgnk=plan)
     ref = reference(layer, batch.x, dense_kernel(batch))
     assert torch.allclose(out, ref, atol=1e-9, rtol=0)
     out.sum().backward()
@@ -232,8 +244,8 @@ def test_linear_backends_equal_dense_reference(backend, with_kernel):
 def test_linear_backend_repr_and_bad_value():
     assert 'backend=' not in str(GKATAttention(8, heads=2))
     assert "backend='pairs'" in str(GKATAttention(8, heads=2, backend='pairs'))
-    with pytest.raises(ValueError, match="'backend' must be one of"):
-        GKATAttention(8, backend='dense')
+    with pytest.raises(ValueError, match="'backend' must be 'auto' or one of"):
+        GKATAttention(8, backend='gather')
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
@@ -246,8 +258,8 @@ def test_half_precision_module(dtype, mode):
         Data(edge_index=to_undirected(erdos_renyi_graph(20, 0.3)), num_nodes=20))
     x = torch.randn(20, 16, dtype=torch.float64)
     layer = GKATAttention(16, heads=2, mode=mode).double()
-    ref = layer(x, rwgnk=RWGNKLoads(d.rwgnk_index, d.rwgnk_value.double()))
-    out = layer.to(dtype)(x.to(dtype), rwgnk=RWGNKLoads(d.rwgnk_index, d.rwgnk_value.to(dtype)))
+    ref = layer(x, rwgnk=RWGNKPlan.from_tensors(d.rwgnk_index, d.rwgnk_value.double()))
+    out = layer.to(dtype)(x.to(dtype), rwgnk=RWGNKPlan.from_tensors(d.rwgnk_index, d.rwgnk_value.to(dtype)))
     assert out.dtype == dtype
     # half-precision rounding of inputs, weights and sums: a few units of its epsilon
     tol = 40 * torch.finfo(dtype).eps * float(ref.abs().max())
@@ -261,12 +273,12 @@ def test_softmax_kernel_memory_is_checked_first(monkeypatch):
     star = AddRWGNKFeatures(num_walks=2, max_length=2, lam=0.8, alpha=1.0, seed=0)(
         Data(edge_index=torch.cat([ei, ei.flip(0)], 1), num_nodes=N))
     monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '50M')
-    with pytest.raises(MemoryError, match=r"GKAT kernel .*more than \$PYG_GRF_MEMORY_LIMIT.*"
-                                          r"mode='linear'"):
+    with pytest.raises(MemoryError, match=r"GKATAttention\(mode='softmax', backend='(pairs|dense)'\).*"
+                                          r"more than \$PYG_GRF_MEMORY_LIMIT.*mode='linear'"):
         GKATAttention(8, heads=2, mode='softmax')(torch.randn(N, 8),
-                                                 rwgnk=RWGNKLoads.from_data(star))
+                                                 rwgnk=RWGNKPlan.build(star))
     out = GKATAttention(8, heads=2, mode='linear')(torch.randn(N, 8),
-                                                  rwgnk=RWGNKLoads.from_data(star))
+                                                  rwgnk=RWGNKPlan.build(star))
     assert torch.isfinite(out).all()
 
 
@@ -278,13 +290,13 @@ def test_dense_mode_memory_is_checked_first(monkeypatch):
     g = AddRWGNKFeatures(num_walks=2, max_length=2, lam=0.8, alpha=1.0, seed=0)(
         Data(edge_index=torch.cat([path, path.flip(0)], 1), num_nodes=N))
     monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '100M')
-    with pytest.raises(MemoryError, match=r"GKATAttention\(mode='dense'\) on 3000 nodes .*"
-                                          r"0\.5 GiB, more than \$PYG_GRF_MEMORY_LIMIT.*"
+    with pytest.raises(MemoryError, match=r"GKATAttention\(mode='dense', backend='dense'\) on "
+                                          r"3000 nodes .*more than \$PYG_GRF_MEMORY_LIMIT.*"
                                           r"mode='linear'"):
-        GKATAttention(8, heads=2, mode='dense')(torch.randn(N, 8), rwgnk=RWGNKLoads.from_data(g))
+        GKATAttention(8, heads=2, mode='dense')(torch.randn(N, 8), rwgnk=RWGNKPlan.build(g))
     monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '4G')  # (6 + 4 H) N^2 floats fit: it runs
     small = GKATAttention(8, heads=2, mode='dense')(torch.randn(N, 8),
-                                                    rwgnk=RWGNKLoads.from_data(g))
+                                                    rwgnk=RWGNKPlan.build(g))
     assert torch.isfinite(small).all()
 
 
@@ -294,7 +306,6 @@ def test_samples_on_one_shared_graph_equal_a_batch_of_copies(mode):
     # every mask family on a shared grid without glue)
     from torch_geometric.data import Batch, Data
     from pyg_grf.datasets import grid_edge_index
-    from pyg_grf.features import RWGNKLoads
     from pyg_grf.transforms import AddRWGNKFeatures
     torch.manual_seed(0)
     g = AddRWGNKFeatures(num_walks=8, lam=0.5, alpha=1.0, max_length=3, p_halt=0.3, seed=0,
@@ -302,68 +313,115 @@ def test_samples_on_one_shared_graph_equal_a_batch_of_copies(mode):
                                                     num_nodes=12))
     layer = GKATAttention(8, heads=2, mode=mode).double().eval()
     x = torch.randn(3, 12, 8, dtype=torch.float64)
-    out = layer(x, rwgnk=RWGNKLoads.from_data(g))
+    out = layer(x, rwgnk=RWGNKPlan.build(g))
     copies = Batch.from_data_list([Data(x=x[b], edge_index=g.edge_index, num_nodes=12,
                                         rwgnk_index=g.rwgnk_index, rwgnk_value=g.rwgnk_value,
                                         rwgnk_kernel_index=g.rwgnk_kernel_index,
                                         rwgnk_kernel_value=g.rwgnk_kernel_value)
                                    for b in range(3)])
-    ref = layer(copies.x, copies.batch, rwgnk=RWGNKLoads.from_data(copies))
+    ref = layer(copies.x, copies.batch, rwgnk=RWGNKPlan.build(copies))
     assert out.shape == (3, 12, 8)
     torch.testing.assert_close(out.reshape(36, 8), ref, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="'batch' is not used"):
-        layer(x, copies.batch, rwgnk=RWGNKLoads.from_data(g))
-    with pytest.raises(ValueError, match='shared graph has 5 nodes'):
-        layer(x[:, :5], rwgnk=RWGNKLoads.from_data(g))
+        layer(x, copies.batch, rwgnk=RWGNKPlan.build(g))
+    with pytest.raises(ValueError, match='the plan is of a graph of 12 nodes'):
+        layer(x[:, :5], rwgnk=RWGNKPlan.build(g))
 
 
-@pytest.mark.parametrize('mode,backend', [('linear', 'sparse'), ('linear', 'pairs'),
-                                          ('softmax', 'auto')])
-def test_payload_structures_built_once_and_never_stale(mode, backend, monkeypatch):
-    # Psi's pattern and the kernel pairs are built by the first layer and shared through the
-    # payload (one sort per batch, not per layer); an in-place edit of the features drops them
-    import pyg_grf.nn.attention.gkat as gkat
-    from pyg_grf.masks.rwgnk import RWGNKMask
+# The plan (issue 31 items 1-3) ###############################################################
+
+CASES = [('linear', 'sparse'), ('linear', 'pairs'), ('linear', 'dense'), ('softmax', 'pairs'),
+         ('softmax', 'dense'), ('dense', 'dense')]
+
+
+@pytest.mark.parametrize('mode,backend', CASES)
+def test_plan_built_once_for_all_layers(mode, backend, monkeypatch):
+    # plan_payload builds what every layer's backend needs once (the kernel pairs at most once);
+    # every layer then equals its float64 dense reference
+    import pyg_grf.nn.attention.gkat.plan as plan_module
     b = make_batch()
-    kw = {'backend': backend} if mode == 'linear' else {}
-    layers = [GKATAttention(8, heads=2, mode=mode, **kw).double() for _ in range(3)]
+    b.rwgnk_value = b.rwgnk_value.double()
+    layers = [GKATAttention(8, heads=2, mode=mode, backend=backend).double() for _ in range(3)]
     builds = []
-    real_mask, real_kernel = RWGNKMask.from_index, gkat.rwgnk_kernel
-    monkeypatch.setattr(RWGNKMask, 'from_index',
-                        classmethod(lambda cls, *a, **k: builds.append('mask')
-                                    or real_mask(*a, **k)))
-    monkeypatch.setattr(gkat, 'rwgnk_kernel',
-                        lambda *a, **k: builds.append('kernel') or real_kernel(*a, **k))
-    rwgnk = RWGNKLoads.from_data(b)
-    outs = [layer(b.x, b.batch, rwgnk=rwgnk) for layer in layers]
-    assert len(builds) == 1, builds
+    real = plan_module.rwgnk_kernel
+    monkeypatch.setattr(plan_module, 'rwgnk_kernel',
+                        lambda *a, **k: builds.append(1) or real(*a, **k))
+    payload = GKATAttention.plan_payload(b, layers)
+    assert set(payload) == {'rwgnk'} and isinstance(payload['rwgnk'], RWGNKPlan)
+    outs = [layer(b.x, b.batch, **payload) for layer in layers]
+    assert len(builds) == (1 if backend == 'pairs' else 0)
     kernel = dense_kernel(b)
     for layer, out in zip(layers, outs):
         assert torch.allclose(out, reference(layer, b.x, kernel), atol=1e-10)
-    # the payload holds these tensors: an edit, even through .data (no version bump), must
-    # drop the caches
-    for n, edit in enumerate((lambda t: t.mul_(torch.linspace(0.2, 3.0, t.numel(), dtype=t.dtype)),
-                              lambda t: t.data.mul_(torch.linspace(3.0, 0.5, t.numel(),
-                                                                   dtype=t.dtype)))):
-        with torch.no_grad():
-            edit(b.rwgnk_value)
-        out = layers[0](b.x, b.batch, rwgnk=rwgnk)
-        assert len(builds) == 2 + n
-        assert torch.allclose(out, reference(layers[0], b.x, dense_kernel(b)), atol=1e-10)
 
 
-@pytest.mark.parametrize('mode,backend', [('linear', 'sparse'), ('linear', 'pairs'),
-                                          ('softmax', 'auto')])
-def test_ids_edited_through_data_after_use_are_refused(mode, backend):
-    # the adversarial re-check: an out-of-range id written through .data (no version bump)
-    # after a first call skipped the remembered range check and corrupted memory in the kernel
-    # product (glibc abort); it is refused now
+@pytest.mark.parametrize('mode,backend', CASES)
+def test_plan_owns_its_tensors_moves_and_pickles(mode, backend):
+    import pickle
     b = make_batch()
-    kw = {'backend': backend} if mode == 'linear' else {}
-    layer = GKATAttention(8, heads=2, mode=mode, **kw).double()
-    rwgnk = RWGNKLoads.from_data(b)
-    layer(b.x, b.batch, rwgnk=rwgnk)
+    layer = GKATAttention(8, heads=2, mode=mode, backend=backend).double().eval()
+    plan = layer.payload(b)['rwgnk']
+    out = layer(b.x, b.batch, rwgnk=plan)
+    # an edit of the data after the plan was built (even through .data) does not change it
+    with torch.no_grad():
+        b.rwgnk_value.data.mul_(torch.linspace(0.2, 3.0, b.rwgnk_value.numel()))
     b.rwgnk_index.data[0, 0] = b.num_nodes + 3
-    with pytest.raises(ValueError, match=r"(must hold node ids in \[0, 15\)|row indices must "
-                                         r"lie in \[0, 15\))"):
-        layer(b.x, b.batch, rwgnk=rwgnk)
+    assert torch.equal(layer(b.x, b.batch, rwgnk=plan), out)
+    # .to() and a pickling round trip give equal outputs; pickles are compact (int32 indices)
+    assert torch.equal(layer(b.x, b.batch, rwgnk=plan.to('cpu')), out)
+    again = pickle.loads(pickle.dumps(plan))
+    assert torch.equal(layer(b.x, b.batch, rwgnk=again), out)
+    assert plan.psi_index.dtype == torch.int32 and plan.psi_value.dtype == torch.float64
+    assert RWGNKPlan.build(make_batch()).psi_value.dtype == torch.float64  # kept for float64
+    b = make_batch()
+    b.rwgnk_value = b.rwgnk_value.float()
+    assert RWGNKPlan.build(b).psi_value.dtype == torch.float32
+    with pytest.raises(Exception):  # immutable
+        plan.num_nodes = 3
+
+
+def test_auto_is_a_pure_function_of_sizes():
+    # the same answer on a fresh and on a used plan, and for the same sizes whatever ran before
+    b = make_batch()
+    for mode in ('linear', 'softmax'):
+        layer = GKATAttention(8, heads=2, mode=mode).double()
+        fresh = layer.payload(b)['rwgnk']
+        first = layer.backend_for(fresh)
+        layer(b.x, b.batch, rwgnk=fresh)
+        layer(b.x, b.batch, rwgnk=fresh)
+        assert layer.backend_for(fresh) == first == layer.backend_for(layer.payload(b)['rwgnk'])
+    sizes = dict(num_nodes=19717, psi_nnz=279127, pairs=526961, num_graphs=1,
+                 max_graph_nodes=19717, heads=8, head_channels=8, feature_dim=8)
+    answers = {choose_backend('linear', None, **sizes) for _ in range(8)}
+    assert answers == {'pairs'}
+    # every backend is costed; 'sparse' only where the mask is the exact kernel
+    assert set(costs('linear', **sizes)) == {'sparse', 'pairs', 'dense'}
+    assert set(costs('linear', **dict(sizes, exact=False))) == {'pairs', 'dense'}
+    assert set(costs('softmax', **sizes)) == {'pairs', 'dense'}
+    # a budget rules out what does not fit: dense per graph on one 19717-node graph
+    assert choose_backend('softmax', 2**30, **sizes) == 'pairs'
+
+
+def test_memory_is_checked_before_any_backend_allocates(monkeypatch):
+    b = make_batch()
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '1K')
+    for mode, backend in CASES:
+        layer = GKATAttention(8, heads=2, mode=mode, backend=backend).double()
+        plan = RWGNKPlan.build(b)  # no pairs: nothing large built yet
+        with pytest.raises(MemoryError, match=r"more than \$PYG_GRF_MEMORY_LIMIT"):
+            layer(b.x, b.batch, rwgnk=plan)
+
+
+def test_stored_pairs_define_the_mask():
+    # with the transform's kernel pairs the mask is those pairs: 'sparse' (the exact kernel)
+    # refuses, 'auto' runs on them
+    b = make_batch()
+    b.rwgnk_kernel_index, b.rwgnk_kernel_value = rwgnk_kernel(b.rwgnk_index, b.rwgnk_value,
+                                                              b.num_nodes, 0.05)
+    plan = RWGNKPlan.build(b)
+    assert not plan.exact
+    with pytest.raises(ValueError, match="backend='sparse' computes the exact kernel"):
+        GKATAttention(8, heads=2, backend='sparse').double()(b.x, b.batch, rwgnk=plan)
+    layer = GKATAttention(8, heads=2).double()
+    assert layer.backend_for(plan) in ('pairs', 'dense')
+    assert torch.isfinite(layer(b.x, b.batch, rwgnk=plan)).all()

@@ -188,7 +188,7 @@ def test_custom_graph_attention(graphs):
 def test_gkat_reads_stored_kernel_pairs(graphs):
     # With the kernel pairs stored by AddRWGNKFeatures(kernel_threshold=0.) the 'gkat' softmax
     # transformer gives the same outputs as when each layer recomputes Psi Psi^T.
-    from pyg_grf.nn.attention.gkat import rwgnk_kernel
+    from pyg_grf.features import rwgnk_kernel
     with_kernel = []
     for d in graphs:
         d = d.clone()
@@ -330,7 +330,8 @@ def test_gps_block_equals_hand_composition(graphs, attention, conv_kind, norm):
     # the model's weights) -> mean pooling -> head, in float64.
     from torch_geometric.nn import GATConv, GINEConv, MLP, global_mean_pool
 
-    from pyg_grf.features import GRFLoads, RWGNKLoads
+    from pyg_grf.features import GRFLoads
+    from pyg_grf.nn.attention.gkat import RWGNKPlan
     from pyg_grf.nn import GRFGPSConv
     C, heads = 16, 2
     batch = _gps_batch(graphs)
@@ -369,7 +370,7 @@ def test_gps_block_equals_hand_composition(graphs, attention, conv_kind, norm):
     x = batch.x.double() @ model.node_encoder.weight.T + model.node_encoder.bias
     e = batch.edge_attr.double() @ model.edge_encoder.weight.T + model.edge_encoder.bias
     grf = GRFLoads.from_data(batch) if attention == 'grf' else None
-    rwgnk = RWGNKLoads(batch.rwgnk_index, batch.rwgnk_value) if attention == 'gkat' else None
+    rwgnk = RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value) if attention == 'gkat' else None
     for layer in layers:
         kwargs = {'edge_attr': e} if conv_kind is not None else {}
         x = layer(x, batch.edge_index, batch.batch, grf=grf, rwgnk=rwgnk, **kwargs)

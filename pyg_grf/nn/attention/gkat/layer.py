@@ -1,0 +1,342 @@
+r"""The GKAT layer: projections, the backend choice and the call (FTFI paper, Sec. 4.2 and
+App. A.5); the backends are :mod:`.sparse`, :mod:`.pairs` and :mod:`.dense`."""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, Optional, Sequence, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.nn import Parameter
+from torch_geometric.nn.dense.linear import Linear
+from torch_geometric.nn.inits import glorot, zeros
+from torch_geometric.typing import OptTensor
+
+from pyg_grf.nn.attention.base import GraphAttention, contract_repr, key_dropout
+from pyg_grf.nn.attention.gkat import dense, pairs, sparse
+from pyg_grf.memory import check_walk_memory
+from pyg_grf.nn.attention.gkat.choose import BACKENDS, costs, layer_backend, plan_sizes
+from pyg_grf.nn.attention.gkat.plan import RWGNKPlan
+from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
+
+MODES = ('linear', 'softmax', 'dense')
+SCORES = ('gat', 'dot')
+
+
+class GKATAttention(GraphAttention):
+    r"""The Graph Kernel Attention layer of GKAT from the `"From block-Toeplitz matrices to
+    differential equations on graphs: towards a general theory for scalable masked Transformers"
+    <https://arxiv.org/abs/2107.07999>`_ paper (Choromanski et al., ICML 2022; Sec. 4.2, App. A.5):
+    multi-head attention whose mask is the RWGNK kernel :math:`\mathcal{K} = \Psi\Psi^\top` of
+    random-walk frequency vectors (see :class:`~pyg_grf.transforms.AddRWGNKFeatures`).
+
+    With values :math:`\mathbf{v}_j = \mathbf{W}\mathbf{x}_j` per head, every mode computes
+
+    .. math::
+        \mathbf{x}'_i = \sum_j \frac{\mathcal{K}_{ij}\,\kappa(i, j)}
+                                    {\sum_l \mathcal{K}_{il}\,\kappa(i, l)} \mathbf{v}_j,
+
+    the masked attention of FTFI Sec. 2 (:math:`\mathbf{M} \odot` kernel, rows normalised), with
+
+    * ``mode='linear'`` (GKAT): :math:`\kappa(i, j) = \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)`,
+      in time linear in :math:`N` (Sec. 4.2: low-rank masking, :math:`\mathcal{K}` never
+      formed, backend ``'sparse'``), or on the kernel's nonzeros (``'pairs'``).
+    * ``mode='softmax'``: :math:`\kappa(i, j) = \exp(e_{ij})`, a softmax restricted to the support
+      of :math:`\mathcal{K}` and weighted by it (App. A.5.2: GAT with its adjacency mask replaced
+      by the RWGNK similarity matrix): the softmax of :math:`e_{ij} + \log\mathcal{K}_{ij}` over
+      the pairs with :math:`|\mathcal{K}_{ij}| > t`, as GAT's over edges (backend ``'pairs'``).
+    * ``mode='dense'`` (GKAT-0, Sec. 5.3): the same as ``'softmax'`` with dense per-graph
+      matrices (backend ``'dense'``); a brute-force reference, :math:`O(\sum_g n_g^2)`.
+
+    Every mode runs on the per-batch :class:`~pyg_grf.nn.attention.gkat.RWGNKPlan`
+    (:meth:`payload`, or :meth:`plan_payload` for all layers of a model), on one of the backends
+    of :mod:`pyg_grf.nn.attention.gkat` (one module each); ``backend='auto'`` is the pure cost
+    rule :func:`~pyg_grf.nn.attention.gkat.choose_backend`.
+
+    Logits (``'softmax'``, ``'dense'``): ``score='gat'``,
+    :math:`e_{ij} = \mathrm{LeakyReLU}(\mathbf{a}_{dst}^\top\mathbf{v}_i +
+    \mathbf{a}_{src}^\top\mathbf{v}_j)` as in GAT, or ``score='dot'``,
+    :math:`e_{ij} = \mathbf{q}_i^\top\mathbf{k}_j / \sqrt{C}`.
+
+    Walks never leave a graph, so :math:`\mathcal{K}` is block-diagonal over a PyG batch and no
+    node attends across graphs, in every mode.
+
+    Args:
+        channels (int): input size, and output size with the default ``project=True``.
+        heads (int): number of heads :math:`H` (default: ``1``).
+        mode (str): ``'linear'``, ``'softmax'`` or ``'dense'`` (default: ``'linear'``).
+        feature_map (str or FeatureMap): :math:`\phi` of ``'linear'`` mode: ``'elu'``
+            (:math:`\mathrm{ELU}+1`), ``'relu'`` or ``'favor+'`` (default: ``'elu'``).
+        concat (bool): concatenate the heads (``[N, H * C]``) or average them (``[N, C]``)
+            (default: :obj:`True`).
+        dropout (float): dropout on the normalised attention coefficients only, as in GAT, in
+            ``'softmax'`` and ``'dense'`` modes; ``'linear'`` never forms the coefficients and
+            drops whole key columns per head instead (numerator only, unbiased:
+            :func:`~pyg_grf.nn.attention.base.key_dropout`) (default: ``0.``).
+        negative_slope (float): LeakyReLU slope of ``score='gat'`` (default: ``0.2``).
+        head_channels (int, optional): channels per head :math:`C` (default:
+            ``channels // heads`` if ``concat`` else ``channels``).
+        score (str): logits of ``'softmax'``/``'dense'``: ``'gat'`` or ``'dot'``
+            (default: ``'gat'``).
+        kernel_weighting (bool): weight the coefficients by :math:`\mathcal{K}_{ij}`; if
+            :obj:`False`, :math:`\mathcal{K}` only gives the support (an ablation)
+            (default: :obj:`True`).
+        bias (bool): a learnable bias on the output: in ``to_out`` with ``project``, else added
+            to the heads as in GAT (default: :obj:`True`). The value, query and key
+            projections ``to_v``, ``to_q``, ``to_k`` have none, as in GAT.
+        threshold (float): pairs with :math:`|\mathcal{K}_{ij}| \le` ``threshold`` are left
+            out of the mask, in every mode: a sparser, faster approximation (with ``alpha=1``,
+            :math:`\mathcal{K}_{ii} = 1` is always kept) (default: ``0.``, the exact kernel).
+        feature_map_kwargs (dict, optional): arguments of the feature map.
+        eps (float): added to the normaliser of ``'linear'`` mode (default: ``1e-6``).
+        backend (str): ``'sparse'`` (``'linear'`` only: two products with :math:`\Psi`, the
+            exact kernel only), ``'pairs'`` (the kernel's nonzeros: the pairs stored by
+            ``AddRWGNKFeatures(kernel_threshold=...)``, which then define the mask, else those
+            of :math:`\Psi\Psi^\top`), ``'dense'`` (per graph) or ``'auto'`` (the cheapest
+            whose memory fits, :func:`~pyg_grf.nn.attention.gkat.choose_backend`)
+            (default: ``'auto'``).
+        project (bool): project the combined heads back to ``channels`` with ``to_out``, as
+            every attention layer of the package does (default: :obj:`True`). With
+            :obj:`False` the layer is the paper's GAT-shaped one (no output projection), e.g. to
+            stack it as a convolution with ``concat=False`` for class scores.
+
+    Shapes:
+        - **input:** node features :math:`(N, F)` (or :math:`(B, n, F)` on one shared graph),
+          batch vector :math:`(N)` *(optional)*, ``rwgnk=`` the batch's
+          :class:`~pyg_grf.nn.attention.gkat.RWGNKPlan`
+        - **output:** :math:`(N, \mathrm{channels})`; with ``project=False``,
+          :math:`(N, H * C)` if ``concat`` else :math:`(N, C)`
+    """
+
+    def __init__(self, channels: int, heads: int = 1, mode: str = 'linear',
+                 feature_map: Any = 'elu', concat: bool = True, dropout: float = 0.,
+                 negative_slope: float = 0.2, head_channels: Optional[int] = None,
+                 score: str = 'gat', kernel_weighting: bool = True, bias: bool = True,
+                 threshold: float = 0.0,
+                 feature_map_kwargs: Optional[Dict[str, Any]] = None, eps: float = 1e-6,
+                 backend: str = 'auto', project: bool = True):
+        super().__init__()
+        if mode not in MODES:
+            raise ValueError(f"'mode' must be one of {MODES}, got {mode!r}")
+        if backend != 'auto' and backend not in BACKENDS[mode]:
+            raise ValueError(f"'backend' must be 'auto' or one of {BACKENDS[mode]} for "
+                             f"mode={mode!r}, got {backend!r}")
+        self.backend = backend
+        if score not in SCORES:
+            raise ValueError(f"'score' must be one of {SCORES}, got {score!r}")
+        if threshold < 0:
+            raise ValueError(f"'threshold' must be >= 0, got {threshold}")
+        if channels < 1 or heads < 1:
+            raise ValueError(f"'channels' and 'heads' must be positive, got {channels} and "
+                             f"{heads}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"'dropout' must lie in [0, 1), got {dropout}")
+        if head_channels is None:
+            if concat and channels % heads != 0:
+                raise ValueError(f"'channels' ({channels}) must be divisible by 'heads' "
+                                 f"({heads}) when concat=True and head_channels is not given")
+            head_channels = channels // heads if concat else channels
+        self.channels = channels
+        self.heads = heads
+        self.mode = mode
+        self.concat = concat
+        self.dropout = dropout
+        self.negative_slope = negative_slope
+        self.head_channels = head_channels
+        self.score = score
+        self.kernel_weighting = kernel_weighting
+        self.threshold = float(threshold)
+        self.feature_map_kwargs = feature_map_kwargs or {}
+        self.eps = eps
+        self.project = project
+        H, C = heads, head_channels
+
+        self.to_v = Linear(channels, H * C, bias=False, weight_initializer='glorot')
+        if mode == 'linear' or score == 'dot':
+            self.to_q = Linear(channels, H * C, bias=False, weight_initializer='glorot')
+            self.to_k = Linear(channels, H * C, bias=False, weight_initializer='glorot')
+        else:
+            self.register_module('to_q', None)
+            self.register_module('to_k', None)
+        if mode != 'linear' and score == 'gat':
+            self.att_src = Parameter(torch.empty(1, H, C))
+            self.att_dst = Parameter(torch.empty(1, H, C))
+        else:
+            self.register_parameter('att_src', None)
+            self.register_parameter('att_dst', None)
+        if mode == 'linear':
+            self.feature_map = feature_map_resolver(feature_map, C, **self.feature_map_kwargs)
+        else:
+            self.feature_map = None
+        self.feature_map_name = feature_map
+        heads_out = H * C if concat else C
+        if project:  # the contract's output projection back to 'channels'
+            self.to_out = torch.nn.Linear(heads_out, channels, bias=bias)
+            self.register_parameter('bias', None)
+        else:  # the paper's GAT-shaped layer: heads out, plus a bias
+            self.register_module('to_out', None)
+            if bias:
+                self.bias = Parameter(torch.empty(heads_out))
+            else:
+                self.register_parameter('bias', None)
+        self.reset_parameters()
+
+    @property
+    def out_channels(self) -> int:
+        r"""Size of the output: ``channels`` with ``project``, else ``heads * head_channels``
+        (``concat``) or ``head_channels``."""
+        if self.project:
+            return self.channels
+        return self.heads * self.head_channels if self.concat else self.head_channels
+
+    def reset_parameters(self):
+        r"""Resets all learnable parameters of the module."""
+        self.to_v.reset_parameters()
+        if self.to_q is not None:
+            self.to_q.reset_parameters()
+            self.to_k.reset_parameters()
+        if self.to_out is not None:
+            self.to_out.reset_parameters()
+        glorot(self.att_src)
+        glorot(self.att_dst)
+        zeros(self.bias)
+        if self.feature_map is not None and hasattr(self.feature_map, 'redraw'):
+            self.feature_map.redraw()
+
+    @property
+    def feature_dim(self) -> int:
+        r"""Size :math:`m` of :math:`\phi` in ``'linear'`` mode (else :math:`C`)."""
+        if self.feature_map is None:
+            return self.head_channels
+        return self.feature_map.output_dim(self.head_channels)
+
+    requires = ('rwgnk_index', 'rwgnk_value')
+    optional = ('rwgnk_kernel_index', 'rwgnk_kernel_value')
+    hint = "add the transform pyg_grf.transforms.AddRWGNKFeatures (best as pre_transform)"
+    payload_keys = ('rwgnk',)
+
+    def payload(self, data: Any) -> Dict[str, Any]:
+        r"""``{'rwgnk': RWGNKPlan.build(data, [self])}``: the batch's plan with what this
+        layer's backend needs. Build it once per batch and pass it to every layer."""
+        return {'rwgnk': RWGNKPlan.build(data, [self])}
+
+    @classmethod
+    def plan_payload(cls, data: Any, layers: Sequence['GKATAttention']) -> Dict[str, Any]:
+        r"""``{'rwgnk': RWGNKPlan.build(data, layers)}``: one plan for all GKAT ``layers`` of a
+        model (what their backends need, built once; e.g. in DataLoader workers)."""
+        return {'rwgnk': RWGNKPlan.build(data, [m for m in layers if isinstance(m, cls)])}
+
+    def backend_for(self, plan: RWGNKPlan, dtype: torch.dtype = torch.float32) -> str:
+        r"""The backend this layer runs on ``plan``: its own, or for ``'auto'`` the pure cost
+        rule :func:`~pyg_grf.nn.attention.gkat.choose.choose_backend` on the plan's sizes and
+        the memory budget; nothing is built or allocated."""
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return layer_backend(self, plan, plan.psi_value.device, itemsize)
+
+    def forward(self, x: Tensor, batch: OptTensor = None, *,
+                rwgnk: Optional[RWGNKPlan] = None) -> Tensor:
+        r"""Runs the layer.
+
+        Args:
+            x (Tensor): ``[N, channels]`` node features, or ``[B, n, channels]``: ``B`` samples
+                on the one graph of the plan.
+            batch (Tensor, optional): ``[N]`` graph ids. Not needed for the result (the kernel
+                is block-diagonal); FAVOR+ (``'linear'``) stabilises the keys of each graph by
+                their own maximum with it.
+            rwgnk (RWGNKPlan): keyword only: the batch's plan (:meth:`payload`).
+        """
+        if not isinstance(rwgnk, RWGNKPlan):
+            raise (ValueError if rwgnk is None else TypeError)(
+                f"GKATAttention needs rwgnk=RWGNKPlan (layer.payload(batch) or "
+                f"GKATAttention.plan_payload(batch, layers), from the features of "
+                f"AddRWGNKFeatures), got {type(rwgnk).__name__}")
+        plan = rwgnk
+        if x.dim() == 3:  # B samples on one shared graph: the plan of B copies, for this call
+            if batch is not None:
+                raise ValueError("'batch' is not used with x of shape [B, n, channels] (every "
+                                 "sample is one copy of the shared graph)")
+            B, n = x.size(0), x.size(1)
+            if n != plan.num_nodes:
+                raise ValueError(f"x of shape {tuple(x.shape)} holds samples of {n} nodes, but "
+                                 f"the plan is of a graph of {plan.num_nodes} nodes")
+            out = self(x.reshape(B * n, -1),
+                       torch.arange(B, device=x.device).repeat_interleave(n),
+                       rwgnk=plan.repeat(B, [self]))
+            return out.view(B, n, -1)
+        if x.dim() != 2 or x.size(-1) != self.channels:
+            raise ValueError(f"'x' must have shape [N, {self.channels}], got {tuple(x.shape)}")
+        if x.size(0) != plan.num_nodes:
+            raise ValueError(f"'x' has {x.size(0)} rows but the RWGNK plan is of "
+                             f"{plan.num_nodes} nodes (build the plan from the same batch)")
+        N, H, C = x.size(0), self.heads, self.head_channels
+        backend = self.backend_for(plan, x.dtype)
+        sizes = plan_sizes(self, plan, x.element_size())
+        table = costs(self.mode, **sizes)
+        if backend not in table:  # 'sparse' on a cut mask
+            raise ValueError("backend='sparse' computes the exact kernel Psi Psi^T, but the "
+                             "mask here is cut (stored kernel pairs or threshold > 0): use "
+                             "backend='pairs' or 'auto'")
+        # the memory of whichever backend runs, estimated before it allocates
+        check_walk_memory(int(table[backend]['bytes']), x.device, None,
+                          f"GKATAttention(mode={self.mode!r}, backend={backend!r}) on "
+                          f"{N} nodes", "Use mode='linear' with backend='sparse' (never forms "
+                          "the kernel) or 'auto', or a threshold.", error=MemoryError)
+
+        # Values, one set per head: [N, H, C].
+        v = self.to_v(x).view(N, H, C)
+        if self.mode == 'linear':
+            phi_q = self.feature_map(self.to_q(x).view(N, H, C), is_query=True)
+            # Keys are stabilised per graph (never by a quantity of other graphs).
+            phi_k = apply_feature_map(self.feature_map, self.to_k(x).view(N, H, C),
+                                      batch=batch)
+            # Coefficient dropout without coefficients: whole key columns, numerator only.
+            v = key_dropout(v, self.dropout, self.training)
+            if backend == 'sparse':
+                out = sparse.forward(plan, phi_q, phi_k, v, self.eps)
+            elif backend == 'pairs':
+                out = pairs.linear_forward(plan.kernel_pairs(self.threshold, [H]), phi_q,
+                                           phi_k, v, self.eps)
+            else:
+                out = dense.linear_forward(plan, phi_q, phi_k, v, self.threshold, self.eps)
+        elif backend == 'pairs':
+            kp = plan.kernel_pairs(self.threshold, [H])
+            logits = self._logits(x, v, (kp.pattern.row, kp.pattern.col))  # [P, H]
+            out = pairs.softmax_forward(kp, logits, v, self.kernel_weighting, self.dropout,
+                                        self.training)
+        else:
+            out = dense.softmax_forward(plan, dense.logits(self, x, v, plan), v,
+                                        self.threshold, self.kernel_weighting, self.dropout,
+                                        self.training)
+
+        # Combine heads.
+        out = out.reshape(N, H * C) if self.concat else out.mean(dim=1)
+        if self.to_out is not None:
+            return self.to_out(out)
+        if self.bias is not None:
+            out = out + self.bias
+        return out
+
+    def _logits(self, x: Tensor, v: Tensor, pairs: Tuple[Tensor, Tensor]) -> Tensor:
+        r"""Logits :math:`e_{ij}` of ``score`` for the (query, key) ``pairs``, ``[P, H]``."""
+        N, H, C = v.shape
+        dst, src = pairs
+        if self.score == 'gat':
+            a_src = (v * self.att_src).sum(-1)  # [N, H]
+            a_dst = (v * self.att_dst).sum(-1)
+            return F.leaky_relu(a_dst[dst] + a_src[src], self.negative_slope)
+        q = self.to_q(x).view(N, H, C)
+        k = self.to_k(x).view(N, H, C)
+        return (q[dst] * k[src]).sum(-1) / math.sqrt(C)
+
+    def __repr__(self) -> str:
+        extra = f', mode={self.mode!r}'
+        if self.mode == 'linear':
+            extra += f', feature_map={self.feature_map_name!r}'
+        else:
+            extra += f', score={self.score!r}'
+        extra += f', threshold={self.threshold:g}' if self.threshold else ''
+        extra += f', backend={self.backend!r}' if self.backend != 'auto' else ''
+        extra += '' if self.concat else ', concat=False'
+        extra += '' if self.project else ', project=False'
+        return contract_repr(self, extra)

@@ -1,0 +1,254 @@
+r"""The per-batch plan of GKAT: :class:`RWGNKPlan`, built once per batch by a pure function of
+the data and the layers that will read it (FTFI paper, Sec. 4.2: the RWGNK features
+:math:`\Psi`, Eq. 5, and the kernel :math:`\mathcal{K} = \Psi\Psi^\top` on its nonzeros)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Iterable, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from pyg_grf._validation import check_index_range
+from pyg_grf.features.rwgnk import kernel_products, rwgnk_kernel
+from pyg_grf.ops import SparsePattern
+
+def _narrow(index: Tensor, bound: int) -> Tensor:
+    # int32 where the sizes allow: half the bytes in memory and when pickled
+    return index.to(torch.int32 if bound < 2 ** 31 - 1 else torch.long, copy=True)
+
+
+def _values(value: Tensor) -> Tensor:
+    # float32 unless the features are float64 (a float64 reference keeps its precision)
+    return value.detach().to(torch.float64 if value.dtype == torch.float64 else torch.float32,
+                             copy=True)
+
+
+@dataclass(frozen=True, eq=False)
+class KernelPairs:
+    r"""The support of the mask: the pairs :math:`(i, j)` with :math:`|\mathcal{K}_{ij}| >`
+    ``threshold`` in row-major order, their kernel values, and the prepared sparse pattern
+    (its CSR views, forward and transposed; :class:`~pyg_grf.ops.SparsePattern`)."""
+    index: Tensor      # [2, P] int32 where it fits
+    value: Tensor      # [P]
+    threshold: float
+    stored: bool       # the pairs stored by AddRWGNKFeatures(kernel_threshold=...)
+    pattern: SparsePattern
+
+    @classmethod
+    def make(cls, index: Tensor, value: Tensor, num_nodes: int, threshold: float,
+             stored: bool, heads: Iterable[int] = ()) -> 'KernelPairs':
+        if threshold > 0:
+            keep = value.abs() > threshold
+            index, value = index[:, keep], value[keep]
+        pattern = SparsePattern(index, (num_nodes, num_nodes))
+        if pattern.perm is not None:  # row-major order, so that the pattern needs no sort
+            index, value = index[:, pattern.perm], value[pattern.perm]
+            pattern = SparsePattern(index, (num_nodes, num_nodes), _trusted=True)
+        for h in sorted(set(heads)):
+            pattern.prepare(h)
+        return cls(_narrow(index, num_nodes), _values(value), float(threshold), stored, pattern)
+
+    def to(self, device) -> 'KernelPairs':
+        index = self.index.to(device)
+        pattern = SparsePattern(index, self.pattern.size, _trusted=True)
+        return replace(self, index=index, value=self.value.to(device), pattern=pattern)
+
+    def __reduce__(self):  # the pattern is rebuilt from the index: nothing heads-sized pickled
+        return (_unpickle_pairs, (self.index, self.value, self.threshold, self.stored,
+                                  self.pattern.size))
+
+
+def _unpickle_pairs(index, value, threshold, stored, size):
+    return KernelPairs(index, value, threshold, stored,
+                       SparsePattern(index, size, _trusted=True))
+
+
+@dataclass(frozen=True, eq=False)
+class RWGNKPlan:
+    r"""What every GKAT layer of a batch reads, built once per batch: the RWGNK features
+    :math:`\Psi` (FTFI paper, Sec. 4.2, Eq. 5) as a prepared sparse pattern with its values, the
+    graph boundaries, the sizes the backends are costed by, and, when a layer's backend needs
+    them, the kernel pairs :math:`\{(i, j): |\mathcal{K}_{ij}| > t\}` of
+    :math:`\mathcal{K} = \Psi\Psi^\top` (:class:`KernelPairs`).
+
+    The plan owns its tensors (copies, int32 indices where the sizes allow, float32 values
+    unless the features are float64): like PyG's ``GCNConv(cached=True)``, a plan is valid for
+    the data it was built from *as it was then*; an edit of the ``Data`` afterwards does not
+    change it (build a new plan for new data). It is immutable, moves with :meth:`to` and
+    pickles compactly (no per-head structures), so DataLoader workers can build it.
+
+    Build it with :meth:`build` (or ``GKATAttention.plan_payload(data, layers)`` for a whole
+    model); a layer given a plan without the structure its backend needs builds that structure
+    for the call only.
+    """
+    num_nodes: int
+    psi_index: Tensor            # [2, nnz] (start node, visited node), row-major
+    psi_value: Tensor            # [nnz]
+    psi: SparsePattern           # the prepared pattern of Psi (CSR and its transpose)
+    ptr: Tensor                  # [B + 1] graph boundaries (nodes of a graph are contiguous)
+    kernel_products: int         # sum_i c_i^2: products of Psi Psi^T, bounds the pairs
+    pairs: Optional[KernelPairs] = None
+    stored_pairs: Optional[Tuple[Tensor, Tensor]] = None  # AddRWGNKFeatures' pairs, as given
+
+    # Building ------------------------------------------------------------------------------
+
+    @classmethod
+    def build(cls, data: Any, layers: Iterable[Any] = (), prefix: str = 'rwgnk') -> 'RWGNKPlan':
+        r"""The plan of ``data`` (a ``Data`` or ``Batch`` with ``{prefix}_index`` and
+        ``{prefix}_value`` from :class:`~pyg_grf.transforms.AddRWGNKFeatures`, and
+        ``{prefix}_kernel_index`` / ``_value`` when the transform stored the kernel pairs) for
+        the GKAT ``layers`` that will read it: the kernel pairs are built when one of them may
+        run on them (its backend, or ``'auto'`` and the cost rule of :mod:`.choose`). A pure
+        function of the data and the layers' settings."""
+        missing = [f'{prefix}_{s}' for s in ('index', 'value')
+                   if getattr(data, f'{prefix}_{s}', None) is None]
+        if missing:
+            raise ValueError(f"the data has no RWGNK features {missing}: add the transform "
+                             f"pyg_grf.transforms.AddRWGNKFeatures (best as pre_transform)")
+        stored = (getattr(data, f'{prefix}_kernel_index', None),
+                  getattr(data, f'{prefix}_kernel_value', None))
+        ptr = getattr(data, 'ptr', None)
+        return cls.from_tensors(data[f'{prefix}_index'], data[f'{prefix}_value'],
+                                data.num_nodes, *stored, ptr=ptr, layers=layers)
+
+    @classmethod
+    def from_tensors(cls, index: Tensor, value: Tensor, num_nodes: Optional[int] = None,
+                     kernel_index: Optional[Tensor] = None,
+                     kernel_value: Optional[Tensor] = None, ptr: Optional[Tensor] = None,
+                     layers: Iterable[Any] = ()) -> 'RWGNKPlan':
+        r"""The plan of :math:`\Psi` given as tensors (``num_nodes``: :math:`N`, by default one
+        more than the largest index: every node visits itself, :math:`\Psi_{ii} > 0`)."""
+        if not isinstance(index, Tensor) or index.dim() != 2 or index.size(0) != 2:
+            raise ValueError(f"'rwgnk_index' must have shape [2, nnz], got {_shape(index)}")
+        if not isinstance(value, Tensor) or value.shape != (index.size(1), ):
+            raise ValueError(f"'rwgnk_value' must have shape [{index.size(1)}] to match "
+                             f"'rwgnk_index', got {_shape(value)}")
+        if (kernel_index is None) != (kernel_value is None):
+            raise ValueError("the kernel pairs need both 'rwgnk_kernel_index' and "
+                             "'rwgnk_kernel_value'")
+        if kernel_index is not None and (
+                kernel_index.dim() != 2 or kernel_index.size(0) != 2
+                or kernel_value.shape != (kernel_index.size(1), )):
+            raise ValueError(f"the kernel pairs must be (index [2, P], value [P]), got shapes "
+                             f"{_shape(kernel_index)} and {_shape(kernel_value)}")
+        if num_nodes is None:
+            num_nodes = int(index.max()) + 1 if index.numel() > 0 else 0
+        N = int(num_nodes)
+        check_index_range(index, N, "'rwgnk_index'", 'num_nodes', remember=False)
+        if kernel_index is not None:
+            check_index_range(kernel_index, N, "'rwgnk_kernel_index'", 'num_nodes',
+                              remember=False)
+        psi = SparsePattern(index, (N, N))
+        if psi.perm is not None:  # row-major, so the pattern is rebuilt without a sort
+            index, value = index[:, psi.perm], value[psi.perm]
+            psi = SparsePattern(index, (N, N), _trusted=True)
+        psi._transpose()  # the CSR view of Psi^T, prepared once
+        if ptr is None:
+            ptr = torch.tensor([0, N], device=index.device)
+        stored = None if kernel_index is None else (_narrow(kernel_index, N),
+                                                    _values(kernel_value))
+        plan = cls(N, _narrow(index, N), _values(value), psi, _narrow(ptr, N + 1),
+                   kernel_products(index, N), None, stored)
+        return plan.with_structures(layers)
+
+    def with_structures(self, layers: Iterable[Any]) -> 'RWGNKPlan':
+        r"""This plan with the kernel pairs built when one of ``layers`` may use them (a new
+        plan; this one is unchanged)."""
+        from pyg_grf.nn.attention.gkat.choose import needs_pairs
+        layers = list(layers)
+        users = [layer for layer in layers if needs_pairs(layer, self)]
+        if not users or (self.pairs is not None and
+                         self.pairs.threshold == users[0].threshold):
+            return self
+        return replace(self, pairs=self.kernel_pairs(users[0].threshold,
+                                                     heads=[u.heads for u in users]))
+
+    def kernel_pairs(self, threshold: float, heads: Iterable[int] = ()) -> KernelPairs:
+        r"""The kernel pairs above ``threshold``: this plan's when it holds them for that
+        threshold, else built now (the stored pairs when the data had them, else
+        :func:`rwgnk_kernel`); not kept."""
+        if self.pairs is not None and self.pairs.threshold == threshold:
+            return self.pairs
+        if self.stored_pairs is not None:
+            index, value = self.stored_pairs
+            return KernelPairs.make(index, value, self.num_nodes, threshold, True, heads)
+        index, value = rwgnk_kernel(self.psi_index, self.psi_value, self.num_nodes, threshold)
+        return KernelPairs.make(index, value, self.num_nodes, threshold, False, heads)
+
+    # Sizes (read by the cost rule) -----------------------------------------------------------
+
+    @property
+    def psi_nnz(self) -> int:
+        return self.psi_index.size(1)
+
+    @property
+    def num_graphs(self) -> int:
+        return self.ptr.numel() - 1
+
+    @property
+    def graph_sizes(self) -> Tensor:
+        return self.ptr[1:] - self.ptr[:-1]
+
+    @property
+    def max_graph_nodes(self) -> int:
+        return int(self.graph_sizes.max()) if self.num_graphs > 0 else 0
+
+    @property
+    def exact(self) -> bool:
+        r"""Whether the mask is all of :math:`\Psi\Psi^\top` (no stored pairs, which may have
+        been cut at a threshold): only then can the low-rank ``'sparse'`` backend run."""
+        return self.stored_pairs is None
+
+    # Moving, repeating -----------------------------------------------------------------------
+
+    def to(self, device) -> 'RWGNKPlan':
+        r"""The plan on ``device``."""
+        index = self.psi_index.to(device)
+        psi = SparsePattern(index, self.psi.size, _trusted=True)
+        psi._transpose()
+        stored = None if self.stored_pairs is None else tuple(t.to(device)
+                                                             for t in self.stored_pairs)
+        return replace(self, psi_index=index, psi_value=self.psi_value.to(device), psi=psi,
+                       ptr=self.ptr.to(device), stored_pairs=stored,
+                       pairs=None if self.pairs is None else self.pairs.to(device))
+
+    def repeat(self, copies: int, layers: Iterable[Any] = ()) -> 'RWGNKPlan':
+        r"""The plan of ``copies`` disjoint copies of this graph (copy ``c`` on nodes
+        ``c * N + i``), e.g. for ``x`` of shape ``[B, n, C]`` on one shared graph."""
+        N = self.num_nodes
+        if self.num_graphs != 1:
+            raise ValueError(f"x of shape [B, n, C] needs the plan of one graph, got a plan of "
+                             f"{self.num_graphs} graphs")
+
+        def rep(index: Tensor) -> Tensor:
+            off = torch.arange(copies, device=index.device).repeat_interleave(index.size(1))
+            return index.long().repeat(1, copies) + off * N
+        stored = None if self.stored_pairs is None else (
+            rep(self.stored_pairs[0]), self.stored_pairs[1].repeat(copies))
+        ptr = torch.arange(copies + 1, device=self.ptr.device) * N
+        return RWGNKPlan.from_tensors(rep(self.psi_index), self.psi_value.repeat(copies),
+                                      copies * N, *(stored or (None, None)), ptr=ptr,
+                                      layers=layers)
+
+    def __reduce__(self):  # patterns are rebuilt from the indices: compact pickles
+        return (_unpickle_plan, (self.num_nodes, self.psi_index, self.psi_value, self.ptr,
+                                 self.kernel_products, self.pairs, self.stored_pairs))
+
+    def __repr__(self) -> str:
+        pairs = '' if self.pairs is None else (f', pairs={self.pairs.index.size(1)}'
+                                               f'@{self.pairs.threshold:g}')
+        stored = '' if self.stored_pairs is None else \
+            f', stored_pairs={self.stored_pairs[0].size(1)}'
+        return (f'RWGNKPlan(num_nodes={self.num_nodes}, graphs={self.num_graphs}, '
+                f'psi_nnz={self.psi_nnz}{pairs}{stored})')
+
+
+def _unpickle_plan(num_nodes, index, value, ptr, products, pairs, stored):
+    psi = SparsePattern(index, (num_nodes, num_nodes), _trusted=True)
+    psi._transpose()
+    return RWGNKPlan(num_nodes, index, value, psi, ptr, products, pairs, stored)
+
+
+def _shape(t: Any) -> str:
+    return str(tuple(t.shape)) if isinstance(t, Tensor) else type(t).__name__
