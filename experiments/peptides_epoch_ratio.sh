@@ -17,8 +17,8 @@ export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 export PYG_GRF_MIRROR="${PYG_GRF_MIRROR:-$(cd .. && pwd)/shared/datasets}"
 mkdir -p "$OUT"
 declare -A ARGS=(
-  [gine]="--config experiments/configs/peptides_func_gine.yaml --model.init_args.model.init_args.hidden_channels=120"
-  [grf_gps]="--config experiments/configs/peptides_func_grf_gps.yaml"
+  [gine]="--config experiments/configs/peptides_func_grf.yaml --config experiments/configs/peptides_func_gine.yaml --model.init_args.model.init_args.hidden_channels=120"
+  [grf_gps]="--config experiments/configs/peptides_func_grf.yaml --config experiments/configs/peptides_func_grf_gps.yaml"
 )
 for cfg in gine grf_gps; do  # process and cache both dataset variants (untimed)
   pyg-grf fit ${ARGS[$cfg]} --trainer.fast_dev_run=true --trainer.default_root_dir="$OUT/prepare" \

@@ -7,6 +7,10 @@
 # Needs the offline mirror (PYG_GRF_MIRROR, default ../shared/datasets) and rdkit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+config_args() {  # the --config arguments of experiments/configs/$1.yaml: its base first
+  local base; base=$(sed -n 's/^# Overrides \([A-Za-z0-9_]*\.yaml\).*/\1/p' "experiments/configs/$1.yaml")
+  echo ${base:+--config experiments/configs/$base} --config "experiments/configs/$1.yaml"
+}
 ROOT=${1:-$(mktemp -d)}
 THREADS=${2:-1}
 export PYG_GRF_DATA="$ROOT" PYG_GRF_MIRROR="${PYG_GRF_MIRROR:-$(cd .. && pwd)/shared/datasets}"
@@ -32,7 +36,7 @@ for cfg in gine linear grf; do
   declare -A T
   for nb in 20 120; do
     s=$(date +%s.%N)
-    $PIN pyg-grf fit --config experiments/configs/peptides_func_$cfg.yaml \
+    $PIN pyg-grf fit $(config_args "peptides_func_$cfg") \
       --trainer.limit_train_batches $nb --trainer.limit_val_batches 0 --trainer.max_epochs 1 \
       --trainer.default_root_dir "$ROOT/runs/$cfg" --trainer.enable_progress_bar false \
       > "$ROOT/fit_${cfg}_$nb.log" 2>&1

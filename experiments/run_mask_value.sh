@@ -14,6 +14,10 @@
 #       experiments/results/peptides_mask_value.txt
 set -euo pipefail
 cd "$(dirname "$0")/.."
+config_args() {  # the --config arguments of experiments/configs/$1.yaml: its base first
+  local base; base=$(sed -n 's/^# Overrides \([A-Za-z0-9_]*\.yaml\).*/\1/p' "experiments/configs/$1.yaml")
+  echo ${base:+--config experiments/configs/$base} --config "experiments/configs/$1.yaml"
+}
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 digits() { python experiments/digits_grid.py --out experiments/results/digits_grid "$@"; }
 motifs() {  # motifs: GRF with the library's defaults and its unmasked-linear control
@@ -27,7 +31,7 @@ peptides() {  # seed, epochs, max_steps
   mkdir -p "$out"
   for cfg in grf_gps grf_gps_linear; do
     ( start=$(date +%s)
-      pyg-grf fit --test_after_fit=true --config "experiments/configs/peptides_func_$cfg.yaml" \
+      pyg-grf fit --test_after_fit=true $(config_args "peptides_func_$cfg") \
         --seed_everything="$1" --trainer.max_epochs="$2" $limit \
         --model.init_args.lr=0.001 --model.init_args.warmup_epochs=0.25 \
         --trainer.enable_progress_bar=false --trainer.default_root_dir="$out/$cfg" \

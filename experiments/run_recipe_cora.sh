@@ -11,10 +11,14 @@ CONFIGS=${4:-cora_gat cora_grf_gps}
 SEEDS=${5:-0 1 2 3 4}
 export PYG_GRF_MIRROR="${PYG_GRF_MIRROR:-$(cd .. && pwd)/shared/datasets}"
 mkdir -p "$OUT"
+config_args() {  # the --config arguments of experiments/configs/$1.yaml: its base first
+  local base; base=$(sed -n 's/^# Overrides \([A-Za-z0-9_]*\.yaml\).*/\1/p' "experiments/configs/$1.yaml")
+  echo ${base:+--config experiments/configs/$base} --config "experiments/configs/$1.yaml"
+}
 for cfg in $CONFIGS; do
   for seed in $SEEDS; do
     start=$(date +%s)
-    pyg-grf fit --config "experiments/configs/$cfg.yaml" --seed_everything "$seed" \
+    pyg-grf fit $(config_args "$cfg") --seed_everything "$seed" \
       --test_after_fit=true --trainer.max_epochs "$EPOCHS" \
       --trainer.default_root_dir "$OUT/$cfg/seed$seed" > "$OUT/${cfg}_$seed.log" 2>&1
     acc=$(grep -o "test/acc[^0-9]*[0-9.]*" "$OUT/${cfg}_$seed.log" | tail -1 | grep -o "[0-9.]*$")

@@ -9,8 +9,12 @@ OUT=${1:?usage: run_recipe_mutag.sh OUT_DIR [THREADS]}
 export OMP_NUM_THREADS=${2:-1}
 export PYG_GRF_MIRROR="${PYG_GRF_MIRROR:-$(cd .. && pwd)/shared/datasets}"
 mkdir -p "$OUT"
+config_args() {  # the --config arguments of experiments/configs/$1.yaml: its base first
+  local base; base=$(sed -n 's/^# Overrides \([A-Za-z0-9_]*\.yaml\).*/\1/p' "experiments/configs/$1.yaml")
+  echo ${base:+--config experiments/configs/$base} --config "experiments/configs/$1.yaml"
+}
 for cfg in ${CONFIGS:-mutag_gin_cv mutag_gine_cv mutag_grf_gps_cv mutag_grf_gps_linear_cv}; do
   start=$(date +%s)
-  pyg-grf cv --config "experiments/configs/$cfg.yaml" --out "$OUT/$cfg" > "$OUT/$cfg.log" 2>&1
+  pyg-grf cv $(config_args "$cfg") --out "$OUT/$cfg" > "$OUT/$cfg.log" 2>&1
   echo "$cfg: $(( $(date +%s) - start )) s" | tee -a "$OUT/times.txt"
 done

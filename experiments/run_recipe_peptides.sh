@@ -10,6 +10,10 @@
 # initialisation and the batch order (the walks are drawn once per dataset, seed 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+config_args() {  # the --config arguments of experiments/configs/$1.yaml: its base first
+  local base; base=$(sed -n 's/^# Overrides \([A-Za-z0-9_]*\.yaml\).*/\1/p' "experiments/configs/$1.yaml")
+  echo ${base:+--config experiments/configs/$base} --config "experiments/configs/$1.yaml"
+}
 OUT=${1:?usage: run_recipe_peptides.sh OUT_DIR [MINUTES] [SLOWDOWN_PERCENT] [SEED]}
 MIN=${2:-15}
 SLOW=${3:-100}
@@ -22,11 +26,11 @@ budget="--seed_everything=$SEED --trainer.max_time=00:00:$MIN:00 --model.init_ar
 # at 120 channels about 100 s per epoch)
 # each dataset variant (with and without walks) is processed once before the timed runs
 for cfg in gine grf_gps; do
-  pyg-grf fit --config "experiments/configs/peptides_func_$cfg.yaml" --trainer.fast_dev_run=true \
+  pyg-grf fit $(config_args "peptides_func_$cfg") --trainer.fast_dev_run=true \
     --trainer.default_root_dir="$OUT/prepare" > "$OUT/prepare_$cfg.log" 2>&1
 done
 run() {
-  pyg-grf fit --test_after_fit=true --config "experiments/configs/peptides_func_$1.yaml" $budget \
+  pyg-grf fit --test_after_fit=true $(config_args "peptides_func_$1") $budget \
     --trainer.max_epochs="$2" --trainer.enable_progress_bar=false ${3:-} \
     --trainer.default_root_dir="$OUT/$1" > "$OUT/$1.log" 2>&1
   echo "$1: $(grep -o "test/ap[^0-9]*[0-9.]*" "$OUT/$1.log" | tail -1)" | tee -a "$OUT/results.txt"

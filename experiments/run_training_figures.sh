@@ -17,9 +17,9 @@ run() {  # name, then CLI args
 }
 if [ "$stream" = tu_cora ]; then
   run mutag_grf_cv cv --config experiments/configs/mutag_grf_cv.yaml
-  run mutag_linear_cv cv --config experiments/configs/mutag_linear_cv.yaml
+  run mutag_linear_cv cv --config experiments/configs/mutag_grf_cv.yaml --config experiments/configs/mutag_linear_cv.yaml
   for s in 0 1 2 3 4; do
-    run cora_gat_s$s fit --test_after_fit=true --config experiments/configs/cora_gat.yaml --seed_everything=$s --trainer.max_epochs=100
+    run cora_gat_s$s fit --test_after_fit=true --config experiments/configs/cora_grf.yaml --config experiments/configs/cora_gat.yaml --seed_everything=$s --trainer.max_epochs=100
   done
   for s in 0 1 2 3 4; do
     run cora_grf_s$s fit --test_after_fit=true --config experiments/configs/cora_grf.yaml --seed_everything=$s --trainer.max_epochs=40
@@ -33,10 +33,10 @@ elif [ "$stream" = peptides_a ] || [ "$stream" = peptides_b ]; then
   budget="--trainer.max_time=00:00:30:00 --model.init_args.lr=0.001 --model.init_args.warmup_epochs=0.25"
   if [ "$stream" = peptides_a ]; then
     run peptides_grf fit --test_after_fit=true --config experiments/configs/peptides_func_grf.yaml $budget --trainer.max_epochs=4
-    run peptides_gine fit --test_after_fit=true --config experiments/configs/peptides_func_gine.yaml $budget --trainer.max_epochs=20
+    run peptides_gine fit --test_after_fit=true --config experiments/configs/peptides_func_grf.yaml --config experiments/configs/peptides_func_gine.yaml $budget --trainer.max_epochs=20
   else
-    run peptides_linear fit --test_after_fit=true --config experiments/configs/peptides_func_linear.yaml $budget --trainer.max_epochs=7
-    run peptides_samsa_cpu fit --test_after_fit=true --config experiments/configs/peptides_func_samsa_cpu.yaml $budget --trainer.max_epochs=3
+    run peptides_linear fit --test_after_fit=true --config experiments/configs/peptides_func_grf.yaml --config experiments/configs/peptides_func_linear.yaml $budget --trainer.max_epochs=7
+    run peptides_samsa_cpu fit --test_after_fit=true --config experiments/configs/peptides_func_samsa.yaml --config experiments/configs/peptides_func_samsa_cpu.yaml $budget --trainer.max_epochs=3
   fi
 else
   echo "unknown stream '$stream' (expected tu_cora, peptides_a or peptides_b)" >&2; exit 2

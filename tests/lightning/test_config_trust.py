@@ -153,7 +153,8 @@ def test_import_policy_is_restored(tmp_path):
 def test_shipped_configs_print(capsys):
     # --print_config and the other parse-only options still work for the shipped configs.
     with pytest.raises(SystemExit) as exc:
-        main(['fit', '--config', str(REPO / 'experiments/configs/motifs_grf_gpsconv.yaml'),
+        main(['fit', '--config', str(REPO / 'experiments/configs/motifs_grf.yaml'),
+              '--config', str(REPO / 'experiments/configs/motifs_grf_gpsconv.yaml'),
               '--print_config'])
     out = capsys.readouterr().out
     assert exc.value.code == 0 and 'class_path: torch_geometric.nn.GATConv' in out

@@ -11,6 +11,21 @@ pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 CONFIG_DIR = REPO / 'experiments' / 'configs'
 #: Every config in experiments/configs.
 CONFIGS = sorted(path.stem for path in CONFIG_DIR.glob('*.yaml'))
+
+
+def base_of(name):
+    """The base config a variant overrides (its '# Overrides <base>.yaml' line), or None."""
+    for line in (CONFIG_DIR / f'{name}.yaml').read_text().splitlines():
+        if line.startswith('# Overrides '):
+            return line.split()[2][:-len('.yaml')]
+    return None
+
+
+def config_args(name):
+    """The --config arguments of a config: its base first, then the config itself."""
+    base = base_of(name)
+    return ([] if base is None else ['--config', str(CONFIG_DIR / f'{base}.yaml')]) + \
+        ['--config', str(CONFIG_DIR / f'{name}.yaml')]
 #: One GKAT config per task family: synthetic motifs, TU cross-validation, citation, LRGB.
 GKAT_CONFIGS = ['motifs_gkat', 'mutag_gkat_cv', 'proteins_gkat_cv', 'cora_gkat',
                 'peptides_func_gkat']
@@ -20,11 +35,24 @@ def test_config_list():
     assert len(CONFIGS) >= 28 and set(GKAT_CONFIGS) <= set(CONFIGS)
 
 
+@pytest.mark.parametrize('name', [n for n in CONFIGS if base_of(n) is not None])
+def test_variant_says_only_what_differs(name):
+    # one level: a base stands alone; a variant is a short override of it
+    import yaml
+    base = base_of(name)
+    assert base in CONFIGS and base_of(base) is None
+    variant = yaml.safe_load((CONFIG_DIR / f'{name}.yaml').read_text())
+    assert set(variant) <= {'trainer', 'model', 'data', 'checkpoint', 'seed_everything'}
+    assert variant['trainer']['default_root_dir'] == f'runs/{name}'  # its own run folder
+    lines = [ln for ln in (CONFIG_DIR / f'{name}.yaml').read_text().splitlines()
+             if not ln.startswith('#')]
+    assert len(lines) < 30
+
+
 @pytest.mark.parametrize('name', CONFIGS)
 def test_config_instantiates(name, tmp_path):
     # Every key is checked and every class built (no data is loaded in __init__).
-    path = REPO / 'experiments' / 'configs' / f'{name}.yaml'
-    cli = GRFLightningCLI(args=['--config', str(path),
+    cli = GRFLightningCLI(args=[*config_args(name),
                                 f'--trainer.default_root_dir={tmp_path}'], run=False)
     model = cli.model.model
     if cli.model.task == 'regression':
@@ -57,8 +85,7 @@ def test_config_instantiates(name, tmp_path):
 def test_peptides_configs_run_on_standin(name, tmp_path):
     # The LRGB wiring (atom/bond encoders, 10 labels, AP) on tiny random stand-in graphs.
     from pyg_grf.lightning.cli import main
-    path = REPO / 'experiments' / 'configs' / f'{name}.yaml'
-    cli = main(['fit', '--config', str(path), f'--trainer.default_root_dir={tmp_path}',
+    cli = main(['fit', *config_args(name), f'--trainer.default_root_dir={tmp_path}',
                 '--trainer.fast_dev_run=true', '--trainer.accelerator=cpu',
                 '--trainer.enable_progress_bar=false', '--data.init_args.standin=8',
                 '--data.init_args.batch_size=4', '--test_after_fit=true'])
@@ -72,8 +99,7 @@ def test_other_lrgb_configs_run_on_standin(name, metric, tmp_path):
     # Peptides-struct (graph regression, MAE) and the superpixel datasets (node classification
     # on mini-batches of graphs, macro F1) on stand-ins with the real fields and shapes.
     from pyg_grf.lightning.cli import main
-    path = REPO / 'experiments' / 'configs' / f'{name}.yaml'
-    cli = main(['fit', '--config', str(path), f'--trainer.default_root_dir={tmp_path}',
+    cli = main(['fit', *config_args(name), f'--trainer.default_root_dir={tmp_path}',
                 '--trainer.fast_dev_run=true', '--trainer.accelerator=cpu',
                 '--trainer.enable_progress_bar=false', '--data.init_args.standin=8',
                 '--data.init_args.batch_size=4', '--test_after_fit=true'])
@@ -83,7 +109,7 @@ def test_other_lrgb_configs_run_on_standin(name, metric, tmp_path):
 def _fit_motifs_briefly(config: str, tmp_path):
     # Two training steps, one validation and one test batch of a motifs config, through the CLI.
     from pyg_grf.lightning.cli import main
-    return main(['fit', '--config', str(CONFIG_DIR / config),
+    return main(['fit', *config_args(config),
                  f'--trainer.default_root_dir={tmp_path}', '--trainer.max_epochs=1',
                  '--trainer.limit_train_batches=2', '--trainer.limit_val_batches=1',
                  '--trainer.limit_test_batches=1', '--trainer.enable_progress_bar=false',
@@ -92,7 +118,7 @@ def _fit_motifs_briefly(config: str, tmp_path):
 
 def test_gkat_motifs_config_runs(tmp_path):
     # A few steps of fit + test (test_after_fit: the test loop's inference tensors included).
-    cli = _fit_motifs_briefly('motifs_gkat.yaml', tmp_path)
+    cli = _fit_motifs_briefly('motifs_gkat', tmp_path)
     assert cli.trainer.global_step == 2
     assert {'test/acc', 'test/loss'} <= set(cli.trainer.callback_metrics)
     attn = [m for m in cli.model.model.blocks[0].modules() if type(m).__name__ == 'GKATAttention']
@@ -103,7 +129,7 @@ def test_gkat_motifs_config_runs(tmp_path):
 @pytest.mark.parametrize('name', ['mutag_gkat_cv', 'proteins_gkat_cv', 'cora_gkat'])
 def test_gkat_configs_run_on_real_data(name, mirror, tmp_path):
     from pyg_grf.lightning.cli import main
-    cli = main(['fit', '--config', str(CONFIG_DIR / f'{name}.yaml'),
+    cli = main(['fit', *config_args(name),
                 f'--trainer.default_root_dir={tmp_path}', '--trainer.max_epochs=1',
                 '--trainer.limit_train_batches=2', '--trainer.limit_val_batches=1',
                 '--trainer.limit_test_batches=1', '--test_after_fit=true'])
@@ -120,7 +146,7 @@ def test_gps_block_config_fits_and_reloads(tmp_path):
 
     from pyg_grf.lightning.tasks import GraphLevelTask
     from pyg_grf.nn import GRFGPSConv
-    cli = _fit_motifs_briefly('motifs_grf_gpsconv.yaml', tmp_path)
+    cli = _fit_motifs_briefly('motifs_grf_gpsconv', tmp_path)
     assert cli.trainer.global_step == 2
     assert {'test/acc', 'test/loss'} <= set(cli.trainer.callback_metrics)
     model = cli.model.model
