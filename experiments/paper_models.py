@@ -69,14 +69,19 @@ class CitationGKAT(torch.nn.Module):
                  threshold: float = 0.0, kernel_weighting: bool = True):
         super().__init__()
         self.dropout = dropout
-        kw = dict(mode=mode, dropout=dropout, threshold=threshold, cached=True,
+        kw = dict(mode=mode, dropout=dropout, threshold=threshold,
                   kernel_weighting=kernel_weighting, project=False)  # GAT-shaped layers
         self.conv1 = GKATAttention(in_channels, heads=heads, head_channels=hidden_channels, **kw)
         self.conv2 = GKATAttention(hidden_channels * heads, heads=1, head_channels=out_channels,
                                    concat=False, **kw)
+        self._plan = None
 
     def forward(self, data) -> Tensor:
-        rwgnk = RWGNKPlan.build(data)
+        # one fixed graph in full-batch training: its plan is built on the first call and kept,
+        # as GCNConv(cached=True) keeps its normalised graph (valid for that graph only)
+        if self._plan is None:
+            self._plan = GKATAttention.plan_payload(data, [self.conv1, self.conv2])['rwgnk']
+        rwgnk = self._plan
         x = F.dropout(data.x, self.dropout, self.training)
         x = F.elu(self.conv1(x, rwgnk=rwgnk))
         x = F.dropout(x, self.dropout, self.training)
