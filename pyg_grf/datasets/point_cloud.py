@@ -1,69 +1,43 @@
 r"""A generated point-cloud dynamics task: an elastic sheet simulated as a mass-spring system.
 
-The point-cloud experiment of the GRF paper (Reid et al., 2024, *Linear Transformer Topological
-Masking with Graph Random Features*, Sec. 4 "PCTs" and App. C.3) predicts the next-step update of
-tens of thousands of particles with a transformer whose attention is masked by GRFs on a k-nearest
-neighbour graph of the particles. Its data (robot videos unprojected to 3D particles) is not public;
-:class:`MassSpringDataset` is a seeded stand-in with the same structure: a cloud of :math:`N`
-particles, a kNN graph over their *current* positions, and a target that depends on each particle's
-neighbours within a few hops (spring forces), generated in memory with no download.
+The point-cloud experiment of the GRF paper (Reid et al., 2024, Sec. 4 "PCTs" and App. C.3)
+predicts the next-step update of tens of thousands of particles with attention masked by GRFs on a
+kNN graph of the particles; its data is not public. :class:`MassSpringDataset` is a seeded stand-in
+with the same structure: :math:`N` particles, a kNN graph over their *current* positions, and a
+target that depends on the neighbours within a few hops (spring forces), generated in memory.
 
-**The body.** :math:`N` particles on a jittered square lattice of spacing 1 in the plane
-:math:`z = 0` (the rest positions :math:`\mathbf{X}_i`), ``ceil(sqrt(N))`` per row; the particles on
-the outer rows and columns are pinned (a drum skin). Springs join every particle to its
-``spring_k`` nearest neighbours at rest (made symmetric). Each cloud draws its own stiffness
-:math:`\kappa`, pre-strain :math:`s` (The material is heterogeneous: stiffness :math:`\kappa_i`, pre-strain :math:`s_i`,
-velocity damping :math:`c_i` and the external acceleration :math:`\mathbf{g}_i` (gravity
-:math:`(0, 0, -g)` plus a random smooth force field) vary smoothly over the sheet (random fields,
-see below), and every particle draws its own mass :math:`m_i`. A spring takes the mean of its
-two ends' properties: :math:`\kappa_{ij} = (\kappa_i + \kappa_j)/2` and rest length
-:math:`L_{ij} = (1 - (s_i + s_j)/2)\,\lVert\mathbf{X}_i - \mathbf{X}_j\rVert`, so the pinned sheet
-is under tension and carries transverse waves. Every cloud thus covers the whole range of
-materials, and a model cannot learn per-cloud constants from a handful of training clouds.
+**The body.** Rest positions :math:`\mathbf{X}_i` on a jittered square lattice of spacing 1 in the
+plane :math:`z = 0`, ``ceil(sqrt(N))`` per row, the outer rows and columns pinned (a drum skin);
+springs join every particle to its ``spring_k`` nearest neighbours at rest (made symmetric).
+Stiffness :math:`\kappa_i`, pre-strain :math:`s_i`, damping :math:`c_i` and the external
+acceleration :math:`\mathbf{g}_i` (gravity :math:`(0, 0, -g)` plus a smooth force field) vary
+smoothly over the sheet; masses :math:`m_i` are drawn per particle. A spring takes the mean of its
+ends: :math:`\kappa_{ij} = (\kappa_i + \kappa_j)/2`, rest length :math:`L_{ij} = (1 - (s_i +
+s_j)/2)\,\lVert\mathbf{X}_i - \mathbf{X}_j\rVert` (the pinned sheet is under tension).
 
-**The dynamics.** With :math:`\mathbf{d}_{ij} = \mathbf{x}_j - \mathbf{x}_i` and
-:math:`w_i = 1/m_i` (:math:`0` for pinned particles), the spring (Hooke) force on particle :math:`i`
-and its acceleration are
+**The dynamics.** With :math:`\mathbf{d}_{ij} = \mathbf{x}_j - \mathbf{x}_i` and :math:`w_i = 1/m_i`
+(:math:`0` when pinned),
 
 .. math::
     \mathbf{F}_i = \sum_{j \in \mathcal{S}(i)} \kappa_{ij}\,\big(\lVert\mathbf{d}_{ij}\rVert
     - L_{ij}\big)\,\frac{\mathbf{d}_{ij}}{\lVert\mathbf{d}_{ij}\rVert}, \qquad
     \mathbf{a}_i = w_i\,\mathbf{F}_i + [w_i > 0]\,(\mathbf{g}_i - c_i\,\mathbf{v}_i),
 
-integrated by semi-implicit (symplectic) Euler with step :math:`\Delta t`:
-:math:`\mathbf{v} \leftarrow \mathbf{v} + \Delta t\,\mathbf{a}(\mathbf{x}, \mathbf{v})`, then
-:math:`\mathbf{x} \leftarrow \mathbf{x} + \Delta t\,\mathbf{v}`. One *frame* is ``substeps``
-such steps, so the motion of a particle over a frame depends on the particles up to ``substeps``
-spring hops away, most strongly on its direct neighbours.
+integrated by semi-implicit Euler (:math:`\mathbf{v} \leftarrow \mathbf{v} + \Delta t\,\mathbf{a}`,
+then :math:`\mathbf{x} \leftarrow \mathbf{x} + \Delta t\,\mathbf{v}`); a *frame* is ``substeps``
+steps, so a particle's motion over a frame depends on particles up to ``substeps`` hops away.
 
-**A sample.** The random fields are sums of ``num_modes`` plane waves
-:math:`\sum_m \mathbf{a}_m \sin(\mathbf{k}_m\cdot\mathbf{X} + \varphi_m)` with wavelengths in
-``wavelength`` lattice units and Gaussian amplitudes; a material property with range
-:math:`[a, b]` is :math:`a + (b - a)(1 + \tanh h(\mathbf{X}))/2` for such a field :math:`h` of unit
-RMS. The sheet starts from its rest state displaced and moving by such fields (zero at pinned
-particles), runs
-``warmup_frames`` frames, and then records the state :math:`(\mathbf{x}_t, \mathbf{v}_t)` and the
-target :math:`\mathbf{y} = \mathbf{x}_{t+1} - \mathbf{x}_t`, the displacement over the next frame.
-Spacing, modes and parameter ranges do not depend on :math:`N`, so every size poses the same local
-problem and errors are comparable across sizes.
-
-Each sample is a :class:`~torch_geometric.data.Data` with
-
-* ``pos`` ``[N, 3]``: current positions :math:`\mathbf{x}_t`;
-* ``x`` ``[N, 15]``: node features (:data:`FEATURE_NAMES`): displacement from rest
-  :math:`\mathbf{x}_t - \mathbf{X}` (3), the rest jitter (offset of :math:`\mathbf{X}_i` from its
-  lattice point, 2), velocity :math:`\mathbf{v}_t` (3), inverse mass :math:`w_i` (1; 0 when
-  pinned), :math:`\kappa_i, s_i, c_i` (3) and :math:`\mathbf{g}_i` (3). No absolute
-  position: the features are translation invariant, and no node can be told apart by position
-  alone (the task is local; an unmasked attention gains nothing from global position);
-* ``edge_index`` ``[2, E]``: the kNN graph over ``pos`` with ``graph_k`` neighbours per particle,
-  made symmetric (the graph a point-cloud model sees; it is not the spring graph);
-* ``y`` ``[N, 3]``: the displacement over the next frame;
-* ``rest_pos`` ``[N, 3]``: :math:`\mathbf{X}`.
-
-The cloud with index :math:`g` depends only on ``(seed, g)`` and the settings, not on
-``num_clouds``: clouds ``0..k-1`` are the same in every dataset of at least ``k`` clouds with the
-same seed.
+**A sample.** Random fields are sums of ``num_modes`` plane waves with wavelengths in
+``wavelength``; a property with range :math:`[a, b]` is :math:`a + (b - a)(1 + \tanh h)/2` for such
+a field :math:`h` of unit RMS. The sheet starts displaced and moving by such fields, runs
+``warmup_frames`` frames, then records :math:`(\mathbf{x}_t, \mathbf{v}_t)` and the target
+:math:`\mathbf{y} = \mathbf{x}_{t+1} - \mathbf{x}_t`. Nothing depends on :math:`N`, so errors are
+comparable across sizes. Each sample is a :class:`~torch_geometric.data.Data` with ``pos`` [N, 3]
+(:math:`\mathbf{x}_t`), ``x`` [N, 15] (:data:`FEATURE_NAMES`: displacement from rest, rest jitter,
+velocity, inverse mass, :math:`\kappa_i, s_i, c_i`, :math:`\mathbf{g}_i`; no absolute position),
+``edge_index`` (the symmetric kNN graph over ``pos``, ``graph_k`` neighbours, not the springs),
+``y`` [N, 3] and ``rest_pos`` [N, 3]. Cloud :math:`g` depends only on ``(seed, g)`` and the
+settings, not on ``num_clouds``.
 """
 from __future__ import annotations
 
@@ -227,80 +201,51 @@ class MassSpringDataset(GeneratedDataset):
 
     **STATS:** (defaults)
 
-    .. list-table::
-        :widths: 20 20 20 20
-        :header-rows: 1
-
-        * - #points
-          - #edges (kNN, directed, both ways)
-          - #features
-          - #targets
-        * - N
-          - ~7.4 N
-          - 15
-          - 3 (node-level regression)
+    ======= =================================== ========= ================================
+    #points #edges (kNN, directed, both ways)   #features #targets
+    ======= =================================== ========= ================================
+    N       ~7.4 N                              15        3 (node-level regression)
+    ======= =================================== ========= ================================
     """
     folder = 'MassSpringDataset'
 
-    def __init__(
-        self,
-        root: Optional[str] = None,
-        num_points: int = 8192,
-        num_clouds: int = 4,
-        seed: int = 0,
-        graph_k: int = 6,
-        spring_k: int = 8,
-        jitter: float = 0.1,
-        dt: float = 0.04,
-        substeps: int = 5,
-        warmup_frames: int = 2,
-        stiffness: Tuple[float, float] = (5., 20.),
-        prestrain: Tuple[float, float] = (0.02, 0.2),
-        damping: Tuple[float, float] = (0., 0.5),
-        mass: Tuple[float, float] = (0.5, 1.5),
-        gravity: float = 0.3,
-        forcing: float = 0.2,
-        num_modes: int = 8,
-        wavelength: Tuple[float, float] = (4., 16.),
-        displacement: Tuple[float, float] = (0.15, 1.5),
-        velocity: Tuple[float, float] = (0.05, 0.3),
-        transform: Optional[Callable] = None,
-        pre_transform: Optional[Callable] = None,
-        pre_filter: Optional[Callable] = None,
-        force_reload: bool = False,
-    ) -> None:
+    def __init__(self, root: Optional[str] = None, num_points: int = 8192, num_clouds: int = 4,
+                 seed: int = 0, graph_k: int = 6, spring_k: int = 8, jitter: float = 0.1,
+                 dt: float = 0.04, substeps: int = 5, warmup_frames: int = 2,
+                 stiffness: Tuple[float, float] = (5., 20.),
+                 prestrain: Tuple[float, float] = (0.02, 0.2),
+                 damping: Tuple[float, float] = (0., 0.5), mass: Tuple[float, float] = (0.5, 1.5),
+                 gravity: float = 0.3, forcing: float = 0.2, num_modes: int = 8,
+                 wavelength: Tuple[float, float] = (4., 16.),
+                 displacement: Tuple[float, float] = (0.15, 1.5),
+                 velocity: Tuple[float, float] = (0.05, 0.3), transform: Optional[Callable] = None,
+                 pre_transform: Optional[Callable] = None,
+                 pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
         _check_root(root)
         self.num_points = _positive_int('num_points', num_points, 16)
-        self.num_clouds = _positive_int('num_clouds', num_clouds)
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"'seed' must be an integer >= 0, got {seed!r}")
-        self.seed = int(seed)
-        self.graph_k = _positive_int('graph_k', graph_k)
-        self.spring_k = _positive_int('spring_k', spring_k)
+        self.seed = _positive_int('seed', seed, 0)
+        for name, value in (('num_clouds', num_clouds), ('graph_k', graph_k),
+                            ('spring_k', spring_k), ('substeps', substeps),
+                            ('num_modes', num_modes), ('warmup_frames', warmup_frames)):
+            setattr(self, name, _positive_int(name, value, 0 if name == 'warmup_frames' else 1))
         if max(self.graph_k, self.spring_k) >= self.num_points:
             raise ValueError(f"'graph_k' and 'spring_k' must be smaller than 'num_points' "
                              f"({self.num_points}), got {graph_k} and {spring_k}")
         if not 0.0 <= float(jitter) < 0.5:
             raise ValueError(f"'jitter' must lie in [0, 0.5) lattice spacings, got {jitter!r}")
-        self.jitter = float(jitter)
-        if not (math.isfinite(float(dt)) and float(dt) > 0):
-            raise ValueError(f"'dt' must be a positive number, got {dt!r}")
-        self.dt = float(dt)
-        self.substeps = _positive_int('substeps', substeps)
-        self.warmup_frames = _positive_int('warmup_frames', warmup_frames, 0)
+        for name, value, positive in (('dt', dt, True), ('gravity', gravity, False),
+                                      ('forcing', forcing, False)):
+            if not (math.isfinite(float(value)) and (float(value) > 0 or not positive
+                                                     and float(value) >= 0)):
+                what = 'positive number' if positive else 'number >= 0'
+                raise ValueError(f"'{name}' must be a {what}, got {value!r}")
+        self.jitter, self.dt = float(jitter), float(dt)
+        self.gravity, self.forcing = float(gravity), float(forcing)
         self.stiffness = _pair('stiffness', stiffness, strict=True)
         self.prestrain = _pair('prestrain', prestrain)
         if self.prestrain[1] >= 1.0:
             raise ValueError(f"'prestrain' must lie in [0, 1), got {prestrain!r}")
-        self.damping = _pair('damping', damping)
-        self.mass = _pair('mass', mass, strict=True)
-        if not (math.isfinite(float(gravity)) and float(gravity) >= 0):
-            raise ValueError(f"'gravity' must be a number >= 0, got {gravity!r}")
-        self.gravity = float(gravity)
-        if not (math.isfinite(float(forcing)) and float(forcing) >= 0):
-            raise ValueError(f"'forcing' must be a number >= 0, got {forcing!r}")
-        self.forcing = float(forcing)
-        self.num_modes = _positive_int('num_modes', num_modes)
+        self.damping, self.mass = _pair('damping', damping), _pair('mass', mass, strict=True)
         self.wavelength = _pair('wavelength', wavelength, strict=True)
         self.displacement = _pair('displacement', displacement)
         self.velocity = _pair('velocity', velocity)
