@@ -1,0 +1,130 @@
+r"""``bench/gpu_check.py``, the prepared GPU run of issue 34, in its CPU quick mode: every section
+runs the code it runs on a GPU, at tiny sizes, and writes numbers, so the script cannot rot while
+no GPU is at hand."""
+import importlib.util
+import json
+import math
+
+import pytest
+import torch
+from torch_geometric.utils import to_undirected
+
+from tests.conftest import REPO
+
+spec = importlib.util.spec_from_file_location('gpu_check', REPO / 'bench' / 'gpu_check.py')
+gpu_check = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(gpu_check)
+
+MEASURED = ('gps_step', 'knn', 'gkat', 'sync')
+
+
+def positive(v) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v) and v > 0
+
+
+@pytest.fixture(scope='module')
+def quick(tmp_path_factory):
+    out = tmp_path_factory.mktemp('gpu_check')
+    gpu_check.main(['--out', str(out), '--device', 'cpu', '--quick'])
+    return out, json.loads((out / 'gpu_check.json').read_text())
+
+
+def test_every_section_ran(quick):
+    out, R = quick
+    assert R['sections_run'] == list(gpu_check.SECTIONS)
+    for name in ('nvidia_smi', 'cuda_tests'):  # need a GPU
+        assert R['sections'][name]['status'] == 'skipped'
+        assert 'CUDA' in R['sections'][name]['reason']
+    for name in MEASURED:
+        s = R['sections'][name]
+        assert s['status'] == 'ok', (name, s.get('error'), s.get('traceback'))
+        assert s['rows'] and not any('error' in r for r in s['rows']), (name, s['rows'])
+        assert json.loads((out / 'sections' / f'{name}.json').read_text()) == s
+    md = (out / 'gpu_check.md').read_text()
+    for heading in ('## Whole GPS training step', '## One attention layer on kNN graphs',
+                    '## GKAT against GATConv', '## Host synchronisations inside one layer'):
+        assert heading in md
+
+
+def test_gps_step_columns_and_ratios(quick):
+    rows = quick[1]['sections']['gps_step']['rows']
+    cases = {(r['workload'], r['dtype'], r['column']) for r in rows}
+    assert cases == {(w, d, c) for w in ('molecule', 'tu') for d in ('fp32', 'bf16 autocast')
+                     for c in (gpu_check.MHA, gpu_check.PERF, gpu_check.GRF)}
+    for r in rows:
+        assert 'error' not in r, r
+        assert positive(r['ms']) and r['ms_q1'] <= r['ms'] <= r['ms_q3'], r
+        assert positive(r['ratio_vs_multihead']) and positive(r['ratio_vs_performer']), r
+        if r['column'] == gpu_check.MHA:
+            assert r['ratio_vs_multihead'] == 1.0
+
+
+def test_knn_sizes_methods_and_ratios(quick):
+    s = quick[1]['sections']['knn']
+    assert {(r['nodes'], r['method']) for r in s['rows']} == {
+        (n, m) for n in (64, 256) for m in ('performer', 'linear', 'grf')}
+    for r in s['rows']:
+        assert 'error' not in r, r
+        assert positive(r['ms']) and positive(r['first_ms']), r
+        assert positive(r['ratio_vs_performer']) and positive(r['ratio_vs_linear']), r
+        assert r['peak_bytes'] is None  # torch.cuda.max_memory_allocated: CUDA only
+    grf = [r for r in s['rows'] if r['method'] == 'grf']
+    assert all(r['grf_entries'] > r['nodes'] for r in grf)
+    assert s['largest_fit'] == {'performer': 256, 'linear': 256, 'grf': 256}
+    assert s['stopped'] == {}
+
+
+def test_gkat_against_gat(quick):
+    rows = quick[1]['sections']['gkat']['rows']
+    assert [r['layer'] for r in rows] == ['GATConv 8x8', 'GKAT softmax 8x8', 'GKAT linear 8x8']
+    assert not any('error' in r for r in rows), rows
+    assert all(positive(r['ms']) and positive(r['ratio_vs_gat']) for r in rows)
+    assert rows[0]['ratio_vs_gat'] == 1.0
+
+
+def test_sync_counts(quick):
+    rows = quick[1]['sections']['sync']['rows']
+    assert len(rows) == 10
+    for r in rows:
+        assert 'error' not in r, r
+        for call in ('first', 'second'):
+            assert r[f'{call}_total'] == 0  # no CUDA: sync debug mode inactive, nothing warns
+            assert r[f'{call}_forward'] == {'count': 0, 'where': {}}
+
+
+def test_knn_graph_is_exact_away_from_the_border():
+    side, k = 20, 8
+    n = side * side
+    ei = gpu_check.knn_graph(side, torch.device('cpu'), k=k)
+    gen = torch.Generator().manual_seed(0)  # the same points, brute force
+    ij = torch.stack(torch.meshgrid(torch.arange(side), torch.arange(side), indexing='ij'),
+                     -1).reshape(n, 2)
+    pos = ij.float() + (torch.rand(n, 2, generator=gen) - 0.5) * 0.6
+    dist = torch.cdist(pos, pos).fill_diagonal_(float('inf'))
+    nearest = dist.topk(k, largest=False).indices
+    inner = ((ij >= 2) & (ij < side - 2)).all(1).nonzero().view(-1)
+    ref = to_undirected(torch.stack([inner.repeat_interleave(k), nearest[inner].reshape(-1)]),
+                        num_nodes=n)
+    got = ei.edge_index[:, torch.isin(ei.edge_index[0], inner)]
+    # every true neighbour of an inner point is found, and nothing else comes from inner rows
+    got_pairs = set(map(tuple, got.t().tolist()))
+    ref_pairs = {p for p in map(tuple, ref.t().tolist()) if p[0] in set(inner.tolist())}
+    assert ref_pairs <= got_pairs
+    assert ei.edge_index.size(1) == to_undirected(ei.edge_index, num_nodes=n).size(1)
+
+
+def test_one_section_in_its_own_process(tmp_path):
+    gpu_check.main(['--out', str(tmp_path), '--device', 'cpu', '--quick', '--only', 'gkat',
+                    '--isolation', 'process'])
+    s = json.loads((tmp_path / 'gpu_check.json').read_text())['sections']['gkat']
+    assert s['status'] == 'ok', s.get('error')
+    assert all(positive(r['ratio_vs_gat']) for r in s['rows'])
+    assert (tmp_path / 'logs' / 'gkat.log').exists()
+
+
+def test_budget_and_bad_arguments(tmp_path):
+    gpu_check.main(['--out', str(tmp_path), '--device', 'cpu', '--quick', '--budget', '0'])
+    R = json.loads((tmp_path / 'gpu_check.json').read_text())
+    assert {s['status'] for s in R['sections'].values()} == {'skipped'}
+    with pytest.raises(SystemExit, match="unknown sections \\['gpu'\\]"):
+        gpu_check.main(['--out', str(tmp_path), '--device', 'cpu', '--only', 'gpu'])
