@@ -1,28 +1,19 @@
-r"""Lossless compact storage of collated PyG datasets (the file format of processed caches
-version 2, :mod:`pyg_grf.datasets.cache`).
+r"""Lossless compact storage of collated PyG datasets (the file format of the processed caches
+of :mod:`pyg_grf.datasets.cache`).
 
-An :class:`~torch_geometric.data.InMemoryDataset` keeps all graphs of a split as one collated
-:class:`~torch_geometric.data.Data` (collated with ``increment=False``: node indices stay local to
-their graph) plus ``slices``. :func:`compact_collated` rewrites its tensors in two lossless ways
-for the file, and :func:`restore_collated` undoes them when the file is loaded, so the dataset in
-memory, every graph and every batch are bit-identical to the uncompacted data (same values, same
-dtypes):
+:func:`compact_collated` rewrites the tensors of a collated dataset (``increment=False``: node
+indices local to their graph) in two lossless ways, and :func:`restore_collated` undoes them on
+load, so the data in memory, every graph and every batch are bit-identical (values and dtypes):
 
-* **narrow integers**: an integer tensor whose values all fit a smaller integer dtype
-  (``uint8``, ``int8``, ``int16``, ``int32``) is stored in the smallest one and cast back on
-  load. OGB's categorical atom and bond features (``int64`` ids below 120) take 1 byte instead
-  of 8; node indices local to graphs of fewer than 32,768 nodes take 2 bytes.
-* **sorted rows as counts**: an index attribute (a key containing ``index`` that PyG
-  concatenates along the last dimension) of shape ``[2, nnz]`` whose first row :math:`r` is
-  sorted within every graph is stored as its second row plus, per graph, the counts
-  :math:`c_i = |\{e : r_e = i\}|` for :math:`i = 0, \dots, \max r`; on load
-  :math:`r = (0, \dots, 0, 1, \dots)`, each :math:`i` repeated :math:`c_i` times. The walk
-  features of :class:`~pyg_grf.transforms.AddGraphRandomFeatures` (``grf_index``, sorted by
-  start node, then visited node and hop count) have about 13 entries per start node in
-  Peptides-func: 13 start-node ids become one count. Used only where it is smaller.
+* **narrow integers**: an integer tensor is stored in the smallest of ``uint8``, ``int8``,
+  ``int16``, ``int32`` that holds its values (OGB's categorical features: 1 byte instead of 8);
+* **sorted rows as counts**: an index attribute (a key containing ``index``, concatenated along the
+  last dimension) of shape ``[2, nnz]`` whose first row :math:`r` is sorted within every graph is
+  stored as its second row plus, per graph, the counts :math:`c_i = |\{e : r_e = i\}|`; the walk
+  features of :class:`~pyg_grf.transforms.AddGraphRandomFeatures` (``grf_index``, about 13
+  entries per start node in Peptides-func) store one count per start node. Used where smaller.
 
-Both choices are made per tensor from its values, so the format needs no knowledge of the
-dataset; the ``spec`` returned by :func:`compact_collated` records what was done.
+Both are chosen per tensor from its values; the returned ``spec`` records what was done.
 """
 from __future__ import annotations
 

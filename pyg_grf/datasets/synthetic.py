@@ -234,20 +234,11 @@ class MotifDataset(GeneratedDataset):
     """
     folder = 'MotifDataset'
 
-    def __init__(
-        self,
-        root: Optional[str] = None,
-        motif: str = 'caveman',
-        num_graphs: int = 4096,
-        seed: int = 0,
-        num_nodes: int = 100,
-        num_join_edges: int = 3,
-        features: str = 'neighbor_degrees',
-        transform: Optional[Callable] = None,
-        pre_transform: Optional[Callable] = None,
-        pre_filter: Optional[Callable] = None,
-        force_reload: bool = False,
-    ) -> None:
+    def __init__(self, root: Optional[str] = None, motif: str = 'caveman',
+                 num_graphs: int = 4096, seed: int = 0, num_nodes: int = 100,
+                 num_join_edges: int = 3, features: str = 'neighbor_degrees',
+                 transform: Optional[Callable] = None, pre_transform: Optional[Callable] = None,
+                 pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
         _check_root(root)
         self.motif_graph = motif_graph(motif)  # validates the name
         _check_graphs(features, num_graphs)
@@ -377,18 +368,10 @@ class InducedCycleDataset(GeneratedDataset):
     """
     folder = 'InducedCycleDataset'
 
-    def __init__(
-        self,
-        root: Optional[str] = None,
-        num_graphs: int = 4096,
-        seed: int = 0,
-        num_nodes: int = 50,
-        features: str = 'neighbor_degrees',
-        transform: Optional[Callable] = None,
-        pre_transform: Optional[Callable] = None,
-        pre_filter: Optional[Callable] = None,
-        force_reload: bool = False,
-    ) -> None:
+    def __init__(self, root: Optional[str] = None, num_graphs: int = 4096, seed: int = 0,
+                 num_nodes: int = 50, features: str = 'neighbor_degrees',
+                 transform: Optional[Callable] = None, pre_transform: Optional[Callable] = None,
+                 pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
         _check_root(root)
         _check_graphs(features, num_graphs)
         if num_nodes < 5:
