@@ -27,6 +27,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
+from pyg_grf.lightning.files import atomic_write
+
 
 def _atomic_trainer_save(trainer: 'pl.Trainer', filepath: str, weights_only: bool) -> None:
     tmp = f'{filepath}.{uuid.uuid4().hex[:8]}.part'
@@ -94,13 +96,9 @@ class EpochMetricsLog(Callback):
             return
         path = self._path(trainer)
         os.makedirs(osp.dirname(path), exist_ok=True)
-        tmp = f'{path}.{uuid.uuid4().hex[:8]}.part'
-        with open(tmp, 'w') as f:
+        with atomic_write(path) as f:  # never through a link planted at `path`
             for row in self.rows:
                 f.write(json.dumps(row, sort_keys=True) + '\n')
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
 
     def on_train_start(self, trainer: 'pl.Trainer', pl_module: 'pl.LightningModule') -> None:
         # After a resume: drop the rows of epochs the checkpoint does not hold.

@@ -62,9 +62,10 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from pyg_grf.lightning.callbacks import (AtomicModelCheckpoint, EpochMetricsLog,
                                         LearningCurvePlot, MallocTrim)
 from pyg_grf.lightning.checkpoints import (  # noqa: F401 (public names of this module)
-    best_checkpoint_of, check_local_ckpt_path, check_local_dirs, find_last_checkpoint,
-    resolve_ckpt_path,
-    reuse_log_version)
+    CheckpointError, CheckpointNotFoundError, CommandLineError, best_checkpoint_of,
+    check_checkpoint_file, check_local_ckpt_path, check_local_dirs, find_last_checkpoint,
+    resolve_ckpt_path, reuse_log_version)
+from pyg_grf.lightning.files import RunFolderError, atomic_write, check_run_folder
 from pyg_grf.lightning.specs import allowed_config_class_paths, check_config_class_paths
 
 # Imported so that short class names (``class_path: GraphLevelTask``) resolve too.
@@ -78,10 +79,8 @@ TRAINER_DEFAULTS: Dict[str, Any] = {
 }
 
 
-CV_EPILOG = ('Two more subcommands: `pyg-grf cv --config CONFIG [--folds 0,1] [--out DIR]` fits '
-             'and tests every fold of a TUDataModule config and writes a mean ± std table '
-             '(`pyg-grf cv --help`); `pyg-grf plot RUN_DIR` writes the learning curves of a run '
-             '(or the per-fold results of a cv run) as a PNG (`pyg-grf plot --help`).')
+CV_EPILOG = ('`pyg-grf cv` and `pyg-grf plot` are run by pyg-grf itself, with options of their '
+             'own: `pyg-grf cv --help`, `pyg-grf plot --help`.')
 
 #: Lightning log messages that ``pyg-grf`` drops (regular expressions): tips about other
 #: packages, and a notice about how the learning-rate schedule learns its length.
@@ -155,6 +154,27 @@ def quiet_logs(once: bool = False) -> Iterator[None]:
             handler.removeFilter(drop)
 
 
+@contextlib.contextmanager
+def package_log_lines() -> Iterator[None]:
+    r"""Inside the block, this package's INFO log lines (e.g. that the GRF join is being
+    compiled, :mod:`pyg_grf.features.join`) are printed to stderr, unless the program has
+    configured logging itself. Used by the ``pyg-grf`` command only."""
+    logger = logging.getLogger('pyg_grf')
+    if logger.handlers or logging.getLogger().handlers:
+        yield
+        return
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter('%(message)s'))
+    level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 # What configs may name ------------------------------------------------------------------------
 
 #: Extra classes the ``pyg-grf`` command may build from a config: comma-separated dotted names,
@@ -209,15 +229,128 @@ def config_import_policy(allowed: Iterable[str]) -> Iterator[None]:
         settings['import_path_verdicts'], settings['import_paths_enforced'] = saved
 
 
+#: The most nodes a YAML document may expand to through its aliases (``*name``). A config of
+#: this package has a few hundred; ten nested aliases of ten items each expand a 2 KB file to
+#: 10^10 leaves, which jsonargparse would walk for hours. Documents without aliases are not
+#: limited.
+MAX_YAML_NODES = 100_000
+
+
+class ConfigTooLargeError(ValueError):
+    r"""A YAML config (or command-line value) whose aliases expand it beyond
+    :data:`MAX_YAML_NODES` nodes."""
+
+
+def _expanded_yaml_nodes(text: str, limit: int) -> Tuple[int, int]:
+    r"""``(nodes, expanded)``: the nodes of the YAML document :obj:`text` as written, and as
+    expanded through its aliases (counted once per node, each shared node by its size, so the
+    count is linear in the file; stops above :obj:`limit`)."""
+    import yaml
+    from jsonargparse._loaders_dumpers import get_yaml_default_loader
+    loader = get_yaml_default_loader()(text)
+    try:
+        root = loader.get_single_node()
+    finally:
+        loader.dispose()
+    sizes: Dict[int, int] = {}
+    stack = [(root, False)] if root is not None else []
+    while stack:  # post-order, iteratively (nesting can be deep)
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        children = ([c for pair in node.value for c in pair] if isinstance(node, yaml.MappingNode)
+                    else list(node.value) if isinstance(node, yaml.SequenceNode) else [])
+        if not done:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+            continue
+        sizes[id(node)] = min(1 + sum(sizes[id(c)] for c in children), limit + 1)
+    return len(sizes), sizes.get(id(root), 0)
+
+
+@contextlib.contextmanager
+def bounded_yaml_loader(max_nodes: int = MAX_YAML_NODES) -> Iterator[None]:
+    r"""Inside the block, jsonargparse's YAML loader (configs and command-line values) first
+    counts what the document expands to through its aliases and refuses one beyond
+    :obj:`max_nodes` nodes (:class:`ConfigTooLargeError`, reported by the parser as one line)
+    before jsonargparse sees it: an "alias bomb" of 2 KB otherwise keeps the parser busy for
+    hours."""
+    from jsonargparse import _loaders_dumpers as loaders
+    mode = 'yaml'
+    saved = (loaders.loaders[mode], loaders.loader_exceptions.get(mode, ()))
+    load = saved[0]
+
+    def bounded_load(stream):
+        if isinstance(stream, str) and ('*' in stream or '<<' in stream):  # aliases only
+            import yaml
+            try:
+                nodes, expanded = _expanded_yaml_nodes(stream, max_nodes)
+            except yaml.YAMLError:
+                nodes = expanded = 0  # not YAML: the loader itself says so
+            if expanded > max_nodes and expanded > nodes:
+                raise ConfigTooLargeError(
+                    f"a YAML document of {len(stream)} characters whose aliases (*name) expand "
+                    f"it to more than {max_nodes} nodes (it has {nodes} as written) is "
+                    f"refused; write the values out or use fewer nested aliases")
+        return load(stream)
+
+    loaders.loaders[mode] = bounded_load
+    loaders.loader_exceptions[mode] = (*saved[1], ConfigTooLargeError)
+    try:
+        yield
+    finally:
+        loaders.loaders[mode] = saved[0]
+        loaders.loader_exceptions[mode] = saved[1]
+
+
+def _headline(message: str) -> str:
+    r"""The line of a jsonargparse error that says what is wrong: for a value that matches no
+    type of a union (``Does not validate against any of the Union subtypes``) the innermost
+    ``Parser key "...": <what>``, else the first line."""
+    lines = [line.strip() for line in message.strip().splitlines() if line.strip()]
+    if not lines:
+        return message
+    keys = [i for i, line in enumerate(lines) if line.startswith('Parser key')]
+    if len(keys) > 1 or (keys and 'Union subtypes' in message):
+        i = keys[-1]
+        what = lines[i + 1] if i + 1 < len(lines) and lines[i].endswith(':') else ''
+        return f'{lines[i]} {what}'.strip()
+    return lines[0] if len(lines[0]) > 12 or len(lines) == 1 else f'{lines[0]} {lines[1]}'
+
+
 class _GRFArgumentParser(LightningArgumentParser):
     r"""The parser of ``pyg-grf``: jsonargparse's hint on refused imports names our
     allow-lists and how to extend them."""
 
-    def error(self, message: str, *args: Any, **kwargs: Any):
+    def error(self, message: str, ex: Optional[Exception] = None):
         message = re.sub(r"Importing '([\w.]+)' is not allowed, denied by the '\*' entry of "
                          r"the import path denylist\.",
                          r"Refusing to import '\1': it is not in pyg-grf's allow-lists.", message)
-        return super().error(message.replace(_JSONARGPARSE_HINT, _REGISTER_HINT), *args, **kwargs)
+        message = message.replace(_JSONARGPARSE_HINT, _REGISTER_HINT)
+        try:
+            from jsonargparse._common import debug_mode_active
+            debug = debug_mode_active()
+        except ImportError:  # pragma: no cover - other jsonargparse versions
+            debug = False
+        if not self.exit_on_error or debug or callable(getattr(self, '_error_handler', None)):
+            return super().error(message, ex)
+        # The line that matters first, then the details; no usage (70 lines for `fit`).
+        self._logger.error(message)
+        parser = getattr(ex, 'subcommand_parser', None) or self
+        headline = _headline(message)
+        details = message.strip() if message.strip() != headline else ''
+        sys.stderr.write(f'error: {headline}\n')
+        if details:
+            sys.stderr.write('details: ' + details.replace('\n', '\n  ') + '\n')
+        sys.stderr.write(f"tip: for the accepted options run: "
+                         f"{parser.prog.replace(' [options]', '')} --help\n")
+        self.exit(2)
+
+
+#: Subcommands that only evaluate: they log no files (:meth:`GRFLightningCLI._instantiate_trainer`).
+EVALUATE_ONLY = ('validate', 'test', 'predict')
+#: Lightning's notice that a restored ModelCheckpoint's folder differs from this run's.
+DIRPATH_CHANGED = r'The dirpath has changed from'
 
 
 class GRFLightningCLI(LightningCLI):
@@ -233,21 +366,50 @@ class GRFLightningCLI(LightningCLI):
         trainer_defaults.update(kwargs.pop('trainer_defaults', None) or {})
         kwargs.setdefault('seed_everything_default', 0)
         kwargs.setdefault('save_config_kwargs', {'overwrite': True})
-        kwargs.setdefault('parser_kwargs', {'epilog': CV_EPILOG})
+        kwargs.setdefault('parser_kwargs', {'epilog': CV_EPILOG, 'prog': 'pyg-grf'})
         if 'parser_class' in inspect.signature(LightningCLI.__init__).parameters:
             kwargs.setdefault('parser_class', _GRFArgumentParser)
         self.trusted_classes = trusted_classes_from_env()
-        with config_import_policy([*allowed_config_class_paths(), *self.trusted_classes]):
+        with config_import_policy([*allowed_config_class_paths(), *self.trusted_classes]), \
+                bounded_yaml_loader():
             super().__init__(pl.LightningModule, pl.LightningDataModule, subclass_mode_model=True,
                              subclass_mode_data=True, trainer_defaults=trainer_defaults,
                              args=None if args is None else list(args), run=run, **kwargs)
 
+    def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
+        super()._add_subcommands(parser, **kwargs)
+        # Listed in `pyg-grf --help` beside Lightning's four; `main` runs them.
+        for name, text in (('cv', 'k-fold cross-validation of a TUDataModule config: fit and '
+                                  'test every fold, then a mean ± std table.'),
+                           ('plot', 'learning curves of a run (or per-fold results of a cv '
+                                    'run) as a PNG: pyg-grf plot RUN_DIR.')):
+            parser._subcommands_action.add_subcommand(
+                name, self.init_parser(description=text, prog=f'pyg-grf {name}'), help=text)
+
+    def _input_error(self, exc: Exception) -> CommandLineError:
+        # one line, status 2, like the parser's errors
+        sys.stderr.write(f'error: {exc}\n')
+        return CommandLineError(str(exc))
+
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
         super().parse_arguments(parser, args)
         subcommand = self.config.get('subcommand')
-        if subcommand:  # refused before anything reads it (Lightning's CLI does next)
-            check_local_ckpt_path(self.config[subcommand].get('ckpt_path'))
-            check_local_dirs(self.config[subcommand])
+        if subcommand in ('cv', 'plot'):
+            raise self._input_error(ValueError(
+                f"`{subcommand}` runs through pyg_grf.lightning.cli.main (the pyg-grf command), "
+                f"not GRFLightningCLI"))
+        config = self.config[subcommand] if subcommand else self.config
+        # refused before anything reads them (Lightning's CLI reads --ckpt_path's
+        # hyperparameters next)
+        try:
+            check_local_dirs(config)
+            if subcommand:
+                ckpt_path = config.get('ckpt_path')
+                check_local_ckpt_path(ckpt_path)
+                if isinstance(ckpt_path, (str, os.PathLike)) and osp.isfile(ckpt_path):
+                    check_checkpoint_file(os.fspath(ckpt_path), resume=subcommand == 'fit')
+        except ValueError as exc:
+            raise self._input_error(exc) from None
 
     def before_instantiate_classes(self) -> None:
         # The parsed config (with what LightningCLI took from --ckpt_path's hyperparameters):
@@ -274,18 +436,55 @@ class GRFLightningCLI(LightningCLI):
             extra.append(LearningCurvePlot())
         if malloc_tuned():  # keep the resident memory of the tuned allocator bounded
             extra.append(MallocTrim())
+        if self.subcommand in EVALUATE_ONLY:
+            # validate / test / predict print their metrics and write nothing: no new empty
+            # version_<N> log folder (with a copy of the config) per evaluation
+            config = dict(config, logger=False)
+            saved, self.save_config_callback = self.save_config_callback, None
+            try:
+                return super()._instantiate_trainer(config, list(callbacks) + extra)
+            finally:
+                self.save_config_callback = saved
         return super()._instantiate_trainer(config, list(callbacks) + extra)
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        with warnings.catch_warnings():
+            if subcommand in EVALUATE_ONLY:  # it saves no checkpoint: the notice is noise
+                warnings.filterwarnings('ignore', message=DIRPATH_CHANGED)
+            super()._run_subcommand(subcommand)
 
     def _prepare_subcommand_kwargs(self, subcommand: str) -> Dict[str, Any]:
         kwargs = super()._prepare_subcommand_kwargs(subcommand)
         ckpt_path = kwargs.get('ckpt_path')
-        if ckpt_path is not None:
-            kwargs['ckpt_path'] = resolve_ckpt_path(self.trainer, ckpt_path, subcommand)
-            if 'weights_only' in kwargs and kwargs['weights_only'] is None:
-                kwargs['weights_only'] = True  # tensors and plain data only: no code
+        try:
+            if ckpt_path is not None:
+                kwargs['ckpt_path'] = resolve_ckpt_path(self.trainer, ckpt_path, subcommand)
+                if 'weights_only' in kwargs and kwargs['weights_only'] is None:
+                    kwargs['weights_only'] = True  # tensors and plain data only: no code
+                resolved = kwargs['ckpt_path']
+                if resolved != ckpt_path and resolved not in ('last', 'best', 'hpc'):
+                    check_checkpoint_file(resolved, resume=subcommand == 'fit')
+                if subcommand == 'fit':
+                    reuse_log_version(self.trainer, kwargs['ckpt_path'])
             if subcommand == 'fit':
-                reuse_log_version(self.trainer, kwargs['ckpt_path'])
+                self._check_run_folders()
+        except (CheckpointError, RunFolderError) as exc:
+            raise self._input_error(exc) from None
         return kwargs
+
+    def _check_run_folders(self) -> None:
+        # Lightning writes metrics.csv, hparams.yaml and config.yaml following links: the log
+        # folder must hold none and lie below the logger's save_dir through real folders (a
+        # fresh version_<N> holds nothing). Checkpoints are renamed into place (no link is
+        # followed), so their folder is checked as a path only.
+        trainer = self.trainer
+        for logger in trainer.loggers:
+            save_dir, log_dir = getattr(logger, 'save_dir', None), getattr(logger, 'log_dir', None)
+            if isinstance(save_dir, str) and isinstance(log_dir, str):
+                check_run_folder(log_dir, save_dir, names=None)
+                check_run_folder(osp.join(log_dir, 'checkpoints'), save_dir)
+        if not trainer.loggers:  # the config is saved into default_root_dir itself
+            check_run_folder(trainer.default_root_dir, names=('config.yaml', ))
 
     def after_fit(self) -> None:
         if not self.config[self.subcommand].get('test_after_fit'):
@@ -343,6 +542,11 @@ def run_cv(argv: Sequence[str]) -> List[Dict[str, Any]]:
                         help='write cv_results.png (per-fold results) and every fold\'s '
                         'learning_curves.png (default: true; needs matplotlib)')
     opts, rest = parser.parse_known_args(list(argv))
+    if opts.out is not None:
+        try:
+            check_local_dirs({'trainer': {'default_root_dir': opts.out}})
+        except ValueError as exc:
+            parser.error(str(exc).replace('--trainer.default_root_dir', '--out'))
     rest = [*rest, f'--plot={opts.plot}']
     with warnings.catch_warnings():
         # The folds' CLIs get their arguments from here, not from sys.argv.
@@ -392,9 +596,9 @@ def _run_folds(opts: argparse.Namespace, rest: List[str]) -> List[Dict[str, Any]
             f'{k} {v:.4f}' for k, v in row.items() if k != 'fold'), flush=True)
         # Rewrite after every fold, so a stopped run keeps what it has.
         table = cv_table(results, title=f'{len(results)}/{len(folds)} folds')
-        with open(osp.join(out, 'cv_results.md'), 'w') as f:
+        with atomic_write(osp.join(out, 'cv_results.md')) as f:
             f.write(table)
-        with open(osp.join(out, 'cv_results.json'), 'w') as f:
+        with atomic_write(osp.join(out, 'cv_results.json')) as f:
             json.dump({'folds': results}, f, indent=2)
     print(table)
     print(f'written to {osp.join(out, "cv_results.md")}')
@@ -441,7 +645,7 @@ def main(args: Optional[Sequence[str]] = None):
     if argv and argv[0] == 'plot':
         return run_plot(argv[1:])
     tune_malloc()
-    with quiet_logs(once=bool(argv) and argv[0] == 'cv'):
+    with quiet_logs(once=bool(argv) and argv[0] == 'cv'), package_log_lines():
         if argv and argv[0] == 'cv':
             return run_cv(argv[1:])
         return GRFLightningCLI(args=args)  # None: LightningCLI reads sys.argv itself
@@ -451,7 +655,11 @@ def console_main() -> int:
     r"""The ``pyg-grf`` console script: runs :func:`main` and exits with status 0 on success
     (``main`` returns the CLI object or the CV results, which the console-script wrapper would
     print and turn into exit status 1)."""
-    main()
+    try:
+        main()
+    except CheckpointNotFoundError as exc:  # `--ckpt_path best` without one: a bad input
+        sys.stderr.write(f'error: {exc}\n')
+        return 2
     return 0
 
 

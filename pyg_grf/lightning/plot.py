@@ -25,6 +25,8 @@ import os.path as osp
 import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
+from pyg_grf.lightning.files import atomic_write, check_run_folder
+
 #: A series: ``(epoch, value)`` pairs in epoch order.
 Series = List[Tuple[int, float]]
 #: Panels of a learning-curve plot: panel name (``'loss'`` or the metric) -> split -> series.
@@ -58,6 +60,19 @@ def _drawing(source: str, values: List[float]) -> Iterator[None]:
         largest = max((abs(v) for v in values), default=0.)
         raise ValueError(f"matplotlib could not draw the values of '{source}' ({exc}); the "
                          f"largest absolute value is {largest:.3g}") from None
+
+
+def _save_png(fig: Any, out: str) -> None:
+    r"""Saves :obj:`fig` as a PNG at :obj:`out` through
+    :func:`~pyg_grf.lightning.files.atomic_write`: a new file beside it, renamed into place, so
+    a symbolic link planted at :obj:`out` is replaced, never written through."""
+    with atomic_write(out, 'wb') as f:
+        fig.savefig(f, format='png', dpi=100)
+
+
+def _check_inside(out: str, folder: str) -> None:
+    # the default PNG goes into the run folder the user named, reached through real folders
+    check_run_folder(osp.dirname(osp.abspath(out)), folder)
 
 
 def has_matplotlib() -> bool:
@@ -253,13 +268,15 @@ def plot_learning_curves(run_dir: str, out: Optional[str] = None,
         ValueError: the run has no finished epoch.
         ImportError: matplotlib is not installed.
     """
-    run_dir = find_run_dir(run_dir)
+    root, run_dir = run_dir, find_run_dir(run_dir)
     rows = read_epoch_metrics(run_dir)
     panels = learning_curve_panels(rows, monitor or _monitor_of(run_dir))
     if not panels:
         raise ValueError(f"no epoch-level loss or metric in '{run_dir}' (expected rows with "
                          f"'train/loss' or 'val/loss'; the run has {len(rows)} finished epochs)")
-    out = out or osp.join(run_dir, LEARNING_CURVES)
+    if out is None:
+        out = osp.join(run_dir, LEARNING_CURVES)
+        _check_inside(out, root)
     fig, axes = _matplotlib_figure(4.5, 3.4, len(panels))
     with _drawing(run_dir, [v for data in panels.values() for points in data.values()
                             for _, v in points]):
@@ -272,7 +289,7 @@ def plot_learning_curves(run_dir: str, out: Optional[str] = None,
             ax.grid(alpha=0.3)
             ax.legend()
         fig.suptitle(osp.relpath(run_dir), fontsize=9)
-        fig.savefig(out, dpi=100)
+        _save_png(fig, out)
     return out, panels
 
 
@@ -324,7 +341,7 @@ def plot_cv_results(cv_dir: str, out: Optional[str] = None
             ax.axhspan(mean - std, mean + std, color='tab:red', alpha=0.15)
             ax.set_title(f'{name}: {mean:.4f} ± {std:.4f}', fontsize=9)
             ax.set_xlabel('fold')
-        fig.savefig(out, dpi=100)
+        _save_png(fig, out)
     return out, results
 
 

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from pyg_grf.lightning.cli import cv_table, main, run_cv
@@ -232,3 +234,88 @@ def test_resume_keeps_the_earlier_epochs_in_metrics_csv(tmp_path):
     # every epoch's validation row once (no duplicates from the resume)
     val = [int(float(r['epoch'])) for r in rows if r.get('val/loss')]
     assert sorted(val) == [0, 1, 2, 3]
+
+
+# What a user sees --------------------------------------------------------------------------
+
+
+def test_help_lists_cv_and_plot(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(['--help'])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    listed = re.findall(r'^    (\w+) ', out.split('Available subcommands:')[1], re.M)
+    assert listed == ['fit', 'validate', 'test', 'predict', 'cv', 'plot']
+
+
+def test_a_bad_override_prints_the_line_that_matters_first(tmp_path, capsys):
+    config = write_config(tmp_path / 'base.yaml', tiny_config(tmp_path / 'run'))
+    with pytest.raises(SystemExit) as exc:
+        main(['fit', '--config', config, '--model.init_args.lr=fast'])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == 'error: Parser key "lr": Expected a <class \'float\'>. Got value: fast'
+    assert err[-1] == 'tip: for the accepted options run: pyg-grf fit --help'
+    assert len(err) < 20 and not any(line.startswith('usage:') for line in err)
+
+
+def test_test_writes_no_new_version_folder_and_no_dirpath_notice(tmp_path):
+    import warnings
+    config = write_config(tmp_path / 'tiny.yaml',
+                          tiny_config(tmp_path / 'run', limit_train_batches=1,
+                                      limit_val_batches=1, limit_test_batches=1))
+    cli = main(['fit', '--config', config, '--plot=false'])
+    last = cli.trainer.checkpoint_callback.last_model_path
+    logs = tmp_path / 'run' / 'lightning_logs'
+    before = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns)
+                    for p in (tmp_path / 'run').rglob('*'))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        cli = main(['test', '--config', config, f'--ckpt_path={last}'])
+    assert 'test/acc' in cli.trainer.callback_metrics
+    assert sorted(p.name for p in logs.iterdir()) == ['version_0']
+    after = sorted((p.relative_to(tmp_path), p.stat().st_mtime_ns)
+                   for p in (tmp_path / 'run').rglob('*'))
+    assert after == before  # nothing written into the run either
+    assert not [w for w in caught if 'dirpath has changed' in str(w.message)]
+
+
+def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path, capsys):
+    import time
+    text = (tmp_path / 'base.yaml')
+    write_config(text, tiny_config(tmp_path / 'run'))
+    lines = ['bomb0: &a0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]'] + [
+        f"bomb{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)]
+    bomb = tmp_path / 'bomb.yaml'
+    bomb.write_text(text.read_text() + '\n'.join(lines) + '\n')  # 10^8 leaves, 1.5 KB
+    start = time.perf_counter()
+    with pytest.raises(SystemExit) as exc:
+        main(['fit', '--config', str(bomb)])
+    assert time.perf_counter() - start < 30
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert 'whose aliases (*name) expand it to more than 100000 nodes' in err
+    # an alias bomb as a command-line value too
+    with pytest.raises(SystemExit):
+        main(['fit', '--config', str(text), '--trainer.max_epochs=' + ' '.join(
+            ['[&a [1,1,1,1,1,1,1,1,1,1],'] + [f'&b{i} [{",".join(["*a" if i == 0 else f"*b{i-1}"] * 10)}],'
+                                            for i in range(7)] + ['0]'])])
+
+
+def test_aliases_in_an_ordinary_config_still_work(tmp_path):
+    from pyg_grf.lightning.cli import _expanded_yaml_nodes
+    # 9 nodes as written (the mappings, keys, list and items); 15 with *x expanded twice
+    assert _expanded_yaml_nodes('a: &x [1, 2]\nb: *x\nc: {d: *x}\n', 100) == (9, 15)
+    assert _expanded_yaml_nodes('a: 1\n', 100) == (3, 3)
+    config = tiny_config(tmp_path / 'run', limit_train_batches=1, limit_val_batches=1)
+    text = write_config(tmp_path / 'c.yaml', config)
+    with open(text) as f:
+        body = f.read()
+    assert body.count('max_length: 2') == 2  # the walks' and the model's: one value, named once
+    body = body.replace('max_length: 2', 'max_length: &len 2', 1).replace('max_length: 2',
+                                                                          'max_length: *len')
+    with open(text, 'w') as f:
+        f.write(body)
+    cli = main(['fit', '--config', text, '--trainer.fast_dev_run=true'])
+    model = cli.config.fit.model.init_args.model.init_args
+    assert model.attn_kwargs['max_length'] == 2

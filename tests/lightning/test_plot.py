@@ -1,5 +1,6 @@
 import csv
 import json
+import os
 import sys
 
 import pytest
@@ -218,3 +219,53 @@ def test_plot_odd_monitors_and_huge_numbers(tmp_path, capsys):
     assert main(['plot', str(csv_run)])['data']['loss']['train'] == [(0, 1.0)]
     (csv_run / 'metrics.csv').write_bytes(b'epoch,step,train/loss\n0,1,\xff\n')
     assert "metrics.csv' is not UTF-8 text (byte 26: b'\\xff')" in error_of(csv_run)
+
+
+# Nothing is written outside the run folder -------------------------------------------------
+
+class _FakeFigure:
+    def savefig(self, f, format, dpi):
+        f.write(PNG_MAGIC + b'fake')
+
+
+def test_png_is_saved_beside_a_planted_link_not_through_it(tmp_path):
+    # without matplotlib: the writer itself
+    from pyg_grf.lightning.plot import _save_png
+    target = tmp_path / 'victim'
+    target.write_bytes(b'keep me')
+    (tmp_path / 'learning_curves.png').symlink_to(target)
+    _save_png(_FakeFigure(), str(tmp_path / 'learning_curves.png'))
+    assert target.read_bytes() == b'keep me'
+    png = tmp_path / 'learning_curves.png'
+    assert not png.is_symlink() and png.read_bytes() == PNG_MAGIC + b'fake'
+
+
+@pytest.mark.parametrize('kind', ['fit', 'cv'])
+def test_plot_never_writes_through_a_link_in_the_run_folder(tmp_path, kind):
+    pytest.importorskip('matplotlib')
+    victim = tmp_path / 'victim.txt'
+    victim.write_text('keep me')
+    run = tmp_path / 'run'
+    if kind == 'fit':
+        _write_rows(run, ROWS)
+        png = run / 'learning_curves.png'
+    else:
+        run.mkdir()
+        (run / 'cv_results.json').write_text(json.dumps({'folds': [{'fold': 0, 'acc': 0.5}]}))
+        png = run / 'cv_results.png'
+    png.symlink_to(victim)
+    assert main(['plot', str(run)])['path'] == str(png)
+    assert victim.read_text() == 'keep me'
+    assert not png.is_symlink() and png.read_bytes()[:8] == PNG_MAGIC
+
+
+def test_plot_refuses_a_version_folder_that_is_a_link(tmp_path, capsys):
+    elsewhere = tmp_path / 'elsewhere'
+    _write_rows(elsewhere, ROWS)
+    (tmp_path / 'run' / 'lightning_logs').mkdir(parents=True)
+    (tmp_path / 'run' / 'lightning_logs' / 'version_0').symlink_to(elsewhere)
+    with pytest.raises(SystemExit) as exc:
+        main(['plot', str(tmp_path / 'run')])
+    assert exc.value.code == 2
+    assert "version_0' is a symbolic link" in capsys.readouterr().err
+    assert sorted(os.listdir(elsewhere)) == ['epoch_metrics.jsonl']
