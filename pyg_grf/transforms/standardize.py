@@ -48,6 +48,11 @@ class Standardize(BaseTransform):
             self.mean = {a: torch.as_tensor(mean[a], dtype=torch.float) for a in self.attrs}
             self.std = {a: torch.as_tensor(std[a], dtype=torch.float).clamp_min(self.eps)
                         for a in self.attrs}
+            bad = [a for a in self.attrs if not (torch.isfinite(self.mean[a]).all()
+                                                 and torch.isfinite(self.std[a]).all())]
+            if bad:
+                raise ValueError(f"'mean' and 'std' must be finite numbers, got NaN or inf for "
+                                 f"{bad}")
 
     def fit(self, graphs: Iterable[Data]) -> 'Standardize':
         r"""Fits the statistics on :obj:`graphs` (a dataset or any iterable of ``Data``; a
@@ -61,6 +66,14 @@ class Standardize(BaseTransform):
         if not rows[self.attrs[0]]:
             raise ValueError("Standardize.fit() needs at least one graph")
         cat = {a: torch.cat(v) for a, v in rows.items()}
+        for a, v in cat.items():  # one NaN or inf would turn its whole column into NaN
+            bad = ~torch.isfinite(v)
+            if bad.any():
+                cols = bad.reshape(v.size(0), -1).any(0).nonzero().view(-1).tolist()
+                raise ValueError(f"Standardize.fit() needs finite values, but {int(bad.sum())} "
+                                 f"of the {v.numel()} values of {a!r} are NaN or inf (column(s) "
+                                 f"{cols[:10]}{' ...' if len(cols) > 10 else ''}); clean or "
+                                 f"drop those graphs first")
         short = [a for a, v in cat.items() if v.size(0) < 2]
         if short:
             raise ValueError(f"Standardize.fit() needs at least two rows of {short} to estimate "

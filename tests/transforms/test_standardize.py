@@ -63,3 +63,17 @@ def test_bad_input():
         Standardize(['x']).fit([Data(x=torch.ones(1, 2))])
     with pytest.raises(ValueError, match="no statistics for 'y'"):
         Standardize(['x']).fit(_graphs()).inverse(torch.ones(2), 'y')
+
+
+@pytest.mark.parametrize('bad', [float('nan'), float('inf'), -float('inf')])
+def test_fit_refuses_nan_and_inf_naming_the_attribute_and_column(bad):
+    graphs = _graphs()
+    graphs[1].y[7, 1] = bad  # one value: its column's mean and std would become NaN
+    with pytest.raises(ValueError, match=r"needs finite values, but 1 of the 200 values of 'y' "
+                                         r"are NaN or inf \(column\(s\) \[1\]\)"):
+        Standardize(['x', 'y']).fit(graphs)
+
+
+def test_given_statistics_must_be_finite():
+    with pytest.raises(ValueError, match=r"must be finite numbers, got NaN or inf for \['x'\]"):
+        Standardize(['x'], mean={'x': [float('nan')]}, std={'x': [1.0]})
