@@ -125,8 +125,11 @@ class FAVORPlus(FeatureMap):
                 # One factor per graph (and head): the keys a query attends to share it.
                 # Without 'batch' the rows are one graph.
                 N = logits.size(0)
-                row_max = logits.detach().amax(-1).reshape(N, -1)  # [N, heads...]
-                if batch is None:
+                row_max = logits.detach().amax(-1).reshape(
+                    N, math.prod(logits.shape[1:-1]))  # [N, heads...]
+                if N == 0:  # an empty batch: nothing to shift (no maximum to take)
+                    graph_max = row_max
+                elif batch is None:
                     graph_max = row_max.amax(0, keepdim=True).expand_as(row_max)
                 else:
                     index = batch.view(-1, 1).expand_as(row_max)
