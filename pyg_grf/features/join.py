@@ -22,12 +22,20 @@ row-major after a sort of each short row only. The statistics are the same sums 
 order (equal up to rounding).
 
 Used on CPU tensors when ``numba`` is installed (``pip install numba``, in the ``[full]`` and
-``[accel]`` extras; the first call compiles, 3-10 s, cached on disk afterwards) unless
-``PYG_GRF_NUMBA=0``; otherwise, and on other devices, the torch join runs. A numba that cannot
-compile here (e.g. one built for another numpy) warns once and leaves the torch join.
+``[accel]`` extras) unless ``PYG_GRF_NUMBA=0``; otherwise, and on other devices, the torch join
+runs. The first call of a fresh install compiles the kernels (3-10 s, up to a minute on a busy
+machine) and says so in one log line (logger ``pyg_grf.features.join``, level INFO; ``pyg-grf``
+prints it); the compiled code is cached on disk for later processes, in the place numba picks:
+``$NUMBA_CACHE_DIR`` if set, else ``__pycache__`` beside this file if writable (an editable or
+user install), else numba's user-wide cache folder (``~/.cache/numba``: a read-only
+site-packages). Without any writable place the kernels compile in every process, and the log
+line says so. A numba that cannot compile here (e.g. one built for another numpy) warns once and
+leaves the torch join; running out of memory in the join is a :class:`JoinMemoryError`, which
+leaves the compiled join on.
 """
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import NamedTuple, Optional
@@ -36,16 +44,26 @@ import numpy as np
 import torch
 from torch import Tensor
 
+log = logging.getLogger(__name__)
+
+# whether the kernels ran once (then any later error is a real one), or why they cannot run;
+# 'uncached': why the compiled code is not kept on disk (None: it is)
+_state = {'ran': False, 'broken': None, 'uncached': None}
+
 try:  # optional: the compiled join
     import numba
-    _jit = numba.njit(cache=True, nogil=True)  # compiles on first call, then cached on disk
 except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
-    _jit = lambda f: f  # noqa: E731 (never called: compiled_join_available is False)
 
 
-# whether the kernels ran once (then any later error is a real one), or why they cannot run
-_state = {'ran': False, 'broken': None}
+def _jit(f):
+    if numba is None:  # pragma: no cover - never called: compiled_join_available is False
+        return f
+    try:  # compiles on first call, then cached on disk
+        return numba.njit(cache=True, nogil=True)(f)
+    except RuntimeError as exc:  # numba: "cannot cache function ...: no locator available"
+        _state['uncached'] = str(exc)
+        return numba.njit(nogil=True)(f)
 
 
 def compiled_join_available(device: Optional[torch.device] = None) -> bool:
@@ -204,6 +222,65 @@ def _mirror(out_ptr, out_col):
     return row, col, src, mirror
 
 
+def _nnz(index: Tensor) -> int:
+    return int(index.size(-1)) if index.dim() == 2 else int(index.numel())
+
+
+def _check_entries(prefix: str, index: Tensor, hop: Tensor, load: Tensor, K: int,
+                   num_nodes: int) -> None:
+    r"""Raises a :class:`ValueError` for entries the kernels would read out of bounds: ids
+    outside ``[0, num_nodes)``, hop counts outside ``[0, K)``, lengths that differ."""
+    if isinstance(num_nodes, bool) or not isinstance(num_nodes, int) or num_nodes < 0:
+        raise ValueError(f"compiled_join: 'num_nodes' must be a non-negative int, got "
+                         f"{num_nodes!r}")
+    if isinstance(K, bool) or not isinstance(K, int) or K < 1:
+        raise ValueError(f"compiled_join: 'K' must be a positive int, got {K!r}")
+    if index.dim() != 2 or index.size(0) != 2:
+        raise ValueError(f"compiled_join: '{prefix}index' must be [2, nnz], got "
+                         f"{list(index.shape)}")
+    n = index.size(1)
+    if hop.shape != (n, ) or load.shape != (n, ):
+        raise ValueError(f"compiled_join: '{prefix}hop' and '{prefix}load' need one value per "
+                         f"entry ([{n}]), got {list(hop.shape)} and {list(load.shape)}")
+    if n == 0:
+        return
+    lo, hi = int(index.min()), int(index.max())
+    if lo < 0 or hi >= num_nodes:
+        raise ValueError(f"compiled_join: '{prefix}index' must hold node ids in "
+                         f"[0, {num_nodes}), got ids in [{lo}, {hi}]")
+    lo, hi = int(hop.min()), int(hop.max())
+    if lo < 0 or hi >= K:
+        raise ValueError(f"compiled_join: '{prefix}hop' must hold hop counts in [0, {K}) "
+                         f"(K={K}), got [{lo}, {hi}]")
+
+
+def _cached_on_disk() -> bool:
+    r"""Whether numba's on-disk cache holds compiled code of every kernel for this numba and
+    this source (numba's own index of the cache; after an upgrade it is stale)."""
+    try:
+        return all(kernel._cache._cache_file._load_index()
+                   for kernel in (_counting_sort, _join, _gustavson, _mirror))
+    except Exception:  # noqa: BLE001 - no cache (NullCache), another numba, a damaged index
+        return False
+
+
+def _say_if_compiling() -> None:
+    # one line, once per process, before the pause of the first compilation
+    if _state.get('said') or _cached_on_disk():
+        return
+    _state['said'] = True
+    if _state.get('uncached'):
+        where = (f"not cached: no writable cache folder ({_state['uncached']}); set "
+                 f"NUMBA_CACHE_DIR to one")
+    else:
+        try:
+            where = f"cached in '{_join._cache._cache_path}' for later runs"
+        except AttributeError:  # pragma: no cover - another numba
+            where = 'cached on disk for later runs'
+    log.info(f"Compiling the GRF join with numba (first use: 3-10 s, up to a minute on a busy "
+             f"machine; {where})")
+
+
 class Join(NamedTuple):
     r"""The output of :func:`compiled_join`: the cells ``(row, col)`` (global node ids,
     row-major), their statistics ``stats`` ``[P', num_coef]``, the statistics row ``src``
@@ -219,7 +296,8 @@ class Join(NamedTuple):
 class JoinMemoryError(MemoryError):
     r"""Raised by :func:`compiled_join` when the statistics would take more cells than its
     ``max_cells`` (known only as the join runs: the cells are far fewer than the pairs of
-    entries, typically 7-8x, but not by a bound)."""
+    entries, typically 7-8x, but not by a bound), or when an allocation in the kernels fails
+    (the compiled join stays on: it is the input that is too large, not the environment)."""
 
 
 class CompiledJoinError(RuntimeError):
@@ -252,16 +330,26 @@ def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[
     (default: no limit)."""
     from pyg_grf.features.blocks import symmetric_ids
     self_join = key_index is None
+    # the kernels index arrays by these ids unchecked: an id out of range is a segfault
+    _check_entries('', index, hop, load, K, num_nodes)
+    if not self_join:
+        _check_entries('key_', key_index, key_hop, key_load, K, num_nodes)
     np_ = lambda t: t.long().contiguous().numpy()  # noqa: E731
     query = (np_(index[0]), np_(index[1]), np_(hop), load.contiguous().numpy())
     keys = query if self_join else (np_(key_index[0]), np_(key_index[1]), np_(key_hop),
                                     key_load.to(load.dtype).contiguous().numpy())
+    if not _state['ran']:
+        _say_if_compiling()
     try:
         out_ptr, col, stats, ok = _join(
             *query, *keys, num_nodes, symmetric_ids(K).numpy(),
             K * (K + 1) // 2, self_join, 2 ** 62 if max_cells is None else max(int(max_cells), 0))
         if ok and self_join:
             row, col_all, src, mirror = _mirror(out_ptr, col)
+    except MemoryError as e:  # an allocation in the kernels: not the environment's fault
+        raise JoinMemoryError(f"the compiled GRF join ran out of memory ({e}) on {_nnz(index)} "
+                              f"entries of {num_nodes} nodes; use another backend ('sparse' "
+                              f"never forms the mask) or smaller batches") from e
     except Exception as e:
         if _state['ran']:  # compiled and ran before: a real error, not the environment
             raise

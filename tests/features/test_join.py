@@ -1,6 +1,7 @@
 """The join behind the symmetric mask statistics: the half join of the entries with themselves
 (each unordered pair once, then mirrored) against the full join of two sides, on a batch and on
 one big graph (whose N^2 cells take the sorting path), and against Phi Phi^T formed densely."""
+import os
 import warnings
 
 import pytest
@@ -8,8 +9,8 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from pyg_grf.features import GRFLoads
-from pyg_grf.features.blocks import (block_coords, join_terms, self_join_terms,
-                                     symmetric_ids)
+from pyg_grf.features.blocks import (block_coords, block_layout, join_terms, mask_statistics,
+                                     self_join_terms, symmetric_ids)
 from pyg_grf.features.join import compiled_join, compiled_join_available
 from pyg_grf.transforms import AddGraphRandomFeatures
 from tests.utils import er_graph, path_graph
@@ -18,7 +19,7 @@ D = torch.float64
 
 
 def both_joins(grf):
-    lay = grf.layout()
+    lay = block_layout(grf.batch, grf.num_nodes)
     prow, _ = block_coords(lay, grf.index)
     hop, load = grf.hop.long(), grf.load.to(D)
     K = grf.max_hop + 1
@@ -26,6 +27,10 @@ def both_joins(grf):
                       grf.num_nodes)
     half = self_join_terms(lay, prow, grf.index[1], hop, load, K, grf.num_nodes)
     return lay, full, half
+
+
+def _stats(loads, dtype=D):
+    return mask_statistics(loads, block_layout(loads.batch, loads.num_nodes), True, dtype)
 
 
 @pytest.mark.parametrize('big', [False, True])
@@ -58,7 +63,7 @@ def test_statistics_give_phi_phi_t_with_folded_hop_ids():
     phi = torch.zeros(8, 8, dtype=D).index_put((idx[0], idx[1]),
                                                f[g.grf_length.long()] * g.grf_load.to(D),
                                                accumulate=True)
-    terms = grf.block_terms(True)
+    terms = _stats(grf)
     K = 3
     iu = torch.triu_indices(K, K)
     M = torch.zeros(64, dtype=D)
@@ -115,7 +120,7 @@ def test_compiled_self_join_equals_torch_join(dtype, graph):
 def test_compiled_join_of_two_walk_sets_and_unsorted_entries():
     b, bk = batch_of(1), batch_of(2)
     q, k = GRFLoads.from_data(b), GRFLoads.from_data(bk)
-    lay = q.layout()
+    lay = block_layout(q.batch, q.num_nodes)
     K = max(q.max_hop, k.max_hop) + 1
     full = join_terms(lay, block_coords(lay, q.index)[0], q.index[1], q.hop.long(),
                       q.load.to(D), block_coords(lay, k.index)[0], k.index[1], k.hop.long(),
@@ -140,13 +145,13 @@ def test_compiled_join_of_two_walk_sets_and_unsorted_entries():
 @needs_numba
 def test_block_terms_take_the_compiled_join_unless_disabled(monkeypatch):
     b = batch_of(3)
-    with_numba = GRFLoads.from_data(b).block_terms(True)
+    with_numba = _stats(GRFLoads.from_data(b))
     assert with_numba.src is not None
     pattern = GRFLoads.from_data(b).mask_pattern().repeat(2)
     monkeypatch.setenv('PYG_GRF_NUMBA', '0')
     assert not compiled_join_available()
     torch_loads = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes, batch=b.batch)
-    torch_terms = torch_loads.block_terms(True)
+    torch_terms = _stats(torch_loads)
     assert with_numba.index is not None and torch_terms.index is None
     torch_pattern = torch_loads.mask_pattern().repeat(2)
     assert torch.equal(pattern.row, torch_pattern.row)
@@ -182,7 +187,7 @@ def test_a_compiled_join_that_cannot_run_falls_back_to_the_torch_join(monkeypatc
     # e.g. a numba that does not match numpy: warned once, then the torch join, same result
     from pyg_grf.features import join
     b = batch_of(5)
-    expected = GRFLoads.from_data(b).block_terms(True)  # compiled, works
+    expected = _stats(GRFLoads.from_data(b))  # compiled, works
     monkeypatch.setattr(join, '_state', {'ran': False, 'broken': None})
 
     def broken(*args):
@@ -191,14 +196,133 @@ def test_a_compiled_join_that_cannot_run_falls_back_to_the_torch_join(monkeypatc
     fresh = lambda: GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes,  # noqa: E731
                              batch=b.batch)
     with pytest.warns(RuntimeWarning, match='cannot run here .*LLVM ERROR'):
-        got = fresh().block_terms(True)
+        got = _stats(fresh())
     assert torch.equal(got.cell, expected.cell)
     assert torch.allclose(got.cell_stats(), expected.cell_stats(), atol=1e-12)
     assert not compiled_join_available()
     with warnings.catch_warnings():
         warnings.simplefilter('error')  # warned once only: the torch join from now on
-        assert torch.equal(fresh().block_terms(True).cell, expected.cell)
+        assert torch.equal(_stats(fresh()).cell, expected.cell)
     # once the kernels have run, an error is a real one and propagates
     monkeypatch.setattr(join, '_state', {'ran': True, 'broken': None})
     with pytest.raises(RuntimeError, match='LLVM ERROR'):
-        fresh().block_terms(True)
+        _stats(fresh())
+
+
+# Bad input, memory and the first compilation ##################################################
+
+def _entries():
+    index = torch.tensor([[0, 1, 2, 2], [1, 2, 0, 2]])
+    return index, torch.tensor([0, 1, 1, 2]), torch.tensor([1., 0.5, 0.25, 2.], dtype=D)
+
+
+@needs_numba
+@pytest.mark.parametrize('side', ['query', 'key'])
+@pytest.mark.parametrize('edit, match', [
+    (lambda i, h, w: (i.index_put((torch.tensor(1), torch.tensor(0)), torch.tensor(3)), h, w),
+     r"'{}index' must hold node ids in \[0, 3\), got ids in \[0, 3\]"),
+    (lambda i, h, w: (i.index_put((torch.tensor(0), torch.tensor(2)), torch.tensor(-1)), h, w),
+     r"'{}index' must hold node ids in \[0, 3\), got ids in \[-1, 2\]"),
+    (lambda i, h, w: (i, h + 1, w), r"'{}hop' must hold hop counts in \[0, 3\) \(K=3\), got "
+                                    r"\[1, 3\]"),
+    (lambda i, h, w: (i, h[:3], w), r"'{}hop' and '{}load' need one value per entry"),
+    (lambda i, h, w: (i[:1], h, w), r"'{}index' must be \[2, nnz\], got \[1, 4\]"),
+])
+def test_compiled_join_refuses_entries_it_would_read_out_of_bounds(side, edit, match):
+    # the kernels index arrays by these ids unchecked: without the check, a segfault
+    good = _entries()
+    bad = edit(*_entries())
+    prefix = '' if side == 'query' else 'key_'
+    args = (*bad, None, None, None) if side == 'query' else (*good, *bad)
+    with pytest.raises(ValueError, match=match.format(prefix, prefix)):
+        compiled_join(*args, 3, 3)
+    assert compiled_join_available()  # a bad input is not a broken numba
+
+
+@needs_numba
+def test_compiled_join_checks_num_nodes_and_k():
+    with pytest.raises(ValueError, match="'num_nodes' must be a non-negative int, got -1"):
+        compiled_join(*_entries(), None, None, None, 3, -1)
+    with pytest.raises(ValueError, match="'K' must be a positive int, got 0"):
+        compiled_join(*_entries(), None, None, None, 0, 3)
+
+
+@needs_numba
+def test_running_out_of_memory_in_the_join_is_a_memory_error_and_keeps_it_on(monkeypatch):
+    from pyg_grf.features import join
+    from pyg_grf.features.join import JoinMemoryError
+    monkeypatch.setattr(join, '_state', {'ran': False, 'broken': None, 'uncached': None,
+                                         'said': True})
+
+    def oom(*args):
+        raise MemoryError('Allocation failed (probably too large).')
+    monkeypatch.setattr(join, '_join', oom)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # no "cannot run here" warning
+        with pytest.raises(JoinMemoryError, match=r'ran out of memory \(Allocation failed.*on 4 '
+                                                  r"entries of 3 nodes; use another backend"):
+            compiled_join(*_entries(), None, None, None, 3, 3)
+    assert compiled_join_available()  # not switched off for the process
+
+
+@needs_numba
+def test_the_first_compilation_is_announced_once(monkeypatch, caplog):
+    import logging
+
+    from pyg_grf.features import join
+    monkeypatch.setattr(join, '_state', {'ran': False, 'broken': None, 'uncached': None})
+    monkeypatch.setattr(join, '_cached_on_disk', lambda: False)  # a fresh install
+    with caplog.at_level(logging.INFO, logger='pyg_grf.features.join'):
+        first = compiled_join(*_entries(), None, None, None, 3, 3)
+        compiled_join(*_entries(), None, None, None, 3, 3)
+    lines = [r.getMessage() for r in caplog.records if r.name == 'pyg_grf.features.join']
+    assert len(lines) == 1, lines
+    assert lines[0].startswith('Compiling the GRF join with numba (first use') \
+        and 'for later runs' in lines[0]
+    assert torch.equal(first.row, torch.tensor([0, 1, 1, 2, 2]))  # pairs sharing a node
+
+
+@needs_numba
+def test_kernels_are_cached_on_disk_where_numba_can_write(monkeypatch, caplog):
+    # a writable cache folder was found at import ($NUMBA_CACHE_DIR, __pycache__ or numba's
+    # user-wide one); where there is none, the kernels compile uncached and the line says so
+    import logging
+
+    from pyg_grf.features import join
+    for kernel in (join._counting_sort, join._join, join._gustavson, join._mirror):
+        assert os.access(kernel._cache._cache_path, os.W_OK)
+
+    class NoCacheNumba:
+        @staticmethod
+        def njit(cache=False, **kwargs):
+            if cache:
+                raise RuntimeError("cannot cache function '_f': no locator available")
+            return lambda f: f
+    monkeypatch.setattr(join, 'numba', NoCacheNumba)
+    state = {'ran': False, 'broken': None, 'uncached': None}
+    monkeypatch.setattr(join, '_state', state)
+    assert join._jit(len) is len
+    assert 'no locator available' in state['uncached']
+    monkeypatch.setattr(join, '_cached_on_disk', lambda: False)
+    with caplog.at_level(logging.INFO, logger='pyg_grf.features.join'):
+        join._say_if_compiling()
+    assert 'not cached: no writable cache folder' in caplog.text
+    assert 'set NUMBA_CACHE_DIR' in caplog.text
+
+
+@needs_numba
+@pytest.mark.slow
+def test_a_second_process_loads_the_compiled_join_from_the_cache(tmp_path):
+    import subprocess
+    import sys
+    code = ('import logging, torch; logging.basicConfig(level=logging.INFO); '
+            'from pyg_grf.features.join import compiled_join; '
+            'compiled_join(torch.tensor([[0, 1], [1, 0]]), torch.tensor([0, 1]), '
+            'torch.ones(2, dtype=torch.float64), None, None, None, 2, 2)')
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path))
+    runs = [subprocess.run([sys.executable, '-c', code], env=env, capture_output=True,
+                           text=True, timeout=600) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-2000:]
+    assert 'Compiling the GRF join' in runs[0].stderr
+    assert 'Compiling the GRF join' not in runs[1].stderr
+    assert list(tmp_path.rglob('*.nbi'))
