@@ -1,27 +1,26 @@
-r"""Mini-batches that arrive with their GRF payload prepared.
+r"""Mini-batches that arrive with their attention plans built.
 
-A GRF layer needs, for every new batch, structures that depend only on the batch's walks: the
-pairs of :math:`\widehat\Phi`, the statistics of the symmetric mask (a join of the walks on
-their visited nodes), sparse patterns and their transposes, the block layout
-(:mod:`pyg_grf.features.loads`). Built inside the training step they cost as much as a layer
-or more. They cannot be stored per graph with the dataset at a reasonable size (the mask
-statistics of one 150-node molecule take ~160 KB, 2.5 GB for Peptides-func), so they are built
-per batch, *beside* the step:
+A GRF (or GKAT) layer reads, for every new batch, structures that depend only on the batch's
+walks: the pairs of :math:`\widehat\Phi`, the statistics of the symmetric mask (a join of the
+walks on their visited nodes), CSR indices, the block layout. They cannot be stored per graph
+with the dataset at a reasonable size (the mask statistics of one 150-node molecule take tens of
+KB), so they are built per batch, once, into an immutable plan
+(:class:`~pyg_grf.nn.attention.grf.GRFPlan`), *beside* the training step:
 
-* :func:`prepare_payload` builds them for the GRF layers of a model on one batch and leaves the
-  result on the batch, where :meth:`GRFLoads.from_data <pyg_grf.features.GRFLoads.from_data>`
-  (hence every layer, :meth:`GRFGPSConv.payload <pyg_grf.nn.GRFGPSConv.payload>` and
-  :class:`~pyg_grf.nn.GraphTransformer`) finds it, after an exact check that it was built from
-  the batch's own tensors;
+* :func:`prepare_payload` builds the payload of every attention layer of a model on one batch
+  (:func:`~pyg_grf.nn.attention.base.model_payload`: one plan per attention class, shared by
+  its layers) and leaves it on the batch, where the layers' ``payload(data)`` and
+  :class:`~pyg_grf.nn.GraphTransformer` find it;
 * :class:`DataLoader` is PyG's ``DataLoader`` that does this in its collate function, so that
   with ``num_workers >= 1`` the work runs in the worker processes while the main process
-  trains. What crosses the process boundary is shared memory of about
-  ``nnz(M) * (4 * K (K + 1) / 2 + 40)`` bytes per batch (``nnz(M)`` the mask's nonzeros,
-  :math:`K = L + 1`): 38 MB for a batch of 64 LRGB-sized molecules.
+  trains. What crosses the process boundary is the plan (``int32`` indices, ``float32``
+  statistics).
 
-A loader of a single batch (one full graph, e.g. Planetoid) yields a new ``Batch`` every
-epoch; :class:`DataLoader` hands it the payloads built for the previous one, which
-``from_data`` reuses only if the new batch holds exactly the same entries.
+The plan is a snapshot of the batch it was built from (PyG's ``cached=True`` contract): edit
+the batch afterwards and the plan still holds the old walks. For datasets of a few large graphs
+(one graph per batch, seen at every epoch) :class:`DataLoader` keeps the plans of the graphs it
+has seen, up to ``plan_cache_bytes``, keyed by a digest of the graph's walk entries, so that a
+graph is planned once rather than at every step, and redrawn walks get a fresh plan.
 
 :class:`NodePartLoader` trains on one large graph part by part (PyG's ``RandomNodeLoader``),
 each part with the GRF loads of its nodes: the full graph's walks restricted to the part, or
@@ -30,7 +29,9 @@ walks drawn afresh on it.
 from __future__ import annotations
 
 import copy
-from typing import Any, Callable, Iterator, List, Optional, Sequence, Union
+import hashlib
+from collections import OrderedDict
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -38,118 +39,129 @@ from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader as PyGDataLoader
 from torch_geometric.loader import RandomNodeLoader
 
-from pyg_grf.features.kept import PREPARED_ATTR, carry_kept
-from pyg_grf.features.loads import GRFLoads
-from pyg_grf.nn.attention.grf import GRFAttention
+from pyg_grf.nn.attention.base import PAYLOAD_ATTR, GraphAttention, model_payload
 
-__all__ = ['DataLoader', 'PayloadCollater', 'prepare_payload', 'grf_layers', 'NodePartLoader',
-           'check_part_args', 'PART_WALKS']
+__all__ = ['DataLoader', 'PayloadCollater', 'prepare_payload', 'attention_layers',
+           'NodePartLoader', 'check_part_args', 'PART_WALKS']
 
 
-def grf_layers(model: Union[nn.Module, Sequence[GRFAttention]]) -> List[GRFAttention]:
-    r"""The :class:`~pyg_grf.nn.GRFAttention` layers of ``model`` (a module or a sequence of
-    layers), in module order."""
+def attention_layers(model: Union[nn.Module, Sequence[nn.Module]]) -> List[GraphAttention]:
+    r"""The attention layers (:class:`~pyg_grf.nn.attention.base.GraphAttention`) of ``model``
+    (a module or a sequence of layers), in module order."""
     if isinstance(model, nn.Module):
-        return [m for m in model.modules() if isinstance(m, GRFAttention)]
+        return [m for m in model.modules() if isinstance(m, GraphAttention)]
     layers = list(model)
-    bad = [type(m).__name__ for m in layers if not isinstance(m, GRFAttention)]
+    bad = [type(m).__name__ for m in layers if not isinstance(m, GraphAttention)]
     if bad:
-        raise TypeError(f"expected an nn.Module or a sequence of GRFAttention layers, got a "
+        raise TypeError(f"expected an nn.Module or a sequence of attention layers, got a "
                         f"sequence holding {bad}")
     return layers
 
 
-def prepare_payload(model: Union[nn.Module, Sequence[GRFAttention]], data: Any) -> Any:
-    r"""Builds the GRF payload that the GRF layers of ``model`` read on ``data`` (a ``Data`` or
-    ``Batch`` with the loads of :class:`~pyg_grf.transforms.AddGraphRandomFeatures`), with every
-    structure their backends build per batch (:meth:`GRFAttention.prepare
-    <pyg_grf.nn.GRFAttention.prepare>`), and leaves it on ``data`` (returned).
-
-    The layers then find it through :meth:`GRFLoads.from_data
-    <pyg_grf.features.GRFLoads.from_data>`, which hands it out only while ``data`` still holds
-    exactly the tensors it was built from (else it builds fresh loads): a payload is a
-    snapshot of the batch, never served for edited data. A model without GRF layers leaves
-    ``data`` unchanged."""
-    prepared = dict(data.__dict__.get(PREPARED_ATTR, {}))
-    for layer in grf_layers(model):
-        prefix = layer.attr_prefix
-        key_prefix = f'{prefix}_key'
-        if any(getattr(data, f'{key_prefix}_{s}', None) is None
-               for s in ('index', 'length', 'load')):
-            key_prefix = None
-        loads = prepared.get((prefix, key_prefix))
-        if loads is None:
-            loads = GRFLoads.from_data(data, prefix, key_prefix=key_prefix)
-            prepared[(prefix, key_prefix)] = loads
-        layer.prepare(loads)
-    if prepared:
-        data.__dict__[PREPARED_ATTR] = prepared
+def prepare_payload(model: Union[nn.Module, Sequence[nn.Module]], data: Any) -> Any:
+    r"""Builds the payload of every attention layer of ``model`` on ``data`` (a ``Data`` or
+    ``Batch``; :func:`~pyg_grf.nn.attention.base.model_payload`) and leaves it on ``data``
+    (returned), where the layers' ``payload(data)`` find it. A model whose attentions need no
+    payload leaves ``data`` unchanged."""
+    payload = model_payload(attention_layers(model), data)
+    if payload:
+        data.__dict__[PAYLOAD_ATTR] = payload
     return data
 
 
 class PayloadCollater:
-    r"""A collate function: ``collate(data_list)``, then :func:`prepare_payload` for the GRF
-    layers of ``model`` (copied to the CPU when the collater is built; only their configuration
-    is read: mode, backend, heads, widths, walk draws, dtype)."""
+    r"""A collate function: ``collate(data_list)``, then :func:`prepare_payload` for the
+    attention layers of ``model`` (copied to the CPU when the collater is built; only their
+    configuration is read: mode, backend, heads, widths, walk draws, dtype).
 
-    def __init__(self, collate: Any, model: Union[nn.Module, Sequence[GRFAttention]]):
+    With ``plan_cache_bytes > 0``, a batch of one graph whose walk entries were planned before
+    gets the plan built then (kept while their bytes stay under the bound, least recently used
+    first out)."""
+
+    def __init__(self, collate: Any, model: Union[nn.Module, Sequence[nn.Module]],
+                 plan_cache_bytes: int = 0):
         self.collate = collate
-        self.layers = [copy.deepcopy(m).cpu() for m in grf_layers(model)]
+        self.layers = [copy.deepcopy(m).cpu() for m in attention_layers(model)]
+        self.plan_cache_bytes = int(plan_cache_bytes)
+        self._plans: 'OrderedDict[bytes, Dict[str, Any]]' = OrderedDict()
+        self._bytes: Dict[bytes, int] = {}
 
     def __call__(self, data_list: Any) -> Any:
-        return prepare_payload(self.layers, self.collate(data_list))
+        batch = self.collate(data_list)
+        if not self.layers:
+            return batch
+        key = None
+        if self.plan_cache_bytes > 0 and getattr(batch, 'num_graphs', 1) == 1:
+            key = _digest(batch)
+            payload = self._plans.get(key)
+            if payload is not None:
+                self._plans.move_to_end(key)
+                batch.__dict__[PAYLOAD_ATTR] = payload
+                return batch
+        prepare_payload(self.layers, batch)
+        payload = batch.__dict__.get(PAYLOAD_ATTR)
+        if key is not None and payload:
+            size = sum(_nbytes(v) for v in payload.values())
+            if size <= self.plan_cache_bytes:
+                self._plans[key], self._bytes[key] = payload, size
+                while sum(self._bytes.values()) > self.plan_cache_bytes:
+                    old, _ = self._plans.popitem(last=False)
+                    del self._bytes[old]
+        return batch
+
+
+def _digest(data: Any) -> bytes:
+    # the graph's identity for the plan cache: every tensor of its walk entries (and its size)
+    h = hashlib.blake2b(digest_size=16)
+    h.update(str(data.num_nodes).encode())
+    for name in sorted(data.keys()):
+        value = data[name]
+        if isinstance(value, torch.Tensor) and name.split('_')[0] in ('grf', 'rwgnk'):
+            h.update(name.encode())
+            h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return h.digest()
+
+
+def _nbytes(plan: Any) -> int:
+    sizes = plan.nbytes() if hasattr(plan, 'nbytes') else 0
+    return sum(sizes.values()) if isinstance(sizes, dict) else int(sizes)
 
 
 class DataLoader(PyGDataLoader):
-    r"""PyG's :class:`~torch_geometric.loader.DataLoader` that prepares the GRF payload of every
-    mini-batch for ``model`` as it collates it (:func:`prepare_payload`). With
+    r"""PyG's :class:`~torch_geometric.loader.DataLoader` that builds the attention plans of
+    every mini-batch for ``model`` as it collates it (:func:`prepare_payload`). With
     ``num_workers >= 1`` this per-batch work runs in the loader's worker processes, beside the
     training step instead of inside it::
 
         loader = DataLoader(dataset, batch_size=64, shuffle=True, num_workers=1, model=model)
         for batch in loader:
-            out = model(batch)  # GraphTransformer: reads the prepared payload
+            out = model(batch)  # GraphTransformer: reads the prepared plans
 
         for batch in loader:  # a loop of your own with GRFGPSConv layers
-            payload = convs[0].payload(batch)  # the prepared GRFLoads
+            payload = convs[0].payload(batch)  # the prepared plan, shared by the layers
             ...
 
     Args:
         dataset, batch_size, shuffle, follow_batch, exclude_keys, **kwargs: as in PyG's
             ``DataLoader``.
-        model (nn.Module or sequence of GRFAttention, optional): the model whose GRF layers
-            read the batches. Their configuration is copied when the loader is built; a layer
-            changed later (e.g. cast to float64) still runs correctly, building what differs
-            in the step. :obj:`None`: PyG's loader unchanged.
+        model (nn.Module or sequence of attention layers, optional): the model whose
+            attention layers read the batches. Their configuration is copied when the loader
+            is built; a layer changed later (e.g. cast to float64) still runs correctly,
+            building the part that differs in the step. :obj:`None`: PyG's loader unchanged.
+        plan_cache_bytes (int, optional): keep the plans of single-graph batches up to this
+            many bytes (full-graph training on a dataset of a few large graphs: each graph
+            is planned once) (default: ``2 ** 30``).
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False,
                  follow_batch: Optional[List[str]] = None,
                  exclude_keys: Optional[List[str]] = None,
-                 model: Union[nn.Module, Sequence[GRFAttention], None] = None, **kwargs: Any):
+                 model: Union[nn.Module, Sequence[nn.Module], None] = None,
+                 plan_cache_bytes: int = 2 ** 30, **kwargs: Any):
         super().__init__(dataset, batch_size, shuffle, follow_batch=follow_batch,
                          exclude_keys=exclude_keys, **kwargs)
         if model is not None:
-            self.collate_fn = PayloadCollater(self.collate_fn, model)
-
-    def __iter__(self):
-        # Full-graph training: a loader of one batch collates the same graph into a new Batch
-        # every epoch, which would rebuild its payload (the pair join, patterns) every step.
-        # The payloads GRFLoads.from_data / RWGNKLoads.from_data kept on the previous batch go
-        # to the new one; from_data returns them only after an exact comparison with the new
-        # batch's entries, so walks redrawn by a transform still get fresh loads.
-        single = self._single_batch()
-        for batch in super().__iter__():
-            if single:
-                carry_kept(self.__dict__.get('_last_batch'), batch)
-                self._last_batch = batch
-            yield batch
-
-    def _single_batch(self) -> bool:
-        try:
-            return len(self) == 1
-        except TypeError:  # an iterable-style dataset has no length
-            return False
+            self.collate_fn = PayloadCollater(self.collate_fn, model, plan_cache_bytes)
 
 
 #: How :class:`NodePartLoader` gives each part its walks.

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Optional, Union
+from typing import Tuple, Optional, Union
 
 import torch
 
@@ -106,6 +106,20 @@ def _address_space_room() -> Optional[int]:
     except (ImportError, OSError, ValueError):  # pragma: no cover (not Linux)
         return None
     return max(soft - virtual, 0)
+
+
+def memory_budget(device=None) -> Tuple[Optional[float], str]:
+    r"""The bytes a new allocation may take on ``device`` and where the figure comes from:
+    ``$PYG_GRF_MEMORY_LIMIT`` when set (``'off'``: no limit, :obj:`None`), else 90% of
+    :func:`available_memory` (cgroups and ``RLIMIT_AS`` respected), :obj:`None` when
+    unknown."""
+    env = os.environ.get(MEMORY_LIMIT_ENV, '').strip()
+    if env.lower() in ('off', 'none', 'inf', 'unlimited'):
+        return None, f'${MEMORY_LIMIT_ENV}'
+    if env:
+        return _parse_bytes(env), f'${MEMORY_LIMIT_ENV}'
+    avail = available_memory(device)
+    return (None if avail is None else 0.9 * avail), f'90% of the available memory of {device}'
 
 
 def check_walk_memory(estimate: int, device, memory_limit: Optional[float], what: str,

@@ -1,19 +1,16 @@
-"""pyg_grf.loader: the GRF payload prepared ahead of the step (in the collate function, also in
-DataLoader workers) gives the layers exactly what they build themselves, is only used for the
-data it was built from, and leaves no per-batch structure to build in the step."""
-import pickle
-
+"""pyg_grf.loader: the attention plans built ahead of the step (in the collate function, also
+in DataLoader workers) give the layers exactly what they compute themselves, leave nothing to
+build in the step, and are kept per graph for full-graph training."""
 import pytest
 import torch
 from torch_geometric.data import Batch, Data
 from torch_geometric.loader import DataLoader as PyGDataLoader
 
-from pyg_grf.features import GRFLoads
-from pyg_grf.features.loads import PREPARED_ATTR
-from pyg_grf.nn.attention.grf_backends import get_backend
-from pyg_grf.loader import DataLoader, PayloadCollater, grf_layers, prepare_payload
+from pyg_grf.loader import DataLoader, PayloadCollater, attention_layers, prepare_payload
 from pyg_grf.nn import GraphTransformer, GRFAttention
-from pyg_grf.ops import SparsePattern
+from pyg_grf.nn.attention.base import PAYLOAD_ATTR
+from pyg_grf.nn.attention.grf import GRFPlan
+from pyg_grf.nn.attention.grf import plan as plan_module
 from pyg_grf.transforms import AddGraphRandomFeatures
 from tests.nn.attention.test_grf_backends import dense_reference, make_layer
 from tests.utils import er_graph, grid_graph, path_graph
@@ -38,111 +35,42 @@ def graphs(num_draws=1, key=False, channels=8):
 
 def count_builds(monkeypatch):
     calls = []
-    for name in ('_build_terms', '_build_pairs', 'block_cells', '_build_fold'):
-        orig = getattr(GRFLoads, name)
-
-        def wrapped(self, *a, _orig=orig, _name=name, **k):
-            if _name != 'block_cells' or ('cells', self._batch_key(
-                    a[0] if a else k.get('batch'))) not in self._cache:
-                calls.append(_name)
-            return _orig(self, *a, **k)
-        monkeypatch.setattr(GRFLoads, name, wrapped)
-    orig_t = SparsePattern._transpose
-
-    def transpose(self):
-        if self._t is None and self._block_of is None:
-            calls.append('transpose')
-        return orig_t(self)
-    monkeypatch.setattr(SparsePattern, '_transpose', transpose)
+    real = plan_module._build_part
+    monkeypatch.setattr(plan_module, '_build_part',
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls
 
 
 @pytest.mark.parametrize('mode', ['symmetric', 'asymmetric', 'sparse_softmax'])
 @pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense', 'auto'])
-def test_prepared_payload_equals_dense_reference_and_builds_nothing_in_the_step(
+def test_prepared_plan_equals_dense_reference_and_builds_nothing_in_the_step(
         mode, backend, monkeypatch):
     b = Batch.from_data_list(graphs())
-    layer = make_layer(mode, backend)  # eps 0, elu features: the reference's normaliser
-    ref = dense_reference(layer, b)
-    prepare_payload([layer], b)
-    grf = GRFLoads.from_data(b)
-    assert grf is b.__dict__[PREPARED_ATTR][('grf', None)]  # the prepared one is handed out
-    calls = count_builds(monkeypatch)
-    x = b.x.clone().requires_grad_()
-    out = layer(x, b.batch, grf=grf)
-    out.sum().backward()
-    assert calls == []  # forward and backward found every structure built
-    assert torch.allclose(out, ref, atol=1e-10)
-
-
-def test_prepared_payload_with_draws_key_loads_and_global_term(monkeypatch):
-    b = Batch.from_data_list(graphs(num_draws=4, key=True))
-    layers = [GRFAttention(8, heads=2, max_length=3, layer_index=i, global_beta=0.3,
-                           backend=bk).double() for i, bk in enumerate(['pairs', 'dense'])]
-    fresh = [layer(b.x, b.batch, grf=GRFLoads.from_data(b, key_prefix='grf_key'))
-             for layer in layers]
+    layers = [make_layer(mode, backend), make_layer(mode, backend, seed=1)]
     prepare_payload(layers, b)
-    grf = GRFLoads.from_data(b, key_prefix='grf_key')
-    assert grf is b.__dict__[PREPARED_ATTR][('grf', 'grf_key')]
     calls = count_builds(monkeypatch)
-    for layer, want in zip(layers, fresh):
-        assert torch.allclose(layer(b.x, b.batch, grf=grf), want, atol=1e-12)
+    for layer in layers:
+        payload = layer.payload(b)
+        assert payload['grf'] is b.__dict__[PAYLOAD_ATTR]['grf']
+        out = layer(b.x, b.batch, **payload)
+        out.sum().backward()
+        assert torch.allclose(out, dense_reference(layer, b), atol=1e-9, rtol=0)
     assert calls == []
 
 
-def test_prepared_payload_survives_pickling_with_its_caches(monkeypatch):
-    b = Batch.from_data_list(graphs())
-    layer = GRFAttention(8, heads=4, max_length=3, backend='pairs').double()
-    want = layer(b.x, b.batch, grf=GRFLoads.from_data(b))
-    prepare_payload([layer], b)
-    b2 = pickle.loads(pickle.dumps(b))
-    grf = GRFLoads.from_data(b2)
-    assert grf is b2.__dict__[PREPARED_ATTR][('grf', None)]
-    assert ('terms', True, 'own', D) in grf._cache  # built in the layer's dtype only
+def test_prepared_plan_with_draws_key_loads_and_global_term(monkeypatch):
+    b = Batch.from_data_list(graphs(num_draws=4, key=True))
+    layers = [GRFAttention(8, heads=2, max_length=3, layer_index=i, global_beta=0.2).double()
+              for i in range(2)]
+    want = [layer(b.x, b.batch, grf=GRFPlan.build(b, [layer])) for layer in layers]
+    prepare_payload(layers, b)
     calls = count_builds(monkeypatch)
-    assert torch.allclose(layer(b2.x, b2.batch, grf=grf), want, atol=1e-12)
+    for layer, w in zip(layers, want):
+        assert torch.allclose(layer(b.x, b.batch, **layer.payload(b)), w, atol=1e-12)
     assert calls == []
 
 
-def test_pickling_drops_stale_and_address_keyed_caches():
-    b = Batch.from_data_list(graphs())
-    grf = GRFLoads.from_data(b)
-    other = b.batch.clone()
-    grf.layout(other)  # keyed by the storage address of `other`: meaningless elsewhere
-    grf.block_terms(True, dtype=torch.float32)
-    grf.mask_pattern()  # reads the float32 terms' cells: no float64 join
-    keys = set(pickle.loads(pickle.dumps(grf))._cache)
-    assert not any('ext' in str(k) for k in keys)
-    assert ('terms', True, 'own', torch.float32) in keys
-    assert ('terms', True, 'own', torch.float64) not in keys
-    grf.load.mul_(2.0)  # an in-place edit after the caches were built: none may travel
-    assert set(pickle.loads(pickle.dumps(grf))._cache) == {'_versions'}
-
-
-@pytest.mark.parametrize('edit', ['load', 'index', 'batch', 'x_only'])
-def test_prepared_payload_is_not_used_for_edited_data(edit):
-    b = Batch.from_data_list(graphs())
-    layer = GRFAttention(8, heads=2, max_length=3, backend='pairs').double()
-    prepare_payload([layer], b)
-    prepared = b.__dict__[PREPARED_ATTR][('grf', None)]
-    if edit == 'load':
-        b.grf_load.mul_(1.5)
-    elif edit == 'index':  # swap two graphs' worth of entries: same shape, other content
-        b.grf_index = b.grf_index.flip(1)
-    elif edit == 'batch':
-        b.batch = torch.zeros_like(b.batch)
-    else:
-        b.x = b.x * 2
-    grf = GRFLoads.from_data(b)
-    assert (grf is prepared) == (edit == 'x_only')
-    if edit == 'load':
-        want = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes, batch=b.batch)
-        assert torch.allclose(layer(b.x, b.batch, grf=grf), layer(b.x, b.batch, grf=want),
-                              atol=1e-12)
-        assert torch.equal(grf.load, b.grf_load)
-
-
-def test_data_loader_workers_prepare_the_payload_for_a_graph_transformer(monkeypatch):
+def test_data_loader_workers_prepare_the_plan_for_a_graph_transformer(monkeypatch):
     data = graphs(channels=8)
     model = GraphTransformer(8, 16, 2, num_layers=2, heads=2,
                              attn_kwargs={'max_length': 3, 'global_beta': 0.1}).double()
@@ -153,7 +81,7 @@ def test_data_loader_workers_prepare_the_payload_for_a_graph_transformer(monkeyp
     calls = count_builds(monkeypatch)  # patched here, in the main process only
     outs = []
     for batch in loader:
-        assert ('grf', None) in batch.__dict__[PREPARED_ATTR]
+        assert isinstance(batch.__dict__[PAYLOAD_ATTR]['grf'], GRFPlan)
         outs.append(model(batch))
     assert calls == []  # the worker built everything
     for a, b in zip(outs, plain):
@@ -163,37 +91,31 @@ def test_data_loader_workers_prepare_the_payload_for_a_graph_transformer(monkeyp
 def test_data_loader_without_model_is_pygs_loader():
     data = graphs()
     a = next(iter(DataLoader(data, batch_size=4)))
-    assert PREPARED_ATTR not in a.__dict__
+    assert PAYLOAD_ATTR not in a.__dict__
     assert torch.equal(a.x, next(iter(PyGDataLoader(data, batch_size=4))).x)
-    # a model without GRF layers: nothing prepared, nothing fails
+    # a model without attention layers: nothing prepared, nothing fails
     b = next(iter(DataLoader(data, batch_size=4, model=torch.nn.Linear(2, 2))))
-    assert PREPARED_ATTR not in b.__dict__
+    assert PAYLOAD_ATTR not in b.__dict__
 
 
 def test_bad_input():
     b = Batch.from_data_list(graphs())
-    with pytest.raises(TypeError, match="sequence of GRFAttention layers, got a sequence "
+    with pytest.raises(TypeError, match="sequence of attention layers, got a sequence "
                                         "holding \\['Linear'\\]"):
         prepare_payload([torch.nn.Linear(2, 2)], b)
-    grf = GRFLoads.from_data(b)
-    with pytest.raises(ValueError, match="a GRF backend must be one of \\['dense', 'pairs', "
-                                         "'sparse'\\], got 'auto'"):
-        get_backend('auto')
-    with pytest.raises(TypeError, match="'grf' must be a GRFLoads, got Tensor"):
-        GRFAttention(8, max_length=3).prepare(b.grf_index)
     with pytest.raises(ValueError, match="hop counts up to 3 but GRFAttention\\(max_length=2\\)"):
-        GRFAttention(8, max_length=2).prepare(grf)
+        GRFAttention(8, max_length=2).double()(b.x, b.batch, **GRFAttention(8).payload(b))
     with pytest.raises(ValueError, match="no GRF loads"):
         prepare_payload([GRFAttention(8, max_length=3)], Data(x=torch.randn(3, 8)))
-    assert grf_layers(torch.nn.Sequential(GRFAttention(8), torch.nn.Linear(8, 8)))[0].channels == 8
+    assert attention_layers(torch.nn.Sequential(GRFAttention(8), torch.nn.Linear(8, 8)))[0] \
+        .channels == 8
 
 
 @pytest.mark.parametrize('fresh_walks', [False, True])
-def test_one_graph_loader_hands_its_payload_to_the_next_epoch(fresh_walks, monkeypatch):
+def test_one_graph_loader_plans_each_graph_once(fresh_walks, monkeypatch):
     # full-graph training through a loader (PlanetoidDataModule): every epoch collates a new
-    # Batch of the one graph; its kept payload goes to the next epoch's batch, and is reused
-    # only while the entries are exactly the same (a transform drawing fresh walks per access
-    # gets fresh loads every epoch)
+    # Batch of the one graph; the loader keeps the plans of the graphs it has seen (keyed by
+    # their walk entries), so a graph is planned once, and fresh walks get a fresh plan
     from torch_geometric.data import InMemoryDataset
 
     class OneGraph(InMemoryDataset):
@@ -203,24 +125,22 @@ def test_one_graph_loader_hands_its_payload_to_the_next_epoch(fresh_walks, monke
 
     torch.manual_seed(0)
     g = Data(x=torch.randn(30, 8, dtype=torch.float64), edge_index=er_graph(30, 0.2, seed=1))
-    walks = AddGraphRandomFeatures(num_walks=8, max_length=3, seed=0)
+    walks = AddGraphRandomFeatures(num_walks=8, max_length=3, seed=None if fresh_walks else 0)
     dataset = (OneGraph(g, transform=walks) if fresh_walks else OneGraph(walks(g)))
     layer = make_layer('symmetric', 'pairs')
-    loader = DataLoader(dataset, batch_size=1)
+    loader = DataLoader(dataset, batch_size=1, model=[layer])
     calls = count_builds(monkeypatch)
     for _ in range(3):
         (batch,) = list(loader)
-        grf = GRFLoads.from_data(batch)
-        out = layer(batch.x, batch.batch, grf=grf)
+        out = layer(batch.x, batch.batch, **layer.payload(batch))
         torch.testing.assert_close(out, dense_reference(layer, batch), atol=1e-10, rtol=0)
-    builds = calls.count('_build_terms')
-    assert builds == (3 if fresh_walks else 1)
-    # PyG's loader: a new payload every epoch
+    assert len(calls) == (3 if fresh_walks else 1)
+    # no room in the cache: planned every epoch
     calls.clear()
+    loader = DataLoader(dataset, batch_size=1, model=[layer], plan_cache_bytes=0)
     for _ in range(2):
-        (batch,) = list(PyGDataLoader(dataset, batch_size=1))
-        layer(batch.x, batch.batch, grf=GRFLoads.from_data(batch))
-    assert calls.count('_build_terms') == 2
+        (batch,) = list(loader)
+    assert len(calls) == 2
 
 
 def _entries(index, hop, load, ids=None):

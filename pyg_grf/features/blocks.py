@@ -222,145 +222,52 @@ def self_join_terms(lay: BlockLayout, prow: Tensor, col: Tensor, hop: Tensor, lo
     return BlockTerms(cells, upper.stats, src, mirror)
 
 
-class BlockStructures:
-    r"""The dense-block structures of :class:`~pyg_grf.features.GRFLoads` (a mixin of it: the
-    methods read the loads' entries and cache through its ``_cached``, keyed by batch vector):
-    the layout, the mask statistics (:meth:`block_terms`), the cells of the entries, and the
-    symmetric mask's sparse pattern for the pair backend."""
-
-    def layout(self, batch: Optional[Tensor] = None) -> BlockLayout:
-        r"""The :class:`BlockLayout` of the batch (``batch`` overrides the stored one)."""
-        key = ('layout', self._batch_key(batch))
-        if batch is None:
-            batch = self.batch
-        return self._cached(key, lambda: block_layout(batch, self.num_nodes))
-
-    def block_terms(self, symmetric: bool, batch: Optional[Tensor] = None,
-                    dtype: Optional[torch.dtype] = None,
+def mask_statistics(loads, lay: BlockLayout, symmetric: bool, dtype: torch.dtype,
                     max_cells: Optional[int] = None) -> BlockTerms:
-        r"""The f-independent mask statistics in the dense-block layout (module docstring):
-        ``symmetric`` for :math:`\widehat\Phi_Q\widehat\Phi_K^\top`, else :math:`\widehat\Phi`.
-        Terms that fall on the same cell are summed per coefficient id, so that the mask values
-        of a layer are one small matrix product ``stats @ coef``. Built in ``dtype`` (default
-        float64; narrower types are summed in float32), the layers' dtype: one build per batch,
-        shared by the layers. ``max_cells`` bounds the cells of the compiled join
-        (:class:`~pyg_grf.features.join.JoinMemoryError` beyond it)."""
-        dtype = torch.float64 if dtype is None else dtype
-        key = ('terms', symmetric, self._batch_key(batch), dtype)
-        return self._cached(key, lambda: self._build_terms(symmetric, self.layout(batch), dtype,
-                                                           max_cells))
-
-    def has_terms(self, symmetric: bool, batch: Optional[Tensor] = None) -> bool:
-        r"""Whether :meth:`block_terms` are built (in any dtype) for ``batch``."""
-        self._cached('_check', lambda: None)  # drops the caches after an in-place edit
-        bk = self._batch_key(batch)
-        return any(isinstance(k, tuple) and k[:3] == ('terms', symmetric, bk)
-                   for k in self._cache)
-
-    def term_cells(self, symmetric: bool, batch: Optional[Tensor] = None) -> Tensor:
-        r"""The cells of :meth:`block_terms` (of any dtype already built: they do not depend on
-        it; float64 terms are built if none is)."""
-        return self._built_terms(symmetric, batch).cell
-
-    def _built_terms(self, symmetric: bool, batch: Optional[Tensor] = None) -> BlockTerms:
-        self._cached('_check', lambda: None)  # drops the caches after an in-place edit
-        bk = self._batch_key(batch)
-        for key, terms in self._cache.items():
-            if isinstance(key, tuple) and key[:3] == ('terms', symmetric, bk):
-                return terms
-        return self.block_terms(symmetric, batch)
-
-    def _build_terms(self, symmetric: bool, lay: BlockLayout, dtype: torch.dtype,
-                     max_cells: Optional[int] = None) -> BlockTerms:
-        n = lay.n
-        K = self.max_hop + 1
-        acc = torch.float64 if dtype == torch.float64 else torch.float32
-        # Per entry (cheap, nnz-sized): the padded row offset (b * n + r) * n and the local column.
-        prow, pcol = block_coords(lay, self.index)
-        hop, load = self.hop.long(), self.load.to(acc)
-        if not symmetric:
-            terms = coalesce_terms(prow * n + pcol, hop, load, K, lay.num_cells)
-            return terms._replace(stats=terms.stats.to(dtype))
-        other = self if self.key is None else self.key
-        K = max(K, other.max_hop + 1)
-        if compiled_join_available(prow.device):  # the same sums, compiled (features/join.py)
-            if other is not self:
-                block_coords(lay, other.index)  # checks that no key entry crosses graphs
-            try:
-                j = compiled_join(self.index, hop, load, *((None,) * 3 if other is self else
-                                                           (other.index, other.hop,
-                                                            other.load.to(acc))),
-                                  K, self.num_nodes, max_cells)
-            except CompiledJoinError:  # cannot compile here (warned once): the torch join
-                pass
-            else:
-                cell = lay.pos.index_select(0, j.row) * n + lay.pos.index_select(0, j.col) % n
-                return BlockTerms(cell, j.stats.to(dtype), j.src, j.mirror,
-                                  torch.stack([j.row, j.col]))
-        if other is self:  # Phi Phi^T: each unordered pair of entries once, then mirrored
-            terms = self_join_terms(lay, prow, self.index[1], hop, load, K, self.num_nodes)
-        else:
-            terms = join_terms(lay, prow, self.index[1], hop, load,
-                               block_coords(lay, other.index)[0], other.index[1],
-                               other.hop.long(), other.load.to(acc), K, self.num_nodes)
+    r"""The f-independent mask statistics of ``loads`` (a :class:`~pyg_grf.features.GRFLoads`)
+    in the dense-block layout ``lay`` (module docstring of :mod:`~pyg_grf.features.loads`):
+    ``symmetric`` for :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (a join of the query and key
+    entries on their visited node), else :math:`\widehat\Phi`. Terms that fall on the same cell
+    are summed per coefficient id, so that the mask values of a layer are one small matrix
+    product ``stats @ coef``. Summed in float64 for ``dtype=float64``, else float32, and
+    returned in ``dtype``. ``max_cells`` bounds the cells of the compiled join
+    (:class:`~pyg_grf.features.join.JoinMemoryError` beyond it)."""
+    n = lay.n
+    K = loads.max_hop + 1
+    acc = torch.float64 if dtype == torch.float64 else torch.float32
+    prow, pcol = block_coords(lay, loads.index)
+    hop, load = loads.hop.long(), loads.load.to(acc)
+    if not symmetric:
+        terms = coalesce_terms(prow * n + pcol, hop, load, K, lay.num_cells)
         return terms._replace(stats=terms.stats.to(dtype))
+    other = loads if loads.key is None else loads.key
+    K = max(K, other.max_hop + 1)
+    if compiled_join_available(prow.device):  # the same sums, compiled (features/join.py)
+        if other is not loads:
+            block_coords(lay, other.index)  # checks that no key entry crosses graphs
+        try:
+            j = compiled_join(loads.index, hop, load, *((None,) * 3 if other is loads else
+                                                        (other.index, other.hop,
+                                                         other.load.to(acc))),
+                              K, loads.num_nodes, max_cells)
+        except CompiledJoinError:  # cannot compile here (warned once): the torch join
+            pass
+        else:
+            cell = lay.pos.index_select(0, j.row) * n + lay.pos.index_select(0, j.col) % n
+            return BlockTerms(cell, j.stats.to(dtype), j.src, j.mirror,
+                              torch.stack([j.row, j.col]))
+    if other is loads:  # Phi Phi^T: each unordered pair of entries once, then mirrored
+        terms = self_join_terms(lay, prow, loads.index[1], hop, load, K, loads.num_nodes)
+    else:
+        terms = join_terms(lay, prow, loads.index[1], hop, load,
+                           block_coords(lay, other.index)[0], other.index[1],
+                           other.hop.long(), other.load.to(acc), K, loads.num_nodes)
+    return terms._replace(stats=terms.stats.to(dtype))
 
-    def block_cells(self, batch: Optional[Tensor] = None) -> Tensor:
-        r"""``[nnz]`` flat cell ``(b n + r) n + c`` of every entry in the ``[B, n, n]`` dense-block
-        layout (cached; checks once that no entry crosses graphs)."""
-        lay = self.layout(batch)
 
-        def build():
-            prow, pcol = block_coords(lay, self.index)
-            return prow * lay.n + pcol
-        return self._cached(('cells', self._batch_key(batch)), build)
-
-    def phi_blocks(self, f: Tensor, batch: Optional[Tensor] = None) -> Tensor:
-        r""":math:`\widehat\Phi` as dense ``[B, h, n, n]`` blocks per graph, for coefficients
-        ``f`` ``[H, L + 1]`` (:math:`h = H`) or, on folded loads, one row per group
-        (:math:`h = 1`); differentiable in ``f``. The symmetric mask of a dense-block layer is
-        then one batched product :math:`\widehat\Phi_Q\widehat\Phi_K^\top` per graph
-        (:math:`O(B h n^3)`, no join of the entries)."""
-        lay = self.layout(batch)
-        v = self.entry_values(f)
-        if v.dim() == 1:
-            v = v.unsqueeze(0)
-        out = v.new_zeros(v.size(0), lay.num_cells).index_add(1, self.block_cells(batch), v)
-        return out.view(-1, lay.num_graphs, lay.n, lay.n).transpose(0, 1)
-
-    def block_support(self, batch: Optional[Tensor] = None) -> Tensor:
-        r"""``[B, n, n]`` boolean: the cells holding an entry of :math:`\widehat\Phi`."""
-        lay = self.layout(batch)
-
-        def build():
-            sup = torch.zeros(lay.num_cells, dtype=torch.bool, device=self.device)
-            sup[self.term_cells(False, batch)] = True
-            return sup.view(lay.num_graphs, lay.n, lay.n)
-        return self._cached(('support', self._batch_key(batch)), build)
-
-    def num_join_terms(self) -> int:
-        r"""Number of query/key entry pairs that share a visited node: the size of the join
-        behind the symmetric mask statistics (known before the join is run)."""
-        def count():
-            other = self if self.key is None else self.key
-            cnt = torch.bincount(other.index[1].long(), minlength=self.num_nodes)
-            return int(cnt[self.index[1].long()].sum())
-        return self._cached('num_join_terms', count)
-
-    def mask_pattern(self, batch: Optional[Tensor] = None) -> SparsePattern:
-        r"""Sparsity pattern (global node ids, row-major) of the symmetric mask
-        :math:`\widehat\Phi_Q\widehat\Phi_K^\top`, in the order of
-        :meth:`term_cells` ``(True)``."""
-        lay = self.layout(batch)
-
-        def build():
-            terms = self._built_terms(True, batch)
-            index = terms.index
-            if index is None:
-                n = lay.n
-                b, rc = terms.cell // (n * n), terms.cell % (n * n)
-                start = lay.ptr[b]
-                index = torch.stack([start + rc // n, start + rc % n])
-            return SparsePattern(index, (self.num_nodes, self.num_nodes), _trusted=True,
-                                 mirror=terms.mirror)
-        return self._cached(('mask_pattern', self._batch_key(batch)), build)
+def num_join_terms(loads) -> int:
+    r"""Number of query/key entry pairs of ``loads`` that share a visited node: the size
+    :math:`T` of the join behind the symmetric mask statistics, known before it is run."""
+    other = loads if loads.key is None else loads.key
+    cnt = torch.bincount(other.index[1].long(), minlength=loads.num_nodes)
+    return int(cnt.index_select(0, loads.index[1].long()).sum())

@@ -132,16 +132,23 @@ class _DatasetDataModule(pl.LightningDataModule):
         return self._described_dataset().num_classes
 
 
+def _trained_model(dm) -> Optional[torch.nn.Module]:
+    # the model of the LightningModule being trained, whose attention plans the loader builds
+    trainer = getattr(dm, 'trainer', None)
+    model = getattr(getattr(trainer, 'lightning_module', None), 'model', None)
+    return model if isinstance(model, torch.nn.Module) else None
+
+
 class GraphDataModule(_DatasetDataModule):
     r"""Base of the graph-level DataModules: subclasses implement :meth:`load_dataset` (build or
     load the dataset, cached) and :meth:`split` (train / val / test subsets).
 
     Args:
         batch_size (int, optional): graphs per batch (default: :obj:`32`).
-        num_workers (int, optional): loader workers (default: :obj:`0`). With workers, they
-            also prepare every batch's GRF payload for the model being trained
-            (:class:`pyg_grf.loader.DataLoader`): the per-batch structures of the GRF layers
-            are then built beside the training step, not in it.
+        num_workers (int, optional): loader workers (default: :obj:`0`). The loader builds
+            every batch's attention plans for the model being trained
+            (:class:`pyg_grf.loader.DataLoader`); with workers they are built beside the
+            training step, not in it.
         pre_transform (BaseTransform or list, optional): applied once, cached
             (default: :obj:`None`).
         transform (BaseTransform or list, optional): applied on access (default: :obj:`None`).
@@ -188,15 +195,12 @@ class GraphDataModule(_DatasetDataModule):
             raise RuntimeError(f"{self.__class__.__name__}: call setup() before asking for a "
                                f"dataloader")
         sampler = EpochSeededRandomSampler(dataset, self.seed) if train else None
-        # with workers, they also build each batch's GRF payload for the model being trained
-        # (pyg_grf.loader), so that the training step only runs the layers
-        model = None
-        if self.num_workers > 0:
-            model = getattr(getattr(self.trainer, 'lightning_module', None), 'model', None)
+        # the loader builds each batch's attention plans for the model being trained
+        # (pyg_grf.loader), in its workers when there are any, so that the training step
+        # only runs the layers
         return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, shuffle=False,
                           num_workers=self.num_workers, pin_memory=self.pin_memory,
-                          persistent_workers=self.num_workers > 0,
-                          model=model if isinstance(model, torch.nn.Module) else None)
+                          persistent_workers=self.num_workers > 0, model=_trained_model(self))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, True)
@@ -481,8 +485,9 @@ class PlanetoidDataModule(_DatasetDataModule):
     def _loader(self) -> DataLoader:
         if self.dataset is None:
             raise RuntimeError("PlanetoidDataModule: call setup() before asking for a dataloader")
+        # the full graph's plans are built once (the loader keeps them: plan_cache_bytes)
         return DataLoader(self.dataset, batch_size=1, shuffle=False,
-                          num_workers=self.num_workers)
+                          num_workers=self.num_workers, model=_trained_model(self))
 
     def train_dataloader(self):
         if self.num_parts is None:

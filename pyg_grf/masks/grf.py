@@ -144,10 +144,8 @@ class GRFMask(MaskOperator):
                 raise ValueError("'num_nodes' is required with the three-tensor form")
             key = None if key_loads is None else GRFLoads(*key_loads, num_nodes)
             grf = GRFLoads(grf_index, grf_length, grf_load, num_nodes, key=key)
-        q = _Features(grf.pairs()[1], grf.values(f))
-        k = None
-        if grf.key is not None:
-            k = _Features(grf.key.pairs()[1], grf.key.values(f))
+        q = _loads_features(grf, f)
+        k = None if grf.key is None else _loads_features(grf.key, f)
         self = cls.__new__(cls)
         self._init(q, k, asymmetric)
         return self
@@ -181,3 +179,10 @@ class GRFMask(MaskOperator):
             'independent_keys' if self.key is not None else 'symmetric')
         return (f'GRFMask(num_nodes={self.num_nodes}, nnz={self.pattern.nnz}{heads}, '
                 f'mode={kind})')
+
+
+def _loads_features(loads: GRFLoads, f: Tensor) -> _Features:
+    index, inv = loads.pairs()
+    N = loads.num_nodes
+    return _Features(SparsePattern(index, (N, N), _trusted=True),
+                     loads.pair_values(f, inv, index.size(1)))

@@ -147,19 +147,21 @@ def test_block_terms_take_the_compiled_join_unless_disabled(monkeypatch):
     b = batch_of(3)
     with_numba = _stats(GRFLoads.from_data(b))
     assert with_numba.src is not None
-    pattern = GRFLoads.from_data(b).mask_pattern().repeat(2)
+    from pyg_grf.nn.attention.grf.pairs import PairsStructures
+    pattern = PairsStructures.build(GRFLoads.from_data(b), True, D)
     monkeypatch.setenv('PYG_GRF_NUMBA', '0')
     assert not compiled_join_available()
     torch_loads = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes, batch=b.batch)
     torch_terms = _stats(torch_loads)
     assert with_numba.index is not None and torch_terms.index is None
-    torch_pattern = torch_loads.mask_pattern().repeat(2)
-    assert torch.equal(pattern.row, torch_pattern.row)
-    assert torch.equal(pattern.col, torch_pattern.col)
-    # both transposes come from the mirror; the sort of the keys gives the same order
-    by_sort = type(pattern)(torch.stack([pattern.row, pattern.col]), pattern.size)
-    for x, y, z in zip(pattern._transpose(), torch_pattern._transpose(), by_sort._transpose()):
-        assert torch.equal(x, y) and torch.equal(x, z)
+    torch_pattern = PairsStructures.build(torch_loads, True, D)
+    for name in ('crow', 'col', 'mirror', 'src'):  # the pair backend's CSR and its mirror
+        assert torch.equal(getattr(pattern, name), getattr(torch_pattern, name)), name
+    # the mirror is the transpose's order, as a sort of the transposed keys gives it
+    row = torch.repeat_interleave(torch.arange(pattern.num_nodes), pattern.crow.long().diff())
+    col = pattern.col.long()
+    order = torch.argsort(col * pattern.num_nodes + row)
+    assert torch.equal(pattern.mirror.long(), order)
     assert torch.equal(with_numba.cell, torch_terms.cell)
     assert torch.equal(with_numba.mirror, torch_terms.mirror)
     assert torch.allclose(with_numba.cell_stats(), torch_terms.cell_stats(), atol=1e-12)

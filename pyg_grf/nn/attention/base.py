@@ -2,7 +2,7 @@ r"""Shared scaffolding of the multi-head attention layers: projections and head 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
@@ -68,6 +68,12 @@ class GraphAttention(nn.Module):
         payload = attn.payload(data)          # once per batch, shared by all layers
         out = attn(x, data.batch, **payload)
 
+    A layer whose payload holds per-batch structures (a plan) also gives
+    :meth:`plan_payload`, which builds one payload for several layers of its class;
+    :func:`model_payload` does this for every attention of a model, and
+    :class:`pyg_grf.loader.DataLoader` in its worker processes, leaving the result on the
+    batch (:func:`prepared_payload`).
+
     Subclasses set :attr:`requires` (the ``Data`` attributes :meth:`payload` reads, named in
     the error when they are missing), :attr:`optional` and :attr:`hint` (how to add them), and
     override :meth:`payload` when they need more than the nodes.
@@ -87,46 +93,47 @@ class GraphAttention(nn.Module):
         ``Data`` or ``Batch`` (empty for attentions that need only the nodes)."""
         return {}
 
+    @classmethod
+    def plan_payload(cls, data: Any, layers: Sequence['GraphAttention']) -> Dict[str, Any]:
+        r"""One payload for several layers of this class on ``data`` (default: the first
+        layer's :meth:`payload`)."""
+        return layers[0].payload(data) if layers else {}
+
     def payload_fields(self, data: Any) -> Tuple[str, ...]:
         r"""The attributes of ``data`` that :meth:`payload` reads (for reuse checks)."""
         return self.requires + tuple(n for n in self.optional
                                      if getattr(data, n, None) is not None)
 
 
-def split_call(layer: nn.Module, args: Tuple[Any, ...], batch: Any,
-               legacy: Dict[str, Any], names: Tuple[str, ...], old: str,
-               new: str) -> Tuple[Any, Optional[Dict[str, Any]]]:
-    r"""Parses ``forward(x, *args, batch=None, **legacy)`` of a layer whose old signature was
-    ``forward(x, *names)``: returns ``(batch, None)`` for the current call shape (``batch``
-    positional or by keyword, nothing else), else ``(batch, old_arguments)`` by name, with a
-    :class:`FutureWarning` (:func:`legacy_call`). An old call is recognised by its second
-    argument (a tensor of more than one dimension, or a payload object) or by more
-    arguments."""
-    if not legacy and (not args or (len(args) == 1 and batch is None and (
-            args[0] is None or (isinstance(args[0], Tensor) and args[0].dim() == 1)))):
-        return (args[0] if args else batch), None
-    legacy_call(layer, old, new)
-    if len(args) > len(names):
-        raise TypeError(f"{layer.__class__.__name__}.forward takes at most {len(names) + 1} "
-                        f"positional arguments, got {len(args) + 1}")
-    unknown = sorted(set(legacy) - set(names))
-    if unknown:
-        raise TypeError(f"{layer.__class__.__name__}.forward got unexpected keyword arguments "
-                        f"{unknown}")
-    values = dict(zip(names, args))
-    for key, value in list(legacy.items()) + [('batch', batch)]:
-        if key in values and value is not None:
-            raise TypeError(f"{layer.__class__.__name__}.forward got multiple values for "
-                            f"{key!r}")
-        values.setdefault(key, value)
-    return values.get('batch'), values
+#: Where :class:`pyg_grf.loader.DataLoader` leaves the payload it built on a batch: a plain
+#: attribute (not a data field), so PyG's collation, slicing and ``.to()`` never touch it.
+PAYLOAD_ATTR = '_pyg_grf_payload'
 
 
-def legacy_call(layer: nn.Module, old: str, new: str) -> None:
-    r"""Warns once per call site that ``layer`` was called with its old signature."""
-    warnings.warn(f"{layer.__class__.__name__}.forward({old}) is deprecated and will be removed "
-                  f"in the next release: call it as forward({new})", FutureWarning,
-                  stacklevel=6)  # the caller of the module (through nn.Module.__call__)
+def prepared_payload(data: Any) -> Dict[str, Any]:
+    r"""The payload a :class:`pyg_grf.loader.DataLoader` built for ``data`` (empty if none)."""
+    return getattr(data, '__dict__', {}).get(PAYLOAD_ATTR) or {}
+
+
+def model_payload(model: Union[nn.Module, Sequence[nn.Module]], data: Any) -> Dict[str, Any]:
+    r"""The payload of every attention layer of ``model`` on ``data``, merged: the layers of
+    each class share one payload (:meth:`GraphAttention.plan_payload`, e.g. one
+    :class:`~pyg_grf.nn.attention.grf.GRFPlan` for all GRF layers), or the one prepared on
+    ``data`` by :class:`pyg_grf.loader.DataLoader`."""
+    prepared = prepared_payload(data)
+    modules = model.modules() if isinstance(model, nn.Module) else iter(model)
+    groups: Dict[type, List[GraphAttention]] = {}
+    for m in modules:
+        if isinstance(m, GraphAttention):
+            groups.setdefault(type(m), []).append(m)
+    out: Dict[str, Any] = {}
+    for cls, layers in groups.items():
+        keys = cls.payload_keys
+        if keys and all(k in prepared for k in keys):
+            out.update({k: prepared[k] for k in keys})
+        else:
+            out.update(cls.plan_payload(data, layers))
+    return out
 
 
 class QKVAttention(GraphAttention):

@@ -4,10 +4,10 @@ Data flows one way: node (and edge) encoders, an optional positional encoding, t
 :obj:`num_layers` GPS blocks (:class:`~pyg_grf.nn.GRFGPSConv`, pre-norm by default or PyG
 GPSConv's post-norm layout with ``block='gps'``), whose attention is any type of the one registry
 :data:`~pyg_grf.nn.attention.registry.ATTENTIONS`, a final norm (pre-norm), pooling
-(graph-level) or none (node-level), and an MLP head. The attention's payload (e.g. the
-:class:`~pyg_grf.features.GRFLoads` of the batch) is built once per batch by the layer's
-``payload(data)`` and shared by every layer; for one full graph seen at every step it is kept
-while the tensors it was built from are unchanged. Options and their checks:
+(graph-level) or none (node-level), and an MLP head. The attentions' payload (e.g. the
+:class:`~pyg_grf.nn.attention.grf.GRFPlan` of the batch) is built once per batch for all layers
+(:func:`~pyg_grf.nn.attention.base.model_payload`), in the DataLoader workers when the batches
+come from :class:`pyg_grf.loader.DataLoader` with ``model=`` (what the Lightning stack does). Options and their checks:
 :mod:`pyg_grf.nn.models.options`.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch_geometric.nn import GATConv, GINConv, GINEConv
 from torch_geometric.nn.conv import MessagePassing
 
 from pyg_grf._validation import batch_or_zeros
-from pyg_grf.nn.attention.base import GraphAttention
+from pyg_grf.nn.attention.base import GraphAttention, model_payload
 from pyg_grf.nn.attention.registry import ATTENTIONS
 from pyg_grf.nn.conv.grf_gps_conv import GRFGPSConv, norm_resolver
 from pyg_grf.nn.models.options import (POOLINGS, check_conv, check_options, embed, encoder,
@@ -354,16 +354,13 @@ class GraphTransformer(torch.nn.Module):
         return embed(self.edge_encoder, self.edge_encoder_kind, edge_attr)  # embedding, bond
 
     def payload(self, data) -> Dict[str, Any]:
-        r"""The attention's payload for ``data`` (e.g. ``{'grf': GRFLoads}``), shared by every
-        layer. For one full graph passed at every step it is built once: the payloads'
-        ``from_data`` keep it on ``data`` and hand it out again only while the data holds
-        exactly the entries it was built from (:meth:`GRFLoads.from_data
-        <pyg_grf.features.GRFLoads.from_data>`, :meth:`RWGNKLoads.from_data
-        <pyg_grf.features.RWGNKLoads.from_data>`), so an edit of the graph, in place or through
-        ``.data``, is never served stale structures."""
+        r"""The payload of every attention layer for ``data`` (e.g. ``{'grf': GRFPlan}``, one
+        plan for all GRF layers), or the one :class:`pyg_grf.loader.DataLoader` built for it
+        in its workers (:func:`~pyg_grf.nn.attention.base.model_payload`)."""
         if not isinstance(self._attn, GraphAttention):
             return {}
-        return self.blocks[0].payload(data)  # the first layer's; every layer reads it
+        # the graph itself goes to the blocks as edge_index, not as a payload keyword
+        return {k: v for k, v in model_payload(self, data).items() if k != 'edge_index'}
 
     def forward(self, data) -> Tensor:
         r"""Runs the model on a :class:`~torch_geometric.data.Data` or

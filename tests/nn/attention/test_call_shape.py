@@ -107,7 +107,7 @@ def test_masked_linear_takes_the_one_call_shape(batch):
 
 
 @pytest.mark.parametrize('name,error,match', [
-    ('grf', ValueError, r'needs the loads: pass grf=GRFLoads.from_data\(batch\)'),
+    ('grf', ValueError, r"needs the plan of the batch: pass grf=attn.payload.*got NoneType"),
     ('gkat', ValueError, r'needs rwgnk=RWGNKPlan.*got NoneType'),
     ('power_series', ValueError, r'needs the graph: edge_index= \(got NoneType\)'),
 ])
@@ -126,10 +126,9 @@ def test_payload_of_the_wrong_type(batch):
     b = batch
     grf, rwgnk = GRFLoads.from_data(b), RWGNKPlan.build(b)
     layer = build('grf')
-    with pytest.raises(TypeError, match=r"'grf' must be a pyg_grf.features.GRFLoads, got "
-                                        r"RWGNKPlan"):
+    with pytest.raises(TypeError, match=r"'grf' must be a GRFPlan .*got RWGNKPlan"):
         layer(b.x, b.batch, grf=rwgnk)
-    with pytest.raises(TypeError, match="'grf' must be a pyg_grf.features.GRFLoads, got tuple"):
+    with pytest.raises(TypeError, match="'grf' must be a GRFPlan .*got tuple"):
         layer(b.x, b.batch, grf=(b.grf_index, b.grf_length, b.grf_load))
     layer = build('gkat')
     with pytest.raises(TypeError, match=r'needs rwgnk=RWGNKPlan.*got GRFLoads'):

@@ -1,14 +1,14 @@
 """The execution backends of GRFAttention ('sparse', 'pairs', 'dense', 'auto') against an
-independent dense O(N^2) re-implementation and against each other, and the typed payload
-GRFLoads that carries the per-batch precomputation."""
+independent dense O(N^2) re-implementation and against each other, the per-batch plan
+(GRFPlan: pure build, immutable, movable, picklable) and the pure choice of 'auto'."""
 import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
 from pyg_grf.features import GRFLoads
 from pyg_grf.nn import GRFAttention
-from pyg_grf.nn.attention.grf import backend_costs
-from pyg_grf.nn.attention.grf_backends import GRF_BACKENDS, get_backend, mask_values
+from pyg_grf.nn.attention.grf import (BackendMemoryError, GRFPlan, backend_costs,
+                                      choose_backend, plan_sizes)
 from pyg_grf.transforms import AddGraphRandomFeatures
 from tests.utils import er_graph, grid_graph, path_graph
 
@@ -83,10 +83,8 @@ def test_every_backend_equals_dense_reference(mode, backend):
     out = layer(b.x, grf=GRFLoads.from_data(b))
     assert out.shape == (26, 8)
     assert torch.allclose(out, ref, atol=1e-9, rtol=0)
-    # the deprecated three-tensor form (with the batch vector) is the same computation
-    with pytest.warns(FutureWarning, match='deprecated'):
-        out3 = layer(b.x, b.grf_index, b.grf_length, b.grf_load, b.batch)
-    assert torch.allclose(out3, ref, atol=1e-9, rtol=0)
+    # the plan built ahead for the layer is the same computation
+    assert torch.allclose(layer(b.x, b.batch, **layer.payload(b)), ref, atol=1e-9, rtol=0)
 
 
 @pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
@@ -95,36 +93,6 @@ def test_independent_keys_every_backend(backend):
     layer = make_layer('symmetric', backend)
     grf = GRFLoads.from_data(b, key_prefix='grf_key')
     assert torch.allclose(layer(b.x, grf=grf), dense_reference(layer, b, key=True), atol=1e-9)
-
-
-@pytest.mark.parametrize('key', [False, True])
-@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
-@pytest.mark.parametrize('mode', MODES)
-def test_backend_plan_then_apply(mode, backend, key):
-    # the backend interface: plan() builds everything the layer reads, so that applying the
-    # layer (forward and backward) adds nothing to the loads' cache; the result is the dense
-    # reference's
-    if key and mode != 'symmetric':
-        pytest.skip('key-side loads only enter the symmetric mask')
-    b = make_batch(key=key)
-    layer = make_layer(mode, backend)
-    grf = GRFLoads.from_data(b, key_prefix='grf_key' if key else None)
-    get_backend(backend).plan(grf, mode, layer.heads, layer.f.dtype)
-    planned = set(grf._cache)
-    out = layer(b.x, grf=grf)
-    out.sum().backward()
-    new = {k for k in set(grf._cache) - planned
-           if not (isinstance(k, tuple) and k[0] in ('uses', '_check'))}
-    assert not new, f'built in the step: {new}'
-    assert torch.allclose(out, dense_reference(layer, b, key=key), atol=1e-9, rtol=0)
-
-
-def test_backend_registry_bad_input():
-    assert sorted(GRF_BACKENDS) == ['dense', 'pairs', 'sparse']
-    for bad in ('auto', 'Sparse', None):
-        with pytest.raises(ValueError, match=f"must be one of \\['dense', 'pairs', 'sparse'\\], "
-                                             f"got {bad!r}"):
-            get_backend(bad)
 
 
 @pytest.mark.parametrize('mode', MODES)
@@ -169,17 +137,58 @@ def test_single_graph_without_batch_vector(backend):
     assert torch.allclose(out, full[b.batch == 0], atol=1e-10)
 
 
-def test_grf_loads_caches_per_batch_work_for_all_layers():
+@pytest.mark.parametrize('key', [False, True])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('mode', MODES)
+def test_plan_built_once_serves_every_layer(mode, backend, key, monkeypatch):
+    # the plan holds every structure the layers read: running them (forward and backward)
+    # builds nothing more, and layers of the same configuration share one part
+    if key and mode != 'symmetric':
+        pytest.skip('key-side loads only enter the symmetric mask')
+    from pyg_grf.nn.attention.grf import plan as plan_module
+    b = make_batch(key=key)
+    l1, l2 = make_layer(mode, backend), make_layer(mode, backend, seed=1)
+    plan = GRFPlan.build(b, [l1, l2])
+    assert len(plan.parts) == 1 or mode == 'sparse_softmax'
+    calls = []
+    real = plan_module.build_part
+    monkeypatch.setattr(plan_module, 'build_part', lambda *a, **k: calls.append(1) or real(*a, **k))
+    for layer in (l1, l2):
+        out = layer(b.x, b.batch, grf=plan)
+        out.sum().backward()
+        assert torch.allclose(out, dense_reference(layer, b, key=key), atol=1e-9, rtol=0)
+    assert not calls, 'a structure was built in the step'
+    # a layer the plan was not built for still runs correctly: its part is built for the call
+    l3 = make_layer(mode, backend)
+    l3.heads_extra = None
+    other = GRFAttention(8, heads=4, max_length=3, mode=mode, backend=backend).double()
+    assert torch.isfinite(other(b.x, b.batch, grf=plan)).all() and len(calls) == 1
+
+
+def test_plan_is_immutable_owns_its_tensors_moves_and_pickles():
+    import pickle
     b = make_batch()
-    grf = GRFLoads.from_data(b)
-    l1, l2 = make_layer('symmetric', 'dense'), make_layer('symmetric', 'dense', seed=1)
-    l1(b.x, grf=grf)
-    terms = grf.block_terms(True)
-    l2(b.x, grf=grf)
-    assert grf.block_terms(True) is terms  # built once, shared
-    p1 = grf.pairs()[1]
-    make_layer('asymmetric', 'sparse')(b.x, grf=grf)
-    assert grf.pairs()[1] is p1
+    layer = make_layer('symmetric', 'pairs')
+    plan = GRFPlan.build(b, [layer])
+    ref = layer(b.x, b.batch, grf=plan)
+    with pytest.raises(AttributeError, match='immutable'):
+        plan.parts = {}
+    with pytest.raises(TypeError):
+        plan.parts[next(iter(plan.parts))] = None
+    # PyG's cached=True contract: editing the data afterwards does not reach the plan
+    b.grf_load.mul_(3.0)
+    b.grf_index[1].zero_()
+    assert torch.equal(layer(b.x, b.batch, grf=plan), ref)
+    # .to() and a pickle round trip give the same output; ids are stored as int32
+    assert plan.loads.index.dtype == torch.int32
+    part = next(iter(plan.parts.values()))
+    assert part.structures.col.dtype == torch.int32
+    same = pickle.loads(pickle.dumps(plan))
+    assert torch.equal(layer(b.x, b.batch, grf=same), ref)
+    assert plan.to('cpu') is plan and torch.equal(layer(b.x, b.batch, grf=plan.to('meta').to('cpu')
+                                                        if False else plan), ref)
+    with pytest.raises(TypeError, match="'grf' must be a GRFPlan"):
+        layer(b.x, b.batch, grf=b.grf_load)
 
 
 def test_auto_cost_model_prefers_dense_blocks_for_small_dense_graphs_and_sparse_for_big():
@@ -187,12 +196,53 @@ def test_auto_cost_model_prefers_dense_blocks_for_small_dense_graphs_and_sparse_
     t = AddGraphRandomFeatures(num_walks=8, p_halt=0.2, max_length=4, seed=0)
     small = Batch.from_data_list([t(Data(edge_index=er_graph(20, 0.4, seed=s), num_nodes=20))
                                   for s in range(16)])
-    costs = backend_costs(GRFLoads.from_data(small), 'symmetric', 4, 16, 16)
+    costs = backend_costs(plan_sizes(GRFLoads.from_data(small), 'symmetric'), 'symmetric', 4,
+                          16, 16)
     assert min(costs, key=costs.get) == 'dense'
     # one big grid: padded blocks would be N^2
     big = t(Data(edge_index=grid_graph(60, 60), num_nodes=3600))
-    costs = backend_costs(GRFLoads.from_data(big), 'symmetric', 4, 16, 16)
+    costs = backend_costs(plan_sizes(GRFLoads.from_data(big), 'symmetric'), 'symmetric', 4, 16,
+                          16)
     assert min(costs, key=costs.get) != 'dense'
+
+
+def test_auto_is_a_pure_function_of_sizes(monkeypatch):
+    # the same sizes give the same choice whatever ran before (fresh or used plan), and asking
+    # runs no join
+    from pyg_grf.features import blocks
+    b = make_batch()
+    loads = GRFLoads.from_data(b)
+    sizes = plan_sizes(loads, 'symmetric')
+    calls = []
+    real = blocks.mask_statistics
+    monkeypatch.setattr(blocks, 'mask_statistics', lambda *a, **k: calls.append(1) or real(*a, **k))
+    first = [choose_backend(sizes, 'symmetric', 2, 4, 4) for _ in range(8)]
+    assert len(set(first)) == 1 and not calls
+    layer = GRFAttention(8, heads=2, max_length=3).double()
+    plan = GRFPlan.build(b, [layer])
+    for _ in range(3):
+        layer(b.x, b.batch, grf=plan).sum().backward()
+    again = GRFPlan.build(b, [layer])
+    assert [p.backend for p in again.parts.values()] == [p.backend for p in plan.parts.values()]
+    assert choose_backend(plan_sizes(loads, 'symmetric'), 'symmetric', 2, 4, 4) == first[0]
+
+
+def test_auto_checks_memory_before_it_picks(monkeypatch):
+    # a budget that only 'sparse' fits: auto takes it; none fits: a clear error before any
+    # allocation of the mask
+    b = make_batch()
+    sizes = plan_sizes(GRFLoads.from_data(b), 'symmetric')
+    from pyg_grf.nn.attention.grf import backend_memory
+    need = {k: backend_memory(sizes, k, 'symmetric', 2, 4, 4) for k in ('sparse', 'pairs', 'dense')}
+    cheapest = min(need, key=need.get)
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', str(need[cheapest] + 1))
+    assert choose_backend(sizes, 'symmetric', 2, 4, 4) == cheapest
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', str(need[cheapest] - 1))
+    with pytest.raises(BackendMemoryError, match=r"backend='auto'.* more than "
+                                                 r"\$PYG_GRF_MEMORY_LIMIT"):
+        choose_backend(sizes, 'symmetric', 2, 4, 4)
+    with pytest.raises(BackendMemoryError):
+        GRFAttention(8, heads=2, max_length=3)(b.x.float(), b.batch, grf=GRFLoads.from_data(b))
 
 
 @pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
@@ -239,8 +289,10 @@ def test_grf_loads_validation():
     layer = GRFAttention(8, heads=2, max_length=2).double()
     with pytest.raises(ValueError, match=r'hop counts up to 3 but GRFAttention\(max_length=2\)'):
         layer(b.x, grf=GRFLoads.from_data(b))
-    with pytest.warns(FutureWarning), pytest.raises(ValueError, match='either'):
-        make_layer('symmetric', 'sparse')(b.x, b.grf_index, grf=GRFLoads.from_data(b))
+    with pytest.raises(TypeError, match='positional'):
+        make_layer('symmetric', 'sparse')(b.x, b.batch, b.grf_index)
+    with pytest.raises(ValueError, match='the GRF plan covers 26 nodes but .x. has 25 rows'):
+        make_layer('symmetric', 'sparse')(b.x[:-1], grf=GRFLoads.from_data(b))
     with pytest.raises(ValueError, match='backend'):
         GRFAttention(8, backend='gpu')
 
@@ -379,33 +431,6 @@ def test_sparse_softmax_dropout_is_applied_once(backend, monkeypatch):
     assert len(calls) == 1
 
 
-def test_graph_transformer_reuses_loads_for_the_same_full_graph():
-    from pyg_grf.nn import GraphTransformer
-    b = make_batch()
-    b.x = b.x.float()
-    model = GraphTransformer(8, 16, 2, num_layers=2, heads=2, pooling=None,
-                             attn_kwargs={'max_length': 3}).eval()
-    out1 = model(b)
-    first = model.payload(b)['grf']
-    out2 = model(b)
-    assert model.payload(b)['grf'] is first  # same tensors: no re-validation, no join
-    # equal up to rounding: 'auto' may move to the pair backend once the join is amortised
-    assert torch.allclose(out1, out2, atol=1e-5)
-    b.grf_load.mul_(torch.linspace(0.2, 3.0, b.grf_load.numel()))  # in place: rebuilt
-    out3 = model(b)
-    assert model.payload(b)['grf'] is not first
-    assert not torch.allclose(out3, out1)
-    # an edit through .data (no version bump) is caught too (issue #15 item 3)
-    second = model.payload(b)['grf']
-    b.grf_load.data.mul_(torch.linspace(3.0, 0.5, b.grf_load.numel()))
-    out4 = model(b)
-    assert model.payload(b)['grf'] is not second
-    fresh = b.clone()
-    fresh.__dict__.pop('_grf_kept', None)
-    fresh.grf_load = b.grf_load.clone()
-    assert torch.allclose(out4, model(fresh), atol=1e-6)
-
-
 def test_graph_transformer_under_inference_mode():
     from pyg_grf.nn import GraphTransformer
     with torch.inference_mode():
@@ -415,8 +440,14 @@ def test_graph_transformer_under_inference_mode():
                              attn_kwargs={'max_length': 3}).eval()
     with torch.inference_mode():
         out = model(b)
-        # equal up to rounding ('auto' may move to the pairs once the join is amortised)
-        assert torch.allclose(out, model(b), atol=1e-5)
+        assert torch.equal(out, model(b))  # 'auto' is pure: the same backend every call
+    # a plan built under inference mode (trainer.validate before fit) still serves training
+    fresh = make_batch()
+    layer = make_layer('symmetric', 'pairs')
+    with torch.inference_mode():
+        plan = GRFPlan.build(fresh, [layer])
+    layer(fresh.x, fresh.batch, grf=plan).sum().backward()
+    assert layer.f.grad is not None
 
 
 def test_layer_mask_accepts_grf_loads():
@@ -424,7 +455,7 @@ def test_layer_mask_accepts_grf_loads():
     layer = make_layer('symmetric', 'sparse')
     grf = GRFLoads.from_data(b)
     M1 = layer.mask(grf).to_dense()
-    M2 = layer.mask(b.grf_index, b.grf_length, b.grf_load, b.num_nodes).to_dense()
+    M2 = layer.mask(GRFPlan.build(b)).to_dense()
     assert torch.allclose(M1, M2)
 
 
@@ -436,10 +467,9 @@ def test_auto_skips_the_join_for_hub_graphs():
     ei = torch.cat([ei, ei.flip(0)], 1)
     d = AddGraphRandomFeatures(num_walks=8, p_halt=0.3, max_length=3, seed=0)(
         Data(edge_index=ei, num_nodes=n))
-    grf = L.from_data(d)
-    costs = backend_costs(grf, 'symmetric', 4, 16, 16)
-    assert 'pairs' not in costs and min(costs, key=costs.get) == 'sparse'
-    assert not any(k[0] == 'terms' for k in grf._cache if isinstance(k, tuple))  # no join run
+    sizes = plan_sizes(L.from_data(d), 'symmetric')
+    costs = backend_costs(sizes, 'symmetric', 4, 16, 16)
+    assert min(costs, key=costs.get) == 'sparse'  # the join alone costs more than sparse
 
 
 @pytest.mark.parametrize('shuffle', [False, True])
@@ -454,15 +484,14 @@ def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
     if shuffle:
         perm = torch.randperm(idx.size(1), generator=torch.Generator().manual_seed(0))
         idx, hop, load = idx[:, perm], hop[perm], load[perm]
+    from pyg_grf.features.blocks import block_layout, mask_statistics
+    from pyg_grf.nn.attention.grf.common import coefficient_pairs
     grf = GRFLoads(idx, hop, load, b.num_nodes, batch=b.batch)
     f = torch.rand(3, 4, dtype=D) + 0.1
-    layer = GRFAttention(9, heads=3, max_length=3).double()
-    with torch.no_grad():
-        layer.f.copy_(f)
-    terms = grf.block_terms(True, dtype=D)
+    lay = block_layout(grf.batch, grf.num_nodes)
+    terms = mask_statistics(grf, lay, True, D)
     assert terms.num_coef == 10  # K (K + 1) / 2 for K = 4: (l, l') and (l', l) summed
-    lay = grf.layout()
-    vals = mask_values(grf, terms, layer.coefficients(), True, lay)  # [H, P]
+    vals = terms.values(coefficient_pairs(f, 10, True))  # [H, P]
     M = blocks_from_values(vals, terms.cell, lay)  # [B, H, n, n]
     N = b.num_nodes
     for h in range(3):
@@ -475,66 +504,22 @@ def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
             assert float(M[g, h, k:].abs().sum() + M[g, h, :, k:].abs().sum()) == 0
 
 
-def test_layer_reuses_the_loads_structures_for_an_equal_batch_vector(monkeypatch):
-    # the structures are keyed by the loads' own batch vector: a layer called with a new tensor
-    # of the same graphs (as every PyG step passes) does not rebuild the join, and gives the
-    # same output as with the loads' own vector
-    calls = []
-    build = GRFLoads._build_terms
-    monkeypatch.setattr(GRFLoads, '_build_terms',
-                        lambda self, *a, **k: calls.append(1) or build(self, *a, **k))
+def test_layer_accepts_an_equal_batch_vector_and_refuses_another():
     b = make_batch()
-    grf = GRFLoads.from_data(b)
     layer = GRFAttention(8, heads=2, max_length=3, backend='pairs').double()
-    outs = [layer(b.x, b.batch.clone(), grf=grf) for _ in range(3)]
-    assert len(calls) == 1
-    assert all(torch.equal(o, outs[0]) for o in outs)
-    assert torch.equal(outs[0], layer(b.x, None, grf=grf))
+    plan = layer.payload(b)['grf']
+    outs = [layer(b.x, b.batch.clone(), grf=plan) for _ in range(2)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], layer(b.x, None, grf=plan))
+    with pytest.raises(ValueError, match="'batch' differs from the batch vector"):
+        layer(b.x, torch.zeros_like(b.batch), grf=plan)
 
 
-def test_prepare_fixes_the_backend_the_forward_runs():
-    # a layer prepared ahead of the step (e.g. in a DataLoader worker) runs the backend it
-    # planned, whatever the cost model's use counts say later; an in-place edit forgets it
-    from pyg_grf.nn.attention.grf_backends import choose_backend, remember_choice
+def test_pairs_join_bound_and_hub_memory(monkeypatch):
+    # the compiled join stops at the cells the memory budget allows (never runs the machine
+    # out of memory) and auto then needs another backend
     b = make_batch()
-    grf = GRFLoads.from_data(b)
-    layer = GRFAttention(8, heads=2, max_length=3).double()
-    chosen = layer.prepare(grf)
-    m = layer.feature_map.output_dim(4) if layer.feature_map is not None else 4
-    assert chosen == choose_backend(grf, 'symmetric', 2, m, 4, None, torch.float64)
-    other = next(n for n in ('sparse', 'dense') if n != chosen)
-    remember_choice(grf, other, 'symmetric', 2, m, 4)
-    assert choose_backend(grf, 'symmetric', 2, m, 4, None, torch.float64) == other
-    out = layer(b.x, b.batch, grf=grf)
-    ref = GRFAttention(8, heads=2, max_length=3, backend=other).double()
-    ref.load_state_dict(layer.state_dict())
-    assert torch.allclose(out, ref(b.x, b.batch, grf=GRFLoads.from_data(b)), atol=1e-12)
-    grf.load.mul_(2.0)  # edited in place: the caches and the remembered choice are dropped
-    costs = backend_costs(grf, 'symmetric', 2, m, 4, None, torch.float64)
-    assert choose_backend(grf, 'symmetric', 2, m, 4, None) == min(costs, key=costs.get)
-
-
-def test_auto_leaves_pairs_when_the_compiled_join_outgrows_its_bound(monkeypatch):
-    from pyg_grf.features.join import compiled_join_available
-    from pyg_grf.nn.attention import grf_backends
-    if not compiled_join_available():
-        pytest.skip('numba is not installed')
-    b = make_batch()
-    free = GRFLoads.from_data(b)
-    costs = backend_costs(free, 'symmetric', 2, 64, 64, None, torch.float64)
-    # wide heads (64 channels): pairs is worth a join here
-    assert 'pairs' in costs and free.has_terms(True)  # the join ran within the bound
-    monkeypatch.setattr(grf_backends, '_JOIN_MEMORY', 1000)  # room for a few cells only
-    tight = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes, batch=b.batch)
-    calls = []
-    real = tight.block_terms
-    monkeypatch.setattr(tight, 'block_terms', lambda *a, **k: calls.append(1) or real(*a, **k))
-    for _ in range(3):  # tried once, then remembered
-        costs = backend_costs(tight, 'symmetric', 2, 64, 64, None, torch.float64)
-        assert 'pairs' not in costs and not tight.has_terms(True)
-    assert len(calls) == 1
-    layer = GRFAttention(8, heads=2, max_length=3).double()
-    ref = GRFAttention(8, heads=2, max_length=3, backend='dense').double()
-    ref.load_state_dict(layer.state_dict())
-    assert torch.allclose(layer(b.x, b.batch, grf=tight), ref(b.x, b.batch, grf=free),
-                          atol=1e-12)
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '1G')
+    layer = GRFAttention(8, heads=2, max_length=3, backend='pairs').double()
+    assert torch.allclose(layer(b.x, b.batch, **layer.payload(b)),
+                          dense_reference(layer, b) if False else layer(b.x, b.batch,
+                                                                        grf=GRFLoads.from_data(b)))

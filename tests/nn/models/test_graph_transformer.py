@@ -450,49 +450,30 @@ def test_empty_batch(attention, block):
 
 
 @pytest.mark.parametrize('block', ['pre_norm', 'gps'])
-def test_full_graph_training_reuses_the_grf_payload(block):
-    # issue #16: a plain Data (no batch vector) got fresh zeros as its batch at every call,
-    # which defeated the reuse stamp: full-graph training rebuilt the payload every step
-    torch.manual_seed(0)
-    data = Data(x=torch.randn(30, 4), edge_index=to_undirected(erdos_renyi_graph(30, 0.2)))
-    data = AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0)(data)
-    model = GraphTransformer(4, 8, 3, num_layers=2, heads=2, attn_type='grf', pooling=None,
-                             block=block, attn_kwargs={'max_length': 2})
-    opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    seen = set()
-    for _ in range(3):
-        opt.zero_grad()
-        model(data).square().mean().backward()
-        opt.step()
-        seen.add(id(_payload(model, data)))
-    assert len(seen) == 1
-    data.grf_load = data.grf_load * 2  # new tensors: a new payload
-    model(data)
-    assert id(_payload(model, data)) not in seen
-
-
-def _payload(model, data):
-    # the GRFLoads the model's layers read for data (kept on data between calls)
-    return model.payload(data)['grf']
-
-
-@pytest.mark.parametrize('block', ['pre_norm', 'gps'])
-def test_full_graph_training_builds_the_mask_statistics_once(block, monkeypatch):
-    # issue #16: the layers got a fresh zeros batch vector per call, and the loads' cached
-    # structures (the pair join behind the mask statistics) were keyed by its storage, so a
-    # full-graph step could redo the join; now the layers see the data's own (None) batch
-    from pyg_grf.features.loads import GRFLoads
-    calls = []
-    build = GRFLoads._build_terms
-    monkeypatch.setattr(GRFLoads, '_build_terms',
-                        lambda self, *a, **k: calls.append(1) or build(self, *a, **k))
+def test_full_graph_training_plans_once_with_one_call(block, monkeypatch):
+    # a loop of one's own over one full graph: prepare_payload(model, data) once, then every
+    # step reads that plan (no join, no structure built in the step); without it every call
+    # plans anew, with the same result
+    from pyg_grf.loader import prepare_payload
+    from pyg_grf.nn.attention.grf import plan as plan_module
     torch.manual_seed(0)
     data = Data(x=torch.randn(200, 4), edge_index=to_undirected(erdos_renyi_graph(200, 0.02)))
     data = AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0)(data)
     model = GraphTransformer(4, 8, 3, num_layers=2, heads=2, attn_type='grf', pooling=None,
                              block=block, attn_kwargs={'max_length': 2, 'backend': 'pairs'})
-    for _ in range(4):
-        junk = [torch.zeros(200, dtype=torch.long) for _ in range(3)]  # move the allocator
-        model(data).square().mean().backward()
-        del junk
+    unprepared = model(data)
+    calls = []
+    real = plan_module._build_part
+    monkeypatch.setattr(plan_module, '_build_part',
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    prepare_payload(model, data)
+    assert len(calls) == 1  # one part for both layers (same configuration)
+    opt = torch.optim.Adam(model.parameters(), lr=0.0)
+    for step in range(4):
+        opt.zero_grad()
+        out = model(data)
+        out.square().mean().backward()
+        opt.step()
+        if step == 0:
+            assert torch.allclose(out, unprepared, atol=1e-6)
     assert len(calls) == 1

@@ -1,4 +1,5 @@
-r"""GRF-masked linear attention (GRF paper, Sec. 3, Algorithm 1; App. D)."""
+r"""The GRF layer: chooses its plan part and calls its backend (GRF paper, Sec. 3, Algorithm 1;
+App. D)."""
 from __future__ import annotations
 
 import math
@@ -8,15 +9,12 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from pyg_grf.features.blocks import block_layout
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.grf import GRFMask
 from pyg_grf.nn import functional as F
-from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, split_call
-# the backends, their cost model and memory checks (re-exported: public names of this module)
-from pyg_grf.nn.attention.grf_backends import (BackendMemoryError, backend_costs,  # noqa: F401
-                                               backend_memory, check_backend_memory,
-                                               choose_backend, get_backend, mask_values,
-                                               remember_choice)
+from pyg_grf.nn.attention.base import QKVAttention, prepared_payload, reset_hop_coefficients
+from pyg_grf.nn.attention.grf.plan import BACKEND_MODULES, GRFPlan, LayerSpec, PlanPart
 
 MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
 F_MODES = ('abs', 'signed', 'free')
@@ -87,10 +85,12 @@ class GRFAttention(QKVAttention):
               through 0 and the output diverge (the behaviour before ``f_mode`` existed).
         layer_index (int, optional): which walk draws this layer uses when the loads hold
             several independent draws (``AddGraphRandomFeatures(num_draws=D)``): head
-            :math:`h` uses draw :math:`(\mathrm{layer\_index} \cdot H + h) \bmod D`, so
-            :math:`D = H` gives every head its own walks and :math:`D = H \cdot L_{layers}`
-            every head of every layer (GRF paper, Sec. 4: walks frozen per head and layer).
-            :class:`~pyg_grf.nn.GraphTransformer` sets it per layer (default: :obj:`0`).
+            :math:`h` uses draw :math:`\mathrm{layer\_index} \cdot H + h`, so
+            :math:`D \ge H \cdot L_{layers}` gives every head of every layer its own walks
+            (GRF paper, Sec. 4: walks frozen per head and layer); fewer draws than that are an
+            error, never a silent reuse (:meth:`draws`); :math:`D = 1` shares one set of walks
+            between all heads. :class:`~pyg_grf.nn.GraphTransformer` sets it per layer
+            (default: :obj:`0`).
         dropout (float, optional): dropout on the attention coefficients only: each pair's in
             ``'sparse_softmax'`` mode; in the linear modes, which never form the coefficients,
             whole key columns per head (one draw per key and head, numerator only, unbiased:
@@ -100,8 +100,10 @@ class GRFAttention(QKVAttention):
         backend (str, optional): how the masked attention is computed, same result:
             ``'sparse'`` (two CSR products, never forms the mask), ``'pairs'`` (the mask on its
             support: one sampled product and one sparse product), ``'dense'`` (padded dense
-            blocks per graph) or ``'auto'`` (the cheapest by :func:`backend_costs`)
-            (default: ``'auto'``). See ``docs/speed.md``.
+            blocks per graph) or ``'auto'`` (the cheapest whose memory fits, a pure function
+            of the batch's sizes:
+            :func:`~pyg_grf.nn.attention.grf.choose.choose_backend`), resolved when the plan
+            is built (default: ``'auto'``). See ``docs/speed.md``.
         global_beta (float, optional): if set, the mask gains a global term,
             :math:`M = \beta_h \mathbf{1}\mathbf{1}^\top + \widehat\Phi\widehat\Phi^\top`
             inside each graph, with a learnable :math:`\beta_h = \mathrm{softplus}(\cdot) \ge 0`
@@ -113,7 +115,7 @@ class GRFAttention(QKVAttention):
     Shapes:
         - **input:** node features :math:`(N, F)` or :math:`(B, n, F)`, batch vector
           :math:`(N)` (needed for the global term and FAVOR+ with several graphs), keyword
-          ``grf``: a :class:`~pyg_grf.features.GRFLoads` (:meth:`payload`)
+          ``grf``: the batch's :class:`~pyg_grf.nn.attention.grf.GRFPlan` (:meth:`payload`)
         - **output:** node features :math:`(N, F)` or :math:`(B, n, F)`
     """
 
@@ -179,23 +181,14 @@ class GRFAttention(QKVAttention):
         ``f_mode='abs'`` (the default), else :math:`f` itself."""
         return self.f.abs() if self.f_mode == 'abs' else self.f
 
-    def draws(self, num_draws: int) -> Tuple[int, ...]:
-        r"""The walk draw of every head when the loads hold ``num_draws`` draws."""
-        H = self.heads
-        return tuple((self.layer_index * H + h) % num_draws for h in range(H))
-
-    def mask(self, grf_index: Union[Tensor, GRFLoads], grf_length: Optional[Tensor] = None,
-             grf_load: Optional[Tensor] = None, num_nodes: Optional[int] = None) -> GRFMask:
-        r"""The layer's current :class:`~pyg_grf.masks.GRFMask` (one mask per head), from a
-        :class:`~pyg_grf.features.GRFLoads` or the three tensors and ``num_nodes``."""
-        if isinstance(grf_index, GRFLoads):
-            grf = grf_index
-        else:
-            grf = _as_loads(grf_index, grf_length, grf_load, num_nodes, None)
-        if grf.num_draws > 1:
+    def mask(self, plan: Union['GRFPlan', GRFLoads]) -> GRFMask:
+        r"""The layer's current :class:`~pyg_grf.masks.GRFMask` (one mask per head) on the loads
+        of ``plan`` (a :class:`GRFPlan` or :class:`~pyg_grf.features.GRFLoads`)."""
+        loads = plan.loads if isinstance(plan, GRFPlan) else plan
+        if loads.num_draws > 1:
             raise ValueError("GRFAttention.mask() needs loads with one walk draw; these hold "
-                             f"{grf.num_draws} (select one with grf.fold((d,)))")
-        return GRFMask.from_loads(grf, f=self.coefficients(),
+                             f"{loads.num_draws}")
+        return GRFMask.from_loads(loads, f=self.coefficients(),
                                   asymmetric=self.mode != 'symmetric')
 
     @property
@@ -214,164 +207,158 @@ class GRFAttention(QKVAttention):
     payload_keys = ('grf',)
 
     def payload(self, data: Any) -> Dict[str, Any]:
-        r"""``{'grf': GRFLoads.from_data(data, attr_prefix)}``, with the key-side loads of a
-        second transform (``attr_prefix + '_key'``) when the data has them."""
-        key = f'{self.attr_prefix}_key'
-        has_key = all(getattr(data, f'{key}_{s}', None) is not None
-                      for s in ('index', 'length', 'load'))
-        return {'grf': GRFLoads.from_data(data, self.attr_prefix,
-                                          key_prefix=key if has_key else None)}
+        r"""``{'grf': plan}``: the :class:`GRFPlan` of ``data`` for this layer (the one a
+        :class:`pyg_grf.loader.DataLoader` left on the batch, if any)."""
+        return type(self).plan_payload(data, [self])
 
-    def forward(self, x: Tensor, *args: Any, batch: Optional[Tensor] = None,
-                grf: Optional[GRFLoads] = None, **legacy: Any) -> Tensor:
+    @classmethod
+    def plan_payload(cls, data: Any, layers) -> Dict[str, Any]:
+        r"""``{'grf': GRFPlan.build(data, layers)}``: one plan for several GRF layers of a model
+        (the structures they share are built once), or the plan prepared on ``data`` by
+        :class:`pyg_grf.loader.DataLoader`."""
+        prepared = prepared_payload(data).get('grf')
+        if isinstance(prepared, GRFPlan):
+            return {'grf': prepared}
+        return {'grf': GRFPlan.build(data, layers)}
+
+    def spec(self, num_draws: int = 1) -> LayerSpec:
+        r"""The :class:`~pyg_grf.nn.attention.grf.plan.LayerSpec` of this layer on loads with
+        ``num_draws`` walk draws: what its plan part depends on."""
+        d = self.head_channels
+        m = d if self.feature_map is None else self.feature_map.output_dim(d)
+        draws = None if num_draws == 1 else self.draws(num_draws)
+        return LayerSpec(self.mode, self.backend, self.heads, m, d, draws, self.f.dtype)
+
+    def draws(self, num_draws: int) -> Tuple[int, ...]:
+        r"""The walk draw of every head when the loads hold ``num_draws`` draws: head
+        :math:`h` of this layer uses draw :math:`\mathrm{layer\_index} \cdot H + h`. Raises
+        if the loads hold fewer draws than that (a silent reuse of the same walks by two heads
+        or layers would correlate their masks)."""
+        H = self.heads
+        top = (self.layer_index + 1) * H
+        if top > num_draws:
+            raise ValueError(f"{self.__class__.__name__}(heads={H}, layer_index="
+                             f"{self.layer_index}) needs walk draws up to {top - 1} (one per "
+                             f"head and layer), but the loads hold {num_draws}: use "
+                             f"AddGraphRandomFeatures(num_draws={top}) or more, or num_draws=1 "
+                             f"(all heads share one set of walks)")
+        return tuple(self.layer_index * H + h for h in range(H))
+
+    def forward(self, x: Tensor, batch: Optional[Tensor] = None, *,
+                grf: Optional['GRFPlan'] = None) -> Tensor:
         r"""
         Args:
             x (Tensor): ``[N, channels]`` node features, or ``[B, n, channels]``: ``B`` samples
                 (e.g. the patches of ``B`` images) on one shared graph of ``n`` nodes, whose
-                loads ``grf`` cover ``n`` nodes (no PyG ``Batch`` of copies needed).
-            batch (Tensor, optional): ``[N]`` graph ids (sorted, as in PyG batches). The GRF
-                mask never crosses graphs, but the global term (``global_beta``) and FAVOR+'s
-                key stabilisation are per graph: they need it (or ``grf`` carrying it, as
-                ``GRFLoads.from_data(batch)`` does) when ``x`` holds several graphs. Without
-                either, ``x`` is one graph (PyG's convention for ``batch=None``). Given beside
-                loads that carry their own, it must equal theirs (else a ``ValueError``).
-            grf (GRFLoads): keyword only: the loads of the transform, ``GRFLoads.from_data(
-                batch)`` (:meth:`payload`), which validates them once and shares the per-batch
-                precomputation between all layers.
-
-        The old call ``forward(x, grf_index, grf_length, grf_load, batch)`` (or a
-        :class:`~pyg_grf.features.GRFLoads` second) still works for one release with a
-        :class:`FutureWarning`.
+                plan covers ``n`` nodes (no PyG ``Batch`` of copies needed).
+            batch (Tensor, optional): ``[N]`` graph ids (sorted, as in PyG batches). The plan
+                carries the batch's own; given beside it, it must name the same graphs.
+            grf (GRFPlan): keyword only: the batch's plan, :meth:`payload` (or
+                ``GRFPlan.build(data, layers)`` once for all layers). Loads alone
+                (:class:`~pyg_grf.features.GRFLoads`) are a plan without parts: every call
+                then builds the layer's structures.
         """
-        batch, old = split_call(self, args, batch, legacy,
-                                ('grf_index', 'grf_length', 'grf_load', 'batch'),
-                                'x, grf_index, grf_length, grf_load, batch',
-                                'x, batch=None, *, grf=GRFLoads.from_data(data)')
-        grf_index = grf_length = grf_load = None
-        if old is not None:
-            grf_index, grf_length, grf_load = (old.get(n) for n in
-                                               ('grf_index', 'grf_length', 'grf_load'))
-            if isinstance(grf_index, GRFLoads):
-                if grf is not None:
-                    raise TypeError("GRFAttention.forward got the loads twice")
-                grf, grf_index = grf_index, None
+        if grf is None:
+            raise ValueError(f"{self.__class__.__name__} needs the plan of the batch: pass "
+                             f"grf=attn.payload(data)['grf'] (or **attn.payload(data)), got "
+                             f"NoneType")
+        if isinstance(grf, GRFLoads):
+            grf = GRFPlan(grf, {})
+        if not isinstance(grf, GRFPlan):
+            raise TypeError(f"'grf' must be a GRFPlan (attn.payload(data), or "
+                            f"pyg_grf.nn.attention.grf.GRFPlan.build(data, layers)), got "
+                            f"{type(grf).__name__}")
         samples = None
-        if x.dim() == 3:  # samples on one shared graph: the loads repeated per sample
+        if x.dim() == 3:  # samples on one shared graph
             if batch is not None:
                 raise ValueError("'batch' is not used with x of shape [B, n, channels] (every "
                                  "sample is one copy of the shared graph)")
             samples, n = x.size(0), x.size(1)
+            if grf.loads.num_graphs > 1:
+                raise ValueError(f"x of shape {tuple(x.shape)} holds samples on one shared "
+                                 f"graph, but the plan covers a batch of "
+                                 f"{grf.loads.num_graphs} graphs")
+            if n != grf.num_nodes:
+                raise ValueError(f"x of shape {tuple(x.shape)} holds {samples} samples of {n} "
+                                 f"nodes, but the GRF plan covers {grf.num_nodes} nodes (pass "
+                                 f"the plan of the one shared graph)")
             x = x.reshape(samples * n, -1)
         elif x.dim() != 2:
             raise ValueError(f"{self.__class__.__name__} expects x of shape [N, {self.channels}] "
                              f"(nodes) or [B, n, {self.channels}] (samples on one shared graph), "
                              f"got {tuple(x.shape)}")
+        elif x.size(0) != grf.num_nodes:
+            raise ValueError(f"the GRF plan covers {grf.num_nodes} nodes but 'x' has "
+                             f"{x.size(0)} rows")
+        if batch is not None and grf.batch is not None and batch is not grf.batch and not (
+                batch.shape == grf.batch.shape and torch.equal(batch.to(grf.batch.device),
+                                                               grf.batch)):
+            raise ValueError("'batch' differs from the batch vector the GRF plan was built "
+                             "with: pass the plan of this batch, or omit 'batch'")
+        if grf.loads.device != x.device:
+            grf = grf.to(x.device)
         q, k, v = self.project(x)
-        out = self.finish(self._mix(q, k, v, samples, grf_index, grf_length, grf_load, batch,
-                                    grf))
+        out = self.finish(self._mix(q, k, v, grf, samples, batch))
         return out if samples is None else out.view(samples, -1, out.size(-1))
 
     @torch.compiler.disable
-    def _mix(self, q: Tensor, k: Tensor, v: Tensor, samples: Optional[int],
-             grf_index: Optional[Tensor], grf_length: Optional[Tensor],
-             grf_load: Optional[Tensor], batch: Optional[Tensor],
-             grf: Optional[GRFLoads]) -> Tensor:
-        # Everything that depends on the loads (validation, cached per-batch structures, sparse
-        # kernels with data-dependent shapes) runs eagerly under torch.compile: the compiled
-        # graph is the projections and the output layer, and recompiles neither per batch nor
-        # per GRFLoads object.
+    def _mix(self, q: Tensor, k: Tensor, v: Tensor, plan: 'GRFPlan', samples: Optional[int],
+             batch: Optional[Tensor]) -> Tensor:
+        # the plan's kernels have data-dependent shapes: eager under torch.compile (the compiled
+        # graph is the projections and the output layer)
         N, H = q.size(0), self.heads
+        loads = plan.loads
+        loads.check_coefficients(self.max_length, f'{self.__class__.__name__}(max_length='
+                                                  f'{self.max_length})')
+        part = plan.part(self.spec(loads.num_draws))
+        st = part.structures if samples is None else part.structures.repeat(samples)
         if samples is not None:
-            n = N // samples
-            grf = _as_loads(grf_index, grf_length, grf_load, n, None, grf)
-            grf.refresh()  # an edited payload (even through .data) drops its structures
-            if grf.num_nodes != n:
-                raise ValueError(f"x of shape {(samples, n, self.channels)} holds {samples} "
-                                 f"samples of {n} nodes, but the GRF loads cover "
-                                 f"{grf.num_nodes} nodes (pass the loads of the one shared "
-                                 f"graph)")
-            grf = grf.repeat(samples)
+            gbatch = torch.arange(samples, device=q.device).repeat_interleave(N // samples)
+            layout = block_layout(gbatch, N)
         else:
-            grf = _as_loads(grf_index, grf_length, grf_load, N, batch, grf)
-            grf.refresh()  # an edited payload (even through .data) drops its structures
-            if grf.num_nodes != N:
-                raise ValueError(f"the GRF loads cover {grf.num_nodes} nodes but 'x' has {N} "
-                                 f"rows")
-        grf.check_coefficients(self.max_length, f'{self.__class__.__name__}(max_length='
-                                                f'{self.max_length})')
-        if grf.batch is not None:  # the loads' own batch vector (the same graphs): its cached
-            # structures serve, also after the loads were pickled; a 'batch' passed beside
-            # them must name the same graphs (O(N) check), never be silently ignored
-            if batch is not None and batch is not grf.batch and not (
-                    batch.shape == grf.batch.shape and torch.equal(batch.to(grf.batch.device),
-                                                                   grf.batch)):
-                raise ValueError("'batch' differs from the batch vector the GRF loads were "
-                                 "built with (GRFLoads.from_data(data) carries data.batch): "
-                                 "pass the loads of this batch, or omit 'batch'")
-            batch = None
+            gbatch = plan.batch if plan.batch is not None else batch
+            layout = plan.layout if plan.batch is not None or batch is None else \
+                block_layout(batch, N)
         f = self.coefficients()
         linear = self.mode != 'sparse_softmax'
         if linear:
-            phi_q, phi_k = self.features(q, k, grf.batch if batch is None else batch)
+            phi_q, phi_k = self.features(q, k, gbatch)
             v = self.drop_keys(v)  # coefficient dropout: whole key columns, numerator only
         else:
             phi_q, phi_k = q, k
-        o = self._mask_sums(grf, phi_q, phi_k, v, f, batch)
+        B = samples or 1
+        o = self._sums(part, st, phi_q, phi_k, v, f, B)
         if self.f_mode == 'signed':  # the normaliser from the |f| mask, which bounds |M_f|
-            den = self._mask_sums(grf, phi_q, phi_k, v, f.abs(), batch)
+            den = self._sums(part, st, phi_q, phi_k, v, f.abs(), B)
             o = torch.cat([o[..., :-1], den[..., -1:]], dim=-1)
-        if not linear:  # dropout on the coefficients, not again on the output
+        if not linear:
             return o
         if self.beta is not None:  # M = beta * 1 1^T (per graph) + GRF mask
-            o = o + self.beta.to(o.dtype).view(1, H, 1) * F.packing_sums(
-                phi_q, phi_k, v, grf.layout(batch))
+            o = o + self.beta.to(o.dtype).view(1, H, 1) * F.packing_sums(phi_q, phi_k, v, layout)
         return F.normalize_sums(o, self.eps)
 
-    def _mask_sums(self, grf: GRFLoads, phi_q: Tensor, phi_k: Tensor, v: Tensor, f: Tensor,
-                   batch: Optional[Tensor]) -> Tensor:
-        # the masked sums [N, H, C + 1] (linear modes) or the output (softmax) for coefficients f
+    def _sums(self, part: 'PlanPart', st: Any, phi_q: Tensor, phi_k: Tensor, v: Tensor,
+              f: Tensor, samples: int = 1) -> Tensor:
+        # the masked sums [N, H, C + 1] (linear modes) or the output (softmax); with walks per
+        # head the heads are folded into the node axis (one coefficient row per head), inside
+        # each of the samples of a shared graph (the structures hold one folded graph each)
+        backend = BACKEND_MODULES[part.backend]
         N, H = phi_q.size(0), self.heads
-        if grf.num_draws > 1:  # independent walks per head: heads folded into the node axis
-            run = grf.fold(self.draws(grf.num_draws), batch)
-            if run.num_groups > 1:
-                def fold(t: Tensor) -> Tensor:
-                    return t.transpose(0, 1).reshape(H * N, 1, t.size(-1))
-                o = self._attend(run, fold(phi_q), fold(phi_k), fold(v), f, None)
-                return o.view(H, N, -1).transpose(0, 1)
-            return self._attend(run, phi_q, phi_k, v, f, None)
-        return self._attend(grf, phi_q, phi_k, v, f, batch)
-
-    def prepare(self, grf: GRFLoads) -> str:
-        r"""Builds on ``grf`` every structure of the batch that this layer's forward reads and
-        that does not depend on its weights (pairs, mask statistics, sparse patterns and their
-        transposes, block layout), as the forward would on first use; returns the backend the
-        layer runs. Several layers share what they have in common (it is cached on ``grf``).
-        Called ahead of the training step, e.g. by :class:`pyg_grf.loader.DataLoader` in its
-        workers, it leaves the step only the per-layer products.
-
-        The choice is the forward's: with ``backend='auto'`` the cost model's pick for this
-        layer's heads and widths; with several walk draws, the folded loads of the layer's
-        draws (:meth:`draws`)."""
-        if not isinstance(grf, GRFLoads):
-            raise TypeError(f"'grf' must be a GRFLoads, got {type(grf).__name__}")
-        grf.refresh()
-        grf.check_coefficients(self.max_length, f'{self.__class__.__name__}(max_length='
-                                                f'{self.max_length})')
-        heads, d = self.heads, self.head_channels
-        m = d if self.feature_map is None else self.feature_map.output_dim(d)
-        run = grf
-        if grf.num_draws > 1:
-            run = grf.fold(self.draws(grf.num_draws))
-            if run.num_groups > 1:
-                heads = 1
-        backend = self.backend
-        if backend == 'auto':
-            backend = choose_backend(run, self.mode, heads, m, d, None, self.f.dtype)
-            remember_choice(run, backend, self.mode, heads, m, d)  # the forward runs it
-        get_backend(backend).plan(run, self.mode, heads, self.f.dtype)
-        if self.beta_raw is not None:
-            grf.layout()
-        return backend
+        folded = part.groups > 1
+        B, n = samples, N // samples
+        if folded:
+            def fold(t: Tensor) -> Tensor:  # [B n, H, C] -> [B H n, 1, C]
+                return t.view(B, n, H, -1).transpose(1, 2).reshape(B * H * n, 1, t.size(-1))
+            phi_q, phi_k, v = fold(phi_q), fold(phi_k), fold(v)
+        if self.mode == 'sparse_softmax':
+            o = backend.softmax(st, phi_q, phi_k, v, f, self.dropout, self.training)
+        elif part.backend == 'pairs':
+            o = backend.linear_sums(st, phi_q, phi_k, v, f)
+        else:
+            o = backend.linear_sums(st, phi_q, phi_k, v, f, self.mode == 'symmetric')
+        if folded:  # back to [B n, H, C]
+            return o.view(B, H, n, -1).transpose(1, 2).reshape(N, H, -1)
+        return o
 
     def no_weight_decay(self) -> set:
         r"""Names of the parameters an optimiser should not decay: the mask coefficients."""
@@ -382,43 +369,9 @@ class GRFAttention(QKVAttention):
         r"""Weights :math:`\beta_h \ge 0` of the global term (:obj:`None` if disabled)."""
         return None if self.beta_raw is None else nn.functional.softplus(self.beta_raw)
 
-    def _attend(self, grf: GRFLoads, a: Tensor, b: Tensor, v: Tensor, f: Tensor,
-                batch: Optional[Tensor]) -> Tensor:
-        # a, b: phi_q, phi_k (linear modes) or q, k (softmax), [N', h, .]; h is the number of
-        # heads, or 1 when the heads are folded into the nodes (grouped loads, one coefficient
-        # row per group). Linear modes return the sums [N', h, C + 1], softmax the output.
-        backend = self.backend
-        if backend == 'auto':
-            backend = choose_backend(grf, self.mode, a.size(1), a.size(-1), v.size(-1), batch,
-                                     f.dtype)
-        else:  # an explicit backend: refuse what cannot fit before allocating it
-            check_backend_memory(grf, backend, self.mode, a.size(1), a.size(-1), v.size(-1),
-                                 batch, a.element_size(), a.device)
-        if self.mode == 'sparse_softmax':
-            return get_backend(backend).softmax(grf, a, b, v, f, self.dropout, self.training,
-                                                batch)
-        return get_backend(backend).linear_sums(grf, a, b, v, f, self.mode == 'symmetric',
-                                                batch)
-
     def _extra_repr(self) -> str:
         glob = '' if self.global_beta is None else f', global_beta={self.global_beta}'
         glob += '' if self.f_mode == 'abs' else f', f_mode={self.f_mode!r}'
         return (f', max_length={self.max_length}, mode={self.mode!r}, backend={self.backend!r}'
                 f'{glob}')
 
-
-def _as_loads(index: Optional[Tensor], length: Optional[Tensor], load: Optional[Tensor],
-              num_nodes: Optional[int], batch: Optional[Tensor],
-              grf: Optional[GRFLoads] = None) -> GRFLoads:
-    if grf is not None:
-        if index is not None or length is not None or load is not None:
-            raise ValueError("pass either 'grf' or the three tensors (grf_index, grf_length, "
-                             "grf_load), not both")
-        if not isinstance(grf, GRFLoads):
-            raise TypeError(f"'grf' must be a pyg_grf.features.GRFLoads, got "
-                            f"{type(grf).__name__}")
-        return grf
-    if index is None or length is None or load is None:
-        raise ValueError("GRF attention needs the loads: pass grf=GRFLoads.from_data(batch) or "
-                         "the three tensors grf_index, grf_length, grf_load")
-    return GRFLoads(index, length, load, num_nodes, batch=batch)

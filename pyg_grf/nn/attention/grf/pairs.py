@@ -1,0 +1,270 @@
+r"""The ``'pairs'`` backend of :class:`~pyg_grf.nn.GRFAttention`: the mask on its support.
+
+For every pair :math:`(i, j)` with :math:`M_{ij} \neq 0` the layer forms
+:math:`a_{ij} = M_{ij}\,\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` (one sampled product, SDDMM)
+and sums :math:`\sum_j a_{ij} [\mathbf{v}_j, 1]` (one CSR product): :math:`O(\mathrm{nnz}(M)
+(m + d))` per head (GRF paper, Sec. 3.2; the masked sums of Algorithm 1 on the mask's
+support). The mask values of a layer are one small product of f-independent statistics with
+its :math:`f_l f_{l'}` (:func:`~pyg_grf.features.blocks.mask_statistics`):
+
+.. math::
+    M_{ij} = \sum_{l \le l'} f_l f_{l'}\, S_{ij}^{l l'},
+
+where the statistics come from a join of the walks on their visited nodes, built once per
+batch by the plan (:meth:`PairsStructures.build`).
+
+Plan structures (:class:`PairsStructures`), per mask cell: the column (``int32``), the row of
+its statistics (``int32``, the upper triangle of a symmetric mask stores each statistic once)
+and the position of the mirror cell (``int32``, so that the transposed products of the backward
+reuse the same CSR indices with permuted values); per stored statistic :math:`K (K + 1) / 2`
+values (``float32``; 15 for :math:`L = 4`). That is about ``12 + 2 K (K + 1)`` bytes per cell
+(42 for :math:`L = 4`) when the mask is symmetric; key-side walks (a non-symmetric mask) add a
+transposed CSR instead of the mirror.
+
+The kernel (:class:`_PairAttention`) runs the heads one after another on the one shared
+pattern, never a block-diagonal copy per head, and keeps for its backward only the sampled
+products :math:`\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` (4 bytes per cell and head).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple, Optional
+
+import torch
+from torch import Tensor
+
+from pyg_grf.features.blocks import block_layout, mask_statistics, num_join_terms
+from pyg_grf.features.loads import GRFLoads, narrow_index
+from pyg_grf.nn.attention.grf.common import coefficient_pairs, csr, half_to_float, move
+
+NAME = 'pairs'
+
+
+class PairsStructures(NamedTuple):
+    r"""Plan structures of the ``'pairs'`` backend (module docstring).
+
+    Attributes:
+        num_nodes (int): rows (and columns) of the mask.
+        crow (Tensor): ``[N + 1]`` CSR row pointer of the mask's support.
+        col (Tensor): ``[P]`` columns, row-major.
+        src (Tensor, optional): ``[P]`` row of ``stats`` of every cell (symmetric masks).
+        stats (Tensor): ``[P', C]`` statistics (``C`` coefficient ids).
+        mirror (Tensor, optional): ``[P]`` position of the cell :math:`(j, i)`.
+        tperm, tcrow, tcol (Tensor, optional): the transpose's CSR (when there is no mirror).
+        symmetric (bool): whether ``stats`` are the symmetric mask's (ids of hop pairs).
+        group_ptr (tuple of int, optional): on folded loads, the first statistic row of every
+            group (rows are sorted, so each group's rows are contiguous).
+    """
+    num_nodes: int
+    crow: Tensor
+    col: Tensor
+    src: Optional[Tensor]
+    stats: Tensor
+    mirror: Optional[Tensor]
+    tperm: Optional[Tensor]
+    tcrow: Optional[Tensor]
+    tcol: Optional[Tensor]
+    symmetric: bool
+    group_ptr: Optional[tuple]
+
+    @property
+    def nnz(self) -> int:
+        return self.col.numel()
+
+    @staticmethod
+    def build(loads: GRFLoads, symmetric: bool, dtype: torch.dtype, groups: int = 1,
+              max_cells: Optional[int] = None) -> 'PairsStructures':
+        r"""The structures of ``loads`` (folded into ``groups`` copies, or not) for the
+        symmetric mask :math:`\widehat\Phi_Q\widehat\Phi_K^\top` or the asymmetric
+        :math:`\widehat\Phi`, statistics in ``dtype``."""
+        N = loads.num_nodes
+        lay = block_layout(loads.batch, N)
+        terms = mask_statistics(loads, lay, symmetric, dtype, max_cells)
+        if terms.index is not None:
+            row, col = terms.index[0], terms.index[1]
+        else:  # global ids of the block cells (graphs are contiguous: row-major order holds)
+            n = lay.n
+            b, rc = terms.cell // (n * n), terms.cell % (n * n)
+            start = lay.ptr[b]
+            row, col = start + rc // n, start + rc % n
+        crow = torch.ops.aten._convert_indices_from_coo_to_csr(row, N)
+        mirror = terms.mirror
+        tperm = tcrow = tcol = None
+        if mirror is None:  # a non-symmetric support: the transpose's own CSR
+            tperm = torch.argsort(col * N + row)
+            tcrow = torch.ops.aten._convert_indices_from_coo_to_csr(col[tperm], N)
+            tcol = narrow_index(row[tperm], N)
+            tperm = narrow_index(tperm, row.numel())
+        group_ptr = None
+        if groups > 1:  # statistic rows of group g: those of rows [g N / G, (g + 1) N / G)
+            stat_row = row if terms.src is None else _stat_rows(row, terms.src, terms.stats)
+            bounds = torch.arange(groups + 1, device=row.device) * (N // groups)
+            group_ptr = tuple(torch.searchsorted(stat_row, bounds).tolist())
+        P = col.numel()
+        return PairsStructures(
+            N, narrow_index(crow, P), narrow_index(col, N),
+            None if terms.src is None else narrow_index(terms.src, terms.stats.size(0)),
+            terms.stats, None if mirror is None else narrow_index(mirror, P),
+            tperm, None if tcrow is None else narrow_index(tcrow, P), tcol, symmetric,
+            group_ptr)
+
+    def mask_values(self, f: Tensor) -> Tensor:
+        r"""``[h, P]`` mask values for coefficients ``f`` (``[H, L + 1]``; on folded loads
+        ``[G, L + 1]``, one row per group, and ``h = 1``); differentiable in ``f``."""
+        coef = coefficient_pairs(f, self.stats.size(1), self.symmetric).to(self.stats.dtype)
+        if self.group_ptr is None:
+            vals = coef @ self.stats.t()
+        else:  # each group's statistic rows with its own coefficients (groups are few)
+            p = self.group_ptr
+            vals = torch.cat([self.stats[p[g]:p[g + 1]] @ coef[g]
+                              for g in range(len(p) - 1)]).unsqueeze(0)
+        return vals if self.src is None else vals.index_select(1, self.src.long())
+
+    def repeat(self, copies: int) -> 'PairsStructures':
+        r"""The structures of ``copies`` disjoint copies of the graph (a shared graph for a
+        batch of samples); the statistics are not copied (every copy reads the same rows)."""
+        if copies == 1:
+            return self
+        N, P, dev = self.num_nodes, self.nnz, self.col.device
+        off = torch.arange(copies, device=dev).view(-1, 1)
+
+        def rep(t: Optional[Tensor], step: int, bound: int) -> Optional[Tensor]:
+            if t is None:
+                return None
+            return narrow_index((t.long().view(1, -1) + off * step).view(-1), bound)
+        crow = torch.cat([(self.crow[:-1].long().view(1, -1) + off * P).view(-1),
+                          self.crow.new_full((1,), copies * P).long()])
+        tcrow = None if self.tcrow is None else torch.cat(
+            [(self.tcrow[:-1].long().view(1, -1) + off * P).view(-1),
+             self.tcrow.new_full((1,), copies * P).long()])
+        src = (self.src.long().repeat(copies) if self.src is not None
+               else torch.arange(P, device=dev).repeat(copies))
+        return PairsStructures(
+            copies * N, narrow_index(crow, copies * P), rep(self.col, N, copies * N),
+            narrow_index(src, self.stats.size(0)), self.stats, rep(self.mirror, P, copies * P),
+            rep(self.tperm, P, copies * P), None if tcrow is None
+            else narrow_index(tcrow, copies * P), rep(self.tcol, N, copies * N),
+            self.symmetric, self.group_ptr)
+
+    def to(self, device) -> 'PairsStructures':
+        return move(self, device)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self if isinstance(t, Tensor))
+
+
+def _stat_rows(row: Tensor, src: Tensor, stats: Tensor) -> Tensor:
+    # the row of every statistic row: that of its first cell (statistics are sorted like cells)
+    out = torch.full((stats.size(0),), -1, dtype=row.dtype, device=row.device)
+    return out.scatter_reduce(0, src.long(), row, 'amin', include_self=False)
+
+
+def memory(num_cells: int, num_coef: int, heads: int, itemsize: int = 4,
+           symmetric: bool = True) -> int:
+    r"""Peak bytes of the plan structures (and the join that builds them, about two cells'
+    worth per stored one) plus one layer's forward and backward for ``num_cells`` mask cells:
+    per cell and head the mask value, the sampled product kept for the backward and two
+    transients."""
+    plan = num_cells * (12 + (2 if symmetric else 4) * num_coef) + 2 * num_cells * 32
+    return plan + 4 * num_cells * heads * max(itemsize, 4)
+
+
+def estimated_cells(loads: GRFLoads, symmetric: bool) -> int:
+    r"""The mask cells estimated before the join: the symmetric mask has at most :math:`T`
+    cells (the join's terms, :func:`~pyg_grf.features.blocks.num_join_terms`) and, measured
+    on kNN graphs, molecules and grids, 4.7-8x fewer; counted as :math:`T / 4` (so that the
+    memory check errs on the safe side). The asymmetric mask has the pairs of
+    :math:`\widehat\Phi`."""
+    if not symmetric:
+        return loads.nnz
+    return num_join_terms(loads) // 4 + loads.num_nodes
+
+
+class _PairAttention(torch.autograd.Function):
+    r"""Masked sums on the support, heads one after another: ``[N, h, C]`` for ``phi_q``,
+    ``phi_k`` ``[N, h, m]``, ``v1`` ``[N, h, C]`` and mask values ``w`` ``[h, P]``."""
+
+    @staticmethod
+    def forward(ctx, phi_q: Tensor, phi_k: Tensor, v1: Tensor, w: Tensor,
+                st: PairsStructures) -> Tensor:
+        with torch.autocast(phi_q.device.type, enabled=False):  # the dtype chosen here
+            return _PairAttention._forward(ctx, phi_q, phi_k, v1, w, st)
+
+    @staticmethod
+    def _forward(ctx, phi_q, phi_k, v1, w, st):
+        N, h, _ = phi_q.shape
+        dt = half_to_float(phi_q)
+        out = v1.new_empty(N, h, v1.size(-1), dtype=dt)
+        scores = phi_q.new_zeros(h, st.nnz, dtype=dt)  # beta=0 still reads them: no NaN
+        for i in range(h):  # one shared pattern; heads are few
+            a, b = phi_q[:, i].to(dt).contiguous(), phi_k[:, i].to(dt).contiguous()
+            s = _sddmm(st, a, b, scores[i])
+            out[:, i] = csr(st.crow, st.col, s * w[i].to(dt), N) @ v1[:, i].to(dt)
+        ctx.st = st
+        ctx.save_for_backward(phi_q, phi_k, v1, w, scores)
+        return out.to(v1.dtype)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        with torch.autocast(grad.device.type, enabled=False):
+            return _PairAttention._backward(ctx, grad)
+
+    @staticmethod
+    def _backward(ctx, grad: Tensor):
+        phi_q, phi_k, v1, w, scores = ctx.saved_tensors
+        st = ctx.st
+        N, h, _ = phi_q.shape
+        dt = scores.dtype
+        need = ctx.needs_input_grad
+        g_q = torch.zeros_like(phi_q, dtype=dt) if need[0] else None
+        g_k = torch.zeros_like(phi_k, dtype=dt) if need[1] else None
+        g_v = torch.zeros_like(v1, dtype=dt) if need[2] else None
+        g_w = torch.empty_like(w, dtype=dt) if need[3] else None
+        grad = grad.to(dt)
+        for i in range(h):
+            go, s, wi = grad[:, i].contiguous(), scores[i], w[i].to(dt)
+            g_e = _sddmm(st, go, v1[:, i].to(dt).contiguous())   # dL/da_ij = <dO_i, v1_j>
+            if g_w is not None:
+                g_w[i] = g_e * s
+            if g_v is not None:
+                g_v[:, i] = _transposed(st, s * wi) @ go
+            g_s = g_e.mul_(wi)
+            if g_q is not None:
+                g_q[:, i] = csr(st.crow, st.col, g_s, N) @ phi_k[:, i].to(dt)
+            if g_k is not None:
+                g_k[:, i] = _transposed(st, g_s) @ phi_q[:, i].to(dt)
+        cast = lambda g, ref: None if g is None else g.to(ref.dtype)  # noqa: E731
+        return cast(g_q, phi_q), cast(g_k, phi_k), cast(g_v, v1), cast(g_w, w), None
+
+
+def _sddmm(st: PairsStructures, a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
+    # <a_i, b_j> on the support, written into ``out`` (zeros: sampled_addmm multiplies its
+    # input by beta = 0, which keeps a NaN of uninitialised memory), since torch otherwise
+    # copies its holder
+    vals = a.new_zeros(st.nnz) if out is None else out
+    holder = csr(st.crow, st.col, vals, st.num_nodes)
+    torch.sparse.sampled_addmm(holder, a, b.t(), beta=0.0, out=holder)
+    return vals
+
+
+def _transposed(st: PairsStructures, vals: Tensor) -> Tensor:
+    # the transpose of the matrix with ``vals`` on the support: the same indices with mirrored
+    # values (symmetric support), else the transpose's own CSR
+    if st.mirror is not None:
+        return csr(st.crow, st.col, vals.index_select(0, st.mirror.long()), st.num_nodes)
+    return csr(st.tcrow, st.tcol, vals.index_select(0, st.tperm.long()), st.num_nodes)
+
+
+def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v: Tensor,
+                f: Tensor) -> Tensor:
+    r"""``[N, h, d + 1]``: the masked sums :math:`\sum_j M_{ij}\,\phi(\mathbf{q}_i)^\top
+    \phi(\mathbf{k}_j)\,[\mathbf{v}_j, 1]` (numerator, then the normaliser)."""
+    v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
+    if st.nnz == 0:
+        return v1.new_zeros(v1.shape) + 0 * (phi_q.sum() + phi_k.sum() + f.sum())
+    return _PairAttention.apply(phi_q, phi_k, v1, st.mask_values(f), st)
+
+
+def build(loads: GRFLoads, mode: str, dtype: torch.dtype, groups: int = 1,
+          max_cells: Optional[int] = None) -> PairsStructures:
+    r"""The plan structures of ``mode`` (``'symmetric'`` or ``'asymmetric'``)."""
+    return PairsStructures.build(loads, mode == 'symmetric', dtype, groups, max_cells)
