@@ -145,6 +145,7 @@ def safe_load(path: str) -> Any:
     r"""``torch.load(path, weights_only=True)`` with PyG's ``Data`` / ``HeteroData`` classes
     allowed, never arbitrary code; anything else raises :class:`DatasetCacheError`."""
     import pickle
+
     from torch_geometric.data import Data, HeteroData
     try:
         with torch.serialization.safe_globals([Data, HeteroData]):

@@ -107,8 +107,8 @@ class DigitsGridDataset(GeneratedDataset):
 
     def __init__(self, root: Optional[str] = None, canvas: int = 16, patch: int = 4,
                  scale: Tuple[float, float] = (1.0, 2.0), noise: float = 0.1, copies: int = 1,
-                 num_graphs: Optional[int] = None, seed: int = 0, transform: Optional[Callable] = None,
-                 pre_transform: Optional[Callable] = None,
+                 num_graphs: Optional[int] = None, seed: int = 0,
+                 transform: Optional[Callable] = None, pre_transform: Optional[Callable] = None,
                  pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
         _check_root(root)
         if canvas < 8 or patch < 1 or canvas % patch:

@@ -5,7 +5,7 @@ import re
 from typing import Callable, Optional
 
 import torch
-from torch_geometric.data import Data, InMemoryDataset
+from torch_geometric.data import InMemoryDataset
 from torch_geometric.datasets import TUDataset as PyGTUDataset
 from torch_geometric.transforms import Compose, OneHotDegree
 

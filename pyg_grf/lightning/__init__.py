@@ -11,14 +11,14 @@ from pyg_grf.lightning.datamodules import (
     SyntheticDataModule,
     TUDataModule,
 )
-from pyg_grf.lightning.metrics import MultilabelAveragePrecision, multilabel_average_precision
-from pyg_grf.lightning.tasks import GraphLevelTask, NodeLevelTask
 from pyg_grf.lightning.link import LinkLevelTask
 from pyg_grf.lightning.link_metrics import (
     LinkRankingMetrics,
     filtered_link_ranks,
     link_ranking_metrics,
 )
+from pyg_grf.lightning.metrics import MultilabelAveragePrecision, multilabel_average_precision
+from pyg_grf.lightning.tasks import GraphLevelTask, NodeLevelTask
 
 __all__ = [
     'GraphLevelTask',

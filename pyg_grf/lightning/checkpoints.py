@@ -5,9 +5,9 @@ run's own log version without losing its earlier metrics (:func:`reuse_log_versi
 from __future__ import annotations
 
 import glob
+import math
 import os
 import os.path as osp
-import math
 import re
 from typing import Any, Optional
 

@@ -46,10 +46,10 @@ import argparse
 import contextlib
 import inspect
 import json
+import logging
 import math
 import os
 import os.path as osp
-import logging
 import re
 import sys
 import warnings
@@ -59,18 +59,29 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-from pyg_grf.lightning.callbacks import (AtomicModelCheckpoint, EpochMetricsLog,
-                                        LearningCurvePlot, MallocTrim)
-from pyg_grf.lightning.checkpoints import (  # noqa: F401 (public names of this module)
-    CheckpointError, CheckpointNotFoundError, CommandLineError, best_checkpoint_of,
-    check_checkpoint_file, check_local_ckpt_path, check_local_dirs, find_last_checkpoint,
-    resolve_ckpt_path, reuse_log_version)
-from pyg_grf.lightning.files import RunFolderError, atomic_write, check_run_folder
-from pyg_grf.lightning.specs import allowed_config_class_paths, check_config_class_paths
-
 # Imported so that short class names (``class_path: GraphLevelTask``) resolve too.
 from pyg_grf.lightning import datamodules as _datamodules  # noqa: F401
 from pyg_grf.lightning import tasks as _tasks  # noqa: F401
+from pyg_grf.lightning.callbacks import (
+    AtomicModelCheckpoint,
+    EpochMetricsLog,
+    LearningCurvePlot,
+    MallocTrim,
+)
+from pyg_grf.lightning.checkpoints import (  # noqa: F401 (public names of this module)
+    CheckpointError,
+    CheckpointNotFoundError,
+    CommandLineError,
+    best_checkpoint_of,
+    check_checkpoint_file,
+    check_local_ckpt_path,
+    check_local_dirs,
+    find_last_checkpoint,
+    resolve_ckpt_path,
+    reuse_log_version,
+)
+from pyg_grf.lightning.files import RunFolderError, atomic_write, check_run_folder
+from pyg_grf.lightning.specs import allowed_config_class_paths, check_config_class_paths
 from pyg_grf.utils import malloc_tuned, tune_malloc
 
 TRAINER_DEFAULTS: Dict[str, Any] = {

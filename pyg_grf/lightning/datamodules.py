@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import copy
 import hashlib
-import json
 import importlib
+import json
 import os.path as osp
 import warnings
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
@@ -24,9 +24,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 import lightning.pytorch as pl
 import torch
 from torch.utils.data import RandomSampler
-from pyg_grf.loader import DataLoader, NodePartLoader, check_part_args
 from torch_geometric.transforms import BaseTransform, Compose
 
+from pyg_grf.loader import DataLoader, NodePartLoader, check_part_args
 from pyg_grf.transforms.standardize import Standardize
 
 TransformArg = Optional[Union[BaseTransform, List[BaseTransform]]]

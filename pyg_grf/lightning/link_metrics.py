@@ -4,9 +4,10 @@ Every positive pair :math:`(s, t)` of a graph is ranked against the nodes of the
 candidate targets of :math:`s`, with the other positive targets of :math:`s` filtered out: the
 *filtered* MRR and Hits@k that the LRGB code reports for PCQM-Contact (Dwivedi et al., 2022;
 the filtered variant follows Toenshoff et al., 2023, who pointed out that the original, raw ranking
-counts the other true contacts of a source as negatives). Ties count half: the rank is the mean of the optimistic and the
-pessimistic rank, as in OGB's link-prediction evaluator (the LRGB code breaks ties by the order
-``torch.argsort`` happens to return). Everything is vectorised over the pairs of a batch.
+counts the other true contacts of a source as negatives). Ties count half: the rank is the mean
+of the optimistic and the pessimistic rank, as in OGB's link-prediction evaluator (the LRGB code
+breaks ties by the order ``torch.argsort`` happens to return). Everything is vectorised over the
+pairs of a batch.
 
 * :func:`filtered_link_candidates`: the positive pairs and the candidate mask of each.
 * :func:`filtered_link_ranks`: ranks from per-graph score matrices.

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torchmetrics.classification import \
-    MultilabelAveragePrecision as _TorchmetricsMultilabelAP
-from torchmetrics.functional.classification import \
-    multilabel_average_precision as _tm_multilabel_average_precision
+from torchmetrics.classification import MultilabelAveragePrecision as _TorchmetricsMultilabelAP
+from torchmetrics.functional.classification import (
+    multilabel_average_precision as _tm_multilabel_average_precision,
+)
 from torchmetrics.utilities import dim_zero_cat
 
 #: The target value that marks an unlabeled entry for torchmetrics (``NaN`` targets become it).

@@ -2,8 +2,8 @@ r"""Mask operators: every mask with a fast mask-times-matrix product (FTFI paper
 from pyg_grf.masks.base import DenseMask, LowRankMask, MaskOperator
 from pyg_grf.masks.causal import CausalMask
 from pyg_grf.masks.diffusion import DiffusionKernelMask
-from pyg_grf.masks.grid import GridRPE, GridRPEMask
 from pyg_grf.masks.grf import GRFMask
+from pyg_grf.masks.grid import GridRPE, GridRPEMask
 from pyg_grf.masks.packing import PackingMask
 from pyg_grf.masks.rwgnk import RWGNKMask
 from pyg_grf.masks.sum import SumMask

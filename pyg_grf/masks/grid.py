@@ -12,7 +12,6 @@ from torch import Tensor
 from pyg_grf.masks.base import MaskOperator
 from pyg_grf.masks.toeplitz import next_fast_len
 
-
 #: :class:`GridRPEMask` with ``method='auto'`` multiplies densely up to this many nodes.
 DENSE_MAX_NODES = 1024
 

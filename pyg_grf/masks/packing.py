@@ -1,4 +1,5 @@
-r"""Packing mask: unmasked attention inside each graph of a PyG mini-batch (FTFI paper, Sec. 3.1)."""
+r"""Packing mask: unmasked attention inside each graph of a PyG mini-batch (FTFI paper,
+Sec. 3.1)."""
 from __future__ import annotations
 
 from typing import NamedTuple, Optional, Tuple

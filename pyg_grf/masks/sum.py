@@ -1,7 +1,8 @@
 r"""Sums of masks: :math:`M = \sum_t w_t M_t` has the fast product
 :math:`MX = \sum_t w_t (M_t X)` whenever every :math:`M_t` has one (FTFI paper, Lemma 2.1), e.g.
 a global term plus a topological mask, :math:`\beta\,\mathbf{1}\mathbf{1}^\top + \widehat\Phi
-\widehat\Phi^\top` per graph (:class:`~pyg_grf.masks.PackingMask` + :class:`~pyg_grf.masks.GRFMask`)."""
+\widehat\Phi^\top` per graph (:class:`~pyg_grf.masks.PackingMask` +
+:class:`~pyg_grf.masks.GRFMask`)."""
 from __future__ import annotations
 
 from typing import Optional, Sequence, Union

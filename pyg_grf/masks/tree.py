@@ -7,8 +7,8 @@ from typing import List, Optional, Tuple, Union
 
 import numpy as np
 import scipy.sparse as sp
-from scipy.sparse.csgraph import connected_components
 import torch
+from scipy.sparse.csgraph import connected_components
 from torch import Tensor
 
 from pyg_grf._validation import is_sorted
@@ -356,8 +356,8 @@ class TreeMask(MaskOperator):
         r"""Dense ``[N, N]`` tree distances (:obj:`inf` between different trees), from the
         ancestor matrix :math:`A` (``A[i, k] = 1`` if :math:`k` is :math:`i` or an ancestor of
         :math:`i`): :math:`d(i, j) = \delta_i + \delta_j - 2 \sum_k A_{ik} A_{jk} \ell_k` with
-        :math:`\ell_k` the length of the edge from :math:`k` to its parent and :math:`\delta = A\ell`.
-        :math:`O(N^3)`; references and tests only."""
+        :math:`\ell_k` the length of the edge from :math:`k` to its parent and
+        :math:`\delta = A\ell`. :math:`O(N^3)`; references and tests only."""
         N = self.num_nodes
         dev = self.perm.device
         dtype = torch.float64

@@ -4,7 +4,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-
 from torch_geometric.data import Data
 from torch_geometric.data.datapipes import functional_transform
 from torch_geometric.transforms import BaseTransform

@@ -31,8 +31,12 @@ class AddGraphRandomFeatures(BaseTransform):
       ``max_length >= 128``);
     * ``grf_load`` ``[nnz]``: :math:`\mathrm{load}(i, q, l)`, duplicates summed (``float32``).
 
-    Pass the three to a layer as one :class:`~pyg_grf.features.GRFLoads`
-    (``GRFLoads.from_data(batch)``).
+    A layer reads them through the batch's plan, built once per batch and shared by the
+    layers: ``attn.payload(batch)`` (``{'grf': GRFPlan}``),
+    :meth:`GRFPlan.build(batch, layers) <pyg_grf.nn.attention.grf.GRFPlan.build>` for several
+    layers, or :func:`pyg_grf.loader.prepare_payload` / :class:`pyg_grf.loader.DataLoader`
+    (``model=``) for every attention layer of a model. The plan validates the three once and
+    owns compact copies of them (:class:`~pyg_grf.features.GRFLoads`).
 
     As a ``pre_transform`` the walks are drawn once and cached with the dataset; as a
     ``transform`` fresh walks are drawn at every access (a new mask sample every epoch).

@@ -146,6 +146,10 @@ def subgraph_grf(
       the entries by start node once, while this function scans all of them.
     * For a :class:`~pyg_grf.features.GRFLoads`, returns the restricted :class:`GRFLoads`
       (its key-side loads and batch vector too).
+    * A plan (:class:`~pyg_grf.nn.attention.grf.GRFPlan`) is never restricted: it belongs to
+      the graph it was built from. Restrict the data (or the plan's ``loads``) and build the
+      part's own plan, ``attn.payload(part)`` or
+      :func:`~pyg_grf.nn.attention.base.model_payload`.
 
     Args:
         data (Data or GRFLoads): The full graph and its loads.
@@ -304,7 +308,10 @@ class RestrictGraphRandomFeatures(BaseTransform):
         data (Data or GRFLoads): The full graph with its loads (from
             :class:`~pyg_grf.transforms.AddGraphRandomFeatures`), or its
             :class:`~pyg_grf.features.GRFLoads` (stored under :obj:`attr_prefix`, with its key
-            side, if any, under :obj:`f'{attr_prefix}_key'`).
+            side, if any, under :obj:`f'{attr_prefix}_key'`, in the loads' own compact dtypes:
+            ``int32`` ids, ``uint8`` hop counts). Each batch then gets its own plan, built from
+            the restricted loads (``attn.payload(batch)``, or a
+            :class:`pyg_grf.loader.DataLoader` with ``model=``).
         attr_prefixes (list of str, optional): The prefixes of the loads to take from
             :obj:`data`; :obj:`None` takes every set found. (default: :obj:`None`)
         node_id_attr (str, optional): The batch attribute holding the original node ids.

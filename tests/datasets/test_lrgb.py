@@ -175,7 +175,8 @@ def test_raw_standin_files_load_through_pyg(name, monkeypatch, tmp_path):
 
 
 SMILES = ['CCO', 'c1ccccc1O', 'CC(=O)N[C@@H](C)C(=O)O', 'C1CC1N', 'O=C=O',
-          'CN1C=NC2=C1C(=O)N(C)C(=O)N2C', 'CC(C)C[C@H](N)C(=O)O', 'c1ccncc1', 'C#N', 'OCC(O)CO', 'CCCCCCCC', 'N[C@@H](Cc1ccccc1)C(=O)O']
+          'CN1C=NC2=C1C(=O)N(C)C(=O)N2C', 'CC(C)C[C@H](N)C(=O)O', 'c1ccncc1', 'C#N', 'OCC(O)CO',
+          'CCCCCCCC', 'N[C@@H](Cc1ccccc1)C(=O)O']
 
 
 def _graph_tuples_equal(a, b):
@@ -186,6 +187,7 @@ def _graph_tuples_equal(a, b):
 def test_smiles_to_graphs_parallel_equals_serial(capsys):
     pytest.importorskip('rdkit')
     from ogb.utils import smiles2graph
+
     from pyg_grf.datasets.lrgb import smiles_to_graphs
     smiles = SMILES * 5  # 60 molecules: several chunks per worker
     serial = smiles_to_graphs(smiles, num_proc=1, progress=False)
@@ -208,6 +210,7 @@ def test_smiles_to_graphs_parallel_equals_serial(capsys):
 def _fake_peptides(root, num_rows=30):
     # A small CSV + split pickle as the LRGB release has them (md5 sums patched in by the test).
     import gzip
+
     import pandas as pd
     folder = root / 'peptides-func'
     (folder / 'raw').mkdir(parents=True)

@@ -109,7 +109,8 @@ def test_load_tu_from_fake_mirror(fake_mirror, tmp_path):
     # No node features: one-hot degree features with the largest degree (1) are added.
     assert dataset[0].x.tolist() == [[0.0, 1.0], [0.0, 1.0]]
     assert load_tu('TOY', use_degree_features=False)[0].x is None
-    assert len(list((tmp_path / 'data' / 'TUDataset' / 'TOY').glob('processed_*/MANIFEST.json'))) == 1
+    toy = tmp_path / 'data' / 'TUDataset' / 'TOY'
+    assert len(list(toy.glob('processed_*/MANIFEST.json'))) == 1
     assert listing(fake_mirror) == before
 
 

@@ -12,7 +12,8 @@ def test_mutag(offline_mirror, tmp_path):
     assert dataset.y.bincount().tolist() == [63, 125]
     assert dataset.transform is None  # MUTAG has node features: no degree features added
     assert (tmp_path / 'data' / 'TUDataset' / 'MUTAG' / 'raw' / 'MUTAG_A.txt').exists()
-    assert len(list((tmp_path / 'data' / 'TUDataset' / 'MUTAG').glob('processed_*/MANIFEST.json'))) == 1
+    mutag = tmp_path / 'data' / 'TUDataset' / 'MUTAG'
+    assert len(list(mutag.glob('processed_*/MANIFEST.json'))) == 1
     # Second load uses the processed cache (and the name is case-insensitive).
     assert len(load_tu('mutag')) == 188
 

@@ -28,6 +28,7 @@ def test_bad_every_n_steps():
 def test_trim_returns_freed_heap_memory():
     # under tune_malloc's settings a freed large block stays resident; trim_malloc gives it back
     import ctypes
+
     from pyg_grf.utils import trim_malloc
 
     def rss_mib():

@@ -7,8 +7,12 @@ import os
 import pytest
 import torch
 
-from pyg_grf.lightning.checkpoints import (CheckpointError, CommandLineError,
-                                           check_checkpoint_file, check_local_dirs)
+from pyg_grf.lightning.checkpoints import (
+    CheckpointError,
+    CommandLineError,
+    check_checkpoint_file,
+    check_local_dirs,
+)
 from pyg_grf.lightning.cli import GRFLightningCLI, main
 from tests.lightning.helpers import tiny_config, write_config
 

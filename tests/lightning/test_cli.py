@@ -297,9 +297,10 @@ def test_a_yaml_alias_bomb_is_refused_quickly(tmp_path, capsys):
     assert 'whose aliases (*name) expand it to more than 100000 nodes' in err
     # an alias bomb as a command-line value too
     with pytest.raises(SystemExit):
-        main(['fit', '--config', str(text), '--trainer.max_epochs=' + ' '.join(
-            ['[&a [1,1,1,1,1,1,1,1,1,1],'] + [f'&b{i} [{",".join(["*a" if i == 0 else f"*b{i-1}"] * 10)}],'
-                                            for i in range(7)] + ['0]'])])
+        aliases = [f'&b{i} [{",".join(["*a" if i == 0 else f"*b{i-1}"] * 10)}],'
+                   for i in range(7)]
+        main(['fit', '--config', str(text), '--trainer.max_epochs='
+              + ' '.join(['[&a [1,1,1,1,1,1,1,1,1,1],'] + aliases + ['0]'])])
 
 
 def test_aliases_in_an_ordinary_config_still_work(tmp_path):

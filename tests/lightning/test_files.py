@@ -4,8 +4,13 @@ import os
 
 import pytest
 
-from pyg_grf.lightning.files import (RunFolderError, atomic_write, check_run_folder,
-                                     read_text_nofollow, write_bytes)
+from pyg_grf.lightning.files import (
+    RunFolderError,
+    atomic_write,
+    check_run_folder,
+    read_text_nofollow,
+    write_bytes,
+)
 
 
 def test_a_link_planted_at_the_destination_is_replaced_not_followed(tmp_path):

@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from torch_geometric.data import Batch, Data
+from torch_geometric.data import Batch
 from torch_geometric.loader import DataLoader
 
 from pyg_grf.datasets import lrgb_standin

@@ -9,7 +9,6 @@ import torch
 from torch_geometric.data import Batch, Data
 from torch_geometric.loader import DataLoader
 
-from pyg_grf.lightning import specs
 from pyg_grf.lightning.link import LinkLevelTask
 from pyg_grf.lightning.specs import (
     UntrustedClassError,

@@ -174,7 +174,8 @@ def test_mse_metric_over_node_batches_equals_the_pooled_mean_square():
 
 def test_metric_must_fit_the_task():
     from pyg_grf.lightning.tasks import GraphLevelTask
-    with pytest.raises(ValueError, match=r"metric for task='regression' must be one of \('mae', 'mse'\)"):
+    with pytest.raises(ValueError,
+                       match=r"metric for task='regression' must be one of \('mae', 'mse'\)"):
         GraphLevelTask(torch.nn.Identity(), task='regression', metric='macro_f1')
     with pytest.raises(ValueError, match="must be one of"):
         GraphLevelTask(torch.nn.Identity(), task='multilabel', num_labels=3, metric='acc')

@@ -12,7 +12,8 @@ def test_docs_masks_example_runs():
     exec(compile(blocks[0], 'docs/masks.md', 'exec'), scope)
     assert scope['out'].shape == (5, 2, 16)
     assert scope['a'].grad is not None
-    assert str(scope['mask']) == 'TreeMask(num_nodes=5, num_trees=2, a=[-1.0, -0.2], b=0.0, heads=2)'
+    assert str(scope['mask']) == ('TreeMask(num_nodes=5, num_trees=2, a=[-1.0, -0.2], b=0.0, '
+                                  'heads=2)')
 
     # Second block: samples on one shared grid mask.
     exec(compile(blocks[1], 'docs/masks.md', 'exec'), scope)

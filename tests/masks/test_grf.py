@@ -12,8 +12,8 @@ def dense_phi(index, length, load, f, N):
     """Independent dense build: Phi[i, q] = sum_l f[l] * load(i, q, l)."""
     out = torch.zeros(N, N, dtype=D)
     keep = length < f.numel()
-    return out.index_put((index[0, keep], index[1, keep]), f[length[keep].long()] * load[keep].to(D),
-                         accumulate=True)
+    value = f[length[keep].long()] * load[keep].to(D)
+    return out.index_put((index[0, keep], index[1, keep]), value, accumulate=True)
 
 
 @pytest.fixture

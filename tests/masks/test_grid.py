@@ -88,6 +88,7 @@ def test_dense_and_fft_methods_agree(shape):
 
 def test_learnable_grid_rpe_module_in_graph_transformer():
     from torch_geometric.data import Batch, Data
+
     from pyg_grf.datasets import grid_edge_index
     from pyg_grf.masks import GridRPE
     from pyg_grf.nn import GraphTransformer

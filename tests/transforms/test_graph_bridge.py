@@ -1,6 +1,5 @@
 import pytest
 import torch
-
 from torch_geometric.data import Batch, Data
 from torch_geometric.loader import DataLoader
 
@@ -103,7 +102,8 @@ def test_noise_is_cached_as_pre_transform(tmp_path):
     first = ds[1].bridge_noise.clone()
     assert torch.equal(ds[1].bridge_noise, first)  # the same noise at every access
     # reloaded from processed/ (same repr): the cached noise, not a new draw
-    reloaded = cached_dataset(tmp_path, graphs, pre_transform=AddGraphBridgeTokens(pe_dim=4, seed=3))
+    reloaded = cached_dataset(tmp_path, graphs,
+                              pre_transform=AddGraphBridgeTokens(pe_dim=4, seed=3))
     assert torch.equal(reloaded[1].bridge_noise, first)
 
 
