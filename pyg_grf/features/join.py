@@ -196,8 +196,9 @@ def _mirror(out_ptr, out_col):
     for r in range(N):
         ptr[r + 1] = ptr[r] + lower[r + 1] + out_ptr[r + 1] - out_ptr[r]
     P = ptr[N]
-    row, col, src = (np.empty(P, dtype=np.int64), np.empty(P, dtype=np.int64),
-                     np.empty(P, dtype=np.int64))
+    # int32: 4 bytes per cell and array (compiled_join checks that the cells fit)
+    row, col, src = (np.empty(P, dtype=np.int32), np.empty(P, dtype=np.int32),
+                     np.empty(P, dtype=np.int32))
     lower_at = np.empty(out_ptr[N], dtype=np.int64)  # where an upper cell's mirror went
     fill = ptr[:N].copy()
     for i in range(N):  # rows in order: each row's mirrors arrive sorted by i
@@ -208,7 +209,7 @@ def _mirror(out_ptr, out_col):
                 row[f], col[f], src[f] = j, i, a
                 lower_at[a] = f
                 fill[j] = f + 1
-    mirror = np.empty(P, dtype=np.int64)
+    mirror = np.empty(P, dtype=np.int32)
     for r in range(N):
         f = fill[r]
         for a in range(out_ptr[r], out_ptr[r + 1]):
@@ -345,6 +346,8 @@ def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[
             *query, *keys, num_nodes, symmetric_ids(K).numpy(),
             K * (K + 1) // 2, self_join, 2 ** 62 if max_cells is None else max(int(max_cells), 0))
         if ok and self_join:
+            if 2 * out_ptr[-1] >= 2 ** 31 or num_nodes >= 2 ** 31:  # int32 ids of the cells
+                raise MemoryError(f"{2 * out_ptr[-1]} cells exceed the int32 ids of the join")
             row, col_all, src, mirror = _mirror(out_ptr, col)
     except MemoryError as e:  # an allocation in the kernels: not the environment's fault
         raise JoinMemoryError(f"the compiled GRF join ran out of memory ({e}) on {_nnz(index)} "

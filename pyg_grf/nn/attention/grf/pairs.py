@@ -53,6 +53,9 @@ class PairsStructures(NamedTuple):
         symmetric (bool): whether ``stats`` are the symmetric mask's (ids of hop pairs).
         group_ptr (tuple of int, optional): on folded loads, the first statistic row of every
             group (rows are sorted, so each group's rows are contiguous).
+        perm (Tensor, optional): ``[N]`` the node of every row of the structures, when they
+            are built in a locality order (:func:`locality_order`); the layer's inputs are
+            gathered into that order and its sums scattered back.
     """
     num_nodes: int
     crow: Tensor
@@ -65,6 +68,7 @@ class PairsStructures(NamedTuple):
     tcol: Optional[Tensor]
     symmetric: bool
     group_ptr: Optional[tuple]
+    perm: Optional[Tensor] = None
 
     @property
     def nnz(self) -> int:
@@ -77,10 +81,13 @@ class PairsStructures(NamedTuple):
         symmetric mask :math:`\widehat\Phi_Q\widehat\Phi_K^\top` or the asymmetric
         :math:`\widehat\Phi`, statistics in ``dtype``."""
         N = loads.num_nodes
+        perm = locality_order(loads) if groups == 1 else None
+        if perm is not None:
+            loads = relabel(loads, perm)
         lay = block_layout(loads.batch, N)
-        terms = mask_statistics(loads, lay, symmetric, dtype, max_cells)
+        terms = mask_statistics(loads, lay, symmetric, dtype, max_cells, cells=False)
         if terms.index is not None:
-            row, col = terms.index[0], terms.index[1]
+            row, col = terms.index[0].long(), terms.index[1]
         else:  # global ids of the block cells (graphs are contiguous: row-major order holds)
             n = lay.n
             b, rc = terms.cell // (n * n), terms.cell % (n * n)
@@ -105,7 +112,7 @@ class PairsStructures(NamedTuple):
             None if terms.src is None else narrow_index(terms.src, terms.stats.size(0)),
             terms.stats, None if mirror is None else narrow_index(mirror, P),
             tperm, None if tcrow is None else narrow_index(tcrow, P), tcol, symmetric,
-            group_ptr)
+            group_ptr, None if perm is None else narrow_index(perm, N))
 
     def mask_values(self, f: Tensor) -> Tensor:
         r"""``[h, P]`` mask values for coefficients ``f`` (``[H, L + 1]``; on folded loads
@@ -143,13 +150,45 @@ class PairsStructures(NamedTuple):
             narrow_index(src, self.stats.size(0)), self.stats, rep(self.mirror, P, copies * P),
             rep(self.tperm, P, copies * P), None if tcrow is None
             else narrow_index(tcrow, copies * P), rep(self.tcol, N, copies * N),
-            self.symmetric, self.group_ptr)
+            self.symmetric, self.group_ptr, rep(self.perm, N, copies * N))
 
     def to(self, device) -> 'PairsStructures':
         return move(self, device)
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self if isinstance(t, Tensor))
+
+
+#: Single graphs of at least this many nodes get their structures in a locality order.
+REORDER_MIN_NODES = 2 ** 15
+
+
+def locality_order(loads: GRFLoads) -> Optional[Tensor]:
+    r"""A node order in which the mask's neighbours lie close: the reverse Cuthill-McKee order
+    of the walk graph (start and visited node of every entry, symmetrised), for one graph of
+    at least :data:`REORDER_MIN_NODES` nodes on the CPU (:obj:`None` otherwise: batches of
+    small graphs are local already). The sparse products gather rows of the features per mask
+    cell; in the order of a PyG ``Data`` (e.g. points of a cloud in arbitrary order) those
+    rows are scattered over memory, and on a 65k-node kNN graph the pair kernel ran 2x faster
+    in a spatial order (measured on a loaded 2-core machine)."""
+    N = loads.num_nodes
+    if loads.num_graphs > 1 or N < REORDER_MIN_NODES or loads.device.type != 'cpu':
+        return None
+    import numpy as np
+    import scipy.sparse as sp
+    from scipy.sparse.csgraph import reverse_cuthill_mckee
+    i = loads.index.numpy()
+    A = sp.csr_matrix((np.ones(i.shape[1], dtype=np.int8), (i[0], i[1])), shape=(N, N))
+    return torch.from_numpy(reverse_cuthill_mckee(A + A.T, symmetric_mode=True).astype(np.int64))
+
+
+def relabel(loads: GRFLoads, perm: Tensor) -> GRFLoads:
+    r"""The loads with node ``perm[u]`` renamed ``u`` (one graph, no batch vector)."""
+    inv = torch.empty_like(perm)
+    inv[perm] = torch.arange(perm.numel())
+    key = None if loads.key is None else relabel(loads.key, perm)
+    return GRFLoads(inv[loads.index.long()], loads.hop, loads.load, loads.num_nodes,
+                    max_length=loads.max_length, key=key)
 
 
 def _stat_rows(row: Tensor, src: Tensor, stats: Tensor) -> Tensor:
@@ -261,7 +300,12 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v: Tensor,
     v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
     if st.nnz == 0:
         return v1.new_zeros(v1.shape) + 0 * (phi_q.sum() + phi_k.sum() + f.sum())
-    return _PairAttention.apply(phi_q, phi_k, v1, st.mask_values(f), st)
+    if st.perm is None:
+        return _PairAttention.apply(phi_q, phi_k, v1, st.mask_values(f), st)
+    perm = st.perm.long()  # rows in the structures' locality order, and back
+    o = _PairAttention.apply(phi_q.index_select(0, perm), phi_k.index_select(0, perm),
+                             v1.index_select(0, perm), st.mask_values(f), st)
+    return torch.empty_like(o).index_copy(0, perm, o)
 
 
 def build(loads: GRFLoads, mode: str, dtype: torch.dtype, groups: int = 1,
