@@ -1,6 +1,7 @@
 r"""Neural-network modules: attention layers, encoders, models."""
 from pyg_grf.nn.attention.gkat import GKATAttention
 from pyg_grf.nn.attention.grf import GRFAttention
+from pyg_grf.nn.attention.grid import GridRPEAttention
 from pyg_grf.nn.attention.masked import MaskedLinearAttention
 from pyg_grf.nn.attention.samsa import SAMSAAttention
 from pyg_grf.nn.conv.grf_gps_conv import GRFGPSConv
@@ -12,6 +13,7 @@ from pyg_grf.nn.models.graph_transformer import GraphTransformer
 
 __all__ = [
     'GRFAttention',
+    'GridRPEAttention',
     'MaskedLinearAttention',
     'LinearAttention',
     'PowerSeriesAttention',

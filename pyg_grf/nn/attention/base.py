@@ -61,9 +61,9 @@ class GraphAttention(nn.Module):
     ``x`` is ``[N, channels]`` (the nodes of a PyG batch, graphs given by ``batch``; attention
     never crosses graphs) or, where the layer supports it, ``[B, n, channels]`` (``B`` samples
     on one shared graph). What a layer needs besides the nodes is one typed *payload* passed by
-    keyword, built from the batch by :meth:`payload` (e.g. ``grf=GRFLoads.from_data(batch)``
-    for :class:`~pyg_grf.nn.GRFAttention`), so that a model or a block can drive any attention
-    with the same two lines::
+    keyword, built from the batch by :meth:`payload` (e.g. ``grf=`` the batch's
+    :class:`~pyg_grf.nn.attention.grf.GRFPlan` for :class:`~pyg_grf.nn.GRFAttention`), so
+    that a model or a block can drive any attention with the same two lines::
 
         payload = attn.payload(data)          # once per batch, shared by all layers
         out = attn(x, data.batch, **payload)
@@ -103,6 +103,20 @@ class GraphAttention(nn.Module):
         r"""The attributes of ``data`` that :meth:`payload` reads (for reuse checks)."""
         return self.requires + tuple(n for n in self.optional
                                      if getattr(data, n, None) is not None)
+
+
+def samples_as_graphs(layer: nn.Module, x: Tensor,
+                      batch: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor], Optional[int]]:
+    r"""``x`` ``[B, n, C]`` (``B`` samples on one shared graph of ``n`` nodes) as ``B`` graphs
+    of a batch: ``([B n, C], batch, B)``; ``[N, C]`` unchanged: ``(x, batch, None)``."""
+    if x.dim() != 3:
+        return x, batch, None
+    if batch is not None:
+        raise ValueError("'batch' is not used with x of shape [B, n, channels] (every sample is "
+                         "one copy of the shared graph)")
+    B, n = x.size(0), x.size(1)
+    graphs = torch.arange(B, device=x.device).repeat_interleave(n)
+    return x.reshape(B * n, x.size(-1)), graphs, B
 
 
 #: Where :class:`pyg_grf.loader.DataLoader` leaves the payload it built on a batch: a plain

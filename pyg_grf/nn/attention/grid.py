@@ -46,6 +46,9 @@ class GridRPEAttention(MaskedLinearAttention):
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         if x.dim() == 3:
+            if batch is not None:
+                raise ValueError("'batch' is not used with x of shape [B, n, channels] (every "
+                                 "sample is one copy of the shared graph)")
             return super().forward(x)
         n, N = self.grid_nodes, x.size(0)
         B = N // n

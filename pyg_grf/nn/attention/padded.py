@@ -14,7 +14,7 @@ from torch_geometric.utils import to_dense_batch
 
 from pyg_grf._validation import check_sorted_batch
 
-from pyg_grf.nn.attention.base import GraphAttention
+from pyg_grf.nn.attention.base import GraphAttention, samples_as_graphs
 
 
 class PaddedMultiheadAttention(torch.nn.MultiheadAttention, GraphAttention):
@@ -32,6 +32,9 @@ class PaddedMultiheadAttention(torch.nn.MultiheadAttention, GraphAttention):
         self._reset_parameters()
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+        x, batch, samples = samples_as_graphs(self, x, batch)  # [B, n, C]: B graphs
+        if samples is not None:
+            return self.forward(x, batch).view(samples, -1, x.size(-1))
         if x.size(0) == 0:  # an empty batch: nothing to pad
             return x * 0
         check_sorted_batch(batch)
@@ -52,6 +55,9 @@ class PaddedPerformerAttention(PerformerAttention, GraphAttention):
         self._reset_parameters()
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+        x, batch, samples = samples_as_graphs(self, x, batch)  # [B, n, C]: B graphs
+        if samples is not None:
+            return self.forward(x, batch).view(samples, -1, x.size(-1))
         if x.size(0) == 0:
             return x * 0
         check_sorted_batch(batch)

@@ -16,7 +16,7 @@ from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import normalized_adjacency, self_convolution
 from pyg_grf.features.blocks import block_layout
 from pyg_grf.memory import check_walk_memory
-from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients
+from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, samples_as_graphs
 from pyg_grf.nn.functional import (block_masked_linear_attention, from_blocks,
                                    packed_linear_attention, to_blocks)
 
@@ -57,6 +57,11 @@ class LinearAttention(QKVAttention):
         self.reset_parameters()
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+        r"""``x``: ``[N, channels]`` (graphs given by ``batch``) or ``[B, n, channels]``
+        (``B`` samples, attention inside each)."""
+        x, batch, samples = samples_as_graphs(self, x, batch)
+        if samples is not None:
+            return self.forward(x, batch).view(samples, -1, self.channels)
         if batch is not None and x.dim() == 2:  # one graph id per node, before any work
             batch_or_zeros(batch, x.size(0), x.device)
         if x.dim() == 2 and x.size(0) == 0:  # an empty batch
@@ -225,6 +230,11 @@ class SoftmaxAttention(QKVAttention):
         self.reset_parameters()
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+        r"""``x``: ``[N, channels]`` (graphs given by ``batch``) or ``[B, n, channels]``
+        (``B`` samples, attention inside each)."""
+        x, batch, samples = samples_as_graphs(self, x, batch)
+        if samples is not None:
+            return self.forward(x, batch).view(samples, -1, self.channels)
         if x.dim() == 2 and x.size(0) == 0:  # an empty batch
             self.project(x)
             return self.empty_output(x)

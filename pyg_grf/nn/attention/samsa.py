@@ -18,7 +18,8 @@ from torch_geometric.typing import OptTensor
 from torch_geometric.utils import to_dense_batch
 
 from pyg_grf._validation import check_shape
-from pyg_grf.nn.attention.base import GraphAttention, contract_repr, resolve_head_channels
+from pyg_grf.nn.attention.base import (GraphAttention, contract_repr, resolve_head_channels,
+                                      samples_as_graphs)
 
 MODES = ('soft', 'hard')
 
@@ -185,7 +186,8 @@ class SAMSAAttention(GraphAttention):
         r"""Runs the forward pass of the module.
 
         Args:
-            x (torch.Tensor): The tokens :math:`(N, F)`.
+            x (torch.Tensor): The tokens :math:`(N, F)`, or :math:`(B, n, F)`: :math:`B`
+                samples of :math:`n` tokens (one graph each).
             batch (torch.Tensor, optional): The batch vector :math:`(N)` assigning every token
                 to its graph; PyG batches are sorted, an unsorted one is sorted internally and
                 the output returned in the input order. (default: :obj:`None`, one graph)
@@ -193,6 +195,12 @@ class SAMSAAttention(GraphAttention):
                 token indices :math:`(B, k, H)` (support token :math:`s` as :math:`N + s`, empty
                 slot as :math:`-1`). (default: :obj:`False`)
         """
+        x, batch, samples = samples_as_graphs(self, x, batch)  # [B, n, F]: B graphs
+        if samples is not None:
+            out = self.forward(x, batch, return_index=return_index)
+            if return_index:
+                return out[0].view(samples, -1, out[0].size(-1)), out[1]
+            return out.view(samples, -1, out.size(-1))
         check_shape(x, 'x', 'N', self.channels)
         N = x.size(0)
         if batch is not None:

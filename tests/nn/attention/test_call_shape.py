@@ -236,3 +236,19 @@ def test_gps_conv_gives_power_series_its_own_graph(batch, layout):
     ref = _block_formula(conv, b.x, b.edge_index, b.batch, b.edge_attr,
                          lambda h: conv.attn(h, b.batch, **conv.attn.payload(b)))
     assert torch.allclose(out, ref, atol=1e-12, rtol=0)
+
+
+@pytest.mark.parametrize('name', sorted(ATTENTIONS))
+def test_every_layer_takes_samples_on_one_shared_graph(batch, name):
+    # x [B, n, C]: B samples on one graph (its payload), the same as a batch of B copies
+    layer = build(name)
+    graph = batch.get_example(0)
+    B, n = 4, graph.num_nodes
+    x = torch.randn(B, n, C, dtype=D, generator=torch.Generator().manual_seed(2))
+    out = layer(x, None, **layer.payload(graph))
+    assert out.shape == (B, n, C)
+    copies = Batch.from_data_list([graph] * B)
+    ref = layer(x.reshape(B * n, C), copies.batch, **layer.payload(copies))
+    assert torch.allclose(out.reshape(B * n, C), ref, atol=1e-10)
+    with pytest.raises(ValueError, match="'batch' is not used with x of shape"):
+        layer(x, torch.zeros(B * n, dtype=torch.long), **layer.payload(graph))

@@ -195,6 +195,11 @@ def test_coefficients_and_old_state_dicts():
     assert 'f_mode' not in repr(layer) and "f_mode='free'" in repr(free)
     with pytest.raises(ValueError, match="'f_mode' must be one of"):
         GRFAttention(8, f_mode='positive')
+    # the softmax mode's weights turn negative with a free f too: the same warning
+    with pytest.warns(UserWarning, match="f_mode='free'\\) leaves the mask coefficients"):
+        GRFAttention(8, heads=2, mode='sparse_softmax', f_mode='free')
+    from pyg_grf.nn import GridRPEAttention  # exported with the other layers
+    assert GridRPEAttention.__module__ == 'pyg_grf.nn.attention.grid'
     with pytest.raises(ValueError, match="f_mode='signed' needs a linear mode"):
         GRFAttention(8, f_mode='signed', mode='sparse_softmax')
 
@@ -418,7 +423,7 @@ def test_docs_grf_mask_value_examples_run():
     for block in blocks:
         exec(compile(block, 'docs/grf_mask_value.md', 'exec'), scope)
     assert scope['out'].shape == (32, 64, 64) and torch.isfinite(scope['out']).all()
-    assert scope['grf'].num_draws == 4
+    assert scope['plan'].loads.num_draws == 4  # the grid's GRFPlan
 
 
 def test_global_term_stays_inside_each_graph_with_the_payloads_batch():

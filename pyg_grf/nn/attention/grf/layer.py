@@ -72,8 +72,10 @@ class GRFAttention(QKVAttention):
             * ``'abs'`` (default): the mask uses :math:`|f|` (:meth:`coefficients`), so
               :math:`\widehat\Phi \ge 0` and :math:`M \ge 0` entrywise (the loads are
               non-negative for non-negative edge weights); with a non-negative feature map
-              (``'relu'``, ``'elu'``, ``'favor+'``) every output is a convex combination of the
-              values;
+              (``'relu'``, ``'elu'``, ``'favor+'``) every term of the normaliser is
+              :math:`\ge 0`, so nothing cancels: every output is a convex combination of the
+              values, or 0 where all of a row's terms vanish (e.g. ReLU features that are all
+              0; ``eps`` keeps that finite). It does not bound the normaliser away from 0;
             * ``'signed'``: the numerator uses the signed mask of :math:`f` (any real power
               series, as in the paper, Eq. 4), the normaliser the mask of :math:`|f|`, which
               bounds it entrywise (:math:`|\widehat\Phi_f| \le \widehat\Phi_{|f|}`), so
@@ -145,11 +147,12 @@ class GRFAttention(QKVAttention):
                          dropout, bias)
         if f_mode not in F_MODES:
             raise ValueError(f"'f_mode' must be one of {F_MODES}, got {f_mode!r}")
-        if f_mode == 'free' and mode != 'sparse_softmax':
-            warnings.warn("GRFAttention(f_mode='free') leaves the mask coefficients "
-                          "unconstrained: negative ones can drive the normaliser towards 0 and "
-                          "the output to large values. f_mode='abs' (the default) or 'signed' "
-                          "bound it.", UserWarning, stacklevel=2)
+        if f_mode == 'free':
+            bound = ("f_mode='abs' (the default) or 'signed' bound it" if mode != 'sparse_softmax'
+                     else "f_mode='abs' (the default) keeps the weights >= 0")
+            warnings.warn(f"GRFAttention(f_mode='free') leaves the mask coefficients "
+                          f"unconstrained: negative ones can drive the normaliser towards 0 and "
+                          f"the output to large values. {bound}.", UserWarning, stacklevel=2)
         if f_mode == 'signed' and mode == 'sparse_softmax':
             raise ValueError("f_mode='signed' needs a linear mode ('symmetric' or "
                              "'asymmetric'), got mode='sparse_softmax'")
