@@ -15,9 +15,9 @@ and ``torch.nn.MultiheadAttention`` padded per graph with ``to_dense_batch`` exa
 ``Performer 4x16`` the same width as ours). GRF: ``GRFAttention`` in the three modes with every
 backend (``sparse``, ``pairs``, ``dense``, ``auto``); the GRF loads are a ``pre_transform``
 (``AddGraphRandomFeatures(num_walks=16, p_halt=0.5, max_length=4)``) and the per-batch
-:class:`~pyg_grf.features.GRFLoads` (validation, patterns, mask statistics) is built once per
-batch and shared by all layers: its cost is reported separately (``prep``), and ``2 layers``
-adds it to two layer passes.
+:class:`~pyg_grf.nn.attention.grf.GRFPlan` (validated loads, the backend's patterns and mask
+statistics) is built once per batch and shared by all layers: its cost is reported separately
+(``prep``: ``GRFPlan.build(batch, [layer])``), and ``2 layers`` adds it to two layer passes.
 
 Usage::
 
@@ -49,9 +49,9 @@ from torch_geometric.nn.attention import PerformerAttention  # noqa: E402
 from torch_geometric.utils import to_dense_batch, to_undirected  # noqa: E402
 
 from pyg_grf.features import GRFLoads  # noqa: E402
-from pyg_grf.features.loads import KEPT_ATTR  # noqa: E402
+from pyg_grf.features.blocks import block_layout  # noqa: E402
 from pyg_grf.nn import GRFAttention  # noqa: E402
-from pyg_grf.nn.attention.grf import backend_costs, choose_backend  # noqa: E402
+from pyg_grf.nn.attention.grf import GRFPlan, backend_costs, plan_sizes  # noqa: E402
 from pyg_grf.transforms import AddGraphRandomFeatures  # noqa: E402
 
 C, H = 64, 4
@@ -151,27 +151,17 @@ def grf_rows(b: Batch, x: torch.Tensor, repeats: int, backends=BACKENDS, modes=M
             if mode == 'sparse_softmax' and backend == 'pairs':
                 continue  # the same computation as 'sparse' in this mode
             layer = GRFAttention(C, heads=H, max_length=4, mode=mode, backend=backend)
-            grf = GRFLoads.from_data(b)
-            if backend == 'dense' and grf.layout().num_cells * H > 2 ** 28:
-                rows[(mode, backend)] = {'layer': None, 'prep': None, 'note': 'padded blocks > 1 GiB'}
+            if backend == 'dense' and block_layout(b.batch, b.num_nodes).num_cells * H > 2 ** 28:
+                rows[(mode, backend)] = {'layer': None, 'prep': None,
+                                         'note': 'padded blocks > 1 GiB'}
                 continue
-            run = fwd_bwd(layer, lambda m, x: m(x, grf=grf), x)
-            run()  # builds the per-batch structures this backend needs
-
-            def prep(layer=layer):
-                b.__dict__.pop(KEPT_ATTR, None)  # a batch seen for the first time
-                g = GRFLoads.from_data(b)
-                with torch.no_grad():
-                    layer(x, grf=g)  # structures are built on first use
-                return g
-
-            t_fwd_once = timeit(lambda: layer(x.detach(), grf=grf), max(1, repeats // 2))
-            t_prep_fwd = timeit(prep, max(1, repeats // 2))
+            plan = GRFPlan.build(b, [layer])  # the per-batch plan, as a model builds it
+            run = fwd_bwd(layer, lambda m, x: m(x, grf=plan), x)
             rows[(mode, backend)] = {
                 'layer': timeit(run, repeats),
-                'prep': max(t_prep_fwd - t_fwd_once, 0.0),
-                'chosen': (choose_backend(grf, mode, H, C // H, C // H)
-                           if backend == 'auto' else backend),
+                'prep': timeit(lambda layer=layer: GRFPlan.build(b, [layer]),
+                               max(1, repeats // 2)),
+                'chosen': [p.backend for p in plan.parts.values()][0],
             }
     return rows
 
@@ -198,32 +188,33 @@ def sparse_products_only(b: Batch, repeats: int) -> float:
     r"""The two block-diagonal CSR products of the symmetric sparse backend alone
     (forward + backward), on the ``[H N, m (d + 1)]`` operand: its roofline."""
     from pyg_grf.ops import spmm
-    grf = GRFLoads.from_data(b)
+    layer = GRFAttention(C, heads=H, max_length=4, mode='symmetric', backend='sparse')
+    phi = GRFPlan.build(b, [layer]).part(layer.spec()).structures.query  # pairs of Phi
     f = torch.rand(H, 5, requires_grad=True)
-    _, pat = grf.pairs()
     m = d = C // H
     X = torch.randn(H * b.num_nodes, m * (d + 1), requires_grad=True)
-    patH = pat.repeat(H)
+    patH = phi.pattern.repeat(H)
 
     def run():
-        vals = grf.values(f).reshape(-1)
+        vals = phi.values(f).reshape(-1)
         y = spmm(patH, vals, spmm(patH, vals, X, transpose=True))
         y.sum().backward()
     return timeit(run, repeats)
 
 
 def calibrate(b: Batch, x: torch.Tensor, repeats: int, name: str):
-    grf = GRFLoads.from_data(b)
+    loads = GRFLoads.from_data(b)
     m = d = C // H
     for mode in MODES:
-        costs = backend_costs(grf, mode, H, m, d)
+        costs = backend_costs(plan_sizes(loads, mode), mode, H, m, d)
         line = [f'{name} {mode}:']
         for backend, est in sorted(costs.items()):
             if est > 2.0:
                 line.append(f'{backend} est {est * 1e3:.1f} ms / not run')
                 continue
             layer = GRFAttention(C, heads=H, max_length=4, mode=mode, backend=backend)
-            t = timeit(fwd_bwd(layer, lambda mm, xx: mm(xx, grf=grf), x), repeats)
+            plan = GRFPlan.build(loads, [layer])
+            t = timeit(fwd_bwd(layer, lambda mm, xx: mm(xx, grf=plan), x), repeats)
             line.append(f'{backend} est {est * 1e3:.1f} ms / measured {t * 1e3:.1f} ms')
         print('  '.join(line), flush=True)
 
@@ -247,8 +238,8 @@ def to_markdown(R: dict) -> str:
         f"{R['repeats']} runs, {R['threads']} threads, {R['machine']}. Loads: "
         f"`{R['transform']}`. Command: `{R['command']}`.",
         '',
-        '`prep` is the per-batch work on the `GRFLoads` object (validation, sparsity patterns, '
-        'mask statistics, block layout), done once per batch and shared by all layers; '
+        '`prep` is the per-batch plan, `GRFPlan.build(batch, [layer])` (validation, sparsity '
+        'patterns, mask statistics, block layout), built once per batch and shared by all layers; '
         '`2 layers` = 2 x layer + prep, the cost inside a 2-layer model. Ratios are against '
         '`Performer 4x64` (PyG `PerformerAttention` with `GPSConv`\'s default head size, padded '
         'with `to_dense_batch` as `GPSConv` runs it) and padded `MultiheadAttention`, measured in '

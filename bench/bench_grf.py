@@ -147,7 +147,7 @@ def _build(spec, torch):
     x = torch.randn(N, C, requires_grad=True)
     info = {}
     if method in ('grf_sym', 'grf_asym'):
-        from pyg_grf.features import GRFLoads
+        from torch_geometric.data import Data
         from pyg_grf.nn import GRFAttention
         index, length, load, t_feat = _features(spec, torch, edge_index, N)
         info['feature_time_s'] = t_feat
@@ -155,8 +155,10 @@ def _build(spec, torch):
         info['grf_pairs'] = int(torch.unique(index[0] * N + index[1]).numel())
         mod = GRFAttention(C, heads=H, max_length=spec['max_length'], feature_map='relu',
                            mode='symmetric' if method == 'grf_sym' else 'asymmetric')
-        # the loads built (and validated) in every call, as the three-tensor call did
-        run = lambda: mod(x, grf=GRFLoads(index, length, load, x.size(0)))  # noqa: E731
+        data = Data(grf_index=index, grf_length=length, grf_load=load, num_nodes=N)
+        # the layer's plan (GRFPlan: validated loads and the backend's structures) built in
+        # every call, as the three-tensor call did: the cost of one layer on a new graph
+        run = lambda: mod(x, **mod.payload(data))  # noqa: E731
     elif method == 'linear':
         from pyg_grf.nn.attention.reference import LinearAttention
         mod = LinearAttention(C, heads=H, feature_map='relu')

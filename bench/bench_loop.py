@@ -12,10 +12,11 @@ for the loader, forward, backward and the ``Adam`` step. The models, graphs and 
 ``AddGraphRandomFeatures(num_walks=16, p_halt=0.2, max_length=4)``). Columns:
 
 * ``GINE x2``, ``GPS multihead``, ``GPS performer 4x16``: PyG's loader;
-* ``GRF-GPS, prep in step``: PyG's loader; the step builds ``GRFLoads.from_data(batch)`` and the
-  first GRF layer its structures (the setting of ``bench_model.py``);
+* ``GRF-GPS, prep in step``: PyG's loader; the step builds the batch's plan,
+  ``model_payload(model, batch)`` (one :class:`~pyg_grf.nn.attention.grf.GRFPlan` for both GRF
+  layers: the setting of ``bench_model.py``);
 * ``GRF-GPS, prep in worker``: ``pyg_grf.loader.DataLoader(..., model=model)``: the worker
-  builds the payload and every structure of both layers; the step finds them on the batch;
+  builds the same plan as it collates the batch; the step's ``model_payload`` finds it there;
 * the same two with ``global_beta=0.1``, and ``GRF-GPS linear`` (unmasked control).
 
 Columns run round-robin, one epoch each per round, after one warm-up epoch (persistent workers,
@@ -51,8 +52,8 @@ for p in (str(ROOT), str(ROOT / 'bench')):
 
 from torch_geometric.loader import DataLoader as PyGDataLoader  # noqa: E402
 
-from pyg_grf.features import GRFLoads  # noqa: E402
 from pyg_grf.loader import DataLoader  # noqa: E402
+from pyg_grf.nn.attention.base import model_payload  # noqa: E402
 
 from bench_model import (GRF, GRF_BETA, GRF_COLUMNS, LIN, MHA, P16, TRANSFORM, Net,  # noqa: E402
                          graph, molecule_like, quartiles)
@@ -94,7 +95,8 @@ def make_epoch(column: str, graphs: list, batch_size: int, workers: int):
         n = 0
         for b in loader:
             opt.zero_grad(set_to_none=True)
-            grf = GRFLoads.from_data(b) if grf_model else None  # the prepared one if there
+            # the plan of the batch: the one the loader's worker left on it, if there
+            grf = model_payload(model, b)['grf'] if grf_model else None
             out = model(b.x, b.edge_index, b.edge_attr, b.batch, grf=grf)
             F.binary_cross_entropy_with_logits(out, b.y).backward()
             opt.step()

@@ -1,17 +1,17 @@
 r"""Whole training steps of 2-layer GPS models, GRF attention against PyG's ``GPSConv``, side by
 side in one process (a script, not a test).
 
-One step is what a training loop does per batch: ``GRFLoads.from_data(batch)`` (for the GRF
-columns: validation, snapshot, and, on first use inside the first layer, the per-batch
-structures: backend choice, mask statistics, block layout), forward, loss, backward and an
-``Adam`` step. The model: node and edge encoders (``Linear``), two GPS blocks with a ``GINEConv``
-local branch (64 channels, 4 heads, batch norm, no dropout), then mean pooling and a linear head
-with a 10-label BCE loss (batches) or a linear node head with a 10-class cross entropy (one big
-graph). Workloads:
+One step is what a training loop does per batch: ``model_payload(model, batch)`` (for the GRF
+columns: the batch's :class:`~pyg_grf.nn.attention.grf.GRFPlan`, one for both layers:
+validation, owned copies of the loads, backend choice, mask statistics, block layout), forward,
+loss, backward and an ``Adam`` step. The model: node and edge encoders (``Linear``), two GPS
+blocks with a ``GINEConv`` local branch (64 channels, 4 heads, batch norm, no dropout), then
+mean pooling and a linear head with a 10-label BCE loss (batches) or a linear node head with a
+10-class cross entropy (one big graph). Workloads:
 
 * ``lrgb``: a batch of 64 molecule-like graphs (random trees plus ring closures) of 120-180 nodes;
 * ``tu``: a batch of 128 such graphs of 20-40 nodes;
-* ``grid64k``: one 2-D grid of 256 x 256 = 65,536 nodes, full-graph steps; the ``GRFLoads`` is
+* ``grid64k``: one 2-D grid of 256 x 256 = 65,536 nodes, full-graph steps; the plan is
   built once outside the step (full-graph training keeps one for all steps).
 
 Columns: ``GINE x2`` (the GPS block without its attention branch), PyG ``GPSConv`` with
@@ -20,7 +20,7 @@ channels) and at our width (``attn_kwargs={'head_channels': 16}``, 4 x 16), and
 ``pyg_grf.nn.GRFGPSConv`` with ``attn_type='grf'`` (symmetric GRF mask, backend ``'auto'``), the
 same with ``global_beta=0.1``, and with ``attn_type='linear'`` (unmasked linear attention per
 graph, the control), plus that control with the ``LinearAttention`` of before this change,
-and on the batches the two GRF columns with ``loads prebuilt`` (one ``GRFLoads`` built outside
+and on the batches the two GRF columns with ``loads prebuilt`` (one plan built outside
 the timed steps: the step without the per-batch work); with ``--backends``,
 ``GRF-GPS [sparse|pairs|dense]`` (an explicit backend) on the batches. Walk loads:
 ``AddGraphRandomFeatures(num_walks=16, p_halt=0.2, max_length=4, seed=0)`` per graph before
@@ -69,9 +69,10 @@ from torch_geometric.nn import GINEConv, GPSConv, global_mean_pool  # noqa: E402
 
 from pyg_grf._validation import batch_or_zeros  # noqa: E402
 from pyg_grf.features import GRFLoads  # noqa: E402
-from pyg_grf.features.loads import KEPT_ATTR  # noqa: E402
+from pyg_grf.features.blocks import block_layout, mask_statistics, num_join_terms  # noqa: E402
 from pyg_grf.masks import PackingMask  # noqa: E402
 from pyg_grf.nn import GRFGPSConv, LinearAttention  # noqa: E402
+from pyg_grf.nn.attention.base import model_payload  # noqa: E402
 from pyg_grf.nn.feature_maps import qk_features  # noqa: E402
 from pyg_grf.nn.functional import masked_linear_attention  # noqa: E402
 from pyg_grf.transforms import AddGraphRandomFeatures  # noqa: E402
@@ -209,26 +210,29 @@ class Net(nn.Module):
         return self.head(x if self.node_level else global_mean_pool(x, batch))
 
 
-def fresh_loads(b: Batch) -> GRFLoads:
-    r"""``GRFLoads.from_data(b)`` as for a batch never seen before: the loads that from_data
-    keeps on a data object for its next call (full-graph reuse) are dropped first, since a
-    training loop meets every mini-batch once."""
-    b.__dict__.pop(KEPT_ATTR, None)
-    return GRFLoads.from_data(b)
+def fresh_plan(model: nn.Module, b: Batch):
+    r"""The plan of ``b`` for the GRF layers of ``model`` (``model_payload(model, b)['grf']``),
+    built as for a batch never seen before: the plan is a pure function of the batch, nothing
+    is kept between calls."""
+    return model_payload(model, b)['grf']
 
 
-def make_step(column: str, b: Batch, node_level: bool, grf_once: GRFLoads = None):
+def make_step(column: str, b: Batch, node_level: bool, once: bool = False):
+    r"""One training step of ``column`` on ``b``. The GRF columns build the batch's plan in
+    the step, except ``loads prebuilt`` and, with ``once`` (full-graph training), every GRF
+    column: their plan is built here, once, and reused by every step."""
     torch.manual_seed(0)
-    if column in (PRE, PRE_BETA):  # its own payload, built (and its caches filled) once
-        grf_once = fresh_loads(b)
     model = Net(column, node_level).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    plan_once = None
+    if column in (PRE, PRE_BETA) or (once and column in GRF_COLUMNS):
+        plan_once = fresh_plan(model, b)
 
     def step():
         opt.zero_grad(set_to_none=True)
         grf = None
         if column in GRF_COLUMNS:  # the per-batch payload, as a training loop builds it
-            grf = grf_once if grf_once is not None else fresh_loads(b)
+            grf = plan_once if plan_once is not None else fresh_plan(model, b)
         out = model(b.x, b.edge_index, b.edge_attr, b.batch, grf=grf)
         loss = (F.cross_entropy(out, b.y) if node_level
                 else F.binary_cross_entropy_with_logits(out, b.y))
@@ -300,34 +304,35 @@ def linear_layer_old_new(b: Batch, repeats: int) -> dict:
 # Profile ##########################################################################################
 
 
-PROFILED = ('__init__', 'from_data', '_build_terms', '_coalesce_terms', 'block_terms',
-            'mask_pattern', 'layout', 'block_layout', 'choose_backend', 'backend_costs',
-            'num_join_terms', '_block_coords', 'pairs', '_build_pairs', 'mask_values',
-            'pair_masked_linear_attention', 'packing_sums', 'sddmm', 'spmm', '_mix',
+PROFILED = ('__init__', 'from_data', 'build', 'build_part', '_build_part', 'plan_sizes',
+            'mask_statistics', 'self_join_terms', 'join_terms', 'coalesce_terms',
+            'block_layout', 'choose_backend', 'backend_costs', 'backend_memory',
+            'num_join_terms', 'block_coords', 'pairs', 'mask_values', 'model_payload',
+            'plan_payload', 'linear_sums', 'sddmm', 'spmm', '_mix', '_sums',
             'check_coefficients', 'features', 'forward', 'backward', 'step')
 
 
-def profile_step(b: Batch, column: str, steps: int, grf_once: GRFLoads = None) -> dict:
+def profile_step(b: Batch, column: str, steps: int, once: bool = False) -> dict:
     r"""Where the time of a GRF-GPS step goes: phases timed directly, ``cProfile`` of the
-    Python-level functions (cumulative, the loads' per-batch work included), and the top ops
-    of ``torch.profiler`` (self CPU time, backward ops included). ``grf_once``: the payload of
-    full-graph training, built outside the step (one graph, node-level loss)."""
+    Python-level functions (cumulative, the per-batch plan included), and the top ops
+    of ``torch.profiler`` (self CPU time, backward ops included). ``once``: full-graph training
+    (one graph, node-level loss), the plan built once before the steps."""
     torch.manual_seed(0)
-    node_level = grf_once is not None
+    node_level = once
     model = Net(column, node_level=node_level).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-    phases = {'GRFLoads.from_data (validation, snapshot)': [],
-              'forward (per-batch structures built in layer 1)': [],
-              'backward': [], 'optimizer step': []}
+    plan_once = fresh_plan(model, b) if once else None
+    phases = {'model_payload: the GRFPlan of the batch (validation, copies, structures)': [],
+              'forward': [], 'backward': [], 'optimizer step': []}
     if node_level:
-        phases = {'forward (payload built before the loop)': [], 'backward': [],
+        phases = {'forward (plan built before the loop)': [], 'backward': [],
                   'optimizer step': []}
     names = list(phases)
 
     def step(record=False):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        grf = grf_once if node_level else fresh_loads(b)
+        grf = plan_once if node_level else fresh_plan(model, b)
         t1 = time.perf_counter()
         out = model(b.x, b.edge_index, b.edge_attr, b.batch, grf=grf)
         loss = (F.cross_entropy(out, b.y) if node_level
@@ -346,45 +351,47 @@ def profile_step(b: Batch, column: str, steps: int, grf_once: GRFLoads = None) -
     for _ in range(steps):
         step(record=True)
     out = {'phases': {k: statistics.median(v) for k, v in phases.items()}}
-    # the loads' per-batch work piece by piece, on fresh payloads, in the order the first layer
-    # runs it (each piece cached on the payload: later layers and the backward reuse it)
-    from pyg_grf.nn.attention.grf import choose_backend
-    backend = choose_backend(fresh_loads(b), 'symmetric', H, C // H, C // H, b.batch)
+    # the plan's per-batch work piece by piece, in the order GRFPlan.build runs it (both layers
+    # share one part: same mode, backend, heads and widths)
+    from pyg_grf.nn.attention.grf import choose_backend, plan_sizes
+    from pyg_grf.nn.attention.grf.plan import BACKEND_MODULES
+    plan = plan_once if plan_once is not None else fresh_plan(model, b)
+    backend = [p.backend for p in plan.parts.values()][0]
     pieces = {}
     for _ in range(1 if node_level else 3):
         t = time.perf_counter()
-        grf = fresh_loads(b)
-        seq = [('from_data: validation (index range, hops, finite loads) and snapshot copies',
-                lambda: None),
-               ("pairs(): distinct (i, q) pairs of Phi and their CSR pattern", grf.pairs),
-               ('layout(): dense-block layout of the batch', lambda: grf.layout(b.batch)),
-               ('num_join_terms(): size of the join (for the cost model)', grf.num_join_terms)]
-        if backend == 'pairs':
-            seq += [('block_terms(True): the join on the visited node + mask statistics '
-                     '(coalesced per cell)', lambda: grf.block_terms(True, b.batch)),
-                    ('mask_pattern(): CSR pattern of the mask Phi Phi^T',
-                     lambda: grf.mask_pattern(b.batch))]
-        elif backend == 'dense':
-            seq += [('block_cells(): padded cell of every entry', lambda: grf.block_cells(b.batch))]
-        seq += [('choose_backend(): the cost model (structures above cached)',
-                 lambda: choose_backend(grf, 'symmetric', H, C // H, C // H, b.batch))]
-        if backend == 'pairs':
-            seq += [('mask statistics cast to float32, pattern repeated over the heads, its '
-                     'transpose (for the backward)',
-                     lambda: (grf.block_terms(True, b.batch, torch.float32),
-                              grf.mask_pattern(b.batch).repeat(H)._transpose()))]
-        elif backend == 'sparse':
-            seq += [('pattern of Phi repeated over the heads, its transpose (for Phi^T X)',
-                     lambda: grf.pairs()[1].repeat(H)._transpose())]
+        loads = GRFLoads.from_data(b)
+        box = {}
+        seq = [('GRFLoads.from_data: validation (index range, hops, finite loads) and owned '
+                'int32/uint8 copies', lambda: None),
+               ('plan_sizes(): distinct (i, q) pairs of Phi, block layout, size of the join '
+                '(the cost model\'s inputs)',
+                lambda: box.update(sizes=plan_sizes(loads, 'symmetric'))),
+               ('choose_backend(): the cost model and the memory check',
+                lambda: choose_backend(box['sizes'], 'symmetric', H, C // H, C // H, 2))]
+        seq += [(f'{backend}.build(): the backend\'s plan structures'
+                 + (' (the join on the visited node, mask statistics coalesced per cell in '
+                    'float32, CSR pattern of the mask, mirror cells)'
+                    if backend == 'pairs' else ''),
+                 lambda: BACKEND_MODULES[backend].build(loads, 'symmetric', torch.float32))]
         for label, fn in seq:
             fn()
             now = time.perf_counter()
             pieces.setdefault(label, []).append(now - t)
             t = now
-    out['structures'] = {'backend': backend, 'join_terms': grf.num_join_terms(), 'nnz': grf.nnz,
-                         'mask_nnz': (grf.mask_pattern(b.batch).nnz if backend == 'pairs'
-                                      else None),
-                         'pieces': {k: statistics.median(v) for k, v in pieces.items()}}
+        if backend == 'pairs':  # of the build: the join and the statistics alone
+            lay = block_layout(loads.batch, loads.num_nodes)
+            t = time.perf_counter()
+            mask_statistics(loads, lay, True, torch.float32)
+            pieces.setdefault('join', []).append(time.perf_counter() - t)
+    join = pieces.pop('join', None)
+    st = [p.structures for p in plan.parts.values()][0]
+    out['structures'] = {'backend': backend, 'join_terms': num_join_terms(plan.loads),
+                         'nnz': plan.loads.nnz,
+                         'mask_nnz': st.nnz if backend == 'pairs' else None,
+                         'plan_bytes': sum(plan.nbytes().values()),
+                         'pieces': {k: statistics.median(v) for k, v in pieces.items()},
+                         'join': None if join is None else statistics.median(join)}
     # cProfile: cumulative seconds per step of the package's functions
     prof = cProfile.Profile()
     prof.enable()
@@ -472,8 +479,9 @@ def to_markdown(R: dict) -> str:
         'default (4 heads x 64 channels each, as PyG builds it) and with `attn_kwargs='
         '{\'head_channels\': 16}` (4 x 16, our width); `GRF-GPS` = `pyg_grf.nn.GRFGPSConv('
         'attn_type=\'grf\')` (symmetric GRF mask, backend `auto`), called `conv(x, edge_index, '
-        'batch, grf=loads, edge_attr=...)` with `loads = GRFLoads.from_data(batch)` built inside '
-        'the step; `beta=0.1` adds `attn_kwargs={\'global_beta\': 0.1}`; `GRF-GPS linear` = '
+        'batch, grf=plan, edge_attr=...)` with `plan = model_payload(model, batch)[\'grf\']` '
+        '(one `GRFPlan` for both layers) built inside the step; `beta=0.1` adds '
+        '`attn_kwargs={\'global_beta\': 0.1}`; `GRF-GPS linear` = '
         '`GRFGPSConv(attn_type=\'linear\')` (unmasked linear attention per graph, the control), '
         'and the same block with the `LinearAttention` code of before this change; '
         '`GRF-GPS [backend]` = `GRF-GPS` with that backend instead of `auto` (`--backends`).',
@@ -499,11 +507,13 @@ def to_markdown(R: dict) -> str:
                          f'{ratio(round_ratio(w, col, P16))} | '
                          f'{ratio(round_ratio(w, col, P64))} |')
         if w.get('prep_once') is not None:
-            lines += ['', f"`GRFLoads` built once outside the step and reused by all steps: "
-                          f"`from_data` {ms(w['prep_once'])} ms; the first `GRF-GPS` step, "
-                          f"which also builds the loads' per-batch structures, "
-                          f"{ms(w.get('first_grf_step'))} ms (against {ms(steps.get(GRF))} ms "
-                          f"for a later step). Neither is in the step times above."]
+            lines += ['', f"`GRFPlan` built once outside the step and reused by all steps: "
+                          f"`model_payload` {ms(w['prep_once'])} ms"
+                          + (f" ({w['plan_bytes'] / 2 ** 20:.1f} MiB)" if w.get('plan_bytes')
+                             else '')
+                          + f"; the first `GRF-GPS` step {ms(w.get('first_grf_step'))} ms "
+                          f"(against {ms(steps.get(GRF))} ms for a later step). Neither is in "
+                          f"the step times above."]
         lines.append('')
     lines += ['## Targets (issue "Speed of a whole training step", item 6)', '',
               'Ratio = median over rounds of the per-round ratio (quartiles in brackets). The '
@@ -540,16 +550,19 @@ def to_markdown(R: dict) -> str:
             lines.append(f'| {k} | {ms(v)} | {100 * v / total:.0f} % |')
         s = P['structures']
         mask = '' if s['mask_nnz'] is None else f", {s['mask_nnz']} mask nonzeros"
-        where = ('built once before the training loop' if 'forward (payload built before the '
-                 'loop)' in P['phases'] else "most of it runs inside the first layer's forward, "
-                 "on first use")
-        lines += ['', f"The loads' per-batch work piece by piece on a fresh `GRFLoads` ({where}; "
+        where = ('built once before the training loop' if 'forward (plan built before the '
+                 'loop)' in P['phases'] else 'built in the step, before the forward')
+        lines += ['', f"The plan's per-batch work (`GRFPlan.build`) piece by piece ({where}; "
                       f"`auto` -> "
                       f"`{s['backend']}`; {s['nnz']} entries, {s['join_terms']} join terms"
                       f"{mask}):", '', '| piece | ms |', '|---|---|']
         for k, v in s['pieces'].items():
             lines.append(f'| {k} | {ms(v)} |')
-        lines += ['', f"Total: {ms(sum(s['pieces'].values()))} ms per batch.", '',
+        lines += ['', f"Total: {ms(sum(s['pieces'].values()))} ms per batch"
+                  + (f" (of it the join and mask statistics alone, `mask_statistics`: "
+                     f"{ms(s['join'])} ms)" if s.get('join') is not None else '')
+                  + (f"; the plan holds {s['plan_bytes'] / 2 ** 20:.1f} MiB"
+                     if s.get('plan_bytes') else '') + '.', '',
                   '`cProfile`, cumulative ms per step of the package functions (nested: a '
                   'function includes its callees; `backward` is all of autograd):', '',
                   '| function | calls / step | cum ms / step |', '|---|---|---|']
@@ -629,7 +642,6 @@ def main(argv=None):
                     f'torch {torch.__version__}',
          'load_note': args.load_note, 'workloads': [],
          'linear_layer': {}, 'profiles': {}}
-    from pyg_grf.nn.attention.grf import choose_backend
     for name, desc, make in work:
         b = make()
         node_level = b.num_graphs == 1
@@ -637,7 +649,6 @@ def main(argv=None):
                  'loadavg': [os.getloadavg()[0]], 'num_nodes': b.num_nodes,
                  'num_graphs': b.num_graphs, 'num_edges': b.edge_index.size(1),
                  'nnz': b.grf_index.size(1), 'steps': {}, 'skipped': {}}
-        grf_once = None
         cols = list(COLUMNS) + (list(BACKEND_COLUMNS) if args.backends and b.num_graphs > 1
                                 else [])
         if node_level:  # the GRF columns here already use one payload built outside the step
@@ -650,18 +661,20 @@ def main(argv=None):
                 'materialising path), above this machine\'s 23 GiB; at 16k nodes one padded '
                 'MultiheadAttention layer already took 2.9 s fwd+bwd (bench_batch.md)')
             cols = [c for c in cols if c not in entry['skipped']]
-            entry['note'] = ('Full-graph training: one `GRFLoads` built before the loop and '
+            entry['note'] = ('Full-graph training: one `GRFPlan` built before the loop and '
                              'passed to every step.')
+        grf_model = Net(GRF, node_level)
+        t = time.perf_counter()
+        plan = fresh_plan(grf_model, b)
         if node_level:
-            t = time.perf_counter()
-            grf_once = fresh_loads(b)
             entry['prep_once'] = time.perf_counter() - t
-        g = fresh_loads(b)
-        entry['backend'] = choose_backend(g, 'symmetric', H, C // H, C // H, b.batch)
+        entry['backend'] = [p.backend for p in plan.parts.values()][0]
+        entry['plan_bytes'] = sum(plan.nbytes().values())
+        del plan, grf_model
         print(f"{name}: {b.num_nodes} nodes, {b.num_graphs} graphs, {entry['nnz']} GRF entries, "
               f"backend {entry['backend']}", flush=True)
-        steps = {c: make_step(c, b, node_level, grf_once) for c in cols}
-        if grf_once is not None:  # the first step builds the loads' structures: time it apart
+        steps = {c: make_step(c, b, node_level, once=node_level) for c in cols}
+        if node_level:  # the first step (allocations, warm-up): time it apart
             t = time.perf_counter()
             steps[GRF]()
             entry['first_grf_step'] = time.perf_counter() - t
@@ -679,7 +692,7 @@ def main(argv=None):
                   flush=True)
         if (name == 'lrgb' and not args.no_profile) or (node_level and args.profile_grid):
             n_prof = 1 if args.quick or node_level else 3
-            R['profiles'][name] = dict(profile_step(b, GRF, n_prof, grf_once), workload=name,
+            R['profiles'][name] = dict(profile_step(b, GRF, n_prof, node_level), workload=name,
                                        steps=n_prof)
         del steps
     if args.merge and out.with_suffix('.json').exists():  # keep the workloads not run now

@@ -1,7 +1,8 @@
 r"""Cost of the three ways to train a GRF model on one large graph (PubMed, 19,717 nodes):
 
-* ``full``: the whole graph every step, one :class:`~pyg_grf.features.GRFLoads` built once and
-  reused for every step (O(N) per step);
+* ``full``: the whole graph every step, one :class:`~pyg_grf.nn.attention.grf.GRFPlan` (the
+  payload of both GRF layers, ``model_payload(model, data)``) built once and reused for every
+  step (O(N) per step);
 * ``restrict``: :class:`~torch_geometric.loader.RandomNodeLoader` with ``--parts`` parts, the full
   graph's walks restricted to each part (:class:`~pyg_grf.transforms.RestrictGraphRandomFeatures`);
 * ``recompute``: the same loader, fresh walks drawn on every part
@@ -16,9 +17,11 @@ over the warm-up and timed epochs, reset through ``/proc/self/clear_refs`` once 
 walks and the model are ready, minus the resident memory at that point; the largest rank for
 DDP) and the process's peak over its lifetime (loading, walks and training). Writes
 ``experiments/results/large_graphs.md`` and JSON under ``experiments/results/runs/large_graphs/``
-(git-ignored)::
+(git-ignored; ``--runs`` elsewhere)::
 
     OMP_NUM_THREADS=1 taskset -c 1 python bench/large_graphs.py --threads 1
+    python bench/large_graphs.py --dataset Cora --ways full restrict --epochs 1 \
+        --runs /tmp/large_graphs   # smoke run
 """
 from __future__ import annotations
 
@@ -38,8 +41,10 @@ from torch import nn
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from pyg_grf.features import GRFLoads  # noqa: E402
 from pyg_grf.nn import GRFAttention  # noqa: E402
+from pyg_grf.nn.attention.base import model_payload  # noqa: E402
+from pyg_grf.nn.attention.grf import GRFPlan  # noqa: E402
+
 RUNS = osp.join(REPO, 'experiments', 'results', 'runs', 'large_graphs')
 TABLE = osp.join(REPO, 'experiments', 'results', 'large_graphs.md')
 WAYS = ('full', 'restrict', 'recompute', 'ddp')
@@ -86,7 +91,7 @@ class GRFNodeModel(nn.Module):
         self.norms = nn.ModuleList(nn.LayerNorm(hidden_channels) for _ in range(num_layers))
         self.lin_out = nn.Linear(hidden_channels, out_channels)
 
-    def forward(self, x, grf: GRFLoads):
+    def forward(self, x, grf: GRFPlan):
         x = F.dropout(x, self.dropout, self.training)
         x = F.relu(self.lin_in(x))
         for attn, norm in zip(self.attns, self.norms):
@@ -143,7 +148,6 @@ def _epochs(args, torch, model, opt, batches, barrier=None):
 
 def worker(args, way, rank=0, world=1):
     torch, data, full, model, grf_s = _prepare(args)
-    from pyg_grf.features import GRFLoads
     from pyg_grf.transforms import AddGraphRandomFeatures, RestrictGraphRandomFeatures
     barrier = None
     if way == 'ddp':
@@ -153,7 +157,8 @@ def worker(args, way, rank=0, world=1):
         model = torch.nn.parallel.DistributedDataParallel(model)
         barrier = dist.barrier
     opt = torch.optim.Adam(model.parameters(), lr=0.005)
-    full_grf = GRFLoads.from_data(full)
+    # one plan for both GRF layers (they share its structures), built once for the full graph
+    full_grf = model_payload(model, full)['grf']
     restrict = RestrictGraphRandomFeatures(full)
     fresh = AddGraphRandomFeatures(num_walks=args.num_walks, p_halt=args.p_halt,
                                    max_length=args.max_length)
@@ -172,7 +177,7 @@ def worker(args, way, rank=0, world=1):
         for k in range(rank, args.parts, world):  # this rank's share of the parts
             part = (full if way != 'recompute' else base).subgraph(parts[k])
             part = restrict(part) if way != 'recompute' else fresh(part)
-            yield part, GRFLoads.from_data(part)
+            yield part, model_payload(model, part)['grf']  # the part's plan, per step
 
     s_epoch, train_peak, process_peak = _epochs(args, torch, model, opt, batches, barrier)
     res = dict(way=way, backend=args.backend, rank=rank, ranks=world,
@@ -206,12 +211,12 @@ def _ddp_entry(rank, args, world, path):
 def table(args) -> str:
     rows = []
     for way, backend in [(w, b) for b in BACKENDS for w in WAYS]:
-        path = osp.join(RUNS, f'{way}_{backend}.json')
+        path = osp.join(args.runs, f'{way}_{backend}.json')
         if not osp.exists(path):
             continue
         with open(path) as fh:
             r = json.load(fh)
-        desc = {'full': 'full graph, one GRFLoads for all steps',
+        desc = {'full': 'full graph, one GRFPlan for all steps',
                 'restrict': f"RandomNodeLoader, {r['parts']} parts, full-graph walks restricted",
                 'recompute': f"RandomNodeLoader, {r['parts']} parts, walks redrawn per part",
                 'ddp': f"DDP, {r['ranks']} ranks (gloo) x {r['parts']} parts, restricted"}[way]
@@ -238,20 +243,22 @@ def main():
     p.add_argument('--threads', type=int, default=1)
     p.add_argument('--backend', default='auto', choices=BACKENDS,
                    help="GRFAttention backend (see docs/speed.md)")
+    p.add_argument('--runs', default=RUNS, help='folder of the JSON results (default: %(default)s)')
     p.add_argument('--worker', choices=WAYS, help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ.setdefault('PYG_GRF_DATA', tempfile.mkdtemp(prefix='pyg_grf_data_'))
-    os.makedirs(RUNS, exist_ok=True)
+    os.makedirs(args.runs, exist_ok=True)
     if args.worker == 'ddp':
         import torch.multiprocessing as mp
         os.environ.setdefault('MASTER_ADDR', '127.0.0.1')
         os.environ.setdefault('MASTER_PORT', '29533')
-        mp.spawn(_ddp_entry, args=(args, args.ranks, osp.join(RUNS, f'ddp_{args.backend}.json')),
+        mp.spawn(_ddp_entry,
+                 args=(args, args.ranks, osp.join(args.runs, f'ddp_{args.backend}.json')),
                  nprocs=args.ranks)
         return
     if args.worker is not None:
         res = worker(args, args.worker)
-        with open(osp.join(RUNS, f'{args.worker}_{args.backend}.json'), 'w') as fh:
+        with open(osp.join(args.runs, f'{args.worker}_{args.backend}.json'), 'w') as fh:
             json.dump(res, fh)
         return
     for way in args.ways:
@@ -261,7 +268,7 @@ def main():
                 cmd += [f'--{k}', str(v)]
         t0 = time.perf_counter()
         subprocess.run(cmd, check=True)
-        with open(osp.join(RUNS, f'{way}_{args.backend}.json')) as fh:
+        with open(osp.join(args.runs, f'{way}_{args.backend}.json')) as fh:
             r = json.load(fh)
         print(json.dumps({k: v for k, v in r.items() if k != 'per_rank'}),
               f'({time.perf_counter() - t0:.0f} s)', flush=True)

@@ -28,10 +28,10 @@ from torch import Tensor
 from torch_geometric.nn import GATConv, GCNConv, global_add_pool, global_mean_pool
 from torch_geometric.nn.models import GIN
 
-from pyg_grf.features import GRFLoads
-from pyg_grf.nn.attention.gkat import RWGNKPlan
 from pyg_grf.lightning.specs import register_model_class
 from pyg_grf.nn import GKATAttention, GRFAttention, GRFGPSConv
+from pyg_grf.nn.attention.base import model_payload
+from pyg_grf.nn.attention.gkat import RWGNKPlan
 from pyg_grf.nn.attention.reference import LinearAttention
 
 
@@ -115,7 +115,9 @@ class CitationGRFGPS(torch.nn.Module):
         self.conv2 = GATConv(width, out_channels, heads=1, concat=False, dropout=dropout)
 
     def forward(self, data) -> Tensor:
-        kw = {'grf': GRFLoads.from_data(data)} if self.gps.attn_type == 'grf' else {}
+        # the block's payload (for 'grf' its GRFPlan): the one the product's DataLoader built for
+        # this graph (kept between epochs), else built here
+        kw = model_payload(self, data) if self.gps.attn_type == 'grf' else {}
         x = F.dropout(data.x, self.dropout, self.training)
         x = F.elu(self.conv1(x, data.edge_index))
         x = self.gps(x, data.edge_index, **kw)
@@ -237,7 +239,7 @@ class MotifNet(torch.nn.Module):
     def forward(self, data) -> Tensor:
         x = data.x if self.lin is None else self.lin(data.x)
         if self.kind == 'grf':
-            grf = GRFLoads.from_data(data)
+            grf = model_payload(self, data)['grf']  # one GRFPlan for both layers
             layer = lambda conv, h: conv(h, grf=grf)  # noqa: E731
         elif self.kind == 'linear':
             layer = lambda conv, h: conv(h, data.batch)  # noqa: E731

@@ -1,7 +1,7 @@
 r"""Memory estimates and checks before large allocations (walk sampling, the GRF pair join, GKAT's
 kernel): how much memory is available (cgroup limits, ``RLIMIT_AS``, CUDA), and a
 :class:`WalkMemoryError` that says what would fit, before anything large is allocated. Shared
-by :mod:`pyg_grf.walks`, :mod:`pyg_grf.nn.attention.grf_backends` and GKAT."""
+by :mod:`pyg_grf.walks`, :mod:`pyg_grf.nn.attention.grf.choose` and GKAT."""
 from __future__ import annotations
 
 import os

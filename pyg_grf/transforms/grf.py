@@ -62,10 +62,11 @@ class AddGraphRandomFeatures(BaseTransform):
         num_draws (int): independent walk sets :math:`D` (default: :obj:`1`). With :math:`D > 1`
             the entries of all draws are stored together with ``grf_draw`` ``[nnz]`` (draw id,
             ``int16``), and head :math:`h` of a layer with ``layer_index`` :math:`l` uses draw
-            :math:`(l H + h) \bmod D` (:class:`~pyg_grf.nn.GRFAttention`): :math:`D = H` gives
-            every head its own walks, :math:`D = H \cdot L_{layers}` every head of every layer,
-            as the GRF paper does for its ViTs (Sec. 4). Storage and walk time grow
-            :math:`D`-fold; the attention costs the same per head.
+            :math:`l H + h` (:class:`~pyg_grf.nn.GRFAttention`), which must be below :math:`D`
+            (fewer draws are an error, never a silent reuse): :math:`D = H` gives every head of
+            one layer its own walks, :math:`D = H \cdot L_{layers}` every head of every layer,
+            as the GRF paper does for its ViTs (Sec. 4); :math:`D = 1` shares one set of walks.
+            Storage and walk time grow :math:`D`-fold; the attention costs the same per head.
     """
 
     def __init__(self, num_walks: int = 16, p_halt: Optional[float] = 0.5, max_length: int = 4,

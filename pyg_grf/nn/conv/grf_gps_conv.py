@@ -159,11 +159,26 @@ class GRFGPSConv(torch.nn.Module):
         reset(self.mlp)
 
     def payload(self, data: Any) -> Dict[str, Any]:
-        r"""The attention's payload for ``data`` (a ``Data`` or ``Batch``), to pass to every
-        layer: ``conv(x, edge_index, batch, **conv.payload(data), edge_attr=...)``. It is the
+        r"""The attention's payload for ``data`` (a ``Data`` or ``Batch``):
+        ``conv(x, edge_index, batch, **conv.payload(data), edge_attr=...)``. It is the
         layer's :meth:`~pyg_grf.nn.attention.base.GraphAttention.payload` without what the
         block passes itself (its ``edge_index``); empty for attentions that need only the
-        nodes. Build it once per batch: layers of the same type share it."""
+        nodes. For ``'grf'`` it is ``{'grf': plan}``, the batch's immutable
+        :class:`~pyg_grf.nn.attention.grf.GRFPlan`, built for *this* layer's configuration.
+
+        In a loop of your own over several GRF blocks, build one payload per batch for all of
+        them, so that the plan holds every layer's structures (layers with other walk draws,
+        ``layer_index``, or another backend would otherwise build theirs at every call)::
+
+            convs = torch.nn.ModuleList([GRFGPSConv(...) for _ in range(L)])
+            payload = model_payload(convs, batch)  # pyg_grf.nn.attention.base
+            for conv in convs:
+                x = conv(x, batch.edge_index, batch.batch, **payload)
+
+        or :func:`pyg_grf.loader.prepare_payload` (``model``, ``batch``), or
+        :class:`pyg_grf.loader.DataLoader` with ``model=``, which build it beside the step
+        and leave it on the batch, where this method and
+        :func:`~pyg_grf.nn.attention.base.model_payload` find it."""
         if not isinstance(self.attn, GraphAttention):
             return {}
         return {k: v for k, v in self.attn.payload(data).items() if k != 'edge_index'}
@@ -183,9 +198,9 @@ class GRFGPSConv(torch.nn.Module):
             edge_index (Tensor or SparseTensor): the graph, for ``conv``.
             batch (Tensor, optional): graph id of every node; attention never crosses graphs.
             **kwargs: the attention's payload (its ``payload_keys``: ``grf=`` for ``'grf'``,
-                ``rwgnk=`` for ``'gkat'``; build it once per batch, e.g.
-                ``conv.payload(batch)``, and pass it to every layer), then further
-                arguments of ``conv`` (e.g. ``edge_attr``).
+                ``rwgnk=`` for ``'gkat'``; build it once per batch for all layers,
+                ``model_payload(convs, batch)`` (:meth:`payload`), and pass it to every
+                layer), then further arguments of ``conv`` (e.g. ``edge_attr``).
         """
         if batch is not None and not isinstance(batch, Tensor):
             raise TypeError(f"'batch' must be a tensor of graph ids, got {type(batch).__name__}")
