@@ -110,6 +110,7 @@ def run(sizes, methods, repeats: int, timeout: float) -> list:
     import tempfile
 
     import torch
+
     from pyg_grf.transforms import AddGraphRandomFeatures
     rows = []
     for N in sizes:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Tuple, Optional, Union
+from typing import Optional, Tuple, Union
 
 import torch
 

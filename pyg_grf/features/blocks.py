@@ -1,7 +1,8 @@
 r"""The dense-block layout of a PyG batch (graph ``b`` of at most ``n`` nodes owns the cells
 ``[b, :n_b, :n_b]`` of a ``[B, n, n]`` array) and the mask statistics coalesced per cell, the
 structures behind the ``'dense'`` and ``'pairs'`` backends of :class:`~pyg_grf.nn.GRFAttention`
-(built and cached per batch by :class:`~pyg_grf.features.GRFLoads`)."""
+(built once per batch into its plan, :class:`~pyg_grf.nn.attention.grf.GRFPlan`): pure functions
+of the loads."""
 from __future__ import annotations
 
 from typing import NamedTuple, Optional, Tuple
@@ -11,7 +12,6 @@ from torch import Tensor
 
 from pyg_grf._validation import check_sorted_batch
 from pyg_grf.features.join import CompiledJoinError, compiled_join, compiled_join_available
-from pyg_grf.ops import SparsePattern
 
 
 class BlockLayout(NamedTuple):

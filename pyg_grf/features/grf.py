@@ -291,7 +291,8 @@ def graph_random_features(edge_index: Tensor, num_nodes: int, f: Union[Tensor, S
     f = torch.as_tensor(f, dtype=torch.float32) if not isinstance(f, Tensor) else f
     _check_f(f)
     if f.dim() != 1:
-        raise ValueError(f"'f' must be 1-D here, got shape {tuple(f.shape)} (use GRFMask for heads)")
+        raise ValueError(f"'f' must be 1-D here, got shape {tuple(f.shape)} (use GRFMask for "
+                         f"heads)")
     dtype = f.dtype if f.is_floating_point() else torch.float32
     index, length, load = grf_loads(edge_index, num_nodes, num_walks, p_halt, max_length,
                                     edge_weight=edge_weight, normalization=normalization,
@@ -318,9 +319,11 @@ def deconvolve(alpha: Union[Tensor, Sequence[float]]) -> Tensor:
     alpha = torch.as_tensor(alpha, dtype=torch.get_default_dtype()) \
         if not isinstance(alpha, Tensor) else alpha
     if alpha.dim() != 1 or alpha.numel() == 0:
-        raise ValueError(f"'alpha' must be a non-empty 1-D sequence, got shape {tuple(alpha.shape)}")
+        raise ValueError(f"'alpha' must be a non-empty 1-D sequence, got shape "
+                         f"{tuple(alpha.shape)}")
     if not bool(alpha[0] > 0):
-        raise ValueError(f"'alpha[0]' must be positive (f_0 = sqrt(alpha_0)), got {float(alpha[0])}")
+        raise ValueError(f"'alpha[0]' must be positive (f_0 = sqrt(alpha_0)), got "
+                         f"{float(alpha[0])}")
     f = [alpha[0].sqrt()]
     for k in range(1, alpha.numel()):  # loop over series terms (short), not over graph elements
         conv = sum((f[p] * f[k - p] for p in range(1, k)), alpha.new_zeros(()))

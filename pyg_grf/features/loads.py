@@ -179,7 +179,7 @@ class GRFLoads:
         return (f'GRFLoads(num_nodes={self.num_nodes}, nnz={self.nnz}, max_hop={self.max_hop}'
                 f'{draws}{key})')
 
-    # Walk draws and shared graphs ##################################################################
+    # Walk draws and shared graphs #################################################################
 
     def fold(self, draws: Sequence[int]) -> 'GRFLoads':
         r"""The loads of the walk draws ``draws`` (one per head) as one graph of :math:`G N`
@@ -231,7 +231,7 @@ class GRFLoads:
         return GRFLoads(index, self.hop.repeat(copies), self.load.repeat(copies), copies * N,
                         batch=batch, max_length=self.max_length, key=key, draw=draw)
 
-    # Values ########################################################################################
+    # Values #######################################################################################
 
     def pairs(self) -> Tuple[Tensor, Tensor]:
         r"""The distinct (start, visited) pairs of the entries, row-major (``[2, P]``), and

@@ -1,7 +1,6 @@
 r"""Shared scaffolding of the multi-head attention layers: projections and head reshapes."""
 from __future__ import annotations
 
-import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -135,7 +134,8 @@ def model_payload(model: Union[nn.Module, Sequence[nn.Module]], data: Any) -> Di
     :class:`~pyg_grf.nn.attention.grf.GRFPlan` for all GRF layers), or the one prepared on
     ``data`` by :class:`pyg_grf.loader.DataLoader`."""
     prepared = prepared_payload(data)
-    modules = model.modules() if isinstance(model, nn.Module) else iter(model)
+    modules = (model.modules() if isinstance(model, nn.Module)
+               else (m for layer in model for m in layer.modules()))
     groups: Dict[type, List[GraphAttention]] = {}
     for m in modules:
         if isinstance(m, GraphAttention):

@@ -13,7 +13,6 @@ from torch_geometric.nn.attention import PerformerAttention
 from torch_geometric.utils import to_dense_batch
 
 from pyg_grf._validation import check_sorted_batch
-
 from pyg_grf.nn.attention.base import GraphAttention, samples_as_graphs
 
 

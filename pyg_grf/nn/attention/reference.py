@@ -11,14 +11,18 @@ from torch import Tensor, nn
 from torch_geometric.utils import to_dense_adj, to_dense_batch
 
 from pyg_grf._validation import batch_or_zeros, check_sorted_batch
-from pyg_grf.nn.feature_maps import qk_features
+from pyg_grf.features.blocks import block_layout
 from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import normalized_adjacency, self_convolution
-from pyg_grf.features.blocks import block_layout
 from pyg_grf.memory import check_walk_memory
 from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, samples_as_graphs
-from pyg_grf.nn.functional import (block_masked_linear_attention, from_blocks,
-                                   packed_linear_attention, to_blocks)
+from pyg_grf.nn.feature_maps import qk_features
+from pyg_grf.nn.functional import (
+    block_masked_linear_attention,
+    from_blocks,
+    packed_linear_attention,
+    to_blocks,
+)
 
 
 class LinearAttention(QKVAttention):

@@ -12,14 +12,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Linear, Parameter
-
 from torch_geometric.nn.resolver import activation_resolver
 from torch_geometric.typing import OptTensor
 from torch_geometric.utils import to_dense_batch
 
 from pyg_grf._validation import check_shape
-from pyg_grf.nn.attention.base import (GraphAttention, contract_repr, resolve_head_channels,
-                                      samples_as_graphs)
+from pyg_grf.nn.attention.base import (
+    GraphAttention,
+    contract_repr,
+    resolve_head_channels,
+    samples_as_graphs,
+)
 
 MODES = ('soft', 'hard')
 

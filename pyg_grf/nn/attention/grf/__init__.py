@@ -10,8 +10,14 @@ r"""GRF-masked attention (GRF paper, Sec. 3-4), one module per part:
   :mod:`~pyg_grf.nn.attention.grf.dense`: one backend each (structures, memory estimate,
   kernel calls).
 """
-from pyg_grf.nn.attention.grf.choose import (BackendMemoryError, PlanSizes, backend_costs,
-                                             backend_memory, choose_backend, plan_sizes)
+from pyg_grf.nn.attention.grf.choose import (
+                                             BackendMemoryError,
+                                             PlanSizes,
+                                             backend_costs,
+                                             backend_memory,
+                                             choose_backend,
+                                             plan_sizes,
+)
 from pyg_grf.nn.attention.grf.layer import GRFAttention
 from pyg_grf.nn.attention.grf.plan import GRFPlan, LayerSpec, PlanPart
 

@@ -16,8 +16,13 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from pyg_grf.features.blocks import (BlockLayout, BlockTerms, block_coords, block_layout,
-                                     mask_statistics)
+from pyg_grf.features.blocks import (
+    BlockLayout,
+    BlockTerms,
+    block_coords,
+    block_layout,
+    mask_statistics,
+)
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.nn import functional as F
 from pyg_grf.nn.attention.grf.common import coefficient_pairs

@@ -17,9 +17,9 @@ Plan structures (:class:`PairsStructures`), per mask cell: the column (``int32``
 its statistics (``int32``, the upper triangle of a symmetric mask stores each statistic once)
 and the position of the mirror cell (``int32``, so that the transposed products of the backward
 reuse the same CSR indices with permuted values); per stored statistic :math:`K (K + 1) / 2`
-values (``float32``; 15 for :math:`L = 4`). That is about ``12 + 2 K (K + 1)`` bytes per cell
-(42 for :math:`L = 4`) when the mask is symmetric; key-side walks (a non-symmetric mask) add a
-transposed CSR instead of the mirror.
+values (``float32``; 15 for :math:`L = 4`). That is about ``12 + K (K + 1)`` bytes per cell
+(42 for :math:`L = 4`, :math:`K = 5`) when the mask is symmetric; key-side walks (a
+non-symmetric mask) add a transposed CSR instead of the mirror.
 
 The kernel (:class:`_PairAttention`) runs the heads one after another on the one shared
 pattern, never a block-diagonal copy per head, and keeps for its backward only the sampled
