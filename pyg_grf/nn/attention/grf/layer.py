@@ -9,9 +9,9 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
-from pyg_grf.features.blocks import block_layout
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.grf import GRFMask
+from pyg_grf.masks.packing import packing_layout
 from pyg_grf.nn import functional as F
 from pyg_grf.nn.attention.base import QKVAttention, prepared_payload, reset_hop_coefficients
 from pyg_grf.nn.attention.grf.plan import BACKEND_MODULES, GRFPlan, LayerSpec, PlanPart
@@ -315,13 +315,14 @@ class GRFAttention(QKVAttention):
                                                   f'{self.max_length})')
         part = plan.part(self.spec(loads.num_draws))
         st = part.structures if samples is None else part.structures.repeat(samples)
+        layout = plan.layout  # the graphs, for the global term
         if samples is not None:
             gbatch = torch.arange(samples, device=q.device).repeat_interleave(N // samples)
-            layout = block_layout(gbatch, N)
+            layout = packing_layout(gbatch, samples) if self.beta is not None else None
         else:
             gbatch = plan.batch if plan.batch is not None else batch
-            layout = plan.layout if plan.batch is not None or batch is None else \
-                block_layout(batch, N)
+            if plan.batch is None and batch is not None and self.beta is not None:
+                layout = packing_layout(batch)
         f = self.coefficients()
         linear = self.mode != 'sparse_softmax'
         if linear:
@@ -337,7 +338,8 @@ class GRFAttention(QKVAttention):
         if not linear:
             return o
         if self.beta is not None:  # M = beta * 1 1^T (per graph) + GRF mask
-            o = o + self.beta.to(o.dtype).view(1, H, 1) * F.packing_sums(phi_q, phi_k, v, layout)
+            o = o + self.beta.to(o.dtype).view(1, H, 1) * F.packed_linear_attention(
+                phi_q, phi_k, v, return_sums=True, layout=layout)
         return F.normalize_sums(o, self.eps)
 
     def _sums(self, part: 'PlanPart', st: Any, phi_q: Tensor, phi_k: Tensor, v: Tensor,

@@ -20,8 +20,8 @@ from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_grf.features.blocks import BlockLayout, block_layout
 from pyg_grf.features.loads import GRFLoads
+from pyg_grf.masks.packing import PackingLayout, packing_layout
 from pyg_grf.nn.attention.grf import choose, dense, pairs, sparse
 
 #: The module of every backend: ``build``, ``memory``, ``linear_sums`` (and ``softmax``).
@@ -69,19 +69,25 @@ class GRFPlan:
     Attributes:
         loads (GRFLoads): the batch's loads.
         parts (Mapping[LayerSpec, PlanPart]): read-only.
-        layout (BlockLayout): the graphs of the batch (for the global term).
+        layout (PackingLayout): the graphs of the batch in padded blocks (for the global
+            term, :func:`~pyg_grf.nn.functional.packed_linear_attention`).
     """
 
     __slots__ = ('loads', 'parts', 'layout')
 
     def __init__(self, loads: GRFLoads, parts: Mapping[LayerSpec, PlanPart],
-                 layout: Optional[BlockLayout] = None):
+                 layout: Optional[PackingLayout] = None):
         if not isinstance(loads, GRFLoads):
             raise TypeError(f"'loads' must be a GRFLoads, got {type(loads).__name__}")
         object.__setattr__(self, 'loads', loads)
         object.__setattr__(self, 'parts', MappingProxyType(dict(parts)))
-        object.__setattr__(self, 'layout', layout if layout is not None
-                           else block_layout(loads.batch, loads.num_nodes))
+        if layout is None:
+            N = loads.num_nodes
+            batch = loads.batch if loads.batch is not None else torch.zeros(
+                N, dtype=torch.long, device=loads.device)
+            with torch.inference_mode(False):
+                layout = packing_layout(batch, loads.num_graphs)
+        object.__setattr__(self, 'layout', layout)
 
     def __setattr__(self, name, value):
         raise AttributeError("a GRFPlan is immutable: build a new one for new data")
@@ -144,9 +150,8 @@ class GRFPlan:
         device = torch.device(device)
         if device == self.loads.device:
             return self
-        lay = self.layout
         return GRFPlan(self.loads.to(device), {s: p.to(device) for s, p in self.parts.items()},
-                       lay._replace(pos=lay.pos.to(device), ptr=lay.ptr.to(device)))
+                       self.layout._replace(pos=self.layout.pos.to(device)))
 
     @property
     def num_nodes(self) -> int:
