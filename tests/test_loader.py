@@ -12,7 +12,7 @@ from pyg_grf.nn.attention.base import PAYLOAD_ATTR
 from pyg_grf.nn.attention.grf import GRFPlan
 from pyg_grf.nn.attention.grf import plan as plan_module
 from pyg_grf.transforms import AddGraphRandomFeatures
-from tests.nn.attention.test_grf_backends import dense_reference, make_layer
+from tests.nn.attention.grf.helpers import dense_reference, make_layer
 from tests.utils import er_graph, grid_graph, path_graph
 
 D = torch.float64

@@ -188,3 +188,75 @@ def test_bad_edge_index():
         sample_walks(torch.tensor([[0.0], [1.0]]), 3, 1, 0.5, 2)
     with pytest.raises(ValueError, match='start'):
         sample_walks(path_graph(3), 3, 1, 0.5, 2, start=torch.tensor([7]))
+
+
+def _big_graph(N=100_000):
+    # A ring (2 N edges): only its size matters, nothing large is allocated when refused.
+    i = torch.arange(N)
+    return torch.stack([torch.cat([i, (i + 1) % N]), torch.cat([(i + 1) % N, i])])
+
+
+def test_sample_walks_refuses_with_a_memory_estimate(monkeypatch):
+    from pyg_grf import memory, walks
+    monkeypatch.delenv('PYG_GRF_MEMORY_LIMIT', raising=False)
+    monkeypatch.setattr(memory, 'available_memory', lambda device=None: 16 * 2**30)
+    ei = _big_graph()
+    with pytest.raises(walks.WalkMemoryError, match=r"num_walks=10000 = 1000000000 walkers.* "
+                                                    r"about \d+\.\d GiB, more than 90% of the "
+                                                    r"available memory.*Lower 'num_walks'.*"
+                                                    r"memory_limit=float\('inf'\).*"
+                                                    r"PYG_GRF_MEMORY_LIMIT=off"):
+        walks.sample_walks(ei, 100_000, 10_000, 0.5, 4)
+    # The transform goes through sample_walks and refuses the same way (was an OOM kill).
+    from torch_geometric.data import Data
+
+    from pyg_grf.transforms import AddRWGNKFeatures
+    with pytest.raises(walks.WalkMemoryError):
+        AddRWGNKFeatures(10_000, 0.8, 1.0, 4, p_halt=0.5)(Data(edge_index=ei, num_nodes=100_000))
+
+
+def test_memory_limit_override(monkeypatch):
+    from pyg_grf import walks
+    ei = _big_graph(1000)
+    with pytest.raises(walks.WalkMemoryError, match='more than memory_limit'):
+        walks.sample_walks(ei, 1000, 8, 0.5, 4, memory_limit=1e5)
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '100K')
+    with pytest.raises(walks.WalkMemoryError, match=r'more than \$PYG_GRF_MEMORY_LIMIT'):
+        walks.sample_walks(ei, 1000, 8, 0.5, 4)
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', 'off')
+    assert walks.sample_walks(ei, 1000, 8, 0.5, 4).num_walkers == 8000
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', 'lots')
+    with pytest.raises(ValueError, match="PYG_GRF_MEMORY_LIMIT must be a size such as '64G'"):
+        walks.sample_walks(ei, 1000, 8, 0.5, 4)
+
+
+def test_memory_estimate_bounds_the_outputs():
+    # The estimate is at least what the returned walks hold (independent: their tensor sizes).
+    from pyg_grf.walks import estimate_walk_memory, sample_walks
+    ei = _big_graph(5000)
+    w = sample_walks(ei, 5000, 16, 0.2, 6, generator=torch.Generator().manual_seed(0))
+    held = sum(t.numel() * t.element_size() for t in (w.start, w.length, w.order, w.node, w.edge))
+    est = estimate_walk_memory(5000, 16, 6, 0.2, num_edges=ei.size(1), num_nodes=5000)
+    assert held <= est <= 6 * held
+
+
+def test_neighbour_choice_unbiased_at_high_degree():
+    from pyg_grf.walks import sample_walks
+    d = 3 * 2**19 + 1  # 1,572,865 leaves of one node
+    # Reference, independent of the sampler: how often a float32 uniform (2^24 values j / 2^24)
+    # times d lands on each leaf. About 2/3 of the leaves get 11 values, 1/3 get 10, so with
+    # float32 those leaves are chosen with probability 11 / 2^24 instead of 1 / d.
+    u = torch.arange(2**24, dtype=torch.float32) * 2.0**-24
+    hits = torch.bincount((u * d).long().clamp_max_(d - 1), minlength=d)
+    favoured = hits > hits.min()
+    del u, hits
+    leaves = torch.arange(1, d + 1)
+    ei = torch.stack([torch.zeros(d, dtype=torch.long), leaves])
+    n = 200_000
+    walks = sample_walks(ei, d + 1, n, None, 1, fixed_length=True, start=torch.tensor([0]),
+                         generator=torch.Generator().manual_seed(0))
+    got = favoured[walks.node - 1].double().mean().item()
+    exact = favoured.double().mean().item()  # a uniform choice
+    sigma = (exact * (1 - exact) / n) ** 0.5
+    # float32: ~0.69, about 20 sigma from the exact fraction; now within 5 sigma.
+    assert abs(got - exact) < 5 * sigma, (got, exact, sigma)

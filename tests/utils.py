@@ -50,3 +50,14 @@ def cached_dataset(root, make_graphs, transform=None, pre_transform=None):
             self.save(data, self.processed_paths[0])
 
     return _Cached()
+
+
+def dense_masked_linear_attention(phi_q, phi_k, v, mask=None, eps=1e-6):
+    r"""Masked linear attention with the :math:`N \times N` matrix formed explicitly, O(N^2):
+    :math:`A_{ij} = \phi(q_i)^\top\phi(k_j) M_{ij}`, rows normalised; ``phi_q``, ``phi_k``
+    ``[N, H, m]``, ``v`` ``[N, H, d]``, ``mask`` ``[N, N]`` or ``[H, N, N]``."""
+    a = torch.einsum('ihm,jhm->hij', phi_q, phi_k)
+    if mask is not None:
+        a = a * (mask if mask.dim() == 3 else mask.unsqueeze(0)).to(a.dtype)
+    out = torch.einsum('hij,jhd->ihd', a, v)
+    return out / (a.sum(-1).t().unsqueeze(-1) + eps)

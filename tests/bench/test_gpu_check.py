@@ -1,4 +1,4 @@
-r"""``bench/gpu_check.py``, the prepared GPU run of issue 34, in its CPU quick mode: every section
+r"""``bench/gpu_check.py``, the prepared GPU run, in its CPU quick mode: every section
 runs the code it runs on a GPU, at tiny sizes, and writes numbers, so the script cannot rot while
 no GPU is at hand."""
 import importlib.util

@@ -1,3 +1,4 @@
+import hashlib
 import os
 import os.path as osp
 
@@ -11,8 +12,8 @@ from pyg_grf.datasets import (
     load_tu,
     mirror_root,
 )
-from pyg_grf.datasets.mirror import check_not_in_mirror, write_checksums
-from tests.datasets.conftest import listing
+from pyg_grf.datasets.mirror import MirrorIntegrityError, check_not_in_mirror, write_checksums
+from tests.datasets.conftest import listing, toy_mirror
 
 
 @pytest.fixture
@@ -175,3 +176,73 @@ def test_failed_download_says_how_to_load_offline(tmp_path, monkeypatch):
     with pytest.raises(Exception) as info:
         load_tu('TOY')
     assert not isinstance(info.value, DatasetNotFoundError) and calls == ['TOY']
+
+
+def test_mirror_never_copies_processed_caches(tmp_path, monkeypatch):
+    mirror = toy_mirror(tmp_path, monkeypatch, checksums=False)
+    evil = mirror / 'TUDataset' / 'TOY' / 'processed_0123456789abcdef'
+    evil.mkdir()
+    (evil / 'pre_transform.pt').write_bytes(b'pickle that runs code')
+    write_checksums(str(mirror))
+    # Even when the mirror's SHA256SUMS lists it, a processed* folder is not copied.
+    with open(mirror / 'SHA256SUMS', 'a') as f:
+        f.write(f"{hashlib.sha256(b'pickle that runs code').hexdigest()}  "
+                f"TUDataset/TOY/processed_0123456789abcdef/pre_transform.pt\n")
+    dest = tmp_path / 'data' / 'TUDataset' / 'TOY'
+    copied = fetch_from_mirror('TUDataset/TOY')
+    assert len(copied) == 3
+    assert not any(p.name.startswith('processed') for p in dest.iterdir())
+
+
+def test_tampered_mirror_file_is_refused(tmp_path, monkeypatch):
+    mirror = toy_mirror(tmp_path, monkeypatch)
+    (mirror / 'TUDataset' / 'TOY' / 'raw' / 'TOY_A.txt').write_text('1, 2\n2, 1\n3, 4\n')
+    with pytest.raises(MirrorIntegrityError, match=r"'TUDataset/TOY/raw/TOY_A\.txt' .* has "
+                                                   r"SHA-256 .* but SHA256SUMS lists"):
+        load_tu('TOY')
+    assert not (tmp_path / 'data' / 'TUDataset' / 'TOY' / 'raw' / 'TOY_A.txt').exists()
+
+
+def test_unlisted_mirror_file_and_changed_symlink_are_refused(tmp_path, monkeypatch):
+    mirror = toy_mirror(tmp_path, monkeypatch)
+    raw = mirror / 'TUDataset' / 'TOY' / 'raw'
+    (raw / 'TOY_node_labels.txt').write_text('0\n0\n1\n1\n')  # not in SHA256SUMS
+    with pytest.raises(MirrorIntegrityError, match='not in its SHA256SUMS'):
+        fetch_from_mirror('TUDataset/TOY')
+    (raw / 'TOY_node_labels.txt').unlink()
+    # A symlink whose target changed: its content is checked, not the link.
+    outside = tmp_path / 'outside.txt'
+    outside.write_text('1\n1\n2\n2\n')
+    (raw / 'TOY_graph_indicator.txt').unlink()
+    (raw / 'TOY_graph_indicator.txt').symlink_to(raw / 'TOY_graph_labels.txt')
+    with pytest.raises(MirrorIntegrityError, match='TOY_graph_indicator.txt.*SHA-256'):
+        fetch_from_mirror('TUDataset/TOY', str(tmp_path / 'dest1'))
+    (raw / 'TOY_graph_indicator.txt').unlink()
+    (raw / 'TOY_graph_indicator.txt').symlink_to(outside)
+    with pytest.raises(MirrorIntegrityError, match='outside the mirror'):
+        fetch_from_mirror('TUDataset/TOY', str(tmp_path / 'dest2'))
+
+
+def test_mirror_without_checksums_is_refused_unless_unverified_allowed(tmp_path, monkeypatch):
+    toy_mirror(tmp_path, monkeypatch, checksums=False)
+    with pytest.raises(MirrorIntegrityError, match=r'has no SHA256SUMS.*write_checksums.*'
+                                                   r'PYG_GRF_MIRROR_UNVERIFIED=1'):
+        load_tu('TOY')
+    monkeypatch.setenv('PYG_GRF_MIRROR_UNVERIFIED', '1')
+    with pytest.warns(UserWarning, match='unverified'):
+        assert len(load_tu('TOY')) == 2
+
+
+def test_shared_mirror_ships_checksums():
+    from pyg_grf.datasets.mirror import read_checksums
+    from tests.conftest import mirror_path
+    if not mirror_path().is_dir():
+        pytest.skip('no dataset mirror')
+    sums = read_checksums(str(mirror_path()))
+    assert sums and 'TUDataset/MUTAG/raw/MUTAG_A.txt' in sums
+
+
+def test_fetch_refuses_paths_that_leave_the_mirror(tmp_path, monkeypatch):
+    toy_mirror(tmp_path, monkeypatch)
+    with pytest.raises(ValueError, match="without '..'"):
+        fetch_from_mirror('TUDataset/../../outside')

@@ -1,4 +1,5 @@
 import json
+import os
 
 import numpy as np
 import pytest
@@ -87,3 +88,28 @@ def test_errica_splits_mutag(offline_mirror, tmp_path):
     assert all(torch.equal(a[k], b[k]) for a, b in zip(folds, again) for k in a)
     assert sum(len(f['test']) for f in folds) == 188
     assert np.allclose([len(f['test']) for f in folds], 18.8, atol=1)
+
+
+def test_edited_split_file_is_refused(tmp_path):
+    from pyg_grf.datasets.splits import errica_splits
+    y = torch.arange(40) % 2
+    path = str(tmp_path / 'splits.json')
+    folds = errica_splits(y, num_folds=4, path=path)
+    stored = json.load(open(path))
+    # Move a test graph of fold 0 into its training set too (a leak).
+    leak = stored['folds'][0]['test'][0]
+    stored['folds'][0]['train'] = sorted(stored['folds'][0]['train'] + [leak])
+    json.dump(stored, open(path, 'w'))
+    with pytest.raises(ValueError, match=rf"Fold 0 .* graph {leak} appears more than once .*"
+                                         rf"disjoint"):
+        errica_splits(y, num_folds=4, path=path)
+    # A consistent-looking edit (swap a train and a test graph) is caught by the folds' hash.
+    stored['folds'][0]['train'].remove(leak)
+    t0, tr0 = stored['folds'][0]['test'][0], stored['folds'][0]['train'][0]
+    stored['folds'][0]['test'][0], stored['folds'][0]['train'][0] = tr0, t0
+    json.dump(stored, open(path, 'w'))
+    with pytest.raises(ValueError, match='Graph .* test set of|do not match their stored SHA'):
+        errica_splits(y, num_folds=4, path=path)
+    os.remove(path)
+    assert all(torch.equal(a['test'], b['test'])
+               for a, b in zip(folds, errica_splits(y, num_folds=4, path=path)))

@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from pyg_grf.datasets import load_planetoid, load_tu
+from tests.datasets.conftest import toy_mirror
 
 
 @pytest.mark.data
@@ -94,3 +95,12 @@ def test_replaced_tu_cache_runs_no_code(offline_mirror, tmp_path):
     with pytest.raises(DatasetCacheError, match="refused, nothing of it was run"):
         load_tu('MUTAG')
     assert not marker.exists()
+
+
+@pytest.mark.parametrize('name', ['../../escape_pyg', '../TOY', '/tmp/x', 'A/B', '..', ''])
+def test_tu_name_cannot_leave_the_data_root(tmp_path, monkeypatch, name):
+    toy_mirror(tmp_path, monkeypatch)
+    before = sorted(p for p in tmp_path.rglob('*'))
+    with pytest.raises(ValueError, match='Expected a TU dataset name such as'):
+        load_tu(name)
+    assert sorted(p for p in tmp_path.rglob('*')) == before

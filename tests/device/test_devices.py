@@ -1,5 +1,5 @@
 r"""Every GRF backend and mode, GKAT, the unmasked control and the GRF-GPS block on a device and
-in a low precision, against the float64 CPU computation of the same weights (issue #16 item 5).
+in a low precision, against the float64 CPU computation of the same weights.
 
 The ``cuda`` cases are marked ``cuda`` and skipped without a GPU (run them with
 ``pytest -m cuda`` on a machine with one); the same tests run on the CPU in float32 and bfloat16
@@ -13,8 +13,8 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from pyg_grf.features import GRFLoads
-from pyg_grf.nn.attention.gkat import RWGNKPlan
 from pyg_grf.nn import GKATAttention, GRFAttention, GRFGPSConv, LinearAttention
+from pyg_grf.nn.attention.gkat import RWGNKPlan
 from pyg_grf.transforms import AddGraphRandomFeatures, AddRWGNKFeatures
 from tests.utils import er_graph, grid_graph, path_graph
 
@@ -33,7 +33,8 @@ def make_batch(seed=0):
                          kernel_threshold=0.0)
     graphs = [Data(x=torch.randn(n, 16, dtype=torch.float64), edge_index=ei,
                    edge_attr=torch.randn(ei.size(1), 16, dtype=torch.float64))
-              for n, ei in [(9, grid_graph(3, 3)), (7, path_graph(7)), (12, er_graph(12, 0.3, seed=1))]]
+              for n, ei in [(9, grid_graph(3, 3)), (7, path_graph(7)),
+                            (12, er_graph(12, 0.3, seed=1))]]
     return Batch.from_data_list([r(t(g)) for g in graphs])
 
 

@@ -4,10 +4,19 @@ import numpy as np
 import pytest
 import torch
 
-from pyg_grf.features import (deconvolve, dense_adjacency, graph_random_features, grf_constant,
-                              grf_loads, grf_tail_bound, normalized_adjacency,
-                              power_series_kernel, required_walks, self_convolution,
-                              sparsity_bound)
+from pyg_grf.features import (
+    deconvolve,
+    dense_adjacency,
+    graph_random_features,
+    grf_constant,
+    grf_loads,
+    grf_tail_bound,
+    normalized_adjacency,
+    power_series_kernel,
+    required_walks,
+    self_convolution,
+    sparsity_bound,
+)
 from pyg_grf.walks import sample_walks
 from tests.utils import er_graph, grid_graph, path_graph
 
@@ -290,3 +299,41 @@ def test_isolated_nodes_and_empty_graph():
     assert torch.allclose(phi[2:], torch.eye(4, dtype=phi.dtype)[2:] * F[0])
     empty = graph_random_features(torch.empty(2, 0, dtype=torch.long), 0, F, 3, 0.5, 3)
     assert empty.shape == (0, 0)
+
+
+def test_sym_normalisation_of_an_edge_into_a_sink():
+    ei = torch.tensor([[0, 0, 1], [1, 2, 2]])  # 2 is a sink
+    w = normalized_adjacency(ei, 3, normalization='sym')
+    # D_out^-1/2 A D_in^-1/2: out-degrees (2, 1, 0), in-degrees (0, 1, 2).
+    ref = torch.tensor([1 / (2 * 1) ** 0.5, 1 / (2 * 2) ** 0.5, 1 / (1 * 2) ** 0.5])
+    assert torch.allclose(w, ref)  # the edges into the sink used to get weight 0
+
+
+def test_directed_graph_warns_and_estimates_F():
+    from pyg_grf.features import DirectedGraphWarning, graph_random_features
+    from pyg_grf.features.exact import dense_adjacency
+    ei = torch.tensor([[0, 0, 1, 2, 3, 1], [1, 2, 2, 3, 1, 3]])  # directed, no sinks
+    f = torch.tensor([1.0, 0.5, 0.25], dtype=torch.float64)
+    with pytest.warns(DirectedGraphWarning, match=r'not symmetric .* estimates F F\^T, not the '
+                                                  r'power-series kernel'):
+        phi = graph_random_features(ei, 4, f, 20000, 0.3, 2,
+                                    generator=torch.Generator().manual_seed(0)).to_dense()
+    W = dense_adjacency(ei, 4, normalization='sym').double()
+    F = f[0] * torch.eye(4, dtype=torch.float64) + f[1] * W + f[2] * W @ W
+    assert torch.allclose(phi, F, atol=0.03)  # unbiased for F = sum_l f_l W^l
+    # ... and Phi Phi^T is near F F^T, far from sum_k (f*f)_k W^k, which the docs claimed.
+    ff = torch.tensor([1.0, 1.0, 0.75, 0.25, 0.0625], dtype=torch.float64)
+    series = sum(c * torch.linalg.matrix_power(W, k) for k, c in enumerate(ff))
+    gram = phi @ phi.t()
+    off = ~torch.eye(4, dtype=torch.bool)
+    assert (gram - F @ F.t())[off].abs().max() < 0.05 < (gram - series)[off].abs().max()
+
+
+def test_symmetric_graph_does_not_warn():
+    import warnings as _w
+
+    from pyg_grf.features import graph_random_features
+    ei = torch.tensor([[0, 1, 1, 2], [1, 0, 2, 1]])
+    with _w.catch_warnings():
+        _w.simplefilter('error')
+        graph_random_features(ei, 3, [1.0, 0.5], 4, 0.5, 1)

@@ -9,10 +9,17 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from pyg_grf.features import GRFLoads
-from pyg_grf.features.blocks import (block_coords, block_layout, join_terms, mask_statistics,
-                                     self_join_terms, symmetric_ids)
+from pyg_grf.features.blocks import (
+    block_coords,
+    block_layout,
+    join_terms,
+    mask_statistics,
+    self_join_terms,
+    symmetric_ids,
+)
 from pyg_grf.features.join import compiled_join, compiled_join_available
 from pyg_grf.transforms import AddGraphRandomFeatures
+from tests.nn.attention.grf.helpers import dense_phi
 from tests.utils import er_graph, path_graph
 
 D = torch.float64
@@ -328,3 +335,35 @@ def test_a_second_process_loads_the_compiled_join_from_the_cache(tmp_path):
     assert 'Compiling the GRF join' in runs[0].stderr
     assert 'Compiling the GRF join' not in runs[1].stderr
     assert list(tmp_path.rglob('*.nbi'))
+
+
+@pytest.mark.parametrize('shuffle', [False, True])
+def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
+    # the join behind the mask statistics against Phi Phi^T formed densely, also for entries
+    # in arbitrary order
+    from pyg_grf.nn.functional import blocks_from_values
+    t = AddGraphRandomFeatures(num_walks=6, p_halt=0.3, max_length=3, seed=1)
+    b = Batch.from_data_list([t(Data(edge_index=er_graph(n, 0.3, seed=n), num_nodes=n))
+                              for n in (7, 12, 3, 9)])
+    idx, hop, load = b.grf_index, b.grf_length, b.grf_load
+    if shuffle:
+        perm = torch.randperm(idx.size(1), generator=torch.Generator().manual_seed(0))
+        idx, hop, load = idx[:, perm], hop[perm], load[perm]
+    from pyg_grf.features.blocks import block_layout, mask_statistics
+    from pyg_grf.nn.attention.grf.common import coefficient_pairs
+    grf = GRFLoads(idx, hop, load, b.num_nodes, batch=b.batch)
+    f = torch.rand(3, 4, dtype=D) + 0.1
+    lay = block_layout(grf.batch, grf.num_nodes)
+    terms = mask_statistics(grf, lay, True, D)
+    assert terms.num_coef == 10  # K (K + 1) / 2 for K = 4: (l, l') and (l', l) summed
+    vals = terms.values(coefficient_pairs(f, 10, True))  # [H, P]
+    M = blocks_from_values(vals, terms.cell, lay)  # [B, H, n, n]
+    N = b.num_nodes
+    for h in range(3):
+        phi = dense_phi(b.grf_index, b.grf_length, b.grf_load, f[h], N)
+        dense = phi @ phi.T
+        for g in range(4):
+            nodes = (b.batch == g).nonzero().view(-1)
+            k = nodes.numel()
+            assert torch.allclose(M[g, h, :k, :k], dense[nodes][:, nodes], atol=1e-12)
+            assert float(M[g, h, k:].abs().sum() + M[g, h, :, k:].abs().sum()) == 0

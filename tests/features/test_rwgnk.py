@@ -242,3 +242,9 @@ def test_bad_input_expected():
         rwgnk_expected_features(path_graph(3), 3, lam=0.5, max_length=2, p_halt=0.0)
     with pytest.raises(ValueError, match='node ids'):
         rwgnk_expected_features(path_graph(3), 2, lam=0.5, max_length=2)
+
+
+def test_rwgnk_kernel_validates_its_input():
+    from pyg_grf.features import rwgnk_kernel
+    with pytest.raises(ValueError, match=r"must hold node ids in \[0, 3\).*node -2"):
+        rwgnk_kernel(torch.tensor([[0, 1], [-2, 1]]), torch.ones(2), 3)

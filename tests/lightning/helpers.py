@@ -84,3 +84,11 @@ class FoldedSyntheticDataModule(SyntheticDataModule):
         test = idx % self.num_folds == self.fold
         val = idx % self.num_folds == (self.fold + 1) % self.num_folds
         return dataset[idx[~test & ~val]], dataset[idx[val]], dataset[idx[test]]
+
+
+def monitored_config(tmp_path, max_epochs, **trainer):
+    """A tiny run that monitors val/acc and saves last.ckpt: (config path, config)."""
+    cfg = tiny_config(tmp_path / 'run', max_epochs=max_epochs, limit_train_batches=3,
+                      limit_val_batches=2, log_every_n_steps=1, **trainer)
+    cfg['checkpoint'] = {'monitor': 'val/acc', 'mode': 'max', 'save_last': True}
+    return write_config(tmp_path / 'c.yaml', cfg), cfg

@@ -145,3 +145,20 @@ def test_optimizer_option_against_a_hand_written_step(name):
 def test_optimizer_option_rejects_unknown_names():
     with pytest.raises(ValueError, match="optimizer must be one of .*got 'sgd'"):
         GraphLevelTask(torch.nn.Linear(2, 2), num_classes=2, optimizer='sgd')
+
+
+def test_mask_coefficients_are_not_weight_decayed():
+    from pyg_grf.lightning.tasks import GraphLevelTask
+    from pyg_grf.nn import GraphTransformer
+    model = GraphTransformer(8, 16, 2, num_layers=2, heads=2,
+                             attn_kwargs={'max_length': 3, 'global_beta': 0.1})
+    task = GraphLevelTask(model=model, task='multiclass', num_classes=2, weight_decay=0.1)
+    task.trainer = type('T', (), {'estimated_stepping_batches': 10, 'max_epochs': 1})()
+    opt = task.configure_optimizers()
+    opt = opt['optimizer'] if isinstance(opt, dict) else opt[0][0] if isinstance(opt, tuple) \
+        else opt
+    decayed = {id(p) for g in opt.param_groups if g['weight_decay'] > 0 for p in g['params']}
+    for name, p in model.named_parameters():
+        if name.endswith('.f') or name.endswith('beta_raw'):
+            assert id(p) not in decayed, name
+    assert any(id(p) in decayed for n, p in model.named_parameters() if n.endswith('to_q.weight'))

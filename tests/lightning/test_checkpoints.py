@@ -10,11 +10,12 @@ import torch
 from pyg_grf.lightning.checkpoints import (
     CheckpointError,
     CommandLineError,
+    best_checkpoint_of,
     check_checkpoint_file,
     check_local_dirs,
 )
 from pyg_grf.lightning.cli import GRFLightningCLI, main
-from tests.lightning.helpers import tiny_config, write_config
+from tests.lightning.helpers import monitored_config, tiny_config, write_config
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 
@@ -227,3 +228,27 @@ def test_resume_with_an_unreadable_metrics_header_keeps_the_old_file(tmp_path):
     with open(kept, 'rb') as f:
         assert f.read() == b'\xff\xfe binary junk\n0,1\n'  # byte for byte
     assert _epochs(os.path.join(log_dir, 'metrics.csv')) == [1]
+
+
+def test_last_ckpt_after_every_epoch_and_test_best(tmp_path):
+    config, _ = monitored_config(tmp_path, 3)
+    cli = main(['fit', '--config', config])
+    last = cli.trainer.checkpoint_callback.dirpath + '/last.ckpt'
+    state = torch.load(last, weights_only=True)
+    # Lightning's save_last only refreshed last.ckpt when val/acc improved (epoch 0 here).
+    assert (state['epoch'], state['global_step']) == (2, 9)
+    best = cli.trainer.checkpoint_callback.best_model_path
+    # `pyg-grf test --ckpt_path best` in a new process (as the config headers say).
+    cli = main(['test', '--config', config, '--ckpt_path', 'best'])
+    assert 'test/acc' in cli.trainer.callback_metrics
+    assert best_checkpoint_of(last) == best
+
+
+def test_test_best_without_monitor_fails_clearly(tmp_path):
+    config = write_config(tmp_path / 'c.yaml', tiny_config(tmp_path / 'run',
+                                                           limit_train_batches=1,
+                                                           limit_val_batches=1))
+    main(['fit', '--config', config])
+    with pytest.raises(FileNotFoundError, match=r"--ckpt_path best: no best checkpoint found.*"
+                                                r"checkpoint\.monitor"):
+        main(['test', '--config', config, '--ckpt_path', 'best'])

@@ -229,8 +229,8 @@ def test_pcqm_contact_standin_learns(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize('step', ['training_step', 'validation_step', 'predict_step'])
 def test_every_step_refuses_bad_pairs(step):
-    # issue #15 item 4: training and predict used to return a loss / logits for pairs with -1 or
-    # pairs across graphs (PyG would index node -1 = the last node)
+    # training and predict refuse pairs with -1 or pairs across graphs (PyG would index node
+    # -1 = the last node) instead of returning a loss / logits
     module = LinkLevelTask(dict(ENCODER), num_negatives=None)
     _silent(module)
     batch = _batch()

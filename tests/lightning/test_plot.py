@@ -129,7 +129,7 @@ def test_plot_errors(tmp_path, capsys, monkeypatch):
 
 
 def test_plot_after_test_uses_the_fit_version(tmp_path):
-    # issue #15 item 19: `pyg-grf test` adds a newer version with test metrics only
+    # `pyg-grf test` adds a newer version with test metrics only
     _write_rows(tmp_path / 'lightning_logs' / 'version_0', ROWS)
     test_only = tmp_path / 'lightning_logs' / 'version_1'
     test_only.mkdir(parents=True)
@@ -140,7 +140,7 @@ def test_plot_after_test_uses_the_fit_version(tmp_path):
 
 
 def test_plot_survives_odd_files(tmp_path, capsys):
-    # issue #15 item 10: inf / null / missing epochs are skipped; malformed files are one-line
+    # inf / null / missing epochs are skipped; malformed files are one-line
     # errors with status 2, never tracebacks
     run = tmp_path / 'run'
     _write_rows(run, ROWS)

@@ -1,3 +1,8 @@
+import json
+import os
+import subprocess
+import sys
+
 import lightning.pytorch as pl
 import pytest
 import torch
@@ -5,6 +10,8 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from pyg_grf.lightning.datamodules import SyntheticDataModule
 from pyg_grf.lightning.tasks import GraphLevelTask
+from tests.conftest import REPO
+from tests.lightning.helpers import monitored_config
 
 
 class StepRecorder(Callback):
@@ -54,3 +61,54 @@ def test_resume_from_last_checkpoint(tmp_path):
     assert straight_state.keys() == resumed_state.keys()
     for key in straight_state:
         assert torch.allclose(straight_state[key], resumed_state[key], atol=1e-6), key
+
+
+def _fit_subprocess(config, root, kill=None, resume=False):
+    # the test-only callback of the config is outside the CLI's allow-lists: trusted explicitly
+    env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS='1',
+               PYG_GRF_TEST_KILL=kill or 'never',
+               PYG_GRF_TRUSTED_CLASSES='tests.lightning.helpers.KillAt')
+    args = [sys.executable, '-m', 'pyg_grf.lightning.cli', 'fit', '--config', config,
+            f'--trainer.default_root_dir={root}']
+    if resume:
+        args.append('--ckpt_path=last')
+    proc = subprocess.run(args, env=env, capture_output=True, text=True)
+    assert proc.returncode == (-9 if kill else 0), proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_kill_9_and_resume_equals_uninterrupted_run(tmp_path):
+    import yaml
+    _, cfg = monitored_config(tmp_path, 5)
+    cfg['trainer']['callbacks'] = [{'class_path': 'tests.lightning.helpers.KillAt'}]
+    config = str(tmp_path / 'kill.yaml')
+    yaml.safe_dump(cfg, open(config, 'w'))
+
+    straight = tmp_path / 'straight'
+    _fit_subprocess(config, straight)
+    resumed = tmp_path / 'resumed'
+    # Killed: inside epoch 1, after epoch 2's training (before its checkpoint), at the end of
+    # epoch 3's validation; each time resumed with --ckpt_path=last.
+    _fit_subprocess(config, resumed, kill='batch:1:1')
+    _fit_subprocess(config, resumed, kill='trainend:2', resume=True)
+    _fit_subprocess(config, resumed, kill='valend:3', resume=True)
+    _fit_subprocess(config, resumed, resume=True)
+
+    def run_dir(root):
+        versions = sorted(os.listdir(root / 'lightning_logs'))
+        assert versions == ['version_0']  # one folder: best tracking continues
+        return root / 'lightning_logs' / 'version_0'
+
+    a, b = run_dir(straight), run_dir(resumed)
+    rows_a = [json.loads(line) for line in open(a / 'epoch_metrics.jsonl')]
+    rows_b = [json.loads(line) for line in open(b / 'epoch_metrics.jsonl')]
+    assert [r['epoch'] for r in rows_b] == [0, 1, 2, 3, 4]  # none lost, none repeated
+    assert rows_a == rows_b  # the same metrics, epoch by epoch
+    assert sorted(os.listdir(a / 'checkpoints')) == sorted(os.listdir(b / 'checkpoints'))
+    last_a = torch.load(a / 'checkpoints' / 'last.ckpt', weights_only=True)
+    last_b = torch.load(b / 'checkpoints' / 'last.ckpt', weights_only=True)
+    key = next(k for k in last_a['callbacks'] if k.startswith('AtomicModelCheckpoint'))
+    assert last_a['callbacks'][key]['best_model_score'] == \
+        last_b['callbacks'][key]['best_model_score']
+    for name, value in last_a['state_dict'].items():
+        assert torch.allclose(value, last_b['state_dict'][name], atol=1e-6), name

@@ -56,8 +56,8 @@ class Mine(torch.nn.Linear):
 
 
 def test_class_allow_list_is_explicit_not_by_package(tmp_path):
-    # issue #15 item 12: torch_geometric.nn.Sequential evaluates strings from its input_args;
-    # a package-wide allow-list admitted it. The list is now explicit.
+    # torch_geometric.nn.Sequential evaluates strings from its input_args; a package-wide
+    # allow-list would admit it, so the list is explicit
     marker = tmp_path / 'pwned'
     evil = {'class_path': 'torch_geometric.nn.Sequential',
             'init_args': {'input_args': f"x, __import__('os').system('touch {marker}')",
@@ -72,7 +72,7 @@ def test_class_allow_list_is_explicit_not_by_package(tmp_path):
     # public and defining-module names of an allowed class
     assert 'torch_geometric.nn.GATConv' in allowed
     assert 'torch_geometric.nn.conv.gat_conv.GATConv' in allowed
-    # the Peptides SAMSA configs' OGB encoders (item 11), when ogb is installed
+    # the Peptides SAMSA configs' OGB encoders, when ogb is installed
     try:
         import ogb  # noqa: F401
         assert 'ogb.graphproppred.mol_encoder.AtomEncoder' in allowed
@@ -166,3 +166,40 @@ def test_checkpoint_round_trip_and_refusal(case, tmp_path):
                                                   r"class_path 'torch_geometric\.nn\.Sequential'"):
         cls.load_from_checkpoint(tmp_path / 'evil.ckpt')
     assert not marker.exists()
+
+
+def _evil_checkpoint(path, class_path, init_args, instantiator=False):
+    hparams = {'model': {'class_path': class_path, 'init_args': init_args},
+               'task': 'multiclass', 'num_classes': 2}
+    if instantiator:  # the LightningCLI form
+        hparams = {'_class_path': 'pyg_grf.lightning.tasks.GraphLevelTask',
+                   '_instantiator': 'lightning.pytorch.cli.instantiate_module', **hparams}
+    torch.save({'state_dict': {}, 'hyper_parameters': hparams,
+                'pytorch-lightning_version': '2.6.0'}, path)
+
+
+@pytest.mark.parametrize('instantiator', [False, True])
+def test_checkpoint_cannot_run_code(tmp_path, instantiator):
+    marker = tmp_path / 'pwned'
+    ckpt = tmp_path / 'evil.ckpt'
+    _evil_checkpoint(ckpt, 'os.system', {'command': f'touch {marker}'}, instantiator)
+    torch.load(ckpt, weights_only=True)  # plain dicts and strings: passes weights_only
+    with pytest.raises(UntrustedClassError, match=r"Refusing to build .* 'os\.system'.*only "
+                                                  r"the torch\.nn\.Module subclasses listed"):
+        GraphLevelTask.load_from_checkpoint(ckpt)
+    assert not marker.exists()
+
+
+def test_allow_list_refuses_non_modules(tmp_path):
+    with pytest.raises(UntrustedClassError, match="Refusing to build .* 'torch.hub.load'"):
+        build_model({'class_path': 'torch.hub.load', 'init_args': {'repo_or_dir': 'x'}})
+    with pytest.raises(UntrustedClassError, match='must be a dotted name'):
+        build_model({'class_path': 'torch.nn.Linear; import os'})
+    # Allowed: a torch / pyg_grf module from a checkpoint of plain data.
+    assert isinstance(build_model({'class_path': 'torch.nn.Linear',
+                                   'init_args': {'in_features': 2, 'out_features': 3}}),
+                      torch.nn.Linear)
+    ckpt = tmp_path / 'ok.ckpt'
+    _evil_checkpoint(ckpt, 'torch.nn.Linear', {'in_features': 2, 'out_features': 2})
+    task = GraphLevelTask.load_from_checkpoint(ckpt, strict=False)
+    assert isinstance(task.model, torch.nn.Linear)

@@ -1,7 +1,8 @@
 r"""Shared helpers of the mask tests."""
 import torch
 
-from pyg_grf.nn.functional import dense_masked_linear_attention, masked_linear_attention
+from pyg_grf.nn.functional import masked_linear_attention
+from tests.utils import dense_masked_linear_attention
 
 
 def dense_apply(m: torch.Tensor, x: torch.Tensor) -> torch.Tensor:

@@ -1,8 +1,9 @@
 import pytest
 import torch
 
-from pyg_grf.features import grf_loads
+from pyg_grf.features import GRFLoads, grf_loads
 from pyg_grf.masks import GRFMask
+from tests.nn.attention.grf.helpers import make_batch
 from tests.utils import er_graph, grid_graph
 
 D = torch.float64
@@ -89,3 +90,17 @@ def test_bad_input(loads):
         GRFMask(torch.eye(3).to_sparse(), key_phi=torch.eye(3).to_sparse(), asymmetric=True)
     with pytest.raises(ValueError, match='covers 15 nodes'):
         GRFMask.from_loads(index, length, load, f, N).matmul(torch.randn(4, 2))
+
+
+def test_grf_mask_operator_per_head_equals_dense():
+    from pyg_grf.masks import GRFMask
+    b = make_batch(key=True)
+    f = torch.rand(3, 4, dtype=D) + 0.1
+    grf = GRFLoads.from_data(b, key_prefix='grf_key')
+    M = GRFMask.from_loads(grf, f=f)
+    x = torch.randn(b.num_nodes, 3, 5, dtype=D)
+    dense = torch.stack([dense_phi(b.grf_index, b.grf_length, b.grf_load, f[h], b.num_nodes)
+                         @ dense_phi(b.grf_key_index, b.grf_key_length, b.grf_key_load, f[h],
+                                     b.num_nodes).T for h in range(3)])
+    assert torch.allclose(M.to_dense(), dense)
+    assert torch.allclose(M.matmul(x), torch.einsum('hij,jhc->ihc', dense, x))

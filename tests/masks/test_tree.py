@@ -207,3 +207,35 @@ def test_tree_bad_input():
         TreeMask(path, 3, a=1.0)
     with pytest.raises(ValueError, match='same length'):
         TreeMask(path, 4, a=torch.ones(2), b=torch.ones(3))
+
+
+@pytest.mark.parametrize('dtype,a,tol', [(torch.float32, 0.05, 1e-4), (torch.float64, 0.3, 1e-10),
+                                         (torch.float64, -0.3, 1e-10)])
+def test_path_with_growing_mask_has_no_cancellation(dtype, a, tol):
+    from pyg_grf.masks import TreeMask
+    N = 300
+    ei = torch.stack([torch.arange(N - 1), torch.arange(1, N)])
+    mask = TreeMask(ei, N, a=a, b=0.1)
+    x = torch.rand(N, 3, dtype=dtype) + 0.1
+    out = mask.matmul(x)
+    i = torch.arange(N, dtype=torch.float64)
+    dense = torch.exp(a * (i.view(-1, 1) - i.view(1, -1)).abs() + 0.1)  # independent reference
+    ref = dense @ x.double()
+    rel = ((out.double() - ref).abs() / ref.abs()).max().item()
+    assert rel < tol  # was 1.3 (float32, a = 0.05) and 1e23 (float64, a = 0.3)
+
+
+def test_branching_tree_per_head_equals_dense():
+    from pyg_grf.masks import TreeMask
+    gen = torch.Generator().manual_seed(0)
+    N = 400
+    parent = (torch.rand(N - 1, generator=gen) * torch.arange(1, N)).long()  # random tree
+    # plus a deep path hanging below the last node, and a star
+    ei = torch.stack([torch.arange(1, N), parent])
+    w = torch.rand(N - 1, generator=gen, dtype=torch.float64) + 0.5
+    mask = TreeMask(ei, N, w, a=torch.tensor([0.4, -0.7, 0.05], dtype=torch.float64),
+                    b=torch.tensor([0.0, 0.2, -0.1], dtype=torch.float64))
+    x = torch.rand(N, 3, 2, generator=gen, dtype=torch.float64) + 0.1
+    out = mask.matmul(x)
+    ref = torch.einsum('hij,jhc->ihc', mask.to_dense(), x)
+    assert ((out - ref).abs() / ref.abs()).max().item() < 1e-10

@@ -1,9 +1,12 @@
+import math
+
 import pytest
 import torch
 from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader
 
-from pyg_grf.features import grf_loads
+from pyg_grf.features import GRFLoads, grf_loads, power_series_kernel
+from pyg_grf.masks import GRFMask
 from pyg_grf.transforms import AddGraphRandomFeatures
 from tests.utils import cached_dataset, er_graph, grid_graph, path_graph
 
@@ -102,3 +105,31 @@ def test_overflowing_loads_raise_a_clear_error():
                                seed=0)
     with pytest.raises(ValueError, match='overflowed float32'):
         t(d)
+
+
+def test_draws_are_independent_samples_of_one_estimator():
+    # every draw estimates F = sum_l f_l W^l (asymmetric features, unbiased); the mean of the D
+    # draws converges like 1 / sqrt(D): a statistic with a variance-derived tolerance
+    n, Dn = 10, 400
+    ei = er_graph(n, 0.5, 3)
+    data = AddGraphRandomFeatures(num_walks=4, p_halt=0.4, max_length=3, seed=0,
+                                  num_draws=Dn)(Data(edge_index=ei, num_nodes=n))
+    grf = GRFLoads.from_data(data)
+    f = torch.tensor([1.0, 0.7, 0.5, 0.3], dtype=torch.float64)
+    phis = torch.stack([GRFMask.from_loads(grf.fold((d,)), f=f, asymmetric=True).to_dense()
+                        for d in range(Dn)])  # [D, n, n]
+    F = power_series_kernel(ei, n, f)  # the exact sum_l f_l W^l, by Horner's rule
+    mean, se = phis.mean(0), phis.std(0) / math.sqrt(Dn)
+    assert float(((mean - F).abs() - 5 * se - 1e-9).clamp_min(0).max()) == 0
+    # distinct draws are not copies of each other
+    assert not torch.allclose(phis[0], phis[1])
+
+
+def test_one_draw_stores_no_draw_ids():
+    # num_draws=1 stores exactly what the transform stored before (no grf_draw)
+    data = Data(edge_index=er_graph(12, 0.3, 0), num_nodes=12)
+    a = AddGraphRandomFeatures(num_walks=8, max_length=3, seed=4)(data)
+    b = AddGraphRandomFeatures(num_walks=8, max_length=3, seed=4, num_draws=1)(data)
+    assert 'grf_draw' not in b
+    for name in ('grf_index', 'grf_length', 'grf_load'):
+        assert torch.equal(a[name], b[name])

@@ -11,11 +11,15 @@ from torch_geometric.nn import GINEConv
 
 from pyg_grf.datasets import grid_edge_index
 from pyg_grf.features import GRFLoads
-from pyg_grf.nn.attention.gkat import RWGNKPlan
 from pyg_grf.masks import DenseMask
 from pyg_grf.nn import GRFGPSConv
-from pyg_grf.nn.attention import (ATTENTIONS, GraphAttention, MaskedLinearAttention,
-                                  attention_resolver)
+from pyg_grf.nn.attention import (
+    ATTENTIONS,
+    GraphAttention,
+    MaskedLinearAttention,
+    attention_resolver,
+)
+from pyg_grf.nn.attention.gkat import RWGNKPlan
 from pyg_grf.transforms import AddGraphRandomFeatures, AddRWGNKFeatures
 
 D = torch.float64
@@ -156,7 +160,7 @@ def test_too_many_positional_arguments(batch, name):
         layer = build(name)
     extra = [None] * 5
     with warnings.catch_warnings():
-        # GRFAttention's former call form is removed with the rewrite of grf.py (issue 31)
+        # GRFAttention's former call form is removed
         warnings.filterwarnings('ignore', category=FutureWarning)
         with pytest.raises(TypeError, match='positional argument'):
             layer(batch.x, batch.batch, *extra)

@@ -1,4 +1,4 @@
-"""The one attention contract (issue #11, item 1), checked on every attention layer:
+"""The one attention contract, checked on every attention layer:
 constructor vocabulary, output projection, dropout on the coefficients only (unbiased), reset
 and repr."""
 import pytest
@@ -7,11 +7,18 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.utils import to_undirected
 
 from pyg_grf.features import GRFLoads
-from pyg_grf.nn import (GKATAttention, GRFAttention, LinearAttention, MaskedLinearAttention,
-                        PowerSeriesAttention, SAMSAAttention, SoftmaxAttention)
+from pyg_grf.nn import (
+    GKATAttention,
+    GRFAttention,
+    LinearAttention,
+    MaskedLinearAttention,
+    PowerSeriesAttention,
+    SAMSAAttention,
+    SoftmaxAttention,
+)
 from pyg_grf.nn.attention.base import key_dropout
 from pyg_grf.transforms import AddGraphRandomFeatures, AddRWGNKFeatures
-from tests.nn.attention.test_grf import dense_grf_attention
+from tests.nn.attention.grf.helpers import dense_grf_attention
 
 D = torch.float64
 
@@ -165,8 +172,8 @@ def test_key_dropout_function():
                                       'pyg_grf.nn.attention.padded:PaddedMultiheadAttention',
                                       'pyg_grf.nn.attention.padded:PaddedPerformerAttention'])
 def test_padding_attentions_refuse_an_unsorted_batch(cls_path):
-    # the adversarial review of issue #15: the layers that pad per graph crashed with a torch
-    # size mismatch on an unsorted batch vector; now a clear error
+    # the layers that pad per graph refuse an unsorted batch vector with a clear error (not a
+    # torch size mismatch)
     import importlib
     module, name = cls_path.split(':')
     layer = getattr(importlib.import_module(module), name)(8, heads=2)

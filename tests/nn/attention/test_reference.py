@@ -2,9 +2,13 @@
 reference written with explicit loops over graphs and heads."""
 import pytest
 import torch
+from torch_geometric.data import Batch, Data
 
-from pyg_grf.nn import LinearAttention
+from pyg_grf.datasets import grid_edge_index
+from pyg_grf.features import power_series_kernel, self_convolution
+from pyg_grf.nn import GRFAttention, LinearAttention, PowerSeriesAttention, SoftmaxAttention
 from pyg_grf.nn.feature_maps import qk_features
+from tests.nn.attention.grf.helpers import batch_of_three, batch_with_draws
 
 D = torch.float64
 SORTED = torch.tensor([0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 2, 2, 3])
@@ -94,3 +98,133 @@ def test_bad_input():
         layer(x, torch.tensor([0, 0, -1, 1, 1]))
     with pytest.raises(ValueError, match=r'\[N, 8\]'):
         layer(torch.randn(5, 7), torch.zeros(5, dtype=torch.long))
+
+
+def power_series_mask(layer, edge_index, num_nodes):
+    """PowerSeriesAttention's exact mask [H, N, N], sum_k (f*f)_k W^k from its coefficients (the
+    dense kernel of the whole batch's block-diagonal adjacency)."""
+    alpha = torch.stack([self_convolution(f) for f in layer.coefficients()])
+    return power_series_kernel(edge_index, num_nodes, alpha, normalization=layer.normalization)
+
+
+def _power_series_dense(layer, x, edge_index, batch):
+    # the O(N^2) reference over the whole batch: the dense kernel of the batch's block-diagonal
+    # adjacency and the one masked-linear primitive
+    from pyg_grf.masks import DenseMask
+    from pyg_grf.nn.functional import masked_linear_attention
+    q, k, v = layer.project(x)
+    pq, pk = layer.features(q, k, batch)
+    M = DenseMask(power_series_mask(layer, edge_index, x.size(0)).to(x.dtype))
+    return layer.finish(masked_linear_attention(pq, pk, v, M, eps=layer.eps))
+
+
+@pytest.mark.parametrize('f_mode', ['abs', 'free'])
+def test_power_series_blocks_equal_whole_batch_kernel(f_mode):
+    from pyg_grf.nn.attention.reference import PowerSeriesAttention
+    b = batch_with_draws(1, sizes=(7, 12, 1, 9))
+    x = torch.randn(b.num_nodes, 8, dtype=D)
+    torch.manual_seed(0)
+    layer = PowerSeriesAttention(8, heads=2, max_length=3, f_init=-0.4,
+                                 f_mode=f_mode).to(D)
+    out = layer(x, b.batch, edge_index=b.edge_index)
+    if f_mode == 'abs':  # the reference below with f = |f|
+        with torch.no_grad():
+            layer.f.abs_()
+    assert torch.allclose(out, _power_series_dense(layer, x, b.edge_index, b.batch), atol=1e-12)
+
+
+def test_power_series_shared_graph_equals_batch_of_copies():
+    from pyg_grf.nn.attention.reference import PowerSeriesAttention
+    B, n = 4, 12
+    ei = grid_edge_index(3, 4)
+    x = torch.randn(B, n, 8, dtype=D)
+    torch.manual_seed(0)
+    layer = PowerSeriesAttention(8, heads=2, max_length=2).to(D)
+    out = layer(x, edge_index=ei)
+    copies = Batch.from_data_list([Data(edge_index=ei, num_nodes=n) for _ in range(B)])
+    ref = layer(x.reshape(B * n, 8), copies.batch, edge_index=copies.edge_index)
+    assert torch.allclose(out.reshape(B * n, 8), ref, atol=1e-12)
+    with pytest.raises(ValueError, match="'edge_index' has node ids up to 11 but 'x' has 8 rows"):
+        layer(torch.randn(8, 8, dtype=D), edge_index=ei)
+    with pytest.raises(ValueError, match="holds 2 samples of 6 nodes"):
+        layer(torch.randn(2, 6, 8, dtype=D), edge_index=ei)
+
+
+def test_signed_power_series():
+    from pyg_grf.nn.attention.reference import PowerSeriesAttention
+    b = batch_with_draws(1, sizes=(7, 11))
+    x = torch.randn(b.num_nodes, 8, dtype=D)
+    torch.manual_seed(0)
+    layer = PowerSeriesAttention(8, heads=2, max_length=2, f_mode='signed').to(D)
+    with torch.no_grad():
+        layer.f.copy_(torch.tensor([[1.0, -0.8, 0.3], [0.6, 0.5, -0.9]]))
+    out = layer(x, b.batch, edge_index=b.edge_index)
+    q, k, v = layer.project(x)
+    pq, pk = layer.features(q, k, b.batch)
+    Mf = power_series_mask(layer, b.edge_index, b.num_nodes).to(D)           # kernel of f
+    with torch.no_grad():
+        layer.f.abs_()
+    Ma = power_series_mask(layer, b.edge_index, b.num_nodes).to(D)           # kernel of |f|
+    a = torch.einsum('ihm,jhm->hij', pq, pk)
+    num = torch.einsum('hij,jhd->ihd', a * Mf, v)
+    den = (a * Ma).sum(-1).t().unsqueeze(-1)
+    ref = layer.to_out((num / (den + layer.eps)).reshape(x.size(0), -1))
+    assert torch.allclose(out, ref, atol=1e-12)
+    assert float(out.abs().max()) < 1e3
+
+
+def test_exact_kernel_memory_is_estimated_first(monkeypatch):
+    # PowerSeriesAttention (and the public power_series_kernel) estimate their dense [N, N]
+    # blocks first (3.2 GB for one block of a 20k-node graph) and name the O(N) way out
+    from torch_geometric.data import Data
+
+    from pyg_grf.features.exact import power_series_kernel
+    from pyg_grf.nn import PowerSeriesAttention
+    N = 2000
+    path = torch.stack([torch.arange(N - 1), torch.arange(1, N)])
+    ei = torch.cat([path, path.flip(0)], 1)
+    data = Data(x=torch.randn(N, 8), edge_index=ei, num_nodes=N)
+    layer = PowerSeriesAttention(8, heads=2, max_length=2)
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '50M')
+    with pytest.raises(MemoryError, match=r"PowerSeriesAttention's exact kernel on 1 graph\(s\) "
+                                          r"of up to 2000 nodes .* attn_type='grf'"):
+        layer(data.x, **layer.payload(data))
+    with pytest.raises(MemoryError, match=r"exact power-series kernel of 2000 nodes .* "
+                                          r"GRFAttention"):
+        power_series_kernel(ei, N, [1.0, 0.5, 0.25])
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '2G')  # fits: runs
+    assert torch.isfinite(layer(data.x, **layer.payload(data))).all()
+
+
+def test_power_series_attention_is_the_expectation_reference():
+    b = batch_of_three()
+    grf = GRFAttention(8, heads=2, max_length=3, feature_map='elu').double()
+    ref = PowerSeriesAttention(8, heads=2, max_length=3, feature_map='elu').double()
+    ref.load_state_dict(grf.state_dict())
+    # its mask is exactly sum_k (f*f)_k W^k (block-diagonal over the batch)
+    M = power_series_mask(ref, b.edge_index, b.num_nodes)
+    exact = power_series_kernel(b.edge_index, b.num_nodes, self_convolution(grf.f[1].double()))
+    assert torch.allclose(M[1], exact)
+    out = ref(b.x, b.batch, edge_index=b.edge_index)
+    for g in range(3):
+        d = b.get_example(g)
+        assert torch.allclose(out[b.batch == g], ref(d.x, edge_index=d.edge_index), atol=1e-10)
+
+
+def test_linear_and_softmax_references_are_per_graph():
+    b = batch_of_three()
+    lin, soft = LinearAttention(8, heads=2).double(), SoftmaxAttention(8, heads=2).double()
+    for layer in (lin, soft):
+        out = layer(b.x, b.batch)
+        for g in range(3):
+            d = b.get_example(g)
+            assert torch.allclose(out[b.batch == g], layer(d.x), atol=1e-10)
+    # softmax: dense reference
+    d = b.get_example(0)
+    N, H, C = 9, 2, 4
+    q = soft.to_q(d.x).view(N, H, C)
+    k = soft.to_k(d.x).view(N, H, C)
+    v = soft.to_v(d.x).view(N, H, C)
+    a = torch.softmax(torch.einsum('ihc,jhc->hij', q, k) / C ** 0.5, -1)
+    ref = soft.to_out(torch.einsum('hij,jhc->ihc', a, v).reshape(N, -1))
+    assert torch.allclose(soft(d.x), ref, atol=1e-10)

@@ -208,3 +208,26 @@ def test_samsa_bad_input():
         m(torch.randn(5, 8))
     with pytest.raises(ValueError, match=r"Expected 'batch' of shape \[5\]"):
         m(torch.randn(5, 16), torch.zeros(4, dtype=torch.long))
+
+
+@pytest.mark.parametrize('batch', [[0, 1, 0, 1, 2, 0], [2, 2, 0, 1, 1, 0], [1, 0, 1, 0, 1, 0]])
+def test_unsorted_batch_equals_each_graph_alone(batch):
+    from pyg_grf.nn import SAMSAAttention
+    torch.manual_seed(0)
+    layer = SAMSAAttention(8, heads=2, num_samples=2).eval()
+    x = torch.randn(6, 8)
+    batch = torch.tensor(batch)
+    out, index = layer(x, batch, return_index=True)
+    assert out.shape == (6, 8)  # was 5, 3 or 4 rows
+    # Independent reference: every graph on its own.
+    for g in batch.unique():
+        rows = (batch == g).nonzero().view(-1)
+        ref, ref_index = layer(x[rows], return_index=True)
+        assert torch.allclose(out[rows], ref, atol=1e-6)
+        # The selected tokens are reported as rows of the input (support tokens as N + s).
+        got = index[int(g)]
+        want = torch.where((ref_index >= 0) & (ref_index < rows.numel()),
+                           rows[ref_index.clamp(0, rows.numel() - 1)],
+                           torch.where(ref_index >= rows.numel(), ref_index - rows.numel() + 6,
+                                       ref_index))
+        assert torch.equal(got, want[0])

@@ -4,8 +4,11 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.transforms import AddLaplacianEigenvectorPE, AddRandomWalkPE
 from torch_geometric.utils import erdos_renyi_graph, to_undirected
 
+from pyg_grf.nn import GRFAttention
+from pyg_grf.nn.attention.grf import GRFPlan
 from pyg_grf.nn.models.graph_transformer import ATTENTIONS, GraphTransformer
 from pyg_grf.transforms import AddGraphRandomFeatures
+from tests.nn.attention.grf.helpers import batch_with_draws, make_batch, make_layer
 
 KWARGS = {
     'grf': {'max_length': 3},
@@ -328,11 +331,11 @@ def _gps_batch(graphs):
 def test_gps_block_equals_hand_composition(graphs, attention, conv_kind, norm):
     # GraphTransformer(block='gps') = encoders -> GRFGPSConv layers (built here, by hand, with
     # the model's weights) -> mean pooling -> head, in float64.
-    from torch_geometric.nn import GATConv, GINEConv, MLP, global_mean_pool
+    from torch_geometric.nn import MLP, GATConv, GINEConv, global_mean_pool
 
     from pyg_grf.features import GRFLoads
-    from pyg_grf.nn.attention.gkat import RWGNKPlan
     from pyg_grf.nn import GRFGPSConv
+    from pyg_grf.nn.attention.gkat import RWGNKPlan
     C, heads = 16, 2
     batch = _gps_batch(graphs)
 
@@ -370,7 +373,8 @@ def test_gps_block_equals_hand_composition(graphs, attention, conv_kind, norm):
     x = batch.x.double() @ model.node_encoder.weight.T + model.node_encoder.bias
     e = batch.edge_attr.double() @ model.edge_encoder.weight.T + model.edge_encoder.bias
     grf = GRFLoads.from_data(batch) if attention == 'grf' else None
-    rwgnk = RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value) if attention == 'gkat' else None
+    rwgnk = (RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value)
+             if attention == 'gkat' else None)
     for layer in layers:
         kwargs = {'edge_attr': e} if conv_kind is not None else {}
         x = layer(x, batch.edge_index, batch.batch, grf=grf, rwgnk=rwgnk, **kwargs)
@@ -429,7 +433,7 @@ def test_gps_block_repr_and_errors():
                                        'power_series', 'gkat'])
 @pytest.mark.parametrize('block', ['pre_norm', 'gps'])
 def test_empty_batch(attention, block):
-    # issue #15 item 9: a batch without nodes gives empty node outputs / one pooled row per
+    # a batch without nodes gives empty node outputs / one pooled row per
     # (empty) graph, and gradients, instead of torch-internal errors
     from pyg_grf.transforms import AddRWGNKFeatures
     if block == 'gps' and attention in ('samsa', 'power_series'):
@@ -477,3 +481,33 @@ def test_full_graph_training_plans_once_with_one_call(block, monkeypatch):
         if step == 0:
             assert torch.allclose(out, unprepared, atol=1e-6)
     assert len(calls) == 1
+
+
+def test_grf_model_under_inference_mode():
+    from pyg_grf.nn import GraphTransformer
+    with torch.inference_mode():
+        b = make_batch()
+        b.x = b.x.float()
+    model = GraphTransformer(8, 16, 2, num_layers=2, heads=2, pooling=None,
+                             attn_kwargs={'max_length': 3}).eval()
+    with torch.inference_mode():
+        out = model(b)
+        assert torch.equal(out, model(b))  # 'auto' is pure: the same backend every call
+    # a plan built under inference mode (trainer.validate before fit) still serves training
+    fresh = make_batch()
+    layer = make_layer('symmetric', 'pairs')
+    with torch.inference_mode():
+        plan = GRFPlan.build(fresh, [layer])
+    layer(fresh.x, fresh.batch, grf=plan).sum().backward()
+    assert layer.f.grad is not None
+
+
+def test_each_grf_layer_gets_its_own_walk_draws():
+    b = batch_with_draws(8)
+    model = GraphTransformer(8, 16, 3, num_layers=2, heads=4, attn_type='grf',
+                             attn_kwargs={'max_length': 3})
+    layers = [m for m in model.modules() if isinstance(m, GRFAttention)]
+    assert [m.layer_index for m in layers] == [0, 1]
+    assert layers[1].draws(8) == (4, 5, 6, 7)
+    out = model(b)
+    assert out.shape == (3, 3) and torch.isfinite(out).all()

@@ -1,7 +1,6 @@
 import pytest
 import torch
 from torch.nn import Parameter
-
 from torch_geometric.data import Batch, Data
 
 from pyg_grf.nn.models.samsa import SAMSABlock, SAMSAModel, drop_path
@@ -101,9 +100,8 @@ def test_docs_example_runs():
 
 @pytest.mark.parametrize('with_other', [False, True])
 def test_samsa_model_on_empty_graphs(with_other):
-    # the adversarial review of issue #15 item 9: a batch holding only an empty graph crashed
-    # in the structural hash ("cannot reshape tensor of 0 elements"); an empty graph beside a
-    # real one must not change the real one's output
+    # a batch holding only an empty graph runs (the structural hash handles 0 elements); an
+    # empty graph beside a real one does not change the real one's output
     torch.manual_seed(0)
     C = 8
     empty = Data(x=torch.zeros(0, C), edge_index=torch.zeros(2, 0, dtype=torch.long),

@@ -1,50 +1,31 @@
-import copy
+r"""GRFAttention (:mod:`pyg_grf.nn.attention.grf.layer`) against independent dense O(N^2)
+re-implementations, on every backend ('sparse', 'pairs', 'dense', 'auto') and mode; walk draws
+per head and layer, mask coefficient modes (f_mode), samples on one shared graph (x [B, n, C]),
+gradients, low precision, torch.compile, and the errors for bad settings and inputs."""
 
 import pytest
 import torch
 from torch_geometric.data import Batch, Data
 
-from pyg_grf.features import GRFLoads, dense_adjacency, power_series_kernel, self_convolution
-from pyg_grf.nn import GRFAttention, LinearAttention, PowerSeriesAttention, SoftmaxAttention
+from pyg_grf.datasets import grid_edge_index
+from pyg_grf.features import GRFLoads
+from pyg_grf.masks import GRFMask
+from pyg_grf.nn import GRFAttention
+from pyg_grf.nn.attention.grf import GRFPlan
 from pyg_grf.transforms import AddGraphRandomFeatures
-from tests.utils import er_graph, grid_graph, path_graph
-
-D = torch.float64
-
-
-def batch_of_three(channels=8, seed=0):
-    torch.manual_seed(seed)
-    t = AddGraphRandomFeatures(num_walks=5, p_halt=0.4, max_length=3, seed=seed)
-    graphs = [Data(x=torch.randn(n, channels, dtype=D), edge_index=ei)
-              for n, ei in [(9, grid_graph(3, 3)), (5, path_graph(5)),
-                            (11, er_graph(11, 0.3, seed=2))]]
-    return Batch.from_data_list([t(g) for g in graphs])
-
-
-def dense_grf_attention(layer, x, index, length, load, key_scale=None):
-    """Independent O(N^2) re-implementation of GRFAttention from its weights; ``key_scale``
-    ``[N, H]`` multiplies the coefficients of each key column in the numerator only (the
-    linear modes' dropout)."""
-    N, H, C = x.size(0), layer.heads, layer.head_channels
-    q = (x @ layer.to_q.weight.T + layer.to_q.bias).view(N, H, C)
-    k = (x @ layer.to_k.weight.T + layer.to_k.bias).view(N, H, C)
-    v = (x @ layer.to_v.weight.T + layer.to_v.bias).view(N, H, C)
-    outs = []
-    for h in range(H):
-        f = layer.f[h]
-        keep = length < f.numel()
-        phi = torch.zeros(N, N, dtype=D).index_put(
-            (index[0, keep], index[1, keep]), f[length[keep].long()] * load[keep].to(D), accumulate=True)
-        if layer.mode == 'sparse_softmax':
-            s = torch.exp(q[:, h] @ k[:, h].T / C ** 0.5) * phi
-        else:
-            M = phi @ phi.T if layer.mode == 'symmetric' else phi
-            fq, fk = layer.feature_map(q[:, h]), layer.feature_map(k[:, h])
-            s = (fq @ fk.T) * M
-        num = s if key_scale is None else s * key_scale[:, h].unsqueeze(0)
-        outs.append(num @ v[:, h] / s.sum(1, keepdim=True))
-    out = torch.cat(outs, dim=1)
-    return out @ layer.to_out.weight.T + layer.to_out.bias
+from tests.nn.attention.grf.helpers import (
+    BACKENDS,
+    MODES,
+    D,
+    batch_of_three,
+    batch_with_draws,
+    dense_grf_attention,
+    dense_phi,
+    dense_reference,
+    draws_reference,
+    make_batch,
+    make_layer,
+)
 
 
 @pytest.mark.parametrize('mode', ['symmetric', 'asymmetric', 'sparse_softmax'])
@@ -84,7 +65,8 @@ def test_gradcheck_f_and_projections():
         return torch.func.functional_call(layer, p, (x,), {'grf': grf})
 
     args = tuple(params[n].detach().clone().requires_grad_() for n in
-                 ('f', 'to_q.weight', 'to_k.weight', 'to_v.weight')) + (b.x.clone().requires_grad_(),)
+                 ('f', 'to_q.weight', 'to_k.weight', 'to_v.weight')) \
+        + (b.x.clone().requires_grad_(),)
     assert torch.autograd.gradcheck(fn, args, atol=1e-6)
     out = layer(b.x, grf=GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.x.size(0)))
     out.square().sum().backward()
@@ -92,50 +74,18 @@ def test_gradcheck_f_and_projections():
         assert p.grad is not None and bool(p.grad.abs().sum() > 0), name
 
 
-def test_power_series_attention_is_the_expectation_reference():
-    b = batch_of_three()
-    grf = GRFAttention(8, heads=2, max_length=3, feature_map='elu').double()
-    ref = PowerSeriesAttention(8, heads=2, max_length=3, feature_map='elu').double()
-    ref.load_state_dict(grf.state_dict())
-    # its mask is exactly sum_k (f*f)_k W^k (block-diagonal over the batch)
-    M = ref.dense_mask(b.edge_index, b.num_nodes)
-    exact = power_series_kernel(b.edge_index, b.num_nodes, self_convolution(grf.f[1].double()))
-    assert torch.allclose(M[1], exact)
-    out = ref(b.x, b.batch, edge_index=b.edge_index)
-    for g in range(3):
-        d = b.get_example(g)
-        assert torch.allclose(out[b.batch == g], ref(d.x, edge_index=d.edge_index), atol=1e-10)
-
-
-def test_linear_and_softmax_references_are_per_graph():
-    b = batch_of_three()
-    lin, soft = LinearAttention(8, heads=2).double(), SoftmaxAttention(8, heads=2).double()
-    for layer in (lin, soft):
-        out = layer(b.x, b.batch)
-        for g in range(3):
-            d = b.get_example(g)
-            assert torch.allclose(out[b.batch == g], layer(d.x), atol=1e-10)
-    # softmax: dense reference
-    d = b.get_example(0)
-    N, H, C = 9, 2, 4
-    q = soft.to_q(d.x).view(N, H, C)
-    k = soft.to_k(d.x).view(N, H, C)
-    v = soft.to_v(d.x).view(N, H, C)
-    a = torch.softmax(torch.einsum('ihc,jhc->hij', q, k) / C ** 0.5, -1)
-    ref = soft.to_out(torch.einsum('hij,jhc->ihc', a, v).reshape(N, -1))
-    assert torch.allclose(soft(d.x), ref, atol=1e-10)
-
-
 def test_repr_and_reset():
     layer = GRFAttention(16, heads=4, max_length=5)
-    assert str(layer) == "GRFAttention(16, heads=4, feature_map='relu', max_length=5, mode='symmetric', backend='auto')"
+    assert str(layer) == ("GRFAttention(16, heads=4, feature_map='relu', max_length=5, "
+                          "mode='symmetric', backend='auto')")
     assert torch.allclose(layer.f[0], 0.5 ** torch.arange(6.0))
     with torch.no_grad():
         layer.f.zero_()
     layer.reset_parameters()
     assert layer.f[3, 2].item() == 0.25
     assert str(GRFAttention(8, heads=2, mode='asymmetric', feature_map='elu')) == \
-        "GRFAttention(8, heads=2, feature_map='elu', max_length=4, mode='asymmetric', backend='auto')"
+        "GRFAttention(8, heads=2, feature_map='elu', max_length=4, mode='asymmetric', " \
+        "backend='auto')"
 
 
 def test_favor_plus_feature_map_and_redraw():
@@ -147,29 +97,6 @@ def test_favor_plus_feature_map_and_redraw():
     before = layer.feature_map.projection.clone()
     layer.feature_map.redraw()
     assert not torch.equal(before, layer.feature_map.projection)
-
-
-def test_favor_plus_estimates_softmax_kernel():
-    from pyg_grf.nn import FAVORPlus
-    torch.manual_seed(0)
-    q, k = torch.randn(5, 4, dtype=D) * 0.5, torch.randn(6, 4, dtype=D) * 0.5
-    exact = torch.exp(q @ k.T / 4 ** 0.5)
-    for orthogonal in (False, True):
-        fm = FAVORPlus(4, num_features=4096, stabilize=False, orthogonal=orthogonal).double()
-        errs = []
-        for _ in range(20):
-            fm.redraw()
-            errs.append(fm(q) @ fm(k).T / exact - 1)
-        errs = torch.stack(errs)
-        # unbiased: mean relative error within 5 standard errors; spread ~ 0.02 at m = 4096
-        assert float(errs.mean().abs()) < 5 * float(errs.std()) / (errs.numel() ** 0.5)
-        assert float(errs.std()) < 0.05
-    # stabilised features give the same attention weights (the shift cancels)
-    fm = FAVORPlus(4, num_features=64).double()
-    a = fm(q, is_query=True) @ fm(k).T
-    fm.stabilize = False
-    b = fm(q) @ fm(k).T
-    assert torch.allclose(a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True))
 
 
 @pytest.mark.parametrize('kwargs,match', [
@@ -203,3 +130,381 @@ def test_isolated_nodes_and_empty_graph():
     assert out.shape == (3, 4) and bool(torch.isfinite(out).all())
     d = t(Data(x=torch.randn(0, 4), edge_index=torch.empty(2, 0, dtype=torch.long)))
     assert layer(d.x, grf=GRFLoads.from_data(d)).shape == (0, 4)
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('mode', MODES)
+def test_every_backend_equals_dense_reference(mode, backend):
+    b = make_batch()
+    layer = make_layer(mode, backend)
+    ref = dense_reference(layer, b)
+    out = layer(b.x, grf=GRFLoads.from_data(b))
+    assert out.shape == (26, 8)
+    assert torch.allclose(out, ref, atol=1e-9, rtol=0)
+    # the plan built ahead for the layer is the same computation
+    assert torch.allclose(layer(b.x, b.batch, **layer.payload(b)), ref, atol=1e-9, rtol=0)
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+def test_independent_keys_every_backend(backend):
+    b = make_batch(key=True)
+    layer = make_layer('symmetric', backend)
+    grf = GRFLoads.from_data(b, key_prefix='grf_key')
+    assert torch.allclose(layer(b.x, grf=grf), dense_reference(layer, b, key=True), atol=1e-9)
+
+
+@pytest.mark.parametrize('mode', MODES)
+def test_backends_have_equal_gradients(mode):
+    b = make_batch()
+    grads = {}
+    for backend in ['sparse', 'pairs', 'dense']:
+        layer = make_layer(mode, backend)
+        x = b.x.clone().requires_grad_()
+        out = layer(x, grf=GRFLoads.from_data(b))
+        (out * torch.linspace(-1, 1, out.numel(), dtype=D).view_as(out)).sum().backward()
+        grads[backend] = [x.grad] + [p.grad for p in layer.parameters()]
+    for backend in ['pairs', 'dense']:
+        for g_ref, g in zip(grads['sparse'], grads[backend]):
+            assert torch.allclose(g, g_ref, atol=1e-9, rtol=1e-7)
+    assert float(grads['dense'][0].abs().sum()) > 0
+
+
+@pytest.mark.parametrize('backend', ['pairs', 'dense'])
+@pytest.mark.parametrize('mode', MODES)
+def test_gradcheck_pairs_and_dense_backends(mode, backend):
+    b = make_batch(channels=4)
+    torch.manual_seed(1)
+    layer = GRFAttention(4, heads=2, max_length=3, mode=mode, feature_map='elu',
+                         backend=backend).double()
+    grf = GRFLoads.from_data(b)
+
+    def fn(f, x):
+        return torch.func.functional_call(layer, {'f': f}, (x,), {'grf': grf})
+
+    f = (torch.rand(2, 4, dtype=D) + 0.1).requires_grad_()
+    assert torch.autograd.gradcheck(fn, (f, b.x.clone().requires_grad_()), atol=1e-6)
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+def test_single_graph_without_batch_vector(backend):
+    b = make_batch()
+    d = b.get_example(0)
+    layer = make_layer('symmetric', backend)
+    out = layer(d.x, grf=GRFLoads.from_data(d))
+    full = layer(b.x, grf=GRFLoads.from_data(b))
+    assert torch.allclose(out, full[b.batch == 0], atol=1e-10)
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('mode', MODES)
+def test_bfloat16_autocast_and_bf16_modules(mode, backend):
+    b = make_batch()
+    layer = make_layer(mode, backend).float()
+    x = b.x.float()
+    grf = GRFLoads.from_data(b)
+    ref = layer(x, grf=grf)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = layer(x, grf=grf)
+    out.float().sum().backward()
+    assert bool(torch.isfinite(out.float()).all())
+    # bf16 has 8 bits of mantissa: relative error ~1e-2 after a few products
+    assert torch.allclose(out.float(), ref, atol=0.1 * float(ref.abs().max()), rtol=0.05)
+    out16 = layer.to(torch.bfloat16)(x.bfloat16(), grf=grf)
+    assert out16.dtype == torch.bfloat16
+    assert torch.allclose(out16.float(), ref, atol=0.1 * float(ref.abs().max()), rtol=0.05)
+
+
+def dense_global_reference(layer, b):
+    """O(N^2) reference of the global + topological mask beta_h 1 1^T (per graph) + GRF mask."""
+    x = b.x
+    N, H, C = x.size(0), layer.heads, layer.head_channels
+    q = (x @ layer.to_q.weight.T + layer.to_q.bias).view(N, H, C)
+    k = (x @ layer.to_k.weight.T + layer.to_k.bias).view(N, H, C)
+    v = (x @ layer.to_v.weight.T + layer.to_v.bias).view(N, H, C)
+    same = (b.batch.view(-1, 1) == b.batch.view(1, -1)).to(D)
+    beta = torch.log1p(torch.exp(layer.beta_raw))  # softplus, written out
+    outs = []
+    for h in range(H):
+        phi = dense_phi(b.grf_index, b.grf_length, b.grf_load, layer.f[h], N)
+        M = (phi @ phi.T if layer.mode == 'symmetric' else phi) + beta[h] * same
+        a = (layer.feature_map(q[:, h]) @ layer.feature_map(k[:, h]).T) * M
+        outs.append(a @ v[:, h] / a.sum(1, keepdim=True))
+    return torch.cat(outs, dim=1) @ layer.to_out.weight.T + layer.to_out.bias
+
+
+@pytest.mark.parametrize('backend', BACKENDS)
+@pytest.mark.parametrize('mode', ['symmetric', 'asymmetric'])
+def test_global_plus_topological_mask_equals_dense(mode, backend):
+    b = make_batch()
+    torch.manual_seed(0)
+    layer = GRFAttention(8, heads=2, max_length=3, mode=mode, eps=0.0, feature_map='elu',
+                         backend=backend, global_beta=0.3).double()
+    with torch.no_grad():
+        layer.f.copy_(torch.rand(2, 4) + 0.1)
+        layer.beta_raw.copy_(torch.tensor([-1.0, 0.5]))
+    out = layer(b.x, grf=GRFLoads.from_data(b))
+    assert torch.allclose(out, dense_global_reference(layer, b), atol=1e-9)
+    out.square().sum().backward()
+    assert float(layer.beta_raw.grad.abs().min()) > 0
+
+
+def test_global_beta_settings():
+    layer = GRFAttention(8, heads=2, global_beta=0.25)
+    assert torch.allclose(layer.beta, torch.full((2,), 0.25))
+    assert str(layer).endswith("backend='auto', global_beta=0.25)")
+    with pytest.raises(ValueError, match="needs a linear mode"):
+        GRFAttention(8, mode='sparse_softmax', global_beta=0.1)
+    with pytest.raises(ValueError, match="'global_beta' must be > 0"):
+        GRFAttention(8, global_beta=0.0)
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'dense'])
+def test_sparse_softmax_dropout_is_applied_once(backend, monkeypatch):
+    # dropout belongs on the attention coefficients, once, not on the output a second time
+    b = make_batch()
+    layer = GRFAttention(8, heads=2, max_length=3, mode='sparse_softmax', dropout=0.3,
+                         backend=backend).double().train()
+    calls = []
+    real = torch.nn.functional.dropout
+
+    def counting(x, *args, **kwargs):
+        calls.append(tuple(x.shape))
+        return real(x, *args, **kwargs)
+    monkeypatch.setattr(torch.nn.functional, 'dropout', counting)
+    layer(b.x, grf=GRFLoads.from_data(b))
+    assert len(calls) == 1
+
+
+def test_layer_mask_accepts_grf_loads():
+    b = make_batch()
+    layer = make_layer('symmetric', 'sparse')
+    grf = GRFLoads.from_data(b)
+    M1 = layer.mask(grf).to_dense()
+    M2 = layer.mask(GRFPlan.build(b)).to_dense()
+    assert torch.allclose(M1, M2)
+
+
+def test_layer_accepts_an_equal_batch_vector_and_refuses_another():
+    b = make_batch()
+    layer = GRFAttention(8, heads=2, max_length=3, backend='pairs').double()
+    plan = layer.payload(b)['grf']
+    outs = [layer(b.x, b.batch.clone(), grf=plan) for _ in range(2)]
+    assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], layer(b.x, None, grf=plan))
+    with pytest.raises(ValueError, match="'batch' differs from the batch vector"):
+        layer(b.x, torch.zeros_like(b.batch), grf=plan)
+
+
+@pytest.mark.parametrize('mode', ['symmetric', 'asymmetric', 'sparse_softmax'])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense', 'auto'])
+def test_per_head_draws_equal_dense_reference(mode, backend):
+    b = batch_with_draws(8)
+    grf = GRFLoads.from_data(b)
+    assert grf.num_draws == 8
+    x = b.x.to(D)
+    for layer_index in (0, 1):
+        torch.manual_seed(1)
+        layer = GRFAttention(8, heads=4, max_length=3, mode=mode, backend=backend,
+                             layer_index=layer_index, f_mode='free').to(D)
+        with torch.no_grad():
+            layer.f.copy_(torch.rand(4, 4) + 0.05)
+        assert layer.draws(8) == ((0, 1, 2, 3) if layer_index == 0 else (4, 5, 6, 7))
+        out = layer(x, grf=grf, batch=b.batch)
+        assert torch.allclose(out, draws_reference(layer, x, grf, b.batch), atol=1e-12)
+
+
+def test_per_head_draws_gradients_and_key_side():
+    b = batch_with_draws(4, key=True)
+    grf = GRFLoads.from_data(b, key_prefix='grf_key')
+    x = b.x.to(D).requires_grad_()
+    outs = {}
+    for backend in ('sparse', 'pairs', 'dense'):
+        torch.manual_seed(2)
+        layer = GRFAttention(8, heads=4, max_length=3, backend=backend).to(D)
+        out = layer(x, grf=grf, batch=b.batch)
+        gx, gf = torch.autograd.grad(out.square().sum(), (x, layer.f))
+        outs[backend] = (out, gx, gf)
+    for backend in ('pairs', 'dense'):
+        for a, r in zip(outs[backend], outs['sparse']):
+            assert torch.allclose(a, r, atol=1e-11)
+    # the key side folds with the query side: head h's mask is Phi_Q^(d) Phi_K^(d)T
+    sub = grf.fold((2,))
+    assert sub.key is not None and sub.key.nnz == int((b.grf_key_draw == 2).sum())
+
+
+def test_abs_and_signed_f_keep_outputs_bounded():
+    # adversarial coefficients (the paper's unconstrained f at -0.9): with |f| every output row
+    # is a convex combination of the value rows, so |out| <= max |v| before to_out
+    b = batch_with_draws(1, sizes=(30, 25))
+    grf = GRFLoads.from_data(b)
+    x = torch.randn(b.num_nodes, 8, dtype=D) * 3
+    bounds = {}
+    for f_mode in ('abs', 'signed', 'free'):
+        torch.manual_seed(0)
+        layer = GRFAttention(8, heads=2, max_length=3, f_init=-0.9, f_mode=f_mode,
+                             backend='sparse').to(D)
+        layer.to_out = torch.nn.Identity()
+        v = layer.to_v(x)
+        out = layer(x, grf=grf)
+        bounds[f_mode] = float(out.abs().max() / v.abs().max())
+        mask = GRFMask.from_loads(grf, f=layer.coefficients()).to_dense()
+        assert (float(mask.min()) >= 0) == (f_mode == 'abs')
+    assert bounds['abs'] <= 1 + 1e-9
+    assert bounds['signed'] <= 1 + 1e-9  # a signed mask, its normaliser from |f|
+    assert bounds['free'] > 1.5  # what the guard prevents: the normaliser near 0
+
+
+def test_coefficients_and_old_state_dicts():
+    layer = GRFAttention(8, heads=2, max_length=2)
+    with torch.no_grad():
+        layer.f.copy_(torch.tensor([[1.0, -0.5, 0.2], [0.3, 0.1, -0.7]]))
+    assert torch.equal(layer.coefficients(), layer.f.abs())
+    # the unconstrained opt-in says what it risks, never silently
+    with pytest.warns(UserWarning, match="f_mode='free'\\) leaves the mask coefficients "
+                                         "unconstrained"):
+        free = GRFAttention(8, heads=2, max_length=2, f_mode='free')
+    free.load_state_dict(layer.state_dict())  # same parameters, only the mapping differs
+    assert torch.equal(free.coefficients(), layer.f)
+    assert 'f_mode' not in repr(layer) and "f_mode='free'" in repr(free)
+    with pytest.raises(ValueError, match="'f_mode' must be one of"):
+        GRFAttention(8, f_mode='positive')
+    # the softmax mode's weights turn negative with a free f too: the same warning
+    with pytest.warns(UserWarning, match="f_mode='free'\\) leaves the mask coefficients"):
+        GRFAttention(8, heads=2, mode='sparse_softmax', f_mode='free')
+    from pyg_grf.nn import GridRPEAttention  # exported with the other layers
+    assert GridRPEAttention.__module__ == 'pyg_grf.nn.attention.grid'
+    with pytest.raises(ValueError, match="f_mode='signed' needs a linear mode"):
+        GRFAttention(8, f_mode='signed', mode='sparse_softmax')
+
+
+@pytest.mark.parametrize('num_draws', [1, 4])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+def test_shared_graph_equals_batch_of_copies(backend, num_draws):
+    B, h, w = 5, 3, 4
+    grid = Data(edge_index=grid_edge_index(h, w), num_nodes=h * w)
+    grid = AddGraphRandomFeatures(num_walks=6, max_length=3, seed=0, num_draws=num_draws)(grid)
+    grf = GRFLoads.from_data(grid)
+    x = torch.randn(B, h * w, 16, dtype=D)
+    torch.manual_seed(0)
+    layer = GRFAttention(16, heads=4, max_length=3, backend=backend,
+                         global_beta=0.3).to(D)
+    out = layer(x, grf=grf)
+    assert out.shape == (B, h * w, 16)
+    copies = Batch.from_data_list([grid.clone() for _ in range(B)])
+    ref = layer(x.reshape(B * h * w, 16), grf=GRFLoads.from_data(copies), batch=copies.batch)
+    assert torch.allclose(out.reshape(B * h * w, 16), ref, atol=1e-12)
+
+
+def test_shared_graph_errors():
+    grid = AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0)(
+        Data(edge_index=grid_edge_index(3, 3), num_nodes=9))
+    grf = GRFLoads.from_data(grid)
+    layer = GRFAttention(8, heads=2, max_length=2)
+    with pytest.raises(ValueError, match="holds 2 samples of 10 nodes, but the GRF plan covers 9"):
+        layer(torch.randn(2, 10, 8), grf=grf)
+    with pytest.raises(ValueError, match=r"expects x of shape \[N, 8\] .* got \(2, 3, 9, 8\)"):
+        layer(torch.randn(2, 3, 9, 8), grf=grf)
+    with pytest.raises(ValueError, match="'batch' is not used"):
+        layer(torch.randn(2, 9, 8), grf=grf, batch=torch.zeros(18, dtype=torch.long))
+    with pytest.raises(ValueError, match="needs the loads of one graph, got a batch of 2"):
+        GRFLoads.from_data(Batch.from_data_list([grid, grid])).repeat(2)
+    with pytest.raises(ValueError, match="'copies' must be a positive integer"):
+        grf.repeat(0)
+
+
+def _compile_run(backend, compile_backend):
+    from torch_geometric.loader import DataLoader
+
+    from pyg_grf.datasets import MotifDataset
+    torch._dynamo.reset()
+    ds = MotifDataset(num_graphs=48, num_nodes=20, seed=0,
+                      pre_transform=AddGraphRandomFeatures(num_walks=4, max_length=3, seed=0,
+                                                           num_draws=2))
+    torch.manual_seed(0)
+    layer = GRFAttention(5, heads=2, head_channels=4, max_length=3, backend=backend)
+    compiled = torch.compile(layer, backend=compile_backend)
+    from torch._dynamo.utils import counters
+    counters.clear()
+    for b in DataLoader(ds, batch_size=16):  # three batches of different sizes
+        grf = layer.payload(b)['grf']
+        out = compiled(b.x, grf=grf, batch=b.batch)
+        out.sum().backward()
+        ref = layer(b.x, grf=grf, batch=b.batch)
+        assert torch.allclose(out, ref, atol=1e-5), float((out - ref).abs().max())
+    # the plan runs eagerly: no recompilation per batch or per GRFPlan object (at most one
+    # more graph when the node count first changes and dynamo marks it dynamic)
+    return counters['stats']['unique_graphs']
+
+
+@pytest.mark.parametrize('backend', ['auto', 'pairs', 'sparse', 'dense'])
+def test_torch_compile(backend):
+    # every backend runs under dynamo without recompiling per batch
+    assert _compile_run(backend, 'aot_eager') <= 4
+
+
+@pytest.mark.slow
+def test_torch_compile_default_backend():
+    assert _compile_run('auto', 'inductor') <= 4
+
+
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('mode', ['symmetric', 'asymmetric'])
+def test_signed_f_equals_its_dense_definition(backend, mode):
+    # f_mode='signed': numerator from the signed mask of f, normaliser from the mask of |f|
+    b = batch_with_draws(1, sizes=(9, 13))
+    grf = GRFLoads.from_data(b)
+    x = torch.randn(b.num_nodes, 8, dtype=D)
+    torch.manual_seed(0)
+    layer = GRFAttention(8, heads=2, max_length=3, f_mode='signed', mode=mode,
+                         backend=backend).to(D)
+    with torch.no_grad():
+        layer.f.copy_(torch.tensor([[1.0, -0.6, 0.3, -0.2], [0.5, 0.4, -0.7, 0.1]]))
+    out = layer(x, grf=grf)
+    q, k, v = layer.project(x)
+    pq, pk = layer.features(q, k, b.batch)
+    asym = mode == 'asymmetric'
+    Mf = GRFMask.from_loads(grf, f=layer.f, asymmetric=asym).to_dense()
+    Ma = GRFMask.from_loads(grf, f=layer.f.abs(), asymmetric=asym).to_dense()
+    assert float(Mf.min()) < 0  # a signed mask
+    a = torch.einsum('ihm,jhm->hij', pq, pk)
+    num = torch.einsum('hij,jhd->ihd', a * Mf, v)
+    den = (a * Ma).sum(-1).t().unsqueeze(-1)
+    ref = layer.to_out((num / (den + layer.eps)).reshape(x.size(0), -1))
+    assert torch.allclose(out, ref, atol=1e-12)
+
+
+def test_docs_grf_mask_value_examples_run():
+    import re
+
+    from tests.conftest import REPO
+    text = (REPO / 'docs' / 'grf_mask_value.md').read_text()
+    blocks = re.findall(r'```python\n(.*?)```', text, re.S)
+    assert len(blocks) == 2
+    scope = {}
+    for block in blocks:
+        exec(compile(block, 'docs/grf_mask_value.md', 'exec'), scope)
+    assert scope['out'].shape == (32, 64, 64) and torch.isfinite(scope['out']).all()
+    assert scope['plan'].loads.num_draws == 4  # the grid's GRFPlan
+
+
+def test_global_term_stays_inside_each_graph_with_the_payloads_batch():
+    # the global term (and FAVOR+'s key stabilisation) is per graph; a payload
+    # built from the batch carries the batch vector, so no graph's input moves another's output
+    b = batch_with_draws(1, sizes=(7, 12, 9))
+    grf = GRFLoads.from_data(b)
+    torch.manual_seed(0)
+    layer = GRFAttention(8, heads=2, max_length=3, global_beta=1.0,
+                         feature_map='favor+').to(D)
+    x = torch.randn(b.num_nodes, 8, dtype=D)
+    out = layer(x, grf=grf)
+    x2 = x.clone()
+    x2[b.batch == 0] += 3.0
+    out2 = layer(x2, grf=grf)
+    assert torch.allclose(out2[b.batch != 0], out[b.batch != 0], atol=1e-12)
+    assert not torch.allclose(out2[b.batch == 0], out[b.batch == 0])
+
+
+def test_max_length_shorter_than_the_loads_is_refused():
+    b = make_batch()
+    layer = GRFAttention(8, heads=2, max_length=1).double()  # the transform used max_length=3
+    with pytest.raises(ValueError, match=r'hop counts up to 3 but GRFAttention\(max_length=1\)'):
+        layer(b.x, grf=GRFLoads.from_data(b))
