@@ -67,9 +67,6 @@ def torch_aminmax(index: Tensor):
     return torch.stack([out.min, out.max]).tolist()  # one host read
 
 
-__all__ = ['check_index_range']
-
-
 def is_sorted(x: Tensor) -> bool:
     r"""Whether the 1-D tensor :obj:`x` is non-decreasing (one reduction and a host read)."""
     return x.numel() < 2 or bool((x[1:] >= x[:-1]).all())

@@ -22,9 +22,16 @@ import torch
 from torch import Tensor
 
 from pyg_grf._validation import is_sorted
+
 # memory checks (re-exported: public names of this module)
-from pyg_grf.memory import (CHECK_ABOVE, MEMORY_LIMIT_ENV, WalkMemoryError,  # noqa: F401
-                            available_memory, check_walk_memory, estimate_walk_memory)
+from pyg_grf.memory import (  # noqa: F401
+    CHECK_ABOVE,
+    MEMORY_LIMIT_ENV,
+    WalkMemoryError,
+    available_memory,
+    check_walk_memory,
+    estimate_walk_memory,
+)
 
 WALKERS = ('iid', 'antithetic', 'repelling')
 
@@ -35,9 +42,9 @@ class RandomWalks(NamedTuple):
 
     Hops are stored as a flat, step-major *hop list* (no padding): the hops taken at step ``t``
     (``t = 1..L``) are records ``step_ptr[t - 1]:step_ptr[t]``, made by walkers
-    ``order[:step_ptr[t] - step_ptr[t - 1]]`` in that order. So the walkers that take hop ``t`` are
-    a prefix of those that took hop ``t - 1`` and record ``j`` of step ``t`` continues record ``j`` of
-    step ``t - 1``: a per-walk running product (importance weights) is a slice per step.
+    ``order[:step_ptr[t] - step_ptr[t - 1]]`` in that order. So the walkers that take hop ``t``
+    are a prefix of those that took hop ``t - 1`` and record ``j`` of step ``t`` continues record
+    ``j`` of step ``t - 1``: a per-walk running product (importance weights) is a slice per step.
 
     Attributes:
         start (Tensor): ``[W]`` start node of every walker.
@@ -77,30 +84,14 @@ class RandomWalks(NamedTuple):
         steps = torch.arange(1, self.step_ptr.numel(), device=self.order.device)
         return steps.repeat_interleave(self.step_ptr.diff())
 
-    def node_matrix(self) -> Tensor:
-        r"""The walks as a padded ``[W, L + 1]`` matrix of visited nodes (``-1`` after the end);
-        column 0 is the start node. :math:`O(WL)` memory: for inspection and tests."""
-        out = torch.full((self.num_walkers, self.max_length + 1), -1, dtype=torch.long,
-                         device=self.start.device)
-        out[:, 0] = self.start
-        out[self.record_walker(), self.record_step()] = self.node
-        return out
-
-    def edge_matrix(self) -> Tensor:
-        r"""``[W, L]`` edge ids taken at each hop, ``-1`` after the end (for inspection/tests)."""
-        out = torch.full((self.num_walkers, self.max_length), -1, dtype=torch.long,
-                         device=self.start.device)
-        out[self.record_walker(), self.record_step() - 1] = self.edge
-        return out
-
-
 def check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
     r"""Raises a :class:`ValueError` that says what was expected if ``edge_index`` is not a
     ``[2, E]`` integer tensor with entries in ``[0, num_nodes)``."""
     if not isinstance(edge_index, Tensor):
         raise TypeError(f"'edge_index' must be a Tensor, got {type(edge_index).__name__}")
     if edge_index.dim() != 2 or edge_index.size(0) != 2:
-        raise ValueError(f"'edge_index' must have shape [2, num_edges], got {tuple(edge_index.shape)}")
+        raise ValueError(f"'edge_index' must have shape [2, num_edges], got "
+                         f"{tuple(edge_index.shape)}")
     if edge_index.dtype.is_floating_point or edge_index.dtype == torch.bool:
         raise ValueError(f"'edge_index' must hold integers, got dtype {edge_index.dtype}")
     if num_nodes < 0:
@@ -215,7 +206,8 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
     edge = torch.where(pos >= 0, perm[pos.clamp_min(0)], pos) if not _is_identity(perm) else pos
     length = hops
     if csr.has_sinks:
-        walker_of = RandomWalks(walker_start, hops, order, step_ptr, node, edge, n, L).record_walker()
+        walker_of = RandomWalks(walker_start, hops, order, step_ptr, node, edge, n,
+                                L).record_walker()
         length = torch.bincount(walker_of[node >= 0], minlength=S * n)
     return RandomWalks(start=walker_start, length=length, order=order, step_ptr=step_ptr,
                        node=node, edge=edge, num_walks=n, max_length=L)

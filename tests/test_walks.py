@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from pyg_grf.walks import sample_walks
-from tests.utils import grid_graph, path_graph
+from tests.utils import edge_matrix, grid_graph, node_matrix, path_graph
 
 
 def gen(seed=0):
@@ -17,8 +17,8 @@ def test_walks_follow_edges_and_are_reproducible(walker):
     N = 30
     rw = sample_walks(ei, N, 6, 0.3, 7, walker=walker, generator=gen(1))
     rw2 = sample_walks(ei, N, 6, 0.3, 7, walker=walker, generator=gen(1))
-    nodes, edges = rw.node_matrix(), rw.edge_matrix()
-    assert torch.equal(nodes, rw2.node_matrix())
+    nodes, edges = node_matrix(rw), edge_matrix(rw)
+    assert torch.equal(nodes, node_matrix(rw2))
     assert nodes.shape == (N * 6, 8)
     assert torch.equal(nodes[:, 0], torch.arange(N).repeat_interleave(6))
     # every hop uses an edge that goes from the previous node to the next one
@@ -97,7 +97,7 @@ def test_repelling_walkers_take_distinct_neighbours():
     for seed in range(20):
         rw = sample_walks(ei, 7, 6, None, 1, walker='repelling', fixed_length=True,
                           start=torch.tensor([0]), generator=gen(seed))
-        first = rw.node_matrix()[:, 1]
+        first = node_matrix(rw)[:, 1]
         assert sorted(first.tolist()) == list(range(1, 7))
 
 
@@ -110,13 +110,13 @@ def test_repelling_marginal_is_uniform():
     S = 4000
     rw = sample_walks(ei, 6, 3, None, 1, walker='repelling', fixed_length=True,
                       start=torch.zeros(S, dtype=torch.long), generator=gen(4))
-    first = rw.node_matrix()[::3, 1]  # walker 0 of every start
+    first = node_matrix(rw)[::3, 1]  # walker 0 of every start
     counts = torch.bincount(first, minlength=6)[1:].double()
     expected = S / 5
     chi2 = ((counts - expected) ** 2 / expected).sum().item()
     assert chi2 < 20.5  # chi-square, 4 dof, p ~ 4e-4
     # and within each start the three walkers are distinct
-    trip = rw.node_matrix()[:, 1].view(S, 3)
+    trip = node_matrix(rw)[:, 1].view(S, 3)
     assert bool((trip[:, 0] != trip[:, 1]).all() & (trip[:, 1] != trip[:, 2]).all()
                 & (trip[:, 0] != trip[:, 2]).all())
 
@@ -134,7 +134,7 @@ def test_isolated_nodes_sinks_self_loops_multi_edges():
     ei = torch.tensor([[0, 0, 0, 1], [1, 1, 2, 1]])
     rw = sample_walks(ei, 4, 3000, None, 3, fixed_length=True, start=torch.tensor([0, 2, 3]),
                       generator=gen(5))
-    nodes = rw.node_matrix().view(3, 3000, 4)
+    nodes = node_matrix(rw).view(3, 3000, 4)
     # isolated node and sink: no hops at all
     assert bool((rw.length.view(3, 3000)[1:] == 0).all())
     assert bool((nodes[1:, :, 1:] == -1).all())
@@ -152,13 +152,13 @@ def test_isolated_nodes_sinks_self_loops_multi_edges():
 def test_directed_graph_follows_edge_direction():
     ei = torch.tensor([[0, 1, 2], [1, 2, 0]])  # directed 3-cycle
     rw = sample_walks(ei, 3, 2, None, 5, fixed_length=True, generator=gen(0))
-    nodes = rw.node_matrix()
+    nodes = node_matrix(rw)
     assert torch.equal(nodes[:, 1:], (nodes[:, :-1] + 1) % 3)
 
 
 def test_empty_graph_and_no_edges():
     rw = sample_walks(torch.empty(2, 0, dtype=torch.long), 0, 2, 0.5, 3)
-    assert rw.node_matrix().shape == (0, 4)
+    assert node_matrix(rw).shape == (0, 4)
     rw = sample_walks(torch.empty(2, 0, dtype=torch.long), 3, 2, 0.5, 3)
     assert bool((rw.length == 0).all())
 

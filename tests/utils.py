@@ -61,3 +61,19 @@ def dense_masked_linear_attention(phi_q, phi_k, v, mask=None, eps=1e-6):
         a = a * (mask if mask.dim() == 3 else mask.unsqueeze(0)).to(a.dtype)
     out = torch.einsum('hij,jhd->ihd', a, v)
     return out / (a.sum(-1).t().unsqueeze(-1) + eps)
+
+
+def node_matrix(walks):
+    """The walks of a RandomWalks as a padded [W, L + 1] matrix of visited nodes (-1 after the
+    end); column 0 is the start node."""
+    out = torch.full((walks.num_walkers, walks.max_length + 1), -1, dtype=torch.long)
+    out[:, 0] = walks.start
+    out[walks.record_walker(), walks.record_step()] = walks.node
+    return out
+
+
+def edge_matrix(walks):
+    """[W, L] edge ids taken at each hop of a RandomWalks, -1 after the end."""
+    out = torch.full((walks.num_walkers, walks.max_length), -1, dtype=torch.long)
+    out[walks.record_walker(), walks.record_step() - 1] = walks.edge
+    return out

@@ -85,23 +85,7 @@ def masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     return out if shared else out.squeeze(0)
 
 
-def dense_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
-                                  mask: Optional[Tensor] = None, eps: float = 1e-6) -> Tensor:
-    r"""The same computation with the :math:`N \times N` attention matrix formed explicitly,
-    :math:`O(N^2)`: :math:`A_{ij} = \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j) M_{ij}`, rows
-    normalised. Reference for tests and small-graph baselines.
-
-    Args:
-        mask (Tensor, optional): ``[N, N]`` or ``[H, N, N]`` dense mask.
-    """
-    a = torch.einsum('ihm,jhm->hij', phi_q, phi_k)
-    if mask is not None:
-        a = a * (mask if mask.dim() == 3 else mask.unsqueeze(0)).to(a.dtype)
-    out = torch.einsum('hij,jhd->ihd', a, v)
-    return out / (a.sum(-1).t().unsqueeze(-1) + eps)
-
-
-# Dense-block execution over the graphs of a batch ##################################################
+# Dense-block execution over the graphs of a batch #################################################
 
 
 def to_blocks(x: Tensor, layout) -> Tensor:
@@ -158,17 +142,6 @@ def normalize_sums(o: Tensor, eps: float = 1e-6) -> Tensor:
     r"""Output of linear attention from its sums ``[..., d + 1]`` (numerator, then the
     normaliser): ``o[..., :d] / (o[..., d] + eps)``."""
     return o[..., :-1] / (o[..., -1:] + eps)
-
-
-def packing_sums(phi_q: Tensor, phi_k: Tensor, v: Tensor, layout) -> Tensor:
-    r"""Sums of unmasked linear attention inside each graph of a batch (the packing mask
-    :math:`M_{ij} = 1` iff :math:`i, j` are in the same graph), ``[N, H, d + 1]`` (numerator,
-    then the normaliser): :math:`\phi(\mathbf{q}_i)^\top \sum_{j \in g(i)}
-    \phi(\mathbf{k}_j)[\mathbf{v}_j, 1]^\top`, by two batched products on padded blocks,
-    :math:`O(N m d)`."""
-    v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
-    S = to_blocks(phi_k, layout).transpose(-1, -2) @ to_blocks(v1, layout)  # [B, H, m, d + 1]
-    return from_blocks(to_blocks(phi_q, layout) @ S, layout)
 
 
 def packed_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
@@ -261,30 +234,7 @@ def block_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, weight: Te
     return a @ v
 
 
-# Explicit mask entries on their sparse support, and the low-rank route ##############################
-
-
-def pair_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
-                                 pattern: SparsePattern, mask_values: Tensor,
-                                 eps: float = 1e-6, return_sums: bool = False) -> Tensor:
-    r""":func:`masked_linear_attention` with the mask given explicitly on its sparse support:
-    :math:`a_{ij} = M_{ij}\,\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` for the nonzeros
-    :math:`(i, j)` of ``pattern`` (one sampled product), then one sparse product with
-    :math:`[\mathbf{v}, 1]` for the numerator and the normaliser. :math:`O(\mathrm{nnz}(M)(m + d))`,
-    all heads in one block-diagonal product.
-
-    Args:
-        phi_q, phi_k (Tensor): ``[N, H, m]``; v (Tensor): ``[N, H, d]``.
-        pattern (SparsePattern): ``[N, N]`` support of the mask.
-        mask_values (Tensor): ``[H, nnz]`` mask values on the support.
-        return_sums (bool): return the sums ``[N, H, d + 1]`` (see :func:`normalize_sums`).
-    """
-    N, H, _ = phi_q.shape
-    pat = pattern.repeat(H)
-    a = sddmm(pat, head_major(phi_q), head_major(phi_k)) * pattern.repeat_values(mask_values)
-    v1 = torch.cat([v, v.new_ones(N, H, 1)], dim=-1)
-    o = from_head_major(spmm(pat, a, head_major(v1)), H)
-    return o if return_sums else normalize_sums(o, eps)
+# Explicit mask entries on their sparse support, and the low-rank route ###########################
 
 
 def pair_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern,

@@ -7,6 +7,7 @@ from torch_geometric.utils import erdos_renyi_graph, to_undirected
 from pyg_grf.features import rwgnk_expected_features, rwgnk_features
 from pyg_grf.features.rwgnk import normalize_rows
 from pyg_grf.walks import sample_walks
+from tests.utils import node_matrix
 
 
 def path_graph(n):
@@ -33,7 +34,7 @@ def per_walk_frequencies(edge_index, num_nodes, num_walks, lam, p_halt, max_leng
     """Reference from the padded node matrix: one frequency vector per walk, [N, n, N]."""
     walks = sample_walks(edge_index, num_nodes, num_walks, p_halt, max_length,
                          fixed_length=p_halt is None, generator=gen)
-    nodes = walks.node_matrix()  # [W, L + 1]
+    nodes = node_matrix(walks)  # [W, L + 1]
     W, L1 = nodes.shape
     freq = torch.zeros(W, num_nodes, dtype=torch.float64)
     disc = torch.tensor(lam, dtype=torch.float64) ** torch.arange(L1, dtype=torch.float64)

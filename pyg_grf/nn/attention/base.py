@@ -98,12 +98,6 @@ class GraphAttention(nn.Module):
         layer's :meth:`payload`)."""
         return layers[0].payload(data) if layers else {}
 
-    def payload_fields(self, data: Any) -> Tuple[str, ...]:
-        r"""The attributes of ``data`` that :meth:`payload` reads (for reuse checks)."""
-        return self.requires + tuple(n for n in self.optional
-                                     if getattr(data, n, None) is not None)
-
-
 def samples_as_graphs(layer: nn.Module, x: Tensor,
                       batch: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor], Optional[int]]:
     r"""``x`` ``[B, n, C]`` (``B`` samples on one shared graph of ``n`` nodes) as ``B`` graphs

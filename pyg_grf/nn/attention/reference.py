@@ -12,7 +12,6 @@ from torch_geometric.utils import to_dense_adj, to_dense_batch
 
 from pyg_grf._validation import batch_or_zeros, check_sorted_batch
 from pyg_grf.features.blocks import block_layout
-from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import normalized_adjacency, self_convolution
 from pyg_grf.memory import check_walk_memory
 from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, samples_as_graphs
@@ -115,12 +114,6 @@ class PowerSeriesAttention(QKVAttention):
     def reset_parameters(self):
         super().reset_parameters()
         reset_hop_coefficients(self.f, self.f_init)
-
-    def dense_mask(self, edge_index: Tensor, num_nodes: int,
-                   edge_weight: Optional[Tensor] = None) -> Tensor:
-        alpha = torch.stack([self_convolution(f) for f in self.coefficients()])  # [H, 2L + 1]
-        return power_series_kernel(edge_index, num_nodes, alpha, edge_weight=edge_weight,
-                                   normalization=self.normalization)
 
     requires = ('edge_index',)
     payload_keys = ('edge_index',)

@@ -9,7 +9,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torch.nn import Parameter
-
 from torch_geometric.nn import MLP
 from torch_geometric.typing import OptTensor
 
@@ -329,11 +328,6 @@ class GraphBridge(torch.nn.Module):
     def node_tokens(tokens: Tensor, token_type: Tensor) -> Tensor:
         r"""Reads the node tokens :math:`(N, C)` back out of :obj:`tokens`, in node order."""
         return tokens[token_type == 0]
-
-    @staticmethod
-    def edge_tokens(tokens: Tensor, token_type: Tensor) -> Tensor:
-        r"""Reads the edge tokens :math:`(E, C)` back out of :obj:`tokens`, in edge order."""
-        return tokens[token_type == 1]
 
     def _check_noise(self, noise: Tensor, N: int) -> Tensor:
         P = 2 * self.pe_channels
