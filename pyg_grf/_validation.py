@@ -13,8 +13,9 @@ counter and are checked every time.
 from __future__ import annotations
 
 import weakref
-from typing import Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -103,3 +104,14 @@ def check_shape(tensor: Optional[Tensor], name: str, *shape: Union[int, str]) ->
         return
     got = None if tensor is None else list(tensor.shape)
     raise ValueError(f"Expected '{name}' of shape [{', '.join(map(str, shape))}] (got {got})")
+
+
+def check_int(name: str, value: Any, minimum: int = 0, maximum: Optional[int] = None) -> int:
+    r"""``value`` as an ``int`` if it is an integer (Python or NumPy, not a bool) in
+    ``[minimum, maximum]``; else a :class:`ValueError` naming the argument, what was expected
+    and what came."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum \
+            or (maximum is not None and value > maximum):
+        bound = f'>= {minimum}' if maximum is None else f'in [{minimum}, {maximum}]'
+        raise ValueError(f"'{name}' must be an integer {bound}, got {value!r}")
+    return int(value)

@@ -39,6 +39,7 @@ from torch_geometric.data import Data
 from torch_geometric.loader import DataLoader as PyGDataLoader
 from torch_geometric.loader import RandomNodeLoader
 
+from pyg_grf._validation import check_int
 from pyg_grf.nn.attention.base import PAYLOAD_ATTR, GraphAttention, model_payload
 
 __all__ = ['DataLoader', 'PayloadCollater', 'prepare_payload', 'attention_layers',
@@ -171,8 +172,7 @@ PART_WALKS = ('restrict', 'recompute')
 def check_part_args(num_parts: Any, walks: Any, transform: Optional[Callable]) -> None:
     r"""Checks the arguments of :class:`NodePartLoader` (a clear error at construction, not at
     the first epoch)."""
-    if not isinstance(num_parts, int) or isinstance(num_parts, bool) or num_parts < 1:
-        raise ValueError(f"'num_parts' must be an integer >= 1, got {num_parts!r}")
+    check_int('num_parts', num_parts, 1)
     if walks not in PART_WALKS:
         raise ValueError(f"'walks' must be one of {PART_WALKS}, got {walks!r}")
     if walks == 'recompute' and transform is None:

@@ -21,7 +21,7 @@ from typing import List, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_grf._validation import is_sorted
+from pyg_grf._validation import check_int, is_sorted
 
 # memory checks (re-exported: public names of this module)
 from pyg_grf.memory import (  # noqa: F401
@@ -121,10 +121,8 @@ def to_csr(edge_index: Tensor, num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, 
 def check_walk_args(num_walks, p_halt, max_length, walker, fixed_length):
     r"""Raises a :class:`ValueError` naming the argument (what was expected, what came) unless
     the walk settings of :func:`sample_walks` (and of the transforms built on it) are valid."""
-    if isinstance(num_walks, bool) or not isinstance(num_walks, int) or num_walks < 1:
-        raise ValueError(f"'num_walks' must be an integer >= 1, got {num_walks!r}")
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
-        raise ValueError(f"'max_length' must be an integer >= 0, got {max_length!r}")
+    check_int('num_walks', num_walks, 1)
+    check_int('max_length', max_length, 0)
     if walker not in WALKERS:
         raise ValueError(f"'walker' must be one of {WALKERS}, got {walker!r}")
     if not fixed_length:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from pyg_grf._validation import check_int
 from pyg_grf.datasets.synthetic import GeneratedDataset, _check_root
 
 #: Images in scikit-learn's digits dataset.
@@ -28,9 +29,8 @@ def grid_edge_index(height: int, width: int) -> Tensor:
     r"""Edges ``[2, E]`` (both directions, sorted) of the 4-neighbour grid graph on
     ``height * width`` nodes in row-major order: node :math:`r W + c` is joined to its
     horizontal and vertical neighbours, as in the GRF paper's ViT grids (Sec. 4)."""
-    for name, v in (('height', height), ('width', width)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise ValueError(f"'{name}' must be a positive integer, got {v!r}")
+    check_int('height', height, 1)
+    check_int('width', width, 1)
     idx = torch.arange(height * width).view(height, width)
     right = torch.stack([idx[:, :-1].reshape(-1), idx[:, 1:].reshape(-1)])
     down = torch.stack([idx[:-1, :].reshape(-1), idx[1:, :].reshape(-1)])

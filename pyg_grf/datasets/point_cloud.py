@@ -49,6 +49,7 @@ import torch
 from torch import Tensor
 from torch_geometric.data import Data
 
+from pyg_grf._validation import check_int
 from pyg_grf.datasets.synthetic import GeneratedDataset, _check_root
 
 FEATURE_NAMES = ('ux', 'uy', 'uz', 'jitter_x', 'jitter_y', 'vx', 'vy', 'vz', 'inv_mass',
@@ -68,12 +69,6 @@ def _pair(name: str, value, lo: float = 0.0, strict: bool = False) -> Tuple[floa
     return a, b
 
 
-def _positive_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
-        raise ValueError(f"'{name}' must be an integer >= {minimum}, got {value!r}")
-    return int(value)
-
-
 def knn_edges(pos: Tensor, k: int) -> Tensor:
     r"""The directed k-nearest-neighbour edges ``[2, N k]`` (source = neighbour, target = point,
     as :func:`torch_geometric.nn.knn_graph` with ``flow='source_to_target'``), self excluded,
@@ -86,7 +81,7 @@ def knn_edges(pos: Tensor, k: int) -> Tensor:
     if pos.dim() != 2 or pos.size(0) < 2:
         raise ValueError(f"'pos' must be [N, D] with N >= 2, got {tuple(pos.shape)}")
     N = pos.size(0)
-    k = _positive_int('k', k)
+    k = check_int('k', k, 1)
     if k >= N:
         raise ValueError(f"'k' must be smaller than the number of points ({N}), got {k}")
     try:
@@ -222,12 +217,12 @@ class MassSpringDataset(GeneratedDataset):
                  pre_transform: Optional[Callable] = None,
                  pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
         _check_root(root)
-        self.num_points = _positive_int('num_points', num_points, 16)
-        self.seed = _positive_int('seed', seed, 0)
+        self.num_points = check_int('num_points', num_points, 16)
+        self.seed = check_int('seed', seed, 0)
         for name, value in (('num_clouds', num_clouds), ('graph_k', graph_k),
                             ('spring_k', spring_k), ('substeps', substeps),
                             ('num_modes', num_modes), ('warmup_frames', warmup_frames)):
-            setattr(self, name, _positive_int(name, value, 0 if name == 'warmup_frames' else 1))
+            setattr(self, name, check_int(name, value, 0 if name == 'warmup_frames' else 1))
         if max(self.graph_k, self.spring_k) >= self.num_points:
             raise ValueError(f"'graph_k' and 'spring_k' must be smaller than 'num_points' "
                              f"({self.num_points}), got {graph_k} and {spring_k}")

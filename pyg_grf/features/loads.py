@@ -21,6 +21,7 @@ from typing import Any, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from pyg_grf._validation import check_int
 from pyg_grf.features.grf import hop_values
 
 _INT32_MAX = 2 ** 31 - 1
@@ -217,8 +218,7 @@ class GRFLoads:
         r"""The loads of ``copies`` disjoint copies of this graph, as a batch (copy :math:`b`
         on nodes :math:`b N + i`, ``batch`` set): one shared graph for a batch of samples, e.g.
         the patch grid of a batch of images (GRF paper, Sec. 4)."""
-        if isinstance(copies, bool) or not isinstance(copies, int) or copies < 1:
-            raise ValueError(f"'copies' must be a positive integer, got {copies!r}")
+        check_int('copies', copies, 1)
         if self.num_graphs > 1:
             raise ValueError(f"repeat() needs the loads of one graph, got a batch of "
                              f"{self.num_graphs}")

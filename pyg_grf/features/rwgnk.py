@@ -25,7 +25,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_grf._validation import check_index_range
+from pyg_grf._validation import check_index_range, check_int
 from pyg_grf.memory import check_walk_memory
 from pyg_grf.walks import check_edge_index, sample_walks
 
@@ -154,8 +154,7 @@ def rwgnk_expected_features(edge_index: Tensor, num_nodes: int, *, lam: float,
     fixed = _resolve_fixed_length(p_halt, fixed_length)
     if not fixed and (p_halt is None or not 0.0 < float(p_halt) < 1.0):
         raise ValueError(f"'p_halt' must lie in the open interval (0, 1), got {p_halt!r}")
-    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
-        raise ValueError(f"'max_length' must be an integer >= 0, got {max_length!r}")
+    check_int('max_length', max_length, 0)
     survival = 1.0 if fixed else 1.0 - float(p_halt)
     adj = torch.zeros(num_nodes, num_nodes, dtype=dtype, device=edge_index.device)
     adj.index_put_((edge_index[0].long(), edge_index[1].long()),

@@ -27,6 +27,7 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_info
 
+from pyg_grf._validation import check_int
 from pyg_grf.lightning.files import atomic_write
 
 
@@ -168,9 +169,7 @@ class MallocTrim(Callback):
     """
 
     def __init__(self, every_n_steps: int = 50):
-        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or \
-                every_n_steps < 1:
-            raise ValueError(f"'every_n_steps' must be a positive integer, got {every_n_steps!r}")
+        check_int('every_n_steps', every_n_steps, 1)
         self.every_n_steps = every_n_steps
         self.trims = 0
 

@@ -9,6 +9,7 @@ from torch_geometric.data import Data
 from torch_geometric.data.datapipes import functional_transform
 from torch_geometric.transforms import BaseTransform
 
+from pyg_grf._validation import check_int
 from pyg_grf.features.grf import NORMALIZATIONS, grf_loads
 from pyg_grf.transforms._seeding import TransformRNG
 from pyg_grf.walks import check_walk_args
@@ -75,9 +76,7 @@ class AddGraphRandomFeatures(BaseTransform):
                  use_edge_weight: bool = False, seed: Optional[int] = None,
                  attr_prefix: str = 'grf', num_draws: int = 1):
         check_walk_args(num_walks, p_halt, max_length, walker, fixed_length)
-        if isinstance(num_draws, bool) or not isinstance(num_draws, int) or not (
-                1 <= num_draws <= 2 ** 15 - 1):
-            raise ValueError(f"'num_draws' must be an integer in [1, 32767], got {num_draws!r}")
+        check_int('num_draws', num_draws, 1, 2 ** 15 - 1)
         if normalization not in NORMALIZATIONS:
             raise ValueError(f"'normalization' must be one of {NORMALIZATIONS}, got "
                              f"{normalization!r}")

@@ -19,9 +19,9 @@ def test_grid_edge_index_is_networkx_grid(h, w):
 
 
 def test_grid_edge_index_errors():
-    with pytest.raises(ValueError, match="'height' must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="'height' must be an integer >= 1, got 0"):
         grid_edge_index(0, 3)
-    with pytest.raises(ValueError, match="'width' must be a positive integer"):
+    with pytest.raises(ValueError, match="'width' must be an integer >= 1"):
         grid_edge_index(2, 2.5)
 
 

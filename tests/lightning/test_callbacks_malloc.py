@@ -20,7 +20,7 @@ def test_trims_every_n_steps_and_after_validation(monkeypatch):
 
 def test_bad_every_n_steps():
     for bad in (0, -1, 2.5, True):
-        with pytest.raises(ValueError, match="'every_n_steps' must be a positive integer"):
+        with pytest.raises(ValueError, match="'every_n_steps' must be an integer >= 1"):
             MallocTrim(every_n_steps=bad)
 
 
