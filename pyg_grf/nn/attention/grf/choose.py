@@ -11,18 +11,25 @@ cache: the same sizes give the same answer whatever ran before.
 Seconds of one layer, forward and backward, on one CPU core, with :math:`H` heads (1 when the
 heads are folded into the nodes for walks per head), feature size :math:`m`, value size
 :math:`d`, :math:`P_\Phi` the pairs of :math:`\widehat\Phi`, :math:`P_M` the mask's cells
-(estimated :math:`T / 5` before the join: measured 4.7 on kNN graphs, 7-8 on molecule batches
-and grids) and :math:`B n_{max}^2` the padded cells:
+(estimated :math:`T / 7` before the join: :math:`T / P_M` measured 4.7 on kNN graphs, 7.2 on
+molecule batches, 10 on small molecules) and :math:`B n_{max}^2` the padded cells of
+:math:`B` graphs:
 
 * ``'sparse'``: :math:`c_1 P_\Phi H m (d + 1)` per CSR product (2 symmetric, 1 asymmetric)
   plus :math:`c_8 P_\Phi H` per product (small widths) plus :math:`c_2 N H m (d + 1)` for the
   outer products;
-* ``'pairs'``: :math:`c_3 P H \max(m + d + 1, 40)` with :math:`P = P_M` (symmetric) or
+* ``'pairs'``: :math:`c_3 P H \max(m + d + 1, 40) + c_9 H` (the kernel calls per head)
+  with :math:`P = P_M` (symmetric, at most the padded cells) or
   :math:`P_\Phi`, plus, once per plan and shared by the layers that use it, the join
   :math:`c_6 T` (symmetric);
 * ``'dense'``: :math:`c_4 B n_{max}^2 H (m + d + 1)(1 + n_{max} / 256)` (times 1.6 for the
-  softmax mode), plus :math:`3 c_7 B n_{max}^3 H` for the batched products
-  :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (symmetric).
+  softmax mode) plus :math:`c_5 B` (per graph), plus :math:`3 c_7 B n_{max}^3 H` for the
+  batched products :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (symmetric).
+
+Measured per layer (forward and backward, one thread, 4 heads x 16, load 2.7 on 2 cores) on the
+LRGB-sized batch (64 graphs of 120-180 nodes) / TU-sized batch (128 of 20-40): pairs 72 / 24 ms,
+dense 423 / 50 ms, sparse 527 / 112 ms; the constants are fitted to these (pairs and dense
+within 1.3x) and ``'auto'`` picks pairs on both.
 
 The constants were fitted on the 2-core x86 CPU of our CI (``bench/bench_batch.py
 --calibrate``; the small-width terms by hand on motif batches); only their ratios matter. The
@@ -59,14 +66,15 @@ class PlanSizes(NamedTuple):
     max_nodes: int        # n_max
     num_coef: int         # statistics per mask cell
     compiled_join: bool   # whether the join runs compiled (numba, CPU)
+    num_graphs: int = 1
 
     @property
     def mask_cells(self) -> int:
-        r""":math:`P_M` estimated for the costs (:math:`T / 5`, the measured ratio's low end,
-        at least the pairs of :math:`\widehat\Phi`)."""
+        r""":math:`P_M` estimated for the costs (:math:`T / 7`, at least the pairs of
+        :math:`\widehat\Phi`)."""
         if not self.join_terms:
             return self.num_pairs
-        return max(self.join_terms // 5, self.num_pairs)
+        return max(min(self.join_terms // 7, self.block_cells), self.num_pairs)
 
 
 def plan_sizes(loads: GRFLoads, mode: str) -> PlanSizes:
@@ -79,7 +87,7 @@ def plan_sizes(loads: GRFLoads, mode: str) -> PlanSizes:
     K = loads.max_hop + 1 if loads.key is None else max(loads.max_hop, loads.key.max_hop) + 1
     return PlanSizes(N, loads.nnz, P, num_join_terms(loads) if symmetric else 0,
                      lay.num_cells, lay.n, K * (K + 1) // 2 if symmetric else K,
-                     compiled_join_available(loads.device))
+                     compiled_join_available(loads.device), lay.num_graphs)
 
 
 def backend_costs(sizes: PlanSizes, mode: str, heads: int, m: int, d: int,
@@ -89,17 +97,19 @@ def backend_costs(sizes: PlanSizes, mode: str, heads: int, m: int, d: int,
     s = sizes
     width = heads * m * (d + 1)
     pair_width = max(m + d + 1, _PAIR_MIN_WIDTH)
-    dense_cost = s.block_cells * heads * (m + d + 1) / 33 * _C_CELL * (1 + s.max_nodes / 256)
+    dense_cost = s.block_cells * heads * (m + d + 1) * _C_CELL * (1 + s.max_nodes / 256)
     if mode == 'sparse_softmax':
         support = s.num_pairs * heads * pair_width * _C_PAIR * 1.5
-        return {'sparse': num_layers * support, 'dense': num_layers * 1.6 * dense_cost}
+        return {'sparse': num_layers * support,
+                'dense': num_layers * (1.6 * dense_cost + s.num_graphs * _C_GRAPH)}
     symmetric = mode == 'symmetric'
     costs = {'sparse': num_layers * ((2 if symmetric else 1) * s.num_pairs
                                      * (width * _C_SPMM + heads * _C_SPMM_NNZ)
                                      + s.num_nodes * width * _C_OUTER)}
     if not symmetric:
-        costs['pairs'] = num_layers * s.num_pairs * heads * pair_width * _C_PAIR
-        costs['dense'] = num_layers * dense_cost
+        costs['pairs'] = num_layers * heads * (s.num_pairs * pair_width * _C_PAIR
+                                               + _C_PAIR_CALL)
+        costs['dense'] = num_layers * (dense_cost + s.num_graphs * _C_GRAPH)
         return costs
     big = s.block_cells > max(8 * s.join_terms, 1 << 24)  # one big graph: a sorted join
     if s.compiled_join:
@@ -107,9 +117,10 @@ def backend_costs(sizes: PlanSizes, mode: str, heads: int, m: int, d: int,
     else:
         c_join = _C_JOIN_SORT if big else _C_JOIN
     costs['pairs'] = (s.join_terms * c_join
-                      + num_layers * s.mask_cells * heads * pair_width * _C_PAIR)
-    costs['dense'] = num_layers * (dense_cost + 3 * s.block_cells * s.max_nodes * heads
-                                   * _C_BMM)
+                      + num_layers * heads * (s.mask_cells * pair_width * _C_PAIR
+                                              + _C_PAIR_CALL))
+    costs['dense'] = num_layers * (dense_cost + s.num_graphs * _C_GRAPH + 3 * s.block_cells
+                                   * s.max_nodes * heads * _C_BMM)
     return costs
 
 
@@ -180,15 +191,18 @@ def _too_big(backend: str, s: PlanSizes, need: Dict[str, int], budget: float,
             f"$PYG_GRF_MEMORY_LIMIT=off (or a size such as 64G).")
 
 
-# Cost constants: seconds on one core (bench/bench_batch.py --calibrate --threads 1).
+# Cost constants: seconds on one core (bench/bench_batch.py --calibrate --threads 1; pairs and
+# dense refitted to the per-layer times in backend_costs's docstring).
 _C_SPMM = 2.4e-9
 _C_SPMM_NNZ = 8.0e-8  # per nonzero and head of a CSR product, whatever its width (tiny widths)
 _C_OUTER = 9.8e-9
-_C_PAIR = 1.8e-9
+_C_PAIR = 1.5e-9
+_C_PAIR_CALL = 1.2e-4  # per head and layer: the six sparse kernel calls of the pair kernel
 _PAIR_MIN_WIDTH = 40
-_C_CELL = 1.5e-8
+_C_CELL = 1.24e-9  # per cell, head and channel of the padded blocks
+_C_GRAPH = 5.0e-5  # per graph of the dense blocks
 _C_JOIN = 7.0e-8
 _C_JOIN_SORT = 4.0e-7  # 262k grid: 10.7 s for 29M terms, default allocator
 _C_JOIN_COMPILED = 1.0e-8  # LRGB-sized batch 24 ms for 2.49M terms
 _C_JOIN_COMPILED_BIG = 3.6e-8  # 64k grid 1.14 s for 31.6M terms
-_C_BMM = 2.0e-10  # per multiply-add of the batched Phi Phi^T products
+_C_BMM = 5.0e-11  # per multiply-add of the batched Phi Phi^T products
