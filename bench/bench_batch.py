@@ -169,8 +169,8 @@ def grf_rows(b: Batch, x: torch.Tensor, repeats: int, backends=BACKENDS, modes=M
 def gkat_rows(b: Batch, x: torch.Tensor, repeats: int) -> dict:
     r"""GKAT 'linear' mode with its two backends (kernel pairs stored by the transform with
     ``kernel_threshold=0.``, i.e. every nonzero of Psi Psi^T), and 'softmax' mode."""
-    from pyg_grf.nn.attention.gkat import RWGNKPlan
     from pyg_grf.nn import GKATAttention
+    from pyg_grf.nn.attention.gkat import RWGNKPlan
     from pyg_grf.transforms import AddRWGNKFeatures
     t = AddRWGNKFeatures(num_walks=16, lam=0.8, alpha=1.0, max_length=4, seed=0,
                          kernel_threshold=0.0)

@@ -38,8 +38,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Optional
 from pathlib import Path
+from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
@@ -115,6 +115,7 @@ def _setup_torch(threads: int):
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     import torch_geometric  # noqa: F401  (same imports in every worker, incl. the baseline)
+
     import pyg_grf  # noqa: F401
     return torch
 
@@ -123,6 +124,7 @@ def _features(spec, torch, edge_index, N):
     r"""GRF loads for this N: from the run's cache if an earlier worker computed them, else
     computed here (and timed) with ``AddGraphRandomFeatures``."""
     from torch_geometric.data import Data
+
     from pyg_grf.transforms import AddGraphRandomFeatures
     path = Path(spec['cache_dir']) / f'grf_{N}.pt'
     if path.exists():
@@ -148,6 +150,7 @@ def _build(spec, torch):
     info = {}
     if method in ('grf_sym', 'grf_asym'):
         from torch_geometric.data import Data
+
         from pyg_grf.nn import GRFAttention
         index, length, load, t_feat = _features(spec, torch, edge_index, N)
         info['feature_time_s'] = t_feat
@@ -168,8 +171,9 @@ def _build(spec, torch):
         mod = GATConv(C, C // H, heads=H)  # concat: H * C/H = C outputs
         run = lambda: mod(x, edge_index)  # noqa: E731
     elif method == 'softmax':
-        from pyg_grf.nn.attention.base import QKVAttention
         import torch.nn.functional as F
+
+        from pyg_grf.nn.attention.base import QKVAttention
 
         class DenseSoftmax(QKVAttention):
             # Full softmax attention over all N nodes (one graph), no mask: SDPA picks its
@@ -375,7 +379,8 @@ def machine_info(threads: int) -> dict:
     import torch_geometric
     info = {
         'nproc': os.cpu_count(),
-        'nproc_affinity': len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else None,
+        'nproc_affinity': (len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity')
+                           else None),
         'torch': torch.__version__,
         'torch_geometric': torch_geometric.__version__,
         'python': platform.python_version(),
@@ -393,7 +398,8 @@ def machine_info(threads: int) -> dict:
         pass
     try:
         with open('/proc/cpuinfo') as fh:
-            info['cpu'] = next((l.split(':', 1)[1].strip() for l in fh if l.startswith('model name')),
+            info['cpu'] = next((line.split(':', 1)[1].strip() for line in fh
+                                if line.startswith('model name')),
                                platform.processor())
         with open('/proc/meminfo') as fh:
             mem = {l.split(':')[0]: int(l.split()[1]) for l in fh}
@@ -677,13 +683,15 @@ def _md_header(meta: dict, cfg: dict) -> list:
     L = []
     L.append('# GRF attention benchmark (2-D grids)\n')
     L.append(f"Command: `{meta['command']}`  ")
-    L.append(f"Machine: `nproc` = {meta.get('nproc_cmd', meta['nproc'])}, CPU {meta.get('cpu', '?')}, "
+    L.append(f"Machine: `nproc` = {meta.get('nproc_cmd', meta['nproc'])}, "
+             f"CPU {meta.get('cpu', '?')}, "
              f"{meta.get('mem_total_gib', '?')} GiB RAM; torch {meta['torch']}, "
              f"torch_geometric {meta['torch_geometric']}, Python {meta['python']}; "
              f"pyg_grf at commit {meta.get('git_commit')} (plus any uncommitted changes); "
              f"`torch.get_num_threads()` = {meta['threads']} in every worker.  ")
     if cfg.get('malloc_tuned'):
-        L.append(f"Workers ran with glibc malloc tuned: `{' '.join(f'{k}={v}' for k, v in MALLOC_TUNED_ENV.items())}` "
+        tuned = ' '.join(f'{k}={v}' for k, v in MALLOC_TUNED_ENV.items())
+        L.append(f"Workers ran with glibc malloc tuned: `{tuned}` "
                  f"(`--malloc-tuned`).  ")
     L.append(f"Load average at start {meta['loadavg_start']}, at end {meta['loadavg_end']} "
              f"(a load above {meta['nproc']} means other processes shared the cores and the "
@@ -699,6 +707,10 @@ def _md_header(meta: dict, cfg: dict) -> list:
              f"`F.scaled_dot_product_attention` over all N nodes, no mask, run for N <= "
              f"{cfg['softmax_max']} only (O(N^2) time).\n")
     return L
+
+
+def _met(met: int, total: int) -> str:
+    return 'met' if met == total else 'partly met' if met else 'NOT met'
 
 
 def _md_method_tables(R: dict) -> list:
@@ -810,7 +822,8 @@ def _md_targets(T: dict) -> list:
         t = T['slope']
         vc = '—' if t['value_cpu'] is None else f"{t['value_cpu']:.3f}"
         L.append(f"* time grows no faster than N^1.15 from 16k to 262k: slope {t['value']:.3f} "
-                 f"(CPU time: {vc}) over {t['range']}{'' if t['full_range'] else ' (not the full target range)'} "
+                 f"(CPU time: {vc}) over {t['range']}"
+                 f"{'' if t['full_range'] else ' (not the full target range)'} "
                  f"-> **{'met' if t['met'] else 'NOT met'}**")
     t = T['grf_over_linear_65k']
     L.append('* GRF / unmasked-linear time <= 4 at 65k: ' +
@@ -824,7 +837,7 @@ def _md_targets(T: dict) -> list:
                  f"{t['min'] / 1e6:.1f}M to {t['max'] / 1e6:.1f}M; {t['configs_met']}/"
                  f"{t['configs']} configurations meet it (best at any N "
                  f"{t['best_any_N'] / 1e6:.1f}M) -> **"
-                 f"{'met' if t['configs_met'] == t['configs'] else ('partly met' if t['configs_met'] else 'NOT met')}**")
+                 f"{_met(t['configs_met'], t['configs'])}**")
     return L
 
 
@@ -891,7 +904,8 @@ def main(argv=None) -> None:
                     help='a bench_grf JSON whose sampler rows this run replaces')
     ap.add_argument('--no-profile', action='store_true')
     ap.add_argument('--malloc-tuned', action='store_true',
-                    help='run workers with ' + ' '.join(f'{k}={v}' for k, v in MALLOC_TUNED_ENV.items())
+                    help='run workers with '
+                    + ' '.join(f'{k}={v}' for k, v in MALLOC_TUNED_ENV.items())
                          + ' (freed memory stays in the heap: no page faults on large temporaries)')
     ap.add_argument('--notes-file', type=str, default=None,
                     help='markdown file whose text is added to the report as "Notes"')

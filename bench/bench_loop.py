@@ -50,13 +50,23 @@ for p in (str(ROOT), str(ROOT / 'bench')):
     if p not in sys.path:
         sys.path.insert(0, p)
 
+from bench_model import (  # noqa: E402
+    GRF,
+    GRF_BETA,
+    GRF_COLUMNS,
+    LIN,
+    MHA,
+    P16,
+    TRANSFORM,
+    Net,
+    graph,
+    molecule_like,
+    quartiles,
+)
 from torch_geometric.loader import DataLoader as PyGDataLoader  # noqa: E402
 
 from pyg_grf.loader import DataLoader  # noqa: E402
 from pyg_grf.nn.attention.base import model_payload  # noqa: E402
-
-from bench_model import (GRF, GRF_BETA, GRF_COLUMNS, LIN, MHA, P16, TRANSFORM, Net,  # noqa: E402
-                         graph, molecule_like, quartiles)
 
 IN_STEP, IN_WORKER = 'GRF-GPS, prep in step', 'GRF-GPS, prep in worker'
 BETA_IN_STEP, BETA_IN_WORKER = ('GRF-GPS beta=0.1, prep in step',

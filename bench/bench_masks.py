@@ -26,8 +26,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from pyg_grf.masks import (CausalMask, DiffusionKernelMask, GridRPEMask,  # noqa: E402
-                           ToeplitzMask, TreeMask)
+from pyg_grf.masks import CausalMask, DiffusionKernelMask, GridRPEMask, ToeplitzMask, TreeMask  # noqa: E402
 
 C = 16
 
@@ -89,7 +88,8 @@ def main():
     parser.add_argument('--append', action='store_true',
                         help='add this run to existing OUT.json / OUT.md instead of replacing them')
     parser.add_argument('--out', default=None,
-                        help='output stem (default: experiments/results/bench_masks for a full run)')
+                        help='output stem (default: experiments/results/bench_masks for a '
+                             'full run)')
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
@@ -114,7 +114,7 @@ def main():
             tb = time.perf_counter() - t0
             xn = x[:n] if n <= N else torch.randn(n, C, generator=gen)
             reps = args.repeats if N <= 2**16 else max(3, args.repeats // 2)
-            t = timeit(lambda: mask.matmul(xn), reps)
+            t = timeit(lambda m=mask: m.matmul(xn), reps)
             extra = {}
             if fam == 'tree':
                 extra['levels'] = len(mask.level_sizes)

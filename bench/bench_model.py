@@ -64,6 +64,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+# the workloads of bench_batch.py (same generators, same graphs)
+from bench_batch import grid_edges, molecule_like  # noqa: E402
 from torch_geometric.data import Batch, Data  # noqa: E402
 from torch_geometric.nn import GINEConv, GPSConv, global_mean_pool  # noqa: E402
 
@@ -76,9 +78,6 @@ from pyg_grf.nn.attention.base import model_payload  # noqa: E402
 from pyg_grf.nn.feature_maps import qk_features  # noqa: E402
 from pyg_grf.nn.functional import masked_linear_attention  # noqa: E402
 from pyg_grf.transforms import AddGraphRandomFeatures  # noqa: E402
-
-# the workloads of bench_batch.py (same generators, same graphs)
-from bench_batch import grid_edges, molecule_like  # noqa: E402
 
 C, H = 64, 4
 IN_NODE, IN_EDGE, OUT = 16, 4, 10

@@ -20,8 +20,14 @@ import os.path as osp
 import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from harness import (experiment_main, fit_and_test, read_rows, run_grid,  # noqa: E402
-                     summary_table, write_markdown)
+from harness import (  # noqa: E402
+    experiment_main,
+    fit_and_test,
+    read_rows,
+    run_grid,
+    summary_table,
+    write_markdown,
+)
 
 HERE = osp.dirname(osp.abspath(__file__))
 CONFIG = osp.join(HERE, 'configs', 'cora_grf.yaml')

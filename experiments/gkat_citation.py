@@ -27,8 +27,15 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import paper_models  # noqa: E402,F401  (registers the networks for the configs)
-from harness import (experiment_main, fit_and_test, read_rows, run_grid,  # noqa: E402
-                     select_on_validation, summary_table, write_markdown)
+from harness import (  # noqa: E402
+    experiment_main,
+    fit_and_test,
+    read_rows,
+    run_grid,
+    select_on_validation,
+    summary_table,
+    write_markdown,
+)
 
 HERE = osp.dirname(osp.abspath(__file__))
 CONFIG = osp.join(HERE, 'configs', 'paper', 'citation_{}.yaml')

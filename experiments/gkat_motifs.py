@@ -31,9 +31,15 @@ import sys
 import yaml
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+from harness import (  # noqa: E402
+    experiment_main,
+    fit_and_test,
+    read_rows,
+    run_grid,
+    summary_table,
+    write_markdown,
+)
 from paper_models import MotifNet  # noqa: E402  (registers the networks for the configs)
-from harness import (experiment_main, fit_and_test, read_rows, run_grid,  # noqa: E402
-                     summary_table, write_markdown)
 
 HERE = osp.dirname(osp.abspath(__file__))
 CONFIG = osp.join(HERE, 'configs', 'paper', 'motifs.yaml')

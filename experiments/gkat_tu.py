@@ -36,8 +36,7 @@ from dataclasses import dataclass
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import paper_models  # noqa: E402,F401  (registers the networks for the configs)
-from harness import (experiment_main, fit_and_test, mean_std, read_rows,  # noqa: E402
-                     run_grid, write_markdown)
+from harness import experiment_main, fit_and_test, mean_std, read_rows, run_grid, write_markdown  # noqa: E402
 
 HERE = osp.dirname(osp.abspath(__file__))
 CONFIG = osp.join(HERE, 'configs', 'paper', 'tu_{}.yaml')

@@ -105,7 +105,8 @@ def main():
          f"(W = D^-1/2 A D^-1/2, f = deconvolve(alpha), alpha = {args.alpha}), "
          f"n = {args.num_walks} walks per node, max_length = {args.max_length}, "
          f"{args.repeats} independent draws (± standard error). 'x iid' is the ratio to iid in the "
-         f"same run. Diagonal bias: mean over nodes of E[(Phi Phi'^T)_ii] - K_ii with the same walks "
+         f"same run. Diagonal bias: mean over nodes of E[(Phi Phi'^T)_ii] - K_ii with the same "
+         f"walks "
          f"on both sides (Phi' = Phi: biased up by the estimator's variance) and with independent "
          f"key-side walks (unbiased).\n",
          '| graph | p_halt | walker | MSE (off-diag) | x iid | diag bias, same walks | '

@@ -95,7 +95,8 @@ def main(argv=None):
             ax.set_title(t)
             ax.set_xticks([])
             ax.set_yticks([])
-        fig.suptitle(f'{args.rows}x{args.cols} grid graph (8 neighbours, torch_geometric.utils.grid)')
+        fig.suptitle(f'{args.rows}x{args.cols} grid graph (8 neighbours, '
+                     f'torch_geometric.utils.grid)')
         fig.tight_layout()
         fig.savefig(args.out, dpi=120)
     print(f'wrote {args.out}')

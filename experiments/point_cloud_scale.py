@@ -49,8 +49,14 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from harness import (experiment_main, fit_and_test, read_rows, run_grid,  # noqa: E402
-                     summary_table, write_markdown)
+from harness import (  # noqa: E402
+    experiment_main,
+    fit_and_test,
+    read_rows,
+    run_grid,
+    summary_table,
+    write_markdown,
+)
 
 HERE = osp.dirname(osp.abspath(__file__))
 CONFIG = osp.join(HERE, 'configs', 'paper', 'point_cloud.yaml')
@@ -119,8 +125,8 @@ def fit_one(variant: str, size: int, seed: int, root: str, budget: float, max_st
             extra=(), threads: int = 1):
     r"""One run: a 1-epoch calibration fit measures the step time, then the fit with the
     epochs that fit :obj:`budget` CPU seconds, tested at its best validation epoch."""
-    import torch
     import harness
+    import torch
     torch.set_num_threads(threads)
     harness.EXTRA_OVERRIDES[:] = list(extra)
     args = overrides(variant, size)
@@ -139,6 +145,7 @@ def fit_one(variant: str, size: int, seed: int, root: str, budget: float, max_st
 
 def run(sizes, variants, seeds, out: str = OUT, max_steps: int = 2000, budget_scale=1.0):
     import multiprocessing
+
     import harness
     import torch
     rows = []
@@ -165,7 +172,8 @@ def _slope(points) -> str:
     lx = [math.log(n) for n, _ in points]
     ly = [math.log(t) for _, t in points]
     mx, my = statistics.mean(lx), statistics.mean(ly)
-    return f'{sum((a - mx) * (b - my) for a, b in zip(lx, ly)) / sum((a - mx) ** 2 for a in lx):.2f}'
+    cov = sum((a - mx) * (b - my) for a, b in zip(lx, ly))
+    return f'{cov / sum((a - mx) ** 2 for a in lx):.2f}'
 
 
 def write_table() -> str:

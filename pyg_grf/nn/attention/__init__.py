@@ -7,9 +7,9 @@ from pyg_grf.nn.attention.grf import GRFAttention
 from pyg_grf.nn.attention.grid import GridRPEAttention
 from pyg_grf.nn.attention.masked import MaskedLinearAttention
 from pyg_grf.nn.attention.padded import PaddedMultiheadAttention, PaddedPerformerAttention
-from pyg_grf.nn.attention.samsa import SAMSAAttention
 from pyg_grf.nn.attention.reference import LinearAttention, PowerSeriesAttention, SoftmaxAttention
 from pyg_grf.nn.attention.registry import ATTENTIONS, attention_class, attention_resolver
+from pyg_grf.nn.attention.samsa import SAMSAAttention
 
 __all__ = [
     'GraphAttention',

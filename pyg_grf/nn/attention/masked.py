@@ -9,10 +9,10 @@ import torch
 from torch import Tensor, nn
 
 from pyg_grf._validation import batch_or_zeros
-from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.masks.base import MaskOperator
 from pyg_grf.masks.packing import PackingMask
 from pyg_grf.nn.attention.base import QKVAttention
+from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.nn.functional import masked_linear_attention
 
 

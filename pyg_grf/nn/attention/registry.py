@@ -4,20 +4,20 @@ r"""The one registry of attention types: a name means one layer everywhere
 ``attn(x, batch, **attn.payload(data))``
 (:class:`~pyg_grf.nn.attention.base.GraphAttention`).
 
-========================  ==============================================================  ==================
-name                      layer                                                           cost
-========================  ==============================================================  ==================
-``'grf'``                 :class:`~pyg_grf.nn.GRFAttention` (needs ``grf=``)              :math:`O(N)`
-``'gkat'``                :class:`~pyg_grf.nn.GKATAttention` (needs ``rwgnk=``)           :math:`O(N)`
-``'linear'``              :class:`~pyg_grf.nn.LinearAttention`, unmasked per graph        :math:`O(N)`
-``'favor'``               the same with FAVOR+ features (``num_features=``)               :math:`O(N)`
-``'softmax'``             :class:`~pyg_grf.nn.SoftmaxAttention` (SDPA, padded per graph)  :math:`O(\sum N_g^2)`
-``'multihead'``           :class:`torch.nn.MultiheadAttention`, padded as PyG's GPSConv   :math:`O(\sum N_g^2)`
-``'performer'``           PyG's ``PerformerAttention``, padded as PyG's GPSConv           :math:`O(N)`
-``'power_series'``        :class:`~pyg_grf.nn.PowerSeriesAttention` (exact GRF mask)      :math:`O(\sum N_g^2)`
-``'grid_rpe'``            :class:`~pyg_grf.nn.attention.grid.GridRPEAttention`            :math:`O(N)`-ish
-``'samsa'``               :class:`~pyg_grf.nn.SAMSAAttention`                             :math:`O(N k)`
-========================  ==============================================================  ==================
+==================  =============================================================  ==========
+name                layer                                                          cost
+==================  =============================================================  ==========
+``'grf'``           :class:`~pyg_grf.nn.GRFAttention` (needs ``grf=``)             O(N)
+``'gkat'``          :class:`~pyg_grf.nn.GKATAttention` (needs ``rwgnk=``)          O(N)
+``'linear'``        :class:`~pyg_grf.nn.LinearAttention`, unmasked per graph       O(N)
+``'favor'``         the same with FAVOR+ features (``num_features=``)              O(N)
+``'softmax'``       :class:`~pyg_grf.nn.SoftmaxAttention` (SDPA, padded per graph) O(sum n^2)
+``'multihead'``     :class:`torch.nn.MultiheadAttention`, padded as PyG's GPSConv  O(sum n^2)
+``'performer'``     PyG's ``PerformerAttention``, padded as PyG's GPSConv          O(N)
+``'power_series'``  :class:`~pyg_grf.nn.PowerSeriesAttention` (exact GRF mask)     O(sum n^2)
+``'grid_rpe'``      :class:`~pyg_grf.nn.GridRPEAttention`                          O(N log N)
+``'samsa'``         :class:`~pyg_grf.nn.SAMSAAttention`                            O(N k)
+==================  =============================================================  ==========
 """
 from __future__ import annotations
 

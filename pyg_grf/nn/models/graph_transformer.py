@@ -7,7 +7,8 @@ GPSConv's post-norm layout with ``block='gps'``), whose attention is any type of
 (graph-level) or none (node-level), and an MLP head. The attentions' payload (e.g. the
 :class:`~pyg_grf.nn.attention.grf.GRFPlan` of the batch) is built once per batch for all layers
 (:func:`~pyg_grf.nn.attention.base.model_payload`), in the DataLoader workers when the batches
-come from :class:`pyg_grf.loader.DataLoader` with ``model=`` (what the Lightning stack does). Options and their checks:
+come from :class:`pyg_grf.loader.DataLoader` with ``model=`` (what the Lightning stack does).
+Options and their checks:
 :mod:`pyg_grf.nn.models.options`.
 """
 from __future__ import annotations
@@ -25,8 +26,14 @@ from pyg_grf._validation import batch_or_zeros
 from pyg_grf.nn.attention.base import GraphAttention, model_payload
 from pyg_grf.nn.attention.registry import ATTENTIONS
 from pyg_grf.nn.conv.grf_gps_conv import GRFGPSConv, norm_resolver
-from pyg_grf.nn.models.options import (POOLINGS, check_conv, check_options, embed, encoder,
-                                       two_layer_mlp)
+from pyg_grf.nn.models.options import (
+    POOLINGS,
+    check_conv,
+    check_options,
+    embed,
+    encoder,
+    two_layer_mlp,
+)
 
 __all__ = ['GraphTransformer', 'ATTENTIONS']
 

@@ -7,8 +7,7 @@ from typing import Any, Callable, Dict, Optional
 import torch
 from torch import Tensor
 from torch.nn import Linear
-from torch_geometric.nn import (MLP, GINEConv, global_add_pool, global_max_pool,
-                                global_mean_pool)
+from torch_geometric.nn import MLP, GINEConv, global_add_pool, global_max_pool, global_mean_pool
 from torch_geometric.nn.conv import MessagePassing
 
 from pyg_grf.nn.attention.base import GraphAttention

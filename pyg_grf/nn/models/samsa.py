@@ -7,7 +7,6 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor
 from torch.nn import Dropout, Linear, Parameter, RMSNorm, Sequential
-
 from torch_geometric.data.data import BaseData
 from torch_geometric.nn import MLP
 from torch_geometric.nn.resolver import activation_resolver, aggregation_resolver
