@@ -19,12 +19,21 @@ where the value gradient is a gather over the nonzeros (an SDDMM), :math:`O(\mat
 """
 from __future__ import annotations
 
+import warnings
 from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from pyg_grf._validation import is_sorted
+
+
+def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Tuple[int, int]) -> Tensor:
+    r"""A CSR tensor over existing indices (no checks, no copies); torch's "sparse CSR support
+    is in beta" warning is not passed on to the user's program."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
+        return torch.sparse_csr_tensor(crow, col, values, size=size, check_invariants=False)
 
 
 class SparsePattern:
@@ -176,11 +185,9 @@ class SparsePattern:
         crow, col = self._csr_indices(transpose)
         if transpose:
             perm_t = self._transpose()[0]
-            return torch.sparse_csr_tensor(crow, col, values.index_select(0, perm_t),
-                                           size=(self.size[1], self.size[0]),
-                                           check_invariants=False)
-        return torch.sparse_csr_tensor(crow, col, values, size=self.size,
-                                       check_invariants=False)
+            return csr_tensor(crow, col, values.index_select(0, perm_t),
+                              (self.size[1], self.size[0]))
+        return csr_tensor(crow, col, values, self.size)
 
     def to_dense(self, values: Tensor) -> Tensor:
         out = values.new_zeros(self.size)
@@ -238,8 +245,7 @@ def _sddmm(pattern: SparsePattern, a: Tensor, b: Tensor) -> Tensor:
     # <a_r, b_c> at the nonzeros only, in the order of the pattern's input index, without an
     # [nnz, C] temporary.
     crow, col = pattern._csr_indices()
-    holder = torch.sparse_csr_tensor(crow, col, a.new_zeros(pattern.nnz),
-                                     size=pattern.size, check_invariants=False)
+    holder = csr_tensor(crow, col, a.new_zeros(pattern.nnz), pattern.size)
     # Written into the holder itself: without ``out`` torch copies the whole input (indices and
     # values, ~half the kernel's time on an LRGB-sized batch) before overwriting it.
     g = torch.sparse.sampled_addmm(holder, a.contiguous(), b.t(), beta=0.0, out=holder).values()

@@ -350,7 +350,7 @@ def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
         perm = torch.randperm(idx.size(1), generator=torch.Generator().manual_seed(0))
         idx, hop, load = idx[:, perm], hop[perm], load[perm]
     from pyg_grf.features.blocks import block_layout, mask_statistics
-    from pyg_grf.nn.attention.grf.common import coefficient_pairs
+    from pyg_grf.nn.attention.grf.pairs import coefficient_pairs
     grf = GRFLoads(idx, hop, load, b.num_nodes, batch=b.batch)
     f = torch.rand(3, 4, dtype=D) + 0.1
     lay = block_layout(grf.batch, grf.num_nodes)

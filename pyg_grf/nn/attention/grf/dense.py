@@ -25,7 +25,7 @@ from pyg_grf.features.blocks import (
 )
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.nn import functional as F
-from pyg_grf.nn.attention.grf.common import coefficient_pairs
+from pyg_grf.nn.attention.grf.pairs import coefficient_pairs
 
 NAME = 'dense'
 

@@ -230,7 +230,8 @@ class GRFAttention(QKVAttention):
         d = self.head_channels
         m = d if self.feature_map is None else self.feature_map.output_dim(d)
         draws = None if num_draws == 1 else self.draws(num_draws)
-        return LayerSpec(self.mode, self.backend, self.heads, m, d, draws, self.f.dtype)
+        return LayerSpec(self.mode, self.backend, self.heads, m, d, draws, self.f.dtype,
+                         self.max_length)
 
     def draws(self, num_draws: int) -> Tuple[int, ...]:
         r"""The walk draw of every head when the loads hold ``num_draws`` draws: head
@@ -310,10 +311,7 @@ class GRFAttention(QKVAttention):
         # the plan's kernels have data-dependent shapes: eager under torch.compile (the compiled
         # graph is the projections and the output layer)
         N, H = q.size(0), self.heads
-        loads = plan.loads
-        loads.check_coefficients(self.max_length, f'{self.__class__.__name__}(max_length='
-                                                  f'{self.max_length})')
-        part = plan.part(self.spec(loads.num_draws))
+        part = plan.part(self.spec(plan.loads.num_draws))  # checks the hop counts once
         st = part.structures if samples is None else part.structures.repeat(samples)
         layout = plan.layout  # the graphs, for the global term
         if samples is not None:
@@ -340,7 +338,7 @@ class GRFAttention(QKVAttention):
         if self.beta is not None:  # M = beta * 1 1^T (per graph) + GRF mask
             o = o + self.beta.to(o.dtype).view(1, H, 1) * F.packed_linear_attention(
                 phi_q, phi_k, v, return_sums=True, layout=layout)
-        return F.normalize_sums(o, self.eps)
+        return o[..., :-1] / (o[..., -1:] + self.eps)  # numerator / normaliser
 
     def _sums(self, part: 'PlanPart', st: Any, phi_q: Tensor, phi_k: Tensor, v: Tensor,
               f: Tensor, samples: int = 1) -> Tensor:

@@ -34,9 +34,32 @@ from torch import Tensor
 
 from pyg_grf.features.blocks import block_layout, mask_statistics, num_join_terms
 from pyg_grf.features.loads import GRFLoads, narrow_index
-from pyg_grf.nn.attention.grf.common import coefficient_pairs, csr, half_to_float, move
+from pyg_grf.ops import csr_tensor
 
 NAME = 'pairs'
+
+
+def csr(crow: Tensor, col: Tensor, values: Tensor, size: int) -> Tensor:
+    r"""The square ``[size, size]`` CSR matrix with ``values`` on the support."""
+    return csr_tensor(crow, col, values, (size, size))
+
+
+def half_to_float(x: Tensor) -> torch.dtype:
+    r"""The dtype the sparse kernels run in: float32 for half precision (torch's sparse CSR
+    kernels have no half-precision CPU version), else ``x``'s."""
+    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
+
+
+def coefficient_pairs(f: Tensor, num_coef: int, symmetric: bool) -> Tensor:
+    r"""``[h, C]`` coefficients of the statistics: :math:`f_l f_{l'}` for :math:`l \le l'` in
+    ``torch.triu_indices(K, K)`` order (symmetric mask), else :math:`f_l` (asymmetric)."""
+    if not symmetric:
+        return f[:, :num_coef]
+    K = int(round(((8 * num_coef + 1) ** 0.5 - 1) / 2))
+    if f.size(1) < K:  # statistics of longer walks than f covers: their coefficients are 0
+        f = torch.cat([f, f.new_zeros(f.size(0), K - f.size(1))], dim=1)
+    iu = torch.triu_indices(K, K, device=f.device)
+    return f[:, iu[0]] * f[:, iu[1]]
 
 
 class PairsStructures(NamedTuple):
@@ -153,7 +176,7 @@ class PairsStructures(NamedTuple):
             self.symmetric, self.group_ptr, rep(self.perm, N, copies * N))
 
     def to(self, device) -> 'PairsStructures':
-        return move(self, device)
+        return type(self)(*(t.to(device) if isinstance(t, Tensor) else t for t in self))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self if isinstance(t, Tensor))

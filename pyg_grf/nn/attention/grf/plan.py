@@ -38,6 +38,7 @@ class LayerSpec(NamedTuple):
     d: int                          # value size per head
     draws: Optional[Tuple[int, ...]]  # walk draw per head (None: all heads share the walks)
     dtype: torch.dtype
+    max_length: int                 # the largest hop with a coefficient
 
 
 class PlanPart(NamedTuple):
@@ -175,7 +176,8 @@ class GRFPlan:
 
 
 def _part_key(spec: LayerSpec) -> Tuple:
-    return (spec.mode, spec.backend, spec.draws, spec.dtype, spec.heads, spec.m, spec.d)
+    return (spec.mode, spec.backend, spec.draws, spec.dtype, spec.heads, spec.m, spec.d,
+            spec.max_length)
 
 
 def build_part(loads: GRFLoads, spec: LayerSpec, num_layers: int = 1,
@@ -192,6 +194,8 @@ def build_part(loads: GRFLoads, spec: LayerSpec, num_layers: int = 1,
 
 def _build_part(loads: GRFLoads, spec: LayerSpec, num_layers: int,
                 built: Optional[Dict[Tuple, PlanPart]]) -> PlanPart:
+    # entries beyond the layer's coefficients would silently vanish from the mask
+    loads.check_coefficients(spec.max_length, f'GRFAttention(max_length={spec.max_length})')
     run, heads, groups = loads, spec.heads, 1
     if spec.draws is not None:
         run = loads.fold(spec.draws)
