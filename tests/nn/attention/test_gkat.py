@@ -7,8 +7,8 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.utils import to_undirected
 
 from pyg_grf.features import rwgnk_kernel
-from pyg_grf.nn.attention.gkat import RWGNKPlan, choose_backend, costs
 from pyg_grf.nn import GKATAttention
+from pyg_grf.nn.attention.gkat import RWGNKPlan, choose_backend, costs
 from pyg_grf.transforms import AddRWGNKFeatures
 
 
@@ -305,6 +305,7 @@ def test_samples_on_one_shared_graph_equal_a_batch_of_copies(mode):
     # x [B, n, C] with the features of one graph equals the PyG batch of B copies (issue #17:
     # every mask family on a shared grid without glue)
     from torch_geometric.data import Batch, Data
+
     from pyg_grf.datasets import grid_edge_index
     from pyg_grf.transforms import AddRWGNKFeatures
     torch.manual_seed(0)
@@ -425,3 +426,99 @@ def test_stored_pairs_define_the_mask():
     layer = GKATAttention(8, heads=2).double()
     assert layer.backend_for(plan) in ('pairs', 'dense')
     assert torch.isfinite(layer(b.x, b.batch, rwgnk=plan)).all()
+
+
+@pytest.mark.parametrize('mode,backend,score', [
+    ('linear', 'sparse', 'gat'), ('linear', 'pairs', 'gat'), ('linear', 'dense', 'gat'),
+    ('softmax', 'pairs', 'gat'), ('softmax', 'pairs', 'dot'), ('softmax', 'dense', 'dot')])
+def test_gradcheck_every_backend(mode, backend, score):
+    # the hand-written backward passes (per-head kernels of 'sparse' and 'pairs') against
+    # finite differences, on a batch of three graphs, inputs and every parameter
+    batch = make_batch()
+    torch.manual_seed(2)
+    layer = GKATAttention(8, heads=3, mode=mode, head_channels=2, backend=backend,
+                          score=score).double()
+    plan = RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value, ptr=batch.ptr)
+    x = batch.x.clone().requires_grad_()
+    params = [p for p in layer.parameters()]
+    assert torch.autograd.gradcheck(lambda x, *ps: layer(x, batch.batch, rwgnk=plan),
+                                    (x, *params))
+
+
+@pytest.mark.parametrize('mode', ['linear', 'softmax'])
+def test_backends_agree_in_float64_with_gradients(mode):
+    batch = make_batch()
+    torch.manual_seed(3)
+    layer = GKATAttention(8, heads=2, mode=mode, head_channels=3, backend='dense').double()
+    plan = RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value, ptr=batch.ptr)
+    grads = {}
+    for backend in ('sparse', 'pairs', 'dense') if mode == 'linear' else ('pairs', 'dense'):
+        layer.backend = backend
+        layer.zero_grad()
+        x = batch.x.clone().requires_grad_()
+        out = layer(x, batch.batch, rwgnk=plan)
+        out.square().sum().backward()
+        grads[backend] = (out, x.grad, layer.to_v.weight.grad)
+    ref = grads.pop('dense')
+    for backend, got in grads.items():
+        for a, b in zip(got, ref):
+            assert torch.allclose(a, b, atol=1e-11, rtol=0), backend
+
+
+def test_per_head_kernels_equal_dense_products():
+    from pyg_grf.nn.attention.gkat.pairs import head_sddmm, head_spmm
+    from pyg_grf.ops import SparsePattern
+    torch.manual_seed(4)
+    N, H, D, P = 7, 3, 4, 20
+    index = torch.unique(torch.randint(0, N, (2, P)), dim=1)  # row-major, no duplicates
+    index = index.contiguous()  # (SparsePattern reads strided index rows wrongly)
+    pattern = SparsePattern(index, (N, N))
+    w = torch.randn(H, index.size(1), dtype=torch.float64, requires_grad=True)
+    x = torch.randn(H, N, D, dtype=torch.float64, requires_grad=True)
+    dense = torch.zeros(H, N, N, dtype=torch.float64)
+    dense[:, index[0], index[1]] = w.detach()
+    assert torch.allclose(head_spmm(pattern, w, x), dense @ x.detach(), atol=1e-12)
+    a = torch.randn(H, N, D, dtype=torch.float64, requires_grad=True)
+    assert torch.allclose(head_sddmm(pattern, a, x),
+                          (a.detach()[:, index[0]] * x.detach()[:, index[1]]).sum(-1),
+                          atol=1e-12)
+    assert torch.autograd.gradcheck(lambda w, x: head_spmm(pattern, w, x), (w, x))
+    assert torch.autograd.gradcheck(lambda a, x: head_sddmm(pattern, a, x), (a, x))
+    empty = SparsePattern(torch.zeros(2, 0, dtype=torch.long), (N, N))
+    out = head_spmm(empty, w[:, :0], x)
+    assert out.shape == (H, N, D) and not out.any()
+    out.sum().backward()  # still differentiable
+
+
+def test_softmax_row_without_pairs_gives_zeros():
+    # stored pairs that leave node 0 without any pair: its output is zero (no NaN), as a
+    # node without edges in PyG's softmax
+    batch = make_batch()
+    index, value = rwgnk_kernel(batch.rwgnk_index, batch.rwgnk_value, batch.num_nodes)
+    keep = index[0] != 0
+    plan = RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value, batch.num_nodes,
+                                  index[:, keep], value[keep])
+    layer = GKATAttention(8, heads=2, mode='softmax', backend='pairs', project=False,
+                          bias=False).double()
+    out = layer(batch.x, rwgnk=plan)
+    assert torch.isfinite(out).all() and not out[0].any() and out[1:].abs().sum() > 0
+
+
+def test_one_projection_for_queries_keys_values():
+    # one product with the stacked weights, the parameters (and state dict) of three
+    layer = GKATAttention(8, heads=2, mode='linear').double()
+    assert {'to_q.weight', 'to_k.weight', 'to_v.weight'} <= set(layer.state_dict())
+    x = torch.randn(5, 8, dtype=torch.float64)
+    q, k, v = layer._project(x)
+    for got, lin in ((q, layer.to_q), (k, layer.to_k), (v, layer.to_v)):
+        assert torch.allclose(got.reshape(5, -1), lin(x), atol=1e-14)
+
+
+def test_plan_of_a_strided_index_equals_the_contiguous_one():
+    batch = make_batch()
+    strided = batch.rwgnk_index.t().contiguous().t()   # same values, rows with stride 2
+    assert not strided.is_contiguous()
+    layer = GKATAttention(8, heads=2, mode='linear', backend='sparse').double()
+    a = layer(batch.x, rwgnk=RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value))
+    b = layer(batch.x, rwgnk=RWGNKPlan.from_tensors(strided, batch.rwgnk_value))
+    assert torch.allclose(a, b, atol=1e-13)

@@ -3,20 +3,32 @@ mask is costed from sizes alone (nothing is allocated or built), and the cheapes
 estimate fits the budget of :func:`pyg_grf.memory.memory_budget` (``$PYG_GRF_MEMORY_LIMIT``,
 cgroups, ``RLIMIT_AS``) is chosen; the same sizes give the same answer whatever ran before.
 
-The costs are operation counts of a forward and backward pass (about three times the forward's),
-weighted by measured throughputs on one CPU thread (``bench/bench_gkat.py``): a sparse
-multiply-add costs :data:`SPARSE` units, a dense one :data:`DENSE` (batched GEMMs run about
-10x faster per operation than CSR products)."""
+The costs are operation counts of a forward and backward pass, weighted by measured throughputs
+on one CPU thread (``bench/bench_gkat.py``, PubMed and CiteSeer, 8 heads x 8): a multiply-add of a
+per-head CSR product or sampled product costs :data:`SPARSE` units, one element of an elementwise
+pass over a per-head operand :data:`ELEMENT` (about 2.6 multiply-adds of a product: 1.4 against
+3.6 million per ms), a dense batched multiply-add :data:`DENSE`.
+
+* ``'sparse'``: four products with :math:`\Psi` or :math:`\Psi^\top` per head (two forward,
+  two backward) of width :math:`m (C + 1)`, and about ten elementwise passes over the
+  ``[N, m (C + 1)]`` operand of each head (outer products, contractions, zeroed outputs);
+* ``'pairs'``: three products per head over the :math:`P` pairs of widths :math:`m` (linear
+  mode's sampled product) and :math:`C + 1` (the aggregation with the normaliser column), and
+  about seven elementwise passes over the ``[H, P]`` coefficients (softmax: gathers of the
+  logits, exponential, row maximum);
+* ``'dense'``: the padded ``[B, H, n, n]`` blocks.
+"""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
 from pyg_grf.memory import memory_budget
 
-#: units of one multiply-add in a CSR product / an SDDMM, and in a dense batched product
-SPARSE, DENSE = 1.0, 0.1
-#: units of one pair of the softmax (gathers of two logits, exp, scatter max and sum)
-SOFTMAX_PAIR = 12.0
+#: units of one multiply-add of a CSR / sampled product, of one element of an elementwise pass,
+#: and of one multiply-add of a dense batched product
+SPARSE, ELEMENT, DENSE = 1.0, 2.6, 0.1
+#: elementwise passes per element: 'sparse' over N m (C + 1) per head, 'pairs' over P per head
+SPARSE_PASSES, PAIR_PASSES = 10, 7
 
 BACKENDS = {'linear': ('sparse', 'pairs', 'dense'), 'softmax': ('pairs', 'dense'),
             'dense': ('dense', )}
@@ -36,15 +48,19 @@ def costs(mode: str, num_nodes: int, psi_nnz: int, pairs: int, num_graphs: int,
         if backend == 'sparse':
             if not exact:
                 continue
-            width = H * (m * C + m)  # X_j = [phi(k_j) (x) v_j, phi(k_j)] per head
-            out[backend] = dict(cost=3 * SPARSE * 2 * psi_nnz * width + 3 * N * width,
-                                bytes=6 * N * width * itemsize)
+            width = H * m * (C + 1)  # X_j = phi(k_j) (x) [v_j, 1], all heads
+            out[backend] = dict(
+                cost=4 * SPARSE * psi_nnz * width + SPARSE_PASSES * ELEMENT * N * width,
+                # kept Psi Psi^T X of every head, four per-head temporaries, the head-major
+                # operands
+                bytes=(N * width * (1 + 4 / H) + 6 * N * H * (m + C + 1)) * itemsize)
         elif backend == 'pairs':
             P = pairs if pairs_built else kernel_products
-            width = (m + C + 1) if mode == 'linear' else (C + SOFTMAX_PAIR)
-            cost = 3 * SPARSE * P * H * width
-            peak = P * H * (6 * itemsize + 8) + 4 * N * H * (C + 1) * itemsize
-            if not pairs_built:  # Psi Psi^T once, in this call
+            width = (m + C + 1) if mode == 'linear' else (C + 1)
+            cost = 3 * SPARSE * P * H * width + PAIR_PASSES * ELEMENT * P * H
+            # [H, P] coefficients and their gradients; no per-head copy of the pattern
+            peak = 6 * P * H * itemsize + 4 * N * H * (C + 1) * itemsize
+            if not pairs_built:  # Psi Psi^T once, in this call, and the pattern of the pairs
                 cost += 4 * SPARSE * kernel_products
                 peak = max(peak, 48 * kernel_products)
             out[backend] = dict(cost=cost, bytes=peak)

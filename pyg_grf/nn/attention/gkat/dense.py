@@ -85,8 +85,9 @@ def linear_forward(plan, phi_q: Tensor, phi_k: Tensor, v: Tensor, threshold: flo
     return (num / (den + eps))[graph, pos]
 
 
-def logits(layer, x: Tensor, v: Tensor, plan) -> Tensor:
-    r"""Per-graph logits ``[B, H, n, n]`` of the layer's score."""
+def logits(layer, q, k, v: Tensor, plan) -> Tensor:
+    r"""Per-graph logits ``[B, H, n, n]`` of the layer's score (``q``, ``k``, ``v``
+    ``[N, H, C]``; ``q``, ``k`` only for ``score='dot'``)."""
     import math
     if layer.score == 'gat':
         a_src = (v * layer.att_src).sum(-1)               # [N, H]
@@ -95,7 +96,6 @@ def logits(layer, x: Tensor, v: Tensor, plan) -> Tensor:
         d, _, _ = to_blocks(plan, a_dst)                  # [B, n, H]
         e = d.permute(0, 2, 1).unsqueeze(-1) + s.permute(0, 2, 1).unsqueeze(-2)
         return torch.nn.functional.leaky_relu(e, layer.negative_slope)
-    N, H, C = v.shape
-    q = to_blocks(plan, layer.to_q(x).view(N, H, C))[0]
-    k = to_blocks(plan, layer.to_k(x).view(N, H, C))[0]
+    C = v.size(-1)
+    q, k = to_blocks(plan, q)[0], to_blocks(plan, k)[0]
     return torch.einsum('bihc,bjhc->bhij', q, k) / math.sqrt(C)

@@ -4,33 +4,139 @@ message passing over those pairs (``edge_index`` = the support, as :class:`GATCo
 edges):
 
 * ``mode='softmax'`` (FTFI paper, App. A.5.2: GAT with the adjacency replaced by the RWGNK
-  kernel): :math:`\alpha_{ij} = \mathrm{softmax}_j(e_{ij} + \log\mathcal{K}_{ij})` with PyG's
-  :func:`~torch_geometric.utils.softmax`, then :math:`\sum_j \alpha_{ij}\mathbf{v}_j`;
+  kernel): :math:`\alpha_{ij} = \mathrm{softmax}_j(e_{ij} + \log\mathcal{K}_{ij})`, then
+  :math:`\sum_j \alpha_{ij}\mathbf{v}_j`, with the normaliser in the same product
+  (:func:`softmax_forward`: 2.6-2.8x to 1.4-1.5x PyG's ``GATConv`` on PubMed);
 * ``mode='linear'`` (Sec. 4.2 on the kernel's nonzeros):
   :math:`a_{ij} = \mathcal{K}_{ij}\,\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` (one sampled
   product), then :math:`\sum_j a_{ij}[\mathbf{v}_j, 1]` for numerator and normaliser.
 
-The aggregation is :meth:`KernelSupportAttention.message_and_aggregate`: one block-diagonal CSR
-product over all heads (:func:`pyg_grf.ops.head_spmm`) instead of PyG's gather-scatter of
-``[P, H, C]`` messages, which the hand-written product beats by 7.6x on PubMed's 527k pairs, 8
-heads x 8, forward and backward, one thread (57 ms against 435 ms; ``bench/bench_gkat.py``).
+The aggregation is :meth:`KernelSupportAttention.message_and_aggregate`, a fused CSR product
+instead of PyG's gather-scatter of ``[P, H, C]`` messages (7.6x faster on PubMed's 527k pairs, 8
+heads x 8, forward and backward, one thread). The products of this module run the heads one after
+another on the one CSR of the pairs (:func:`head_spmm`, :func:`head_sddmm`): no block-diagonal
+repeat of the pattern (``H`` times its indices) is built or kept, and every product writes into a
+zeroed output with ``out=`` (torch's ``csr @ x`` computes into a temporary and copies it,
+``sampled_addmm`` without ``out=`` copies its whole input first).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.nn.conv import MessagePassing
-from torch_geometric.utils import softmax
 
-from pyg_grf.ops import head_major, head_spmm, sddmm
+
+def _spmm_into(out: Tensor, A: Tensor, x: Tensor) -> Tensor:
+    # A x into `out`, zeroed first: addmm's beta=0 still multiplies it (NaN in, NaN out)
+    return torch.addmm(out.zero_(), A, x, beta=0.0, out=out)
+
+
+def _sddmm_into(out: Tensor, pattern, a: Tensor, b: Tensor) -> Tensor:
+    # <a_i, b_j> at the pairs, written into `out` [P] (the values of a holder on the pattern)
+    holder = pattern.to_csr(out.zero_())
+    torch.sparse.sampled_addmm(holder, a, b.t(), beta=0.0, out=holder)
+    values = holder.values()
+    return out if values.data_ptr() == out.data_ptr() else out.copy_(values)
+
+
+def _compute_dtype(t: Tensor) -> torch.dtype:
+    # torch's CPU CSR kernels have no half-precision versions: those run in float32
+    if t.dtype in (torch.float16, torch.bfloat16) and t.device.type == 'cpu':
+        return torch.float32
+    return t.dtype
+
+
+class _HeadSpMM(torch.autograd.Function):
+    # out[h] = A_h x[h] for head-major w [H, P] (values of A_h on the pattern), x [H, N, D]
+    @staticmethod
+    def forward(ctx, w: Tensor, x: Tensor, pattern) -> Tensor:
+        H, N, D = x.shape
+        out = x.new_empty(H, pattern.size[0], D)
+        for h in range(H):
+            _spmm_into(out[h], pattern.to_csr(w[h]), x[h])
+        ctx.pattern = pattern
+        ctx.save_for_backward(w, x)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        w, x = ctx.saved_tensors
+        pattern = ctx.pattern
+        grad = grad.contiguous()
+        g_w = torch.empty_like(w) if ctx.needs_input_grad[0] else None
+        g_x = torch.empty_like(x) if ctx.needs_input_grad[1] else None
+        for h in range(w.size(0)):
+            if g_x is not None:  # A_h^T g[h]
+                _spmm_into(g_x[h], pattern.to_csr(w[h], transpose=True), grad[h])
+            if g_w is not None:  # dL/dA_ij = <g_i, x_j>
+                _sddmm_into(g_w[h], pattern, grad[h], x[h])
+        return g_w, g_x, None
+
+
+class _HeadSDDMM(torch.autograd.Function):
+    # out[h] = <a[h]_i, b[h]_j> at the pairs, [H, P], for head-major a, b [H, N, m]
+    @staticmethod
+    def forward(ctx, a: Tensor, b: Tensor, pattern) -> Tensor:
+        out = a.new_empty(a.size(0), pattern.nnz)
+        for h in range(a.size(0)):
+            _sddmm_into(out[h], pattern, a[h], b[h])
+        ctx.pattern = pattern
+        ctx.save_for_backward(a, b)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        a, b = ctx.saved_tensors
+        pattern = ctx.pattern
+        grad = grad.contiguous()
+        g_a = torch.empty_like(a) if ctx.needs_input_grad[0] else None
+        g_b = torch.empty_like(b) if ctx.needs_input_grad[1] else None
+        for h in range(a.size(0)):
+            if g_a is not None:
+                _spmm_into(g_a[h], pattern.to_csr(grad[h]), b[h])
+            if g_b is not None:
+                _spmm_into(g_b[h], pattern.to_csr(grad[h], transpose=True), a[h])
+        return g_a, g_b, None
+
+
+def head_spmm(pattern, w: Tensor, x: Tensor) -> Tensor:
+    r"""Per-head products :math:`\mathbf{o}^{(h)}_i = \sum_j w^{(h)}_{ij}\mathbf{x}^{(h)}_j`
+    over the one ``pattern`` (:class:`~pyg_grf.ops.SparsePattern` in row-major order, as
+    :class:`~.plan.KernelPairs` keeps it), head-major: ``w`` ``[H, P]``, ``x`` ``[H, N, D]``,
+    result ``[H, N, D]``; differentiable in ``w`` and ``x``."""
+    dt = _compute_dtype(x)
+    if pattern.nnz == 0:
+        return x.new_zeros(x.size(0), pattern.size[0], x.size(2)) + 0 * (w.sum() + x.sum())
+    with torch.autocast(x.device.type, enabled=False):
+        out = _HeadSpMM.apply(w.to(dt).contiguous(), x.to(dt).contiguous(), pattern)
+    return out.to(x.dtype)
+
+
+def head_sddmm(pattern, a: Tensor, b: Tensor) -> Tensor:
+    r"""Per-head sampled products :math:`\langle\mathbf{a}^{(h)}_i, \mathbf{b}^{(h)}_j\rangle`
+    at the pairs of ``pattern``, head-major: ``a``, ``b`` ``[H, N, m]``, result ``[H, P]``."""
+    dt = _compute_dtype(a)
+    if pattern.nnz == 0:
+        return a.new_zeros(a.size(0), 0) + 0 * (a.sum() + b.sum())
+    with torch.autocast(a.device.type, enabled=False):
+        out = _HeadSDDMM.apply(a.to(dt).contiguous(), b.to(dt).contiguous(), pattern)
+    return out.to(a.dtype)
+
+
+def head_major(t: Tensor) -> Tensor:
+    r"""``[N, H, ...]`` to a contiguous ``[H, N, ...]``."""
+    return t.transpose(0, 1).contiguous()
 
 
 class KernelSupportAttention(MessagePassing):
     r"""Aggregation :math:`\mathbf{o}_i = \sum_j \alpha_{ij}^{(h)} \mathbf{v}_j^{(h)}` over the
     kernel pairs, per head (PyG message passing: ``message`` is the plain gather, and
-    ``message_and_aggregate`` the fused CSR product that runs whenever ``edge_index`` is the
-    pairs' :class:`~torch_geometric.EdgeIndex`)."""
+    ``message_and_aggregate`` the fused per-head CSR product :func:`head_spmm` that runs whenever
+    ``edge_index`` is the pairs' :class:`~torch_geometric.EdgeIndex`). ``v`` ``[N, H, D]``,
+    ``alpha`` head-major ``[H, P]``."""
     SUPPORTS_FUSED_EDGE_INDEX = True
 
     def __init__(self):
@@ -39,11 +145,11 @@ class KernelSupportAttention(MessagePassing):
     def forward(self, v: Tensor, alpha: Tensor, edge_index, pairs) -> Tensor:
         return self.propagate(edge_index, v=v, alpha=alpha, pairs=pairs)
 
-    def message(self, v_j: Tensor, alpha: Tensor) -> Tensor:  # [P, H, C]
-        return v_j * alpha.unsqueeze(-1)
+    def message(self, v_j: Tensor, alpha: Tensor) -> Tensor:  # [P, H, D]
+        return v_j * alpha.t().unsqueeze(-1)
 
     def message_and_aggregate(self, edge_index, v: Tensor, alpha: Tensor, pairs) -> Tensor:
-        return head_spmm(pairs.pattern, alpha.t(), v)
+        return head_spmm(pairs.pattern, alpha, head_major(v)).transpose(0, 1)
 
 
 _AGGREGATE = KernelSupportAttention()
@@ -57,25 +163,56 @@ def edge_index(pairs, num_nodes: int) -> EdgeIndex:
                      sort_order='col')
 
 
+def logits(pairs, score: str, q, k, v: Tensor, att_src, att_dst,
+           negative_slope: float) -> Tensor:
+    r"""Head-major logits ``[H, P]`` of the pairs: ``score='gat'``,
+    :math:`\mathrm{LeakyReLU}(\mathbf{a}_{dst}^\top\mathbf{v}_i +
+    \mathbf{a}_{src}^\top\mathbf{v}_j)` (two gathers of ``[H, N]`` scores), or ``'dot'``,
+    :math:`\mathbf{q}_i^\top\mathbf{k}_j / \sqrt{C}` (one sampled product per head)."""
+    dst, src = pairs.pattern.row, pairs.pattern.col
+    if score == 'gat':
+        a_src = (v * att_src).sum(-1).t()                      # [H, N]
+        a_dst = (v * att_dst).sum(-1).t()
+        e = a_dst.index_select(1, dst) + a_src.index_select(1, src)
+        return torch.nn.functional.leaky_relu(e, negative_slope)
+    return head_sddmm(pairs.pattern, head_major(q), head_major(k)) / math.sqrt(v.size(-1))
+
+
 def softmax_forward(pairs, logits: Tensor, v: Tensor, kernel_weighting: bool,
                     dropout: float, training: bool) -> Tensor:
-    r"""``mode='softmax'``: ``logits`` ``[P, H]`` of the pairs, ``v`` ``[N, H, C]``."""
-    N = v.size(0)
+    r"""``mode='softmax'``: head-major ``logits`` ``[H, P]`` of the pairs, ``v`` ``[N, H, C]``.
+
+    The normaliser rides in the product: with :math:`w_{ij} = \mathcal{K}_{ij}
+    \exp(e_{ij} - \mu_i)` and any row constant :math:`\mu_i` (the row maximum, for range,
+    taken without gradient: the softmax does not depend on it),
+    :math:`\mathbf{o}_i = \sum_j w_{ij}\mathbf{v}_j / \sum_j w_{ij}`, so one product with
+    :math:`[\mathbf{v}_j, 1]` gives numerator and normaliser and no per-pair division or gather
+    of row sums is left (PyG's :func:`~torch_geometric.utils.softmax` makes four passes over the
+    pairs forward and as many backward)."""
+    N, H, C = v.shape
     dst = pairs.pattern.row
-    if kernel_weighting:  # exp(e_ij + log K_ij) = K_ij exp(e_ij)
-        logits = logits + torch.log(pairs.value.to(logits.dtype)).unsqueeze(-1)
-    alpha = softmax(logits, dst, num_nodes=N)
-    alpha = torch.nn.functional.dropout(alpha, p=dropout, training=training)
-    return _AGGREGATE(v, alpha, edge_index(pairs, N), pairs)
+    if kernel_weighting:  # K_ij exp(e_ij) = exp(e_ij + log K_ij)
+        logits = logits + torch.log(pairs.value.to(logits.dtype))
+    with torch.no_grad():  # mu_i = max_j: no overflow in exp
+        top = logits.new_full((H, N), float('-inf')).scatter_reduce_(
+            1, dst.view(1, -1).expand(H, -1), logits, 'amax', include_self=True)
+    w = torch.exp(logits - top.index_select(1, dst))                  # [H, P]
+    ones = v.new_ones(N, H, 1)
+    if dropout > 0 and training:  # drop coefficients of the numerator only, as GAT does
+        keep = torch.nn.functional.dropout(torch.ones_like(w), p=dropout, training=True)
+        num = _AGGREGATE(v, w * keep, edge_index(pairs, N), pairs)
+        den = _AGGREGATE(ones, w, edge_index(pairs, N), pairs)
+    else:
+        o = _AGGREGATE(torch.cat([v, ones], dim=-1), w, edge_index(pairs, N), pairs)
+        num, den = o[..., :-1], o[..., -1:]
+    return num / den.masked_fill(den == 0, 1.0)  # a row without pairs: zeros, as PyG's
 
 
 def linear_forward(pairs, phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Tensor:
     r"""``mode='linear'`` on the pairs: ``[N, H, C]`` outputs."""
     N, H, _ = phi_q.shape
-    pat = pairs.pattern.repeat(H)
-    a = sddmm(pat, head_major(phi_q), head_major(phi_k))  # phi(q_i)^T phi(k_j), [H * P]
-    a = a * pairs.pattern.repeat_values(pairs.value.to(a.dtype).expand(H, -1))
+    a = head_sddmm(pairs.pattern, head_major(phi_q), head_major(phi_k))  # [H, P]
+    a = a * pairs.value.to(a.dtype)
     v1 = torch.cat([v, v.new_ones(N, H, 1)], dim=-1)
-    o = _AGGREGATE(v1, a.view(H, -1).t(), edge_index(pairs, N), pairs)
+    o = _AGGREGATE(v1, a, edge_index(pairs, N), pairs)
     return o[..., :-1] / (o[..., -1:] + eps)
-

@@ -13,6 +13,7 @@ from pyg_grf._validation import check_index_range
 from pyg_grf.features.rwgnk import kernel_products, rwgnk_kernel
 from pyg_grf.ops import SparsePattern
 
+
 def _narrow(index: Tensor, bound: int) -> Tensor:
     # int32 where the sizes allow: half the bytes in memory and when pickled
     return index.to(torch.int32 if bound < 2 ** 31 - 1 else torch.long, copy=True)
@@ -41,12 +42,13 @@ class KernelPairs:
         if threshold > 0:
             keep = value.abs() > threshold
             index, value = index[:, keep], value[keep]
+        # contiguous rows: torch's COO-to-CSR conversion misreads strided index rows
+        index = index.long().contiguous()
         pattern = SparsePattern(index, (num_nodes, num_nodes))
         if pattern.perm is not None:  # row-major order, so that the pattern needs no sort
             index, value = index[:, pattern.perm], value[pattern.perm]
             pattern = SparsePattern(index, (num_nodes, num_nodes), _trusted=True)
-        for h in sorted(set(heads)):
-            pattern.prepare(h)
+        pattern.prepare(1)  # CSR views of the pairs and their transpose, shared by all heads
         return cls(_narrow(index, num_nodes), _values(value), float(threshold), stored, pattern)
 
     def to(self, device) -> 'KernelPairs':
@@ -139,6 +141,7 @@ class RWGNKPlan:
         if kernel_index is not None:
             check_index_range(kernel_index, N, "'rwgnk_kernel_index'", 'num_nodes',
                               remember=False)
+        index = index.long().contiguous()  # strided rows give a wrong CSR (see KernelPairs)
         psi = SparsePattern(index, (N, N))
         if psi.perm is not None:  # row-major, so the pattern is rebuilt without a sort
             index, value = index[:, psi.perm], value[psi.perm]
