@@ -74,8 +74,9 @@ class SparsePattern:
         else:
             self.perm = torch.argsort(key, stable=True)
             row, col = index[0, self.perm], index[1, self.perm]
-        self.row, self.col = row, col
-        self.crow = torch.ops.aten._convert_indices_from_coo_to_csr(row, R)
+        # contiguous: torch's COO -> CSR conversion misreads a strided row vector
+        self.row, self.col = row.contiguous(), col.contiguous()
+        self.crow = torch.ops.aten._convert_indices_from_coo_to_csr(self.row, R)
         self._t = None
         if mirror is not None:
             if self.perm is not None or R != S or mirror.shape != (self.nnz,):

@@ -73,3 +73,17 @@ def test_mirror_of_a_symmetric_pattern_gives_the_sorted_transpose():
         SparsePattern(index, (7, 8), mirror=mirror)
     with pytest.raises(ValueError, match="one position per nonzero"):
         SparsePattern(index, (7, 7), mirror=mirror[:-1])
+
+
+def test_pattern_from_a_strided_index_equals_the_dense_matrix():
+    # torch's COO -> CSR conversion misreads a strided row vector: the pattern copies it first
+    from pyg_grf.ops import SparsePattern, spmm
+    index = torch.tensor([[0, 0, 1, 2, 2], [1, 2, 0, 0, 2]])
+    strided = index.t().contiguous().t()
+    assert not strided[0].is_contiguous()
+    values = torch.arange(1., 6., dtype=torch.float64)
+    dense = torch.zeros(3, 3, dtype=torch.float64).index_put((index[0], index[1]), values)
+    pattern = SparsePattern(strided, (3, 3))
+    x = torch.randn(3, 4, dtype=torch.float64)
+    assert torch.allclose(spmm(pattern, values, x), dense @ x)
+    assert torch.allclose(spmm(pattern, values, x, transpose=True), dense.t() @ x)

@@ -147,6 +147,7 @@ class PairsStructures(NamedTuple):
             p = self.group_ptr
             vals = torch.cat([self.stats[p[g]:p[g + 1]] @ coef[g]
                               for g in range(len(p) - 1)]).unsqueeze(0)
+        # int64 ids: the backward of an int32-indexed gather takes a slow index_add path
         return vals if self.src is None else vals.index_select(1, self.src.long())
 
     def repeat(self, copies: int) -> 'PairsStructures':
@@ -255,15 +256,17 @@ class _PairAttention(torch.autograd.Function):
     def _forward(ctx, phi_q, phi_k, v1, w, st):
         N, h, _ = phi_q.shape
         dt = half_to_float(phi_q)
-        out = v1.new_empty(N, h, v1.size(-1), dtype=dt)
-        scores = phi_q.new_zeros(h, st.nnz, dtype=dt)  # beta=0 still reads them: no NaN
+        # head-major copies, so that every head's operand is contiguous (one copy each)
+        qh, kh, vh = (t.to(dt).transpose(0, 1).contiguous() for t in (phi_q, phi_k, v1))
+        out = vh.new_empty(h, N, vh.size(-1))
+        scores = qh.new_zeros(h, st.nnz)  # sampled_addmm reads them (beta = 0): no NaN
         for i in range(h):  # one shared pattern; heads are few
-            a, b = phi_q[:, i].to(dt).contiguous(), phi_k[:, i].to(dt).contiguous()
-            s = _sddmm(st, a, b, scores[i])
-            out[:, i] = csr(st.crow, st.col, s * w[i].to(dt), N) @ v1[:, i].to(dt)
+            s = _sddmm(st, qh[i], kh[i], scores[i])
+            torch.mm(csr(st.crow, st.col, s * w[i].to(dt), N), vh[i], out=out[i])
         ctx.st = st
-        ctx.save_for_backward(phi_q, phi_k, v1, w, scores)
-        return out.to(v1.dtype)
+        ctx.save_for_backward(qh, kh, vh, w, scores)
+        ctx.dtypes = (phi_q.dtype, phi_k.dtype, v1.dtype)
+        return out.transpose(0, 1).to(v1.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -272,30 +275,36 @@ class _PairAttention(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad: Tensor):
-        phi_q, phi_k, v1, w, scores = ctx.saved_tensors
+        qh, kh, vh, w, scores = ctx.saved_tensors
         st = ctx.st
-        N, h, _ = phi_q.shape
+        h, N, _ = qh.shape
         dt = scores.dtype
         need = ctx.needs_input_grad
-        g_q = torch.zeros_like(phi_q, dtype=dt) if need[0] else None
-        g_k = torch.zeros_like(phi_k, dtype=dt) if need[1] else None
-        g_v = torch.zeros_like(v1, dtype=dt) if need[2] else None
+        # every head's rows of the gradients are written whole: no zero fill
+        g_q = torch.empty_like(qh) if need[0] else None
+        g_k = torch.empty_like(kh) if need[1] else None
+        g_v = torch.empty_like(vh) if need[2] else None
         g_w = torch.empty_like(w, dtype=dt) if need[3] else None
-        grad = grad.to(dt)
+        gh = grad.to(dt).transpose(0, 1).contiguous()
+        g_e = scores.new_zeros(st.nnz)  # reused by every head (finite values: beta = 0 is safe)
         for i in range(h):
-            go, s, wi = grad[:, i].contiguous(), scores[i], w[i].to(dt)
-            g_e = _sddmm(st, go, v1[:, i].to(dt).contiguous())   # dL/da_ij = <dO_i, v1_j>
+            s, wi = scores[i], w[i].to(dt)
+            _sddmm(st, gh[i], vh[i], g_e)   # dL/da_ij = <dO_i, v1_j>
             if g_w is not None:
-                g_w[i] = g_e * s
+                torch.mul(g_e, s, out=g_w[i])
             if g_v is not None:
-                g_v[:, i] = _transposed(st, s * wi) @ go
+                torch.mm(_transposed(st, s * wi), gh[i], out=g_v[i])
             g_s = g_e.mul_(wi)
             if g_q is not None:
-                g_q[:, i] = csr(st.crow, st.col, g_s, N) @ phi_k[:, i].to(dt)
+                torch.mm(csr(st.crow, st.col, g_s, N), kh[i], out=g_q[i])
             if g_k is not None:
-                g_k[:, i] = _transposed(st, g_s) @ phi_q[:, i].to(dt)
-        cast = lambda g, ref: None if g is None else g.to(ref.dtype)  # noqa: E731
-        return cast(g_q, phi_q), cast(g_k, phi_k), cast(g_v, v1), cast(g_w, w), None
+                torch.mm(_transposed(st, g_s), qh[i], out=g_k[i])
+        dq, dk, dv = ctx.dtypes
+
+        def back(g, dtype):  # [h, N, C] -> [N, h, C]
+            return None if g is None else g.transpose(0, 1).to(dtype)
+        return (back(g_q, dq), back(g_k, dk), back(g_v, dv),
+                None if g_w is None else g_w.to(w.dtype), None)
 
 
 def _sddmm(st: PairsStructures, a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
@@ -311,9 +320,9 @@ def _sddmm(st: PairsStructures, a: Tensor, b: Tensor, out: Optional[Tensor] = No
 def _transposed(st: PairsStructures, vals: Tensor) -> Tensor:
     # the transpose of the matrix with ``vals`` on the support: the same indices with mirrored
     # values (symmetric support), else the transpose's own CSR
-    if st.mirror is not None:
-        return csr(st.crow, st.col, vals.index_select(0, st.mirror.long()), st.num_nodes)
-    return csr(st.tcrow, st.tcol, vals.index_select(0, st.tperm.long()), st.num_nodes)
+    if st.mirror is not None:  # int32 ids index directly (no int64 copy of P ids)
+        return csr(st.crow, st.col, vals.index_select(0, st.mirror), st.num_nodes)
+    return csr(st.tcrow, st.tcol, vals.index_select(0, st.tperm), st.num_nodes)
 
 
 def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v: Tensor,
@@ -325,10 +334,10 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v: Tensor,
         return v1.new_zeros(v1.shape) + 0 * (phi_q.sum() + phi_k.sum() + f.sum())
     if st.perm is None:
         return _PairAttention.apply(phi_q, phi_k, v1, st.mask_values(f), st)
-    perm = st.perm.long()  # rows in the structures' locality order, and back
+    perm = st.perm  # rows in the structures' locality order, and back
     o = _PairAttention.apply(phi_q.index_select(0, perm), phi_k.index_select(0, perm),
                              v1.index_select(0, perm), st.mask_values(f), st)
-    return torch.empty_like(o).index_copy(0, perm, o)
+    return torch.empty_like(o).index_copy(0, perm.long(), o)
 
 
 def build(loads: GRFLoads, mode: str, dtype: torch.dtype, groups: int = 1,
