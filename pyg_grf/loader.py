@@ -88,7 +88,16 @@ class PayloadCollater:
         self._bytes: Dict[bytes, int] = {}
 
     def __call__(self, data_list: Any) -> Any:
-        batch = self.collate(data_list)
+        try:
+            batch = self.collate(data_list)
+        except KeyError as e:  # PyG's collation: an attribute some graphs lack
+            name = str(e.args[0]) if e.args else ''
+            if name.endswith('_draw'):
+                raise ValueError(f"the graphs of this batch were given walks with different "
+                                 f"num_draws ('{name}' is on some graphs only): use one "
+                                 f"AddGraphRandomFeatures(num_draws=...) for every graph of "
+                                 f"the dataset") from None
+            raise
         if not self.layers:
             return batch
         key = None

@@ -140,12 +140,24 @@ class GRFLoads:
             raise ValueError(f"the data has no GRF loads {missing}: add the transform "
                              f"AddGraphRandomFeatures(attr_prefix={prefix!r}) (best as the "
                              f"dataset's pre_transform)")
+        draw = getattr(data, f'{prefix}_draw', None)
+        counts = getattr(data, f'{prefix}_num_draws', None)  # per graph, from the transform
+        if isinstance(counts, Tensor) and counts.numel() > 0:
+            lo, hi = (int(c) for c in torch.aminmax(counts.long()))
+            if lo != hi:
+                raise ValueError(f"the graphs of this batch were given walks with different "
+                                 f"num_draws ({lo} and {hi}): use one AddGraphRandomFeatures("
+                                 f"num_draws=...) for every graph of the dataset")
+            if hi > 1 and draw is None:
+                raise ValueError(f"the loads hold {hi} walk draws but '{prefix}_draw' is "
+                                 f"missing (it was dropped, e.g. by batching with graphs that "
+                                 f"have one draw)")
         key = None
         if key_prefix is not None:
             key = cls.from_data(data, key_prefix, max_length=max_length)
         return cls(data[f'{prefix}_index'], data[f'{prefix}_length'], data[f'{prefix}_load'],
                    data.num_nodes, batch=getattr(data, 'batch', None), max_length=max_length,
-                   key=key, draw=getattr(data, f'{prefix}_draw', None))
+                   key=key, draw=draw)
 
     @property
     def nnz(self) -> int:

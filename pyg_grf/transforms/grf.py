@@ -127,6 +127,9 @@ class AddGraphRandomFeatures(BaseTransform):
         data[f'{self.attr_prefix}_length'] = length.to(
             torch.int8 if self.max_length < 128 else torch.int16)
         data[f'{self.attr_prefix}_load'] = load
+        # one per graph (batched to [B]): a batch of graphs with different num_draws is refused
+        # by GRFLoads.from_data instead of mixing the draws of one graph into one set of walks
+        data[f'{self.attr_prefix}_num_draws'] = torch.tensor([D], dtype=torch.int16)
         return data
 
     def __repr__(self) -> str:

@@ -97,3 +97,29 @@ def test_fold_and_draw_errors():
         GRFAttention(8, layer_index=-1)
     with pytest.raises(ValueError, match="one walk draw"):
         GRFAttention(8, heads=2, max_length=3).mask(grf)
+
+
+def test_a_batch_mixing_walk_draws_is_refused_in_either_order():
+    # graphs given walks with num_draws=3 and num_draws=1: PyG's collation drops grf_draw
+    # silently when the one-draw graph comes first, and fails with a bare KeyError otherwise
+    from torch_geometric.data import Batch, Data
+
+    from pyg_grf.loader import DataLoader
+    from pyg_grf.nn import GRFAttention
+    from pyg_grf.transforms import AddGraphRandomFeatures
+    ei = torch.tensor([[0, 1, 1, 2, 2, 3], [1, 0, 2, 1, 3, 2]])
+    one = AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0)(Data(edge_index=ei,
+                                                                        num_nodes=4))
+    three = AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0, num_draws=3)(
+        Data(edge_index=ei, num_nodes=4))
+    assert int(one.grf_num_draws) == 1 and int(three.grf_num_draws) == 3
+    mixed = Batch.from_data_list([one, three])
+    assert 'grf_draw' not in mixed  # what PyG does: the draw ids are gone
+    with pytest.raises(ValueError, match=r"different num_draws \(1 and 3\)"):
+        GRFLoads.from_data(mixed)
+    layer = GRFAttention(8, heads=1, max_length=2)
+    with pytest.raises(ValueError, match=r"different num_draws \('grf_draw' is on some"):
+        next(iter(DataLoader([three, one], batch_size=2, model=[layer])))
+    # the same draws everywhere: fine
+    same = Batch.from_data_list([three, three])
+    assert GRFLoads.from_data(same).num_draws == 3
