@@ -116,18 +116,46 @@ def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, nu
         width = max(width, min(w, N))
     slot = np.full(N, -1, dtype=np.int64)  # column -> its place in the row being built
     cols = np.empty(width, dtype=np.int64)  # the row's columns
-    acc = np.zeros((width, num_coef), dtype=q_load.dtype)  # the row's statistics, by place
-    cap = min(max(16, 4 * q_col.shape[0]), max_cells)
-    out_col = np.empty(cap, dtype=np.int64)
-    stats = np.empty((cap, num_coef), dtype=q_load.dtype)
+    # symbolic pass: the distinct columns of every row, so that the output is allocated once at
+    # its exact size (no growth by copying, no oversized first guess: the statistics are most
+    # of the plan's bytes)
     out_ptr = np.zeros(N + 1, dtype=np.int64)
     for i in range(N):
+        cnt = 0
+        for e in range(q_ptr[i], q_ptr[i + 1]):
+            v = q_col[e]
+            lo, hi = k_ptr[v], k_ptr[v + 1]
+            if upper:  # partners sorted by row: skip those of rows below i
+                while lo < hi:
+                    mid = (lo + hi) // 2
+                    if k_row[mid] < i:
+                        lo = mid + 1
+                    else:
+                        hi = mid
+                hi = k_ptr[v + 1]
+            for t in range(lo, hi):
+                j = k_row[t]
+                if slot[j] < 0:
+                    slot[j] = cnt
+                    cols[cnt] = j
+                    cnt += 1
+        for a in range(cnt):
+            slot[cols[a]] = -1
+        out_ptr[i + 1] = out_ptr[i] + cnt
+        if out_ptr[i + 1] > max_cells:
+            return out_ptr, np.empty(0, dtype=np.int64), np.empty((0, num_coef),
+                                                                   dtype=q_load.dtype), False
+    P = out_ptr[N]
+    acc = np.zeros((width, num_coef), dtype=q_load.dtype)  # the row's statistics, by place
+    out_col = np.empty(P, dtype=np.int64)
+    stats = np.empty((P, num_coef), dtype=q_load.dtype)
+    for i in range(N):  # numeric pass
         cnt = 0
         for e in range(q_ptr[i], q_ptr[i + 1]):
             v, wq = q_col[e], q_load[e]
             idrow = ids[q_hop[e]]
             lo, hi = k_ptr[v], k_ptr[v + 1]
-            if upper:  # partners sorted by row: skip those of rows below i
+            if upper:
                 while lo < hi:
                     mid = (lo + hi) // 2
                     if k_row[mid] < i:
@@ -145,18 +173,6 @@ def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, nu
                     cnt += 1
                 acc[s, idrow[k_hop[t]]] += wq * k_load[t]
         start = out_ptr[i]
-        if start + cnt > cap:  # grow the output, up to max_cells
-            if start + cnt > max_cells:
-                return out_ptr, out_col[:0], stats[:0], False
-            while start + cnt > cap:
-                cap *= 2
-            cap = min(cap, max_cells)
-            grown = np.empty(cap, dtype=np.int64)
-            grown[:start] = out_col[:start]
-            out_col = grown
-            grown_stats = np.empty((cap, num_coef), dtype=q_load.dtype)
-            grown_stats[:start] = stats[:start]
-            stats = grown_stats
         if cnt > 32:  # the row's columns in order (in place)
             cols[:cnt].sort()
         else:  # short rows, the common case: insertion sort
@@ -175,9 +191,7 @@ def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, nu
                 stats[start + a, c] = acc[s, c]
                 acc[s, c] = 0
             slot[j] = -1
-        out_ptr[i + 1] = start + cnt
-    P = out_ptr[N]
-    return out_ptr, out_col[:P].copy(), stats[:P].copy(), True
+    return out_ptr, out_col, stats, True
 
 
 @_jit
