@@ -32,7 +32,7 @@ from typing import NamedTuple, Optional
 import torch
 from torch import Tensor
 
-from pyg_grf.features.blocks import block_layout, mask_statistics, num_join_terms
+from pyg_grf.features.blocks import block_layout, mask_statistics
 from pyg_grf.features.loads import GRFLoads, narrow_index
 from pyg_grf.ops import csr_tensor
 
@@ -140,6 +140,14 @@ class PairsStructures(NamedTuple):
     def mask_values(self, f: Tensor) -> Tensor:
         r"""``[h, P]`` mask values for coefficients ``f`` (``[H, L + 1]``; on folded loads
         ``[G, L + 1]``, one row per group, and ``h = 1``); differentiable in ``f``."""
+        vals = self.stat_values(f)
+        # int64 ids: the backward of an int32-indexed gather takes a slow index_add path
+        return vals if self.src is None else vals.index_select(1, self.src.long())
+
+    def stat_values(self, f: Tensor) -> Tensor:
+        r"""``[h, P']``: the mask value of every stored statistic row (each cell reads row
+        ``src``); differentiable in ``f``. The kernel gathers them per head, so that the
+        ``[h, P]`` values are never formed."""
         coef = coefficient_pairs(f, self.stats.size(1), self.symmetric).to(self.stats.dtype)
         if self.group_ptr is None:
             vals = coef @ self.stats.t()
@@ -147,8 +155,7 @@ class PairsStructures(NamedTuple):
             p = self.group_ptr
             vals = torch.cat([self.stats[p[g]:p[g + 1]] @ coef[g]
                               for g in range(len(p) - 1)]).unsqueeze(0)
-        # int64 ids: the backward of an int32-indexed gather takes a slow index_add path
-        return vals if self.src is None else vals.index_select(1, self.src.long())
+        return vals
 
     def repeat(self, copies: int) -> 'PairsStructures':
         r"""The structures of ``copies`` disjoint copies of the graph (a shared graph for a
@@ -231,20 +238,10 @@ def memory(num_cells: int, num_coef: int, heads: int, itemsize: int = 4,
     return plan + 4 * num_cells * heads * max(itemsize, 4)
 
 
-def estimated_cells(loads: GRFLoads, symmetric: bool) -> int:
-    r"""The mask cells estimated before the join: the symmetric mask has at most :math:`T`
-    cells (the join's terms, :func:`~pyg_grf.features.blocks.num_join_terms`) and, measured
-    on kNN graphs, molecules and grids, 4.7-8x fewer; counted as :math:`T / 4` (so that the
-    memory check errs on the safe side). The asymmetric mask has the pairs of
-    :math:`\widehat\Phi`."""
-    if not symmetric:
-        return loads.nnz
-    return num_join_terms(loads) // 4 + loads.num_nodes
-
-
 class _PairAttention(torch.autograd.Function):
     r"""Masked sums on the support, heads one after another: ``[N, h, C]`` for ``phi_q``,
-    ``phi_k`` ``[N, h, m]``, ``v1`` ``[N, h, C]`` and mask values ``w`` ``[h, P]``."""
+    ``phi_k`` ``[N, h, m]``, ``v1`` ``[N, h, C]`` and the values ``w`` ``[h, P']`` of the
+    statistic rows (gathered to the cells one head at a time)."""
 
     @staticmethod
     def forward(ctx, phi_q: Tensor, phi_k: Tensor, v1: Tensor, w: Tensor,
@@ -262,7 +259,8 @@ class _PairAttention(torch.autograd.Function):
         scores = qh.new_zeros(h, st.nnz)  # sampled_addmm reads them (beta = 0): no NaN
         for i in range(h):  # one shared pattern; heads are few
             s = _sddmm(st, qh[i], kh[i], scores[i])
-            torch.mm(csr(st.crow, st.col, s * w[i].to(dt), N), vh[i], out=out[i])
+            torch.mm(csr(st.crow, st.col, s * _cell_values(st, w[i], dt), N), vh[i],
+                     out=out[i])
         ctx.st = st
         ctx.save_for_backward(qh, kh, vh, w, scores)
         ctx.dtypes = (phi_q.dtype, phi_k.dtype, v1.dtype)
@@ -284,14 +282,18 @@ class _PairAttention(torch.autograd.Function):
         g_q = torch.empty_like(qh) if need[0] else None
         g_k = torch.empty_like(kh) if need[1] else None
         g_v = torch.empty_like(vh) if need[2] else None
-        g_w = torch.empty_like(w, dtype=dt) if need[3] else None
+        g_w = torch.zeros_like(w, dtype=dt) if need[3] else None
+        src = None if st.src is None else st.src.long()  # for the scatter back to the rows
         gh = grad.to(dt).transpose(0, 1).contiguous()
         g_e = scores.new_zeros(st.nnz)  # reused by every head (finite values: beta = 0 is safe)
         for i in range(h):
-            s, wi = scores[i], w[i].to(dt)
+            s, wi = scores[i], _cell_values(st, w[i], dt)
             _sddmm(st, gh[i], vh[i], g_e)   # dL/da_ij = <dO_i, v1_j>
-            if g_w is not None:
-                torch.mul(g_e, s, out=g_w[i])
+            if g_w is not None:  # to the statistic rows the cells read
+                if src is None:
+                    torch.mul(g_e, s, out=g_w[i])
+                else:
+                    g_w[i].index_add_(0, src, g_e * s)
             if g_v is not None:
                 torch.mm(_transposed(st, s * wi), gh[i], out=g_v[i])
             g_s = g_e.mul_(wi)
@@ -305,6 +307,12 @@ class _PairAttention(torch.autograd.Function):
             return None if g is None else g.transpose(0, 1).to(dtype)
         return (back(g_q, dq), back(g_k, dk), back(g_v, dv),
                 None if g_w is None else g_w.to(w.dtype), None)
+
+
+def _cell_values(st: PairsStructures, vals: Tensor, dtype: torch.dtype) -> Tensor:
+    # one head's mask values on the cells, from the values of the statistic rows
+    vals = vals.to(dtype)
+    return vals if st.src is None else vals.index_select(0, st.src)
 
 
 def _sddmm(st: PairsStructures, a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
@@ -333,10 +341,10 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v: Tensor,
     if st.nnz == 0:
         return v1.new_zeros(v1.shape) + 0 * (phi_q.sum() + phi_k.sum() + f.sum())
     if st.perm is None:
-        return _PairAttention.apply(phi_q, phi_k, v1, st.mask_values(f), st)
+        return _PairAttention.apply(phi_q, phi_k, v1, st.stat_values(f), st)
     perm = st.perm  # rows in the structures' locality order, and back
     o = _PairAttention.apply(phi_q.index_select(0, perm), phi_k.index_select(0, perm),
-                             v1.index_select(0, perm), st.mask_values(f), st)
+                             v1.index_select(0, perm), st.stat_values(f), st)
     return torch.empty_like(o).index_copy(0, perm.long(), o)
 
 
