@@ -6,24 +6,31 @@ import torch
 from torch_geometric.data import Batch, Data
 
 from pyg_grf.features import GRFLoads
-from pyg_grf.nn import (
-    GRFAttention,
-)
 from pyg_grf.nn.attention.grf import GRFPlan
 from pyg_grf.transforms import AddGraphRandomFeatures
 from tests.nn.attention.grf.helpers import D, dense_reference, make_batch, make_layer
 from tests.utils import er_graph
 
 
-def test_pairs_join_bound_and_hub_memory(monkeypatch):
-    # the compiled join stops at the cells the memory budget allows (never runs the machine
-    # out of memory) and auto then needs another backend
-    b = make_batch()
-    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '1G')
-    layer = GRFAttention(8, heads=2, max_length=3, backend='pairs').double()
-    assert torch.allclose(layer(b.x, b.batch, **layer.payload(b)),
-                          dense_reference(layer, b) if False else layer(b.x, b.batch,
-                                                                        grf=GRFLoads.from_data(b)))
+def test_a_budget_too_small_for_the_mask_moves_auto_off_pairs(monkeypatch):
+    # a memory budget between what 'sparse' and what 'pairs' need: 'auto' runs sparse (and
+    # equals the dense reference), an explicit 'pairs' is refused before its join runs
+    from pyg_grf.nn.attention.grf import BackendMemoryError, backend_memory, plan_sizes
+    n = 400  # a star: every walk passes the hub, the mask fills the graph
+    ei = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)])
+    star = Data(x=torch.randn(n, 8, dtype=D), edge_index=torch.cat([ei, ei.flip(0)], 1))
+    b = Batch.from_data_list([AddGraphRandomFeatures(num_walks=4, max_length=3, seed=0)(star)])
+    sizes = plan_sizes(GRFLoads.from_data(b), 'symmetric')
+    m = 4  # elu features of 4 channels per head
+    need = {k: backend_memory(sizes, k, 'symmetric', 2, m, 4, 8) for k in ('sparse', 'pairs')}
+    assert need['sparse'] < need['pairs']
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', str((need['sparse'] + need['pairs']) // 2))
+    layer = make_layer('symmetric', 'auto')
+    plan = GRFPlan.build(b, [layer])
+    assert [p.backend for p in plan.parts.values()] == ['sparse']
+    assert torch.allclose(layer(b.x, b.batch, grf=plan), dense_reference(layer, b), atol=1e-9)
+    with pytest.raises(BackendMemoryError, match=r"backend='pairs'.*Use backend='sparse'"):
+        GRFPlan.build(b, [make_layer('symmetric', 'pairs')])
 
 
 @pytest.mark.parametrize('key', [False, True])
@@ -51,3 +58,22 @@ def test_pairs_in_locality_order_equals_dense(mode, key, monkeypatch):
     ref = dense_reference(layer, b, key=key)
     rx, rf = torch.autograd.grad(ref.square().sum(), (x, layer.f))
     assert torch.allclose(gx, rx, atol=1e-9) and torch.allclose(gf, rf, atol=1e-9)
+
+
+@pytest.mark.parametrize('mode', ['symmetric', 'asymmetric'])
+def test_scores_computed_again_in_the_backward_give_the_same_gradients(mode, monkeypatch):
+    # above KEEP_SCORES_BYTES the kernel keeps no scores for its backward and computes them
+    # again: outputs and gradients equal the dense reference all the same
+    from pyg_grf.nn.attention.grf import pairs
+    monkeypatch.setattr(pairs, 'KEEP_SCORES_BYTES', 0)
+    b = make_batch()
+    layer = make_layer(mode, 'pairs')
+    x = b.x.clone().requires_grad_()
+    out = layer(x, b.batch, **layer.payload(b))
+    b.x = x
+    ref = dense_reference(layer, b)
+    assert torch.allclose(out, ref, atol=1e-9, rtol=0)
+    g = torch.autograd.grad(out.square().sum(), (x, layer.f, layer.to_q.weight))
+    r = torch.autograd.grad(ref.square().sum(), (x, layer.f, layer.to_q.weight))
+    for a, c in zip(g, r):
+        assert torch.allclose(a, c, atol=1e-9)
