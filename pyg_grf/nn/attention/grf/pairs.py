@@ -259,7 +259,7 @@ class _PairAttention(torch.autograd.Function):
         N, h, _ = phi_q.shape
         dt = half_to_float(phi_q)
         # head-major copies, so that every head's operand is contiguous (one copy each)
-        qh, kh, vh = (t.to(dt).transpose(0, 1).contiguous() for t in (phi_q, phi_k, v1))
+        qh, kh, vh = (_head_major(t.to(dt), st.perm) for t in (phi_q, phi_k, v1))
         out = vh.new_empty(h, N, vh.size(-1))
         # the scores q_i . k_j are kept for the backward unless they are large: then one
         # buffer serves every head and the backward computes them again (one more sampled
@@ -271,9 +271,11 @@ class _PairAttention(torch.autograd.Function):
             torch.mm(csr(st.crow, st.col, s * _cell_values(st, w[i], dt), N), vh[i],
                      out=out[i])
         ctx.st, ctx.keep = st, keep
-        ctx.save_for_backward(qh, kh, vh, w, scores if keep else scores[:0])
+        # the features as given (autograd keeps them anyway for the feature map's backward):
+        # their head-major copies are made again in the backward instead of kept
+        ctx.save_for_backward(phi_q, phi_k, vh, w, scores if keep else scores[:0])
         ctx.dtypes = (phi_q.dtype, phi_k.dtype, v1.dtype)
-        return out.transpose(0, 1).to(v1.dtype)
+        return _node_major(out, st.perm).to(v1.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -282,18 +284,33 @@ class _PairAttention(torch.autograd.Function):
 
     @staticmethod
     def _backward(ctx, grad: Tensor):
-        qh, kh, vh, w, scores = ctx.saved_tensors
+        phi_q, phi_k, vh, w, scores = ctx.saved_tensors
         st = ctx.st
-        h, N, _ = qh.shape
         dt = scores.dtype
+        qh, kh = _head_major(phi_q.to(dt), st.perm), _head_major(phi_k.to(dt), st.perm)
+        h, N, _ = qh.shape
         need = ctx.needs_input_grad
-        # every head's rows of the gradients are written whole: no zero fill
-        g_q = torch.empty_like(qh) if need[0] else None
-        g_k = torch.empty_like(kh) if need[1] else None
-        g_v = torch.empty_like(vh) if need[2] else None
+        dq, dk, dv = ctx.dtypes
+        # the gradients in node order [N, h, C], every head's column written whole (no zero
+        # fill) from one [N, C] product buffer
+        perm = None if st.perm is None else st.perm.long()
+
+        def grad_of(ref: Tensor, dtype: torch.dtype, flag: bool) -> Optional[Tensor]:
+            return ref.new_empty(N, h, ref.size(-1), dtype=dtype) if flag else None
+        g_q, g_k, g_v = (grad_of(qh, dq, need[0]), grad_of(kh, dk, need[1]),
+                         grad_of(vh, dv, need[2]))
+        tmp = qh.new_empty(N, max(qh.size(-1), vh.size(-1)))
+
+        def product(A: Tensor, x: Tensor, target: Tensor, i: int) -> None:
+            out = tmp[:, :x.size(-1)]
+            torch.mm(A, x, out=out)
+            if perm is None:
+                target[:, i].copy_(out)
+            else:
+                target[:, i].index_copy_(0, perm, out.to(target.dtype))
         g_w = torch.zeros_like(w, dtype=dt) if need[3] else None
         src = None if st.src is None else st.src.long()  # for the scatter back to the rows
-        gh = grad.to(dt).transpose(0, 1).contiguous()
+        gh = _head_major(grad.to(dt), st.perm)
         g_e = scores.new_zeros(st.nnz)  # reused by every head (finite values: beta = 0 is safe)
         buf = None if ctx.keep else scores.new_zeros(st.nnz)
         for i in range(h):
@@ -306,18 +323,28 @@ class _PairAttention(torch.autograd.Function):
                 else:
                     g_w[i].index_add_(0, src, g_e * s)
             if g_v is not None:
-                torch.mm(_transposed(st, s * wi), gh[i], out=g_v[i])
+                product(_transposed(st, s * wi), gh[i], g_v, i)
             g_s = g_e.mul_(wi)
             if g_q is not None:
-                torch.mm(csr(st.crow, st.col, g_s, N), kh[i], out=g_q[i])
+                product(csr(st.crow, st.col, g_s, N), kh[i], g_q, i)
             if g_k is not None:
-                torch.mm(_transposed(st, g_s), qh[i], out=g_k[i])
-        dq, dk, dv = ctx.dtypes
+                product(_transposed(st, g_s), qh[i], g_k, i)
+        return g_q, g_k, g_v, None if g_w is None else g_w.to(w.dtype), None
 
-        def back(g, dtype):  # [h, N, C] -> [N, h, C]
-            return None if g is None else g.transpose(0, 1).to(dtype)
-        return (back(g_q, dq), back(g_k, dk), back(g_v, dv),
-                None if g_w is None else g_w.to(w.dtype), None)
+
+def _head_major(x: Tensor, perm: Optional[Tensor]) -> Tensor:
+    # [N, h, C] -> contiguous [h, N, C], rows in the structures' order (one copy)
+    x = x.transpose(0, 1)
+    return x.contiguous() if perm is None else x.index_select(1, perm)
+
+
+def _node_major(y: Tensor, perm: Optional[Tensor]) -> Tensor:
+    # [h, N, C] in the structures' row order -> [N, h, C] in node order
+    y = y.transpose(0, 1)
+    if perm is None:
+        return y
+    return torch.empty_like(y, memory_format=torch.contiguous_format).index_copy_(
+        0, perm.long(), y)
 
 
 def _cell_values(st: PairsStructures, vals: Tensor, dtype: torch.dtype) -> Tensor:
@@ -351,12 +378,9 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v: Tensor,
     v1 = torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
     if st.nnz == 0:
         return v1.new_zeros(v1.shape) + 0 * (phi_q.sum() + phi_k.sum() + f.sum())
-    if st.perm is None:
-        return _PairAttention.apply(phi_q, phi_k, v1, st.stat_values(f), st)
-    perm = st.perm  # rows in the structures' locality order, and back
-    o = _PairAttention.apply(phi_q.index_select(0, perm), phi_k.index_select(0, perm),
-                             v1.index_select(0, perm), st.stat_values(f), st)
-    return torch.empty_like(o).index_copy(0, perm.long(), o)
+    # with a locality order (st.perm) the kernel gathers its operands into it and scatters
+    # the sums and gradients back, each in the copy it makes anyway
+    return _PairAttention.apply(phi_q, phi_k, v1, st.stat_values(f), st)
 
 
 def build(loads: GRFLoads, mode: str, dtype: torch.dtype, groups: int = 1,
