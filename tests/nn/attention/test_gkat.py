@@ -72,7 +72,8 @@ def test_matches_dense_reference(mode, score, concat, project):
                           project=project)
     layer = layer.double()
     torch.nn.init.normal_(layer.to_out.bias if project else layer.bias)
-    out = layer(batch.x, batch.batch, rwgnk=RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value))
+    plan = RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value)
+    out = layer(batch.x, batch.batch, rwgnk=plan)
     assert out.shape == (batch.num_nodes, 8 if project else 6 if concat else 3)
     assert layer.out_channels == out.size(1)
     ref = reference(layer, batch.x, dense_kernel(batch))
@@ -137,7 +138,8 @@ def test_repr_and_defaults():
         "GKATAttention(16, heads=2, mode='softmax', score='gat', project=False, dropout=0.6)")
     assert layer.att_src is None and layer.to_q is not None
     x = torch.randn(3, 16)
-    out = layer(x, rwgnk=RWGNKPlan.from_tensors(torch.tensor([[0, 1, 2], [0, 1, 2]]), torch.ones(3)))
+    plan = RWGNKPlan.from_tensors(torch.tensor([[0, 1, 2], [0, 1, 2]]), torch.ones(3))
+    out = layer(x, rwgnk=plan)
     assert out.shape == (3, 16)
 
 
@@ -172,7 +174,8 @@ def test_bad_input():
 def test_threshold_drops_small_kernel_entries(mode):
     batch = make_batch()
     layer = GKATAttention(8, heads=2, mode=mode, threshold=0.2).double()
-    out = layer(batch.x, batch.batch, rwgnk=RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value))
+    plan = RWGNKPlan.from_tensors(batch.rwgnk_index, batch.rwgnk_value)
+    out = layer(batch.x, batch.batch, rwgnk=plan)
     kernel = dense_kernel(batch)
     assert bool(((kernel > 0) & (kernel <= 0.2)).any())  # the threshold matters here
     kernel = torch.where(kernel > 0.2, kernel, torch.zeros_like(kernel))
@@ -189,7 +192,8 @@ def test_precomputed_kernel_pairs(stored, layer_threshold):
     # reference with K thresholded at the larger of the two thresholds.
     torch.manual_seed(0)
     graphs = []
-    for n, edges in [(5, [[0, 1, 2, 3], [1, 2, 3, 4]]), (6, [[0, 0, 1, 3, 4, 2], [1, 2, 3, 4, 5, 5]])]:
+    for n, edges in [(5, [[0, 1, 2, 3], [1, 2, 3, 4]]),
+                     (6, [[0, 0, 1, 3, 4, 2], [1, 2, 3, 4, 5, 5]])]:
         ei = to_undirected(torch.tensor(edges), num_nodes=n)
         graphs.append(Data(x=torch.randn(n, 8, dtype=torch.float64), edge_index=ei, num_nodes=n))
     transform = AddRWGNKFeatures(num_walks=4, lam=0.7, alpha=1.0, max_length=3, seed=3,
@@ -259,7 +263,8 @@ def test_half_precision_module(dtype, mode):
     x = torch.randn(20, 16, dtype=torch.float64)
     layer = GKATAttention(16, heads=2, mode=mode).double()
     ref = layer(x, rwgnk=RWGNKPlan.from_tensors(d.rwgnk_index, d.rwgnk_value.double()))
-    out = layer.to(dtype)(x.to(dtype), rwgnk=RWGNKPlan.from_tensors(d.rwgnk_index, d.rwgnk_value.to(dtype)))
+    plan = RWGNKPlan.from_tensors(d.rwgnk_index, d.rwgnk_value.to(dtype))
+    out = layer.to(dtype)(x.to(dtype), rwgnk=plan)
     assert out.dtype == dtype
     # half-precision rounding of inputs, weights and sums: a few units of its epsilon
     tol = 40 * torch.finfo(dtype).eps * float(ref.abs().max())
@@ -273,7 +278,8 @@ def test_softmax_kernel_memory_is_checked_first(monkeypatch):
     star = AddRWGNKFeatures(num_walks=2, max_length=2, lam=0.8, alpha=1.0, seed=0)(
         Data(edge_index=torch.cat([ei, ei.flip(0)], 1), num_nodes=N))
     monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '50M')
-    with pytest.raises(MemoryError, match=r"GKATAttention\(mode='softmax', backend='(pairs|dense)'\).*"
+    with pytest.raises(MemoryError,
+                       match=r"GKATAttention\(mode='softmax', backend='(pairs|dense)'\).*"
                                           r"more than \$PYG_GRF_MEMORY_LIMIT.*mode='linear'"):
         GKATAttention(8, heads=2, mode='softmax')(torch.randn(N, 8),
                                                  rwgnk=RWGNKPlan.build(star))

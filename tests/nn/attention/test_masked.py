@@ -3,8 +3,15 @@ import torch
 from torch_geometric.data import Batch, Data
 from torch_geometric.utils import to_undirected
 
-from pyg_grf.masks import (CausalMask, DenseMask, DiffusionKernelMask, GridRPEMask, PackingMask,
-                           ToeplitzMask, TreeMask)
+from pyg_grf.masks import (
+    CausalMask,
+    DenseMask,
+    DiffusionKernelMask,
+    GridRPEMask,
+    PackingMask,
+    ToeplitzMask,
+    TreeMask,
+)
 from pyg_grf.nn import MaskedLinearAttention
 
 

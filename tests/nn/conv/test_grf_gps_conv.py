@@ -4,8 +4,8 @@ from torch_geometric.data import Batch, Data
 from torch_geometric.nn import GINEConv, GPSConv
 
 from pyg_grf.features import GRFLoads
-from pyg_grf.nn.attention.gkat import RWGNKPlan
 from pyg_grf.nn import GRFGPSConv
+from pyg_grf.nn.attention.gkat import RWGNKPlan
 from pyg_grf.transforms import AddGraphRandomFeatures
 from tests.utils import er_graph, grid_graph, path_graph
 
@@ -99,7 +99,8 @@ def test_attention_only_linear_and_gkat():
     t = AddRWGNKFeatures(num_walks=8, lam=0.8, alpha=1.0, max_length=3, seed=0)
     g = Batch.from_data_list([t(d) for d in b.to_data_list()])
     conv = GRFGPSConv(C, None, heads=2, attn_type='gkat')
-    out = conv(g.x, g.edge_index, batch=g.batch, rwgnk=RWGNKPlan.from_tensors(g.rwgnk_index, g.rwgnk_value))
+    plan = RWGNKPlan.from_tensors(g.rwgnk_index, g.rwgnk_value)
+    out = conv(g.x, g.edge_index, batch=g.batch, rwgnk=plan)
     assert out.shape == (25, C)
 
 
