@@ -92,7 +92,8 @@ def _counting_sort(key, N):
 
 
 @_jit
-def _join(row, col, hop, load, krow, kcol, khop, kload, N, ids, num_coef, upper, max_cells):
+def _join(row, col, hop, load, krow, kcol, khop, kload, N, ids, num_coef, upper, max_cells,
+          exact):
     # query entries by start node; key entries by visited node, each group by start node
     # (a stable sort by visited node of the key entries already ordered by start node)
     q_ptr, q_order = _counting_sort(row, N)
@@ -101,12 +102,17 @@ def _join(row, col, hop, load, krow, kcol, khop, kload, N, ids, num_coef, upper,
     k_ptr, k_order = _counting_sort(kcol_r, N)
     k_order = by_row[k_order]
     return _gustavson(q_ptr, col[q_order], hop[q_order], load[q_order], k_ptr, krow[k_order],
-                      khop[k_order], kload[k_order], ids, num_coef, upper, max_cells)
+                      khop[k_order], kload[k_order], ids, num_coef, upper, max_cells, exact)
+
+
+#: Inputs of more entries than this get a symbolic pass that sizes the join's output exactly
+#: (below it, one pass from a first guess of 4 cells per entry is faster).
+EXACT_ABOVE = 2 ** 20
 
 
 @_jit
 def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, num_coef,
-               upper, max_cells):
+               upper, max_cells, exact):
     N = q_ptr.shape[0] - 1
     width = 1  # the most pairs of one row: a bound on its distinct columns
     for i in range(N):
@@ -116,39 +122,42 @@ def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, nu
         width = max(width, min(w, N))
     slot = np.full(N, -1, dtype=np.int64)  # column -> its place in the row being built
     cols = np.empty(width, dtype=np.int64)  # the row's columns
-    # symbolic pass: the distinct columns of every row, so that the output is allocated once at
-    # its exact size (no growth by copying, no oversized first guess: the statistics are most
-    # of the plan's bytes)
     out_ptr = np.zeros(N + 1, dtype=np.int64)
-    for i in range(N):
-        cnt = 0
-        for e in range(q_ptr[i], q_ptr[i + 1]):
-            v = q_col[e]
-            lo, hi = k_ptr[v], k_ptr[v + 1]
-            if upper:  # partners sorted by row: skip those of rows below i
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if k_row[mid] < i:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                hi = k_ptr[v + 1]
-            for t in range(lo, hi):
-                j = k_row[t]
-                if slot[j] < 0:
-                    slot[j] = cnt
-                    cols[cnt] = j
-                    cnt += 1
-        for a in range(cnt):
-            slot[cols[a]] = -1
-        out_ptr[i + 1] = out_ptr[i] + cnt
-        if out_ptr[i + 1] > max_cells:
-            return out_ptr, np.empty(0, dtype=np.int64), np.empty((0, num_coef),
-                                                                   dtype=q_load.dtype), False
-    P = out_ptr[N]
+    if exact:
+        # a symbolic pass first (big inputs): the distinct columns of every row, so that the
+        # output is allocated once at its exact size, not at a first guess of 4 cells per
+        # entry grown by copying (the statistics are most of the plan's bytes)
+        for i in range(N):
+            cnt = 0
+            for e in range(q_ptr[i], q_ptr[i + 1]):
+                v = q_col[e]
+                lo, hi = k_ptr[v], k_ptr[v + 1]
+                if upper:  # partners sorted by row: skip those of rows below i
+                    while lo < hi:
+                        mid = (lo + hi) // 2
+                        if k_row[mid] < i:
+                            lo = mid + 1
+                        else:
+                            hi = mid
+                    hi = k_ptr[v + 1]
+                for t in range(lo, hi):
+                    j = k_row[t]
+                    if slot[j] < 0:
+                        slot[j] = cnt
+                        cols[cnt] = j
+                        cnt += 1
+            for a in range(cnt):
+                slot[cols[a]] = -1
+            out_ptr[i + 1] = out_ptr[i] + cnt
+            if out_ptr[i + 1] > max_cells:
+                return out_ptr, np.empty(0, dtype=np.int64), np.empty((0, num_coef),
+                                                                       dtype=q_load.dtype), False
+        cap = max(out_ptr[N], 1)
+    else:  # small inputs: one pass, from a first guess
+        cap = min(max(16, 4 * q_col.shape[0]), max_cells)
     acc = np.zeros((width, num_coef), dtype=q_load.dtype)  # the row's statistics, by place
-    out_col = np.empty(P, dtype=np.int64)
-    stats = np.empty((P, num_coef), dtype=q_load.dtype)
+    out_col = np.empty(cap, dtype=np.int64)
+    stats = np.empty((cap, num_coef), dtype=q_load.dtype)
     for i in range(N):  # numeric pass
         cnt = 0
         for e in range(q_ptr[i], q_ptr[i + 1]):
@@ -173,6 +182,18 @@ def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, nu
                     cnt += 1
                 acc[s, idrow[k_hop[t]]] += wq * k_load[t]
         start = out_ptr[i]
+        if start + cnt > cap:  # grow the output (first guess only), up to max_cells
+            if start + cnt > max_cells:
+                return out_ptr, out_col[:0], stats[:0], False
+            while start + cnt > cap:
+                cap *= 2
+            cap = min(cap, max_cells)
+            grown = np.empty(cap, dtype=np.int64)
+            grown[:start] = out_col[:start]
+            out_col = grown
+            grown_stats = np.empty((cap, num_coef), dtype=q_load.dtype)
+            grown_stats[:start] = stats[:start]
+            stats = grown_stats
         if cnt > 32:  # the row's columns in order (in place)
             cols[:cnt].sort()
         else:  # short rows, the common case: insertion sort
@@ -191,7 +212,11 @@ def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, nu
                 stats[start + a, c] = acc[s, c]
                 acc[s, c] = 0
             slot[j] = -1
-    return out_ptr, out_col, stats, True
+        out_ptr[i + 1] = start + cnt
+    P = out_ptr[N]
+    if P == cap:  # exact (symbolic pass): no copy
+        return out_ptr, out_col, stats, True
+    return out_ptr, out_col[:P].copy(), stats[:P].copy(), True
 
 
 @_jit
@@ -358,7 +383,8 @@ def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[
     try:
         out_ptr, col, stats, ok = _join(
             *query, *keys, num_nodes, symmetric_ids(K).numpy(),
-            K * (K + 1) // 2, self_join, 2 ** 62 if max_cells is None else max(int(max_cells), 0))
+            K * (K + 1) // 2, self_join, 2 ** 62 if max_cells is None else max(int(max_cells), 0),
+            _nnz(index) > EXACT_ABOVE)
         if ok and self_join:
             if 2 * out_ptr[-1] >= 2 ** 31 or num_nodes >= 2 ** 31:  # int32 ids of the cells
                 raise MemoryError(f"{2 * out_ptr[-1]} cells exceed the int32 ids of the join")

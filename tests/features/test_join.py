@@ -367,3 +367,25 @@ def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
             k = nodes.numel()
             assert torch.allclose(M[g, h, :k, :k], dense[nodes][:, nodes], atol=1e-12)
             assert float(M[g, h, k:].abs().sum() + M[g, h, :, k:].abs().sum()) == 0
+
+
+@needs_numba
+@pytest.mark.parametrize('exact_above', [0, 2 ** 40])
+def test_compiled_join_sized_exactly_or_grown_gives_the_same_statistics(exact_above,
+                                                                        monkeypatch):
+    # big inputs run a symbolic pass that sizes the output exactly; small ones start from a
+    # guess and grow: both equal the torch join
+    from pyg_grf.features import join
+    monkeypatch.setattr(join, 'EXACT_ABOVE', exact_above)
+    b = batch_of(3)
+    loads = GRFLoads.from_data(b)
+    with_numba = _stats(loads)
+    monkeypatch.setenv('PYG_GRF_NUMBA', '0')
+    torch_terms = _stats(GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes,
+                                  batch=b.batch))
+    assert torch.equal(with_numba.cell, torch_terms.cell)
+    assert torch.allclose(with_numba.cell_stats(), torch_terms.cell_stats(), atol=1e-12)
+    # max_cells stops the exact pass before it allocates
+    with pytest.raises(join.JoinMemoryError):
+        join.compiled_join(loads.index, loads.hop.long(), loads.load.double(), None, None, None,
+                           loads.max_hop + 1, loads.num_nodes, max_cells=3)
