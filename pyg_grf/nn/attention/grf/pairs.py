@@ -291,23 +291,28 @@ class _PairAttention(torch.autograd.Function):
         h, N, _ = qh.shape
         need = ctx.needs_input_grad
         dq, dk, dv = ctx.dtypes
-        # the gradients in node order [N, h, C], every head's column written whole (no zero
-        # fill) from one [N, C] product buffer
+        # the gradients, every head's rows written whole by its product (no zero fill): in
+        # head-major buffers returned as [N, h, C] views, or, with a locality order, in node
+        # order [N, h, C], scattered from one [N, C] product buffer
         perm = None if st.perm is None else st.perm.long()
 
         def grad_of(ref: Tensor, dtype: torch.dtype, flag: bool) -> Optional[Tensor]:
-            return ref.new_empty(N, h, ref.size(-1), dtype=dtype) if flag else None
+            if not flag:
+                return None
+            if perm is None:
+                return ref.new_empty(h, N, ref.size(-1))
+            return ref.new_empty(N, h, ref.size(-1), dtype=dtype)
         g_q, g_k, g_v = (grad_of(qh, dq, need[0]), grad_of(kh, dk, need[1]),
                          grad_of(vh, dv, need[2]))
-        tmp = qh.new_empty(N, max(qh.size(-1), vh.size(-1)))
+        tmp = qh.new_empty(N, max(qh.size(-1), vh.size(-1))) if perm is not None else None
 
         def product(A: Tensor, x: Tensor, target: Tensor, i: int) -> None:
+            if perm is None:
+                torch.mm(A, x, out=target[i])
+                return
             out = tmp[:, :x.size(-1)]
             torch.mm(A, x, out=out)
-            if perm is None:
-                target[:, i].copy_(out)
-            else:
-                target[:, i].index_copy_(0, perm, out.to(target.dtype))
+            target[:, i].index_copy_(0, perm, out.to(target.dtype))
         g_w = torch.zeros_like(w, dtype=dt) if need[3] else None
         src = None if st.src is None else st.src.long()  # for the scatter back to the rows
         gh = _head_major(grad.to(dt), st.perm)
@@ -329,6 +334,9 @@ class _PairAttention(torch.autograd.Function):
                 product(csr(st.crow, st.col, g_s, N), kh[i], g_q, i)
             if g_k is not None:
                 product(_transposed(st, g_s), qh[i], g_k, i)
+        if perm is None:  # [h, N, C] -> [N, h, C] views
+            g_q, g_k, g_v = (None if g is None else g.transpose(0, 1).to(d)
+                             for g, d in ((g_q, dq), (g_k, dk), (g_v, dv)))
         return g_q, g_k, g_v, None if g_w is None else g_w.to(w.dtype), None
 
 
