@@ -24,18 +24,16 @@ r"""PyG datasets with an offline-mirror ``download()`` and a crash-safe, verifie
 """
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import os
 import os.path as osp
 import shutil
-import time
 import uuid
-from contextlib import contextmanager
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from filelock import FileLock
 from torch_geometric.data.dataset import files_exist
 
 from pyg_grf.datasets.compact import compact_collated, restore_collated
@@ -74,35 +72,15 @@ def _fsync_tree(path: str) -> None:
         _fsync(dirpath)
 
 
-@contextmanager
-def file_lock(path: str, timeout: Optional[float] = None) -> Iterator[None]:
-    r"""An exclusive advisory lock on the file :obj:`path` (created if needed), released on exit
-    and by the kernel when the process dies; waits up to :obj:`timeout` seconds (:obj:`None`:
-    forever)."""
-    import fcntl
-    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, 'O_NOFOLLOW', 0), 0o644)
-    except IsADirectoryError:
+def file_lock(path: str, timeout: Optional[float] = None) -> FileLock:
+    r"""An exclusive lock on the file :obj:`path` (:class:`filelock.FileLock`, a dependency of
+    torch), released on exit and by the kernel when the process dies; waits up to :obj:`timeout`
+    seconds (:obj:`None`: forever), then raises :class:`TimeoutError`."""
+    if osp.isdir(path):
         raise DatasetCacheError(f"The lock file '{path}' is a directory; expected a plain file "
-                                f"(pyg_grf creates it). Remove the directory and load again."
-                                ) from None
-    try:
-        start = time.monotonic()
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if timeout is not None and time.monotonic() - start > timeout:
-                    raise TimeoutError(f"Could not lock '{path}' within {timeout} s; another "
-                                       f"process is processing this dataset") from None
-                time.sleep(0.05)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+                                f"(pyg_grf creates it). Remove the directory and load again.")
+    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+    return FileLock(path, timeout=-1 if timeout is None else timeout)
 
 
 def describe(obj: Any, _depth: int = 0) -> Any:
@@ -277,6 +255,12 @@ class SafeCacheMixin:
         return osp.join(self.cache_parent, cache_folder_name(
             key, getattr(self, 'pre_transform', None), getattr(self, 'pre_filter', None)))
 
+    def pre_process(self, data_list: List[Any]) -> List[Any]:
+        r""":obj:`data_list` through ``pre_filter`` and ``pre_transform``, as in PyG."""
+        pre_filter, pre_transform = self.pre_filter, self.pre_transform  # type: ignore
+        data_list = [d for d in data_list if pre_filter is None or pre_filter(d)]
+        return data_list if pre_transform is None else [pre_transform(d) for d in data_list]
+
     @classmethod
     def save(cls, data_list: Sequence[Any], path: str) -> None:
         r""":meth:`InMemoryDataset.save` in the compact form ``(mapping, slices, data_cls, spec)``
@@ -337,6 +321,3 @@ class SafeCacheMixin:
             shutil.rmtree(old, ignore_errors=True)
             _fsync(parent)
 
-
-__all__ = ['SafeCacheMixin', 'DatasetCacheError', 'file_lock', 'verify_manifest',
-           'write_manifest', 'cache_folder_name', 'describe', 'safe_load', 'CACHE_VERSION']

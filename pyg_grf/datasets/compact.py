@@ -31,10 +31,6 @@ _INT_DTYPES = {str(dt).replace('torch.', ''): dt
 _NARROW = (torch.uint8, torch.int8, torch.int16, torch.int32)
 
 
-def _dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).replace('torch.', '')
-
-
 def narrow_integers(t: Tensor) -> Tensor:
     r""":obj:`t` in the smallest integer dtype among ``uint8``, ``int8``, ``int16`` and
     ``int32`` that holds all its values, if that is smaller than its own dtype; else :obj:`t`
@@ -120,12 +116,12 @@ def compact_collated(data: Any, slices: Optional[Dict[str, Any]]
                 stored = (counts.numel() * counts.element_size()
                           + lengths.numel() * lengths.element_size())
                 if stored < saved:
-                    field = {'dtype': _dtype_name(value.dtype), 'first_row': 'counts',
+                    field = {'dtype': str(value.dtype)[6:], 'first_row': 'counts',
                              'counts': counts, 'lengths': lengths}
                     value = row1
         narrowed = narrow_integers(value)
         if narrowed.dtype != mapping[key].dtype or field:
-            field.setdefault('dtype', _dtype_name(mapping[key].dtype))
+            field.setdefault('dtype', str(mapping[key].dtype)[6:])
             spec['fields'][key] = field
         mapping[key] = narrowed.contiguous()
     return mapping, spec
@@ -204,6 +200,3 @@ def _first_row_from_counts(key: str, field: Dict[str, Any], row1: Tensor,
     local = torch.arange(counts.numel()) - torch.repeat_interleave(offset, lengths)
     return torch.repeat_interleave(local.to(dtype), counts, output_size=row1.numel())
 
-
-__all__ = ['compact_collated', 'restore_collated', 'narrow_integers', 'COMPACT_FORMAT',
-           'COMPACT_VERSION']

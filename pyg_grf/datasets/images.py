@@ -167,5 +167,3 @@ class DigitsGridDataset(GeneratedDataset):
         return (f'{self.__class__.__name__}({len(self)}, canvas={self.canvas}, '
                 f'patch={self.patch})')
 
-
-__all__ = ['DigitsGridDataset', 'grid_edge_index', 'image_patches']

@@ -100,24 +100,19 @@ def _smiles_to_arrays(smiles: str) -> tuple:
     return g['node_feat'], g['edge_index'], g['edge_feat'], int(g['num_nodes'])
 
 
-def default_num_proc() -> int:
-    r"""The CPUs this process may use."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # pragma: no cover (macOS, Windows)
-        return max(1, os.cpu_count() or 1)
-
-
 def smiles_to_graphs(smiles: Sequence[str], num_proc: Optional[int] = None,
                      progress: bool = True, desc: str = 'SMILES to graphs') -> List[tuple]:
     r"""One ``(x, edge_index, edge_attr, num_nodes)`` tuple of numpy arrays per SMILES string
     (:func:`ogb.utils.smiles2graph`, needs ``rdkit``), in the input order, over :obj:`num_proc`
-    processes (default: :func:`default_num_proc`; the result does not depend on it), with a
+    processes (default: the CPUs available; the result does not depend on it), with a
     :mod:`tqdm` progress bar labelled :obj:`desc` when :obj:`progress` is set."""
     from rdkit import RDLogger
     from tqdm.auto import tqdm
     smiles = list(smiles)
-    num_proc = default_num_proc() if num_proc is None else int(num_proc)
+    if num_proc is None:
+        num_proc = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (
+            os.cpu_count() or 1)
+    num_proc = int(num_proc)
     if num_proc < 1:
         raise ValueError(f"num_proc must be >= 1, got {num_proc}")
     num_proc = min(num_proc, max(1, len(smiles)))
@@ -253,12 +248,7 @@ class PeptidesFunctional(LRGBDataset):
                             y=torch.from_numpy(labels[row]).view(1, -1), num_nodes=num_nodes)
                   for row, (x, edge_index, edge_attr, num_nodes) in zip(needed, arrays)}
         for split, path in zip(SPLITS, self.processed_paths):
-            data_list = [graphs[i] for i in rows[split]]
-            if self.pre_filter is not None:
-                data_list = [d for d in data_list if self.pre_filter(d)]
-            if self.pre_transform is not None:
-                data_list = [self.pre_transform(d) for d in data_list]
-            self.save(data_list, path)
+            self.save(self.pre_process([graphs[i] for i in rows[split]]), path)
 
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}({len(self)}, split={self.split!r})'
@@ -347,8 +337,13 @@ def standin_graphs(name: str, num_graphs: int = 8, seed: int = 0) -> List[Data]:
 
 
 class LRGBStandIn(GeneratedDataset):
-    r"""A tiny random dataset with the fields, dtypes and shapes of an LRGB dataset (see
-    :func:`lrgb_standin`); the values carry no signal."""
+    r"""A tiny in-memory stand-in for the LRGB dataset :obj:`name` with its fields, dtypes and
+    widths (:data:`LRGB_INFO`), values without signal: molecule-like random graphs of 8-24 nodes
+    (OGB-range categorical features for the molecular datasets, float ones for the superpixel
+    ones); :obj:`y` float [1, 10] / [1, 11] (Peptides), long [N] (superpixels), or
+    :obj:`edge_label_index` [2, L] and :obj:`edge_label` long [L] (PCQM-Contact: contacts both
+    ways, then two negatives per contact). Deterministic from :obj:`seed`; :obj:`info` is the
+    dataset's :class:`LRGBInfo`."""
 
     def __init__(self, name: str, num_graphs: int = 8, seed: int = 0,
                  transform: Optional[Callable] = None,
@@ -371,16 +366,7 @@ class LRGBStandIn(GeneratedDataset):
         return f'{self.__class__.__name__}({len(self)}, name={self.name!r})'
 
 
-def lrgb_standin(name: str, num_graphs: int = 8, seed: int = 0,
-                 transform: Optional[Callable] = None,
-                 pre_transform: Optional[Callable] = None) -> LRGBStandIn:
-    r"""A tiny in-memory stand-in for the LRGB dataset :obj:`name` with its fields, dtypes and
-    widths (:data:`LRGB_INFO`): molecule-like random graphs of 8-24 nodes (OGB-range categorical
-    features for the molecular datasets, float ones for the superpixel ones); :obj:`y` float
-    [1, 10] / [1, 11] (Peptides), long [N] (superpixels), or :obj:`edge_label_index` [2, L] and
-    :obj:`edge_label` long [L] (PCQM-Contact: contacts both ways, then two negatives per contact).
-    Deterministic from :obj:`seed`; its :obj:`info` is the dataset's :class:`LRGBInfo`."""
-    return LRGBStandIn(name, num_graphs, seed, transform, pre_transform)
+lrgb_standin = LRGBStandIn
 
 
 def write_lrgb_raw_standin(name: str, root: Optional[str] = None, num_graphs: int = 8,
@@ -418,7 +404,3 @@ def write_lrgb_raw_standin(name: str, root: Optional[str] = None, num_graphs: in
                 pickle.dump(graphs, f)
     return paths
 
-
-__all__ = ['LRGBDataset', 'PeptidesFunctional', 'load_lrgb', 'LRGBInfo', 'LRGB_INFO', 'SPLITS',
-           'lrgb_name', 'smiles_to_graphs', 'default_num_proc', 'LRGBStandIn', 'lrgb_standin',
-           'standin_graphs', 'write_lrgb_raw_standin']

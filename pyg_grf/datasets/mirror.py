@@ -138,7 +138,7 @@ def write_checksums(mirror: str) -> str:
 
 def _is_within(path: str, parent: str) -> bool:
     path, parent = osp.realpath(path), osp.realpath(parent)
-    return path == parent or path.startswith(parent.rstrip(os.sep) + os.sep)
+    return osp.commonpath([path, parent]) == parent
 
 
 def check_not_in_mirror(path: str) -> None:
@@ -202,11 +202,9 @@ def _copy_verified(src: str, dst: str, key: str, expected: Optional[str]) -> Non
 
 
 def fetch_from_mirror(rel: str, dest_dir: Optional[str] = None) -> Optional[List[str]]:
-    r"""Copies ``<mirror>/<rel>`` (a file, or a folder recursively) into the folder
-    :obj:`dest_dir`, verifying every file (see the module docstring).
-
-    Files already in :obj:`dest_dir` are kept; ``processed*`` folders are skipped; a file is renamed
-    into place only once its hash matched, so an interrupted copy or a tampered file leaves nothing.
+    r"""Copies ``<mirror>/<rel>`` (a file, or a folder recursively) into :obj:`dest_dir`,
+    verifying every file (see the module docstring); existing files are kept, ``processed*``
+    skipped, and a file is renamed into place only once its hash matched.
 
     Args:
         rel (str): Path relative to the mirror, e.g. :obj:`"TUDataset/MUTAG"`.
@@ -269,7 +267,3 @@ def not_found_message(dataset: str, mirror_dir: str, missing: Sequence[str],
     msg += f"; or unset ${OFFLINE_ENV} to download." if is_offline() else " to avoid a download."
     return f'{msg} {hint}'.rstrip()
 
-
-__all__ = ['DatasetNotFoundError', 'MirrorIntegrityError', 'data_root', 'mirror_root',
-           'is_offline', 'fetch_from_mirror', 'read_checksums', 'write_checksums',
-           'check_not_in_mirror', 'file_digest', 'safe_relpath', 'not_found_message']

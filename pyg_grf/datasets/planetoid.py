@@ -32,5 +32,3 @@ def load_planetoid(name: str, root: Optional[str] = None, split: str = 'public',
     return Planetoid(root, canonical[name.lower()], split=split, transform=transform,
                      pre_transform=pre_transform, force_reload=force_reload, **kwargs)
 
-
-__all__ = ['Planetoid', 'load_planetoid', 'PLANETOID_DATASETS']

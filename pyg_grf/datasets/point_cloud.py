@@ -144,17 +144,10 @@ def _smooth_field(X: Tensor, num_modes: int, wavelength: Tuple[float, float],
     return torch.sin(X[:, :2] @ wave.T + phase) @ amp  # [N, M] @ [M, 3]
 
 
-def _cloud_generator(seed: int, index: int) -> torch.Generator:
-    state = np.random.SeedSequence([int(seed), int(index)]).generate_state(2, dtype=np.uint32)
-    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
-
-
 class MassSpringDataset(GeneratedDataset):
-    r"""Clouds of particles of an elastic sheet simulated as a mass-spring system, with the
-    displacement over the next frame as a node-level regression target; the seeded, embedded
-    stand-in for the point-cloud dynamics experiment of the GRF paper (Sec. 4 and App. C.3). The
-    physics, the equations and the stored attributes are described in
-    :mod:`pyg_grf.datasets.point_cloud`.
+    r"""Particle clouds of a mass-spring elastic sheet, the displacement over the next frame as
+    node-level regression target: the seeded stand-in for the GRF paper's point-cloud dynamics
+    experiment (Sec. 4, App. C.3); physics, equations and attributes in the module docstring.
 
     Args:
         root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
@@ -217,12 +210,11 @@ class MassSpringDataset(GeneratedDataset):
                  pre_transform: Optional[Callable] = None,
                  pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
         _check_root(root)
-        self.num_points = check_int('num_points', num_points, 16)
-        self.seed = check_int('seed', seed, 0)
-        for name, value in (('num_clouds', num_clouds), ('graph_k', graph_k),
-                            ('spring_k', spring_k), ('substeps', substeps),
-                            ('num_modes', num_modes), ('warmup_frames', warmup_frames)):
-            setattr(self, name, check_int(name, value, 0 if name == 'warmup_frames' else 1))
+        for name, value, lo in (('num_points', num_points, 16), ('seed', seed, 0),
+                                ('num_clouds', num_clouds, 1), ('graph_k', graph_k, 1),
+                                ('spring_k', spring_k, 1), ('substeps', substeps, 1),
+                                ('num_modes', num_modes, 1), ('warmup_frames', warmup_frames, 0)):
+            setattr(self, name, check_int(name, value, lo))
         if max(self.graph_k, self.spring_k) >= self.num_points:
             raise ValueError(f"'graph_k' and 'spring_k' must be smaller than 'num_points' "
                              f"({self.num_points}), got {graph_k} and {spring_k}")
@@ -236,14 +228,13 @@ class MassSpringDataset(GeneratedDataset):
                 raise ValueError(f"'{name}' must be a {what}, got {value!r}")
         self.jitter, self.dt = float(jitter), float(dt)
         self.gravity, self.forcing = float(gravity), float(forcing)
-        self.stiffness = _pair('stiffness', stiffness, strict=True)
-        self.prestrain = _pair('prestrain', prestrain)
+        for name, value in (('stiffness', stiffness), ('prestrain', prestrain),
+                            ('damping', damping), ('mass', mass), ('wavelength', wavelength),
+                            ('displacement', displacement), ('velocity', velocity)):
+            setattr(self, name, _pair(name, value, strict=name in ('stiffness', 'mass',
+                                                                    'wavelength')))
         if self.prestrain[1] >= 1.0:
             raise ValueError(f"'prestrain' must lie in [0, 1), got {prestrain!r}")
-        self.damping, self.mass = _pair('damping', damping), _pair('mass', mass, strict=True)
-        self.wavelength = _pair('wavelength', wavelength, strict=True)
-        self.displacement = _pair('displacement', displacement)
-        self.velocity = _pair('velocity', velocity)
         # explicit-Euler stability: the stiffest spring on the lightest particle, ~2 * spring_k
         # springs' worth of curvature (a bound, not a tight one)
         omega = math.sqrt(2 * self.spring_k * self.stiffness[1] / self.mass[0])
@@ -264,8 +255,6 @@ class MassSpringDataset(GeneratedDataset):
 
     def generate(self) -> List[Data]:
         return [self.cloud(g) for g in range(self.num_clouds)]
-
-    # ---------------------------------------------------------------------------------------
     def rest_state(self, gen: torch.Generator) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         r"""Rest positions ``[N, 3]`` (float64), jitter ``[N, 2]``, pinned mask ``[N]`` and the
         springs ``[2, S]`` (each pair once, ``i < j``)."""
@@ -283,27 +272,24 @@ class MassSpringDataset(GeneratedDataset):
         springs = springs[:, springs[0] < springs[1]]
         return X, jit, pinned, springs
 
-    def step(self, pos: Tensor, vel: Tensor, springs: Tensor, rest_length: Tensor,
-             inv_mass: Tensor, stiffness: Tensor, damping: Tensor,
-             accel: Tensor) -> Tuple[Tensor, Tensor]:
-        r"""One semi-implicit Euler step of :math:`\Delta t` (see the module docstring):
-        ``stiffness`` and ``rest_length`` per spring ``[S]``, ``inv_mass`` and ``damping`` per
-        particle ``[N]``, the external acceleration ``accel`` ``[N, 3]``."""
+    def frame(self, pos: Tensor, vel: Tensor, springs: Tensor, rest_length: Tensor,
+              inv_mass: Tensor, stiffness: Tensor, damping: Tensor,
+              accel: Tensor) -> Tuple[Tensor, Tensor]:
+        r"""One frame: ``substeps`` semi-implicit Euler steps of :math:`\Delta t` (see the module
+        docstring); ``stiffness``, ``rest_length`` per spring ``[S]``, ``inv_mass``, ``damping``
+        per particle ``[N]``, the external acceleration ``accel`` ``[N, 3]``."""
         free = (inv_mass > 0).to(pos.dtype).view(-1, 1)
-        acc = (inv_mass.view(-1, 1) * spring_forces(pos, springs, rest_length, stiffness)
-               + free * (accel - damping.view(-1, 1) * vel))
-        vel = vel + self.dt * acc
-        return pos + self.dt * vel, vel
-
-    def frame(self, pos: Tensor, vel: Tensor, *args) -> Tuple[Tensor, Tensor]:
-        r"""``substeps`` steps: one frame."""
         for _ in range(self.substeps):  # over time steps; every step is vectorised
-            pos, vel = self.step(pos, vel, *args)
+            acc = (inv_mass.view(-1, 1) * spring_forces(pos, springs, rest_length, stiffness)
+                   + free * (accel - damping.view(-1, 1) * vel))
+            vel = vel + self.dt * acc
+            pos = pos + self.dt * vel
         return pos, vel
 
     def cloud(self, index: int) -> Data:
         r"""Cloud number :obj:`index` (a function of the seed, the index and the settings)."""
-        gen = _cloud_generator(self.seed, index)
+        state = np.random.SeedSequence([self.seed, int(index)]).generate_state(2, dtype=np.uint32)
+        gen = torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
         X, jit, pinned, springs = self.rest_state(gen)
         N = self.num_points
         f64 = torch.float64

@@ -180,5 +180,3 @@ def errica_splits(
     return [{k: torch.tensor(fold[k], dtype=torch.long) for k in ('train', 'val', 'test')}
             for fold in folds]
 
-
-__all__ = ['errica_splits', 'default_splits_path', 'check_folds']

@@ -24,27 +24,18 @@ NUM_NEIGHBOR_DEGREES = 5
 FEATURES = ('neighbor_degrees', 'degree', 'constant')
 
 
-def _motif_graphs() -> Dict[str, Callable[[], nx.Graph]]:
-    return {
-        'caveman': lambda: nx.connected_caveman_graph(3, 4),  # 3 rewired 4-cliques, 12 nodes
-        'circle': lambda: nx.cycle_graph(10),
-        'grid': lambda: nx.grid_2d_graph(3, 3),
-        'ladder': lambda: nx.ladder_graph(5),
-        'circular_ladder': lambda: nx.circular_ladder_graph(5),
-    }
-
-
-MOTIFS = tuple(_motif_graphs())
+_MOTIFS: Dict[str, Callable[[], nx.Graph]] = {
+    'caveman': lambda: nx.connected_caveman_graph(3, 4),  # 3 rewired 4-cliques, 12 nodes
+    'circle': lambda: nx.cycle_graph(10), 'grid': lambda: nx.grid_2d_graph(3, 3),
+    'ladder': lambda: nx.ladder_graph(5), 'circular_ladder': lambda: nx.circular_ladder_graph(5)}
+MOTIFS = tuple(_MOTIFS)
 
 
 def motif_graph(name: str) -> nx.Graph:
-    r"""The motif :obj:`name` (one of :obj:`MOTIFS`) as a networkx graph with nodes
-    :obj:`0, ..., h - 1`."""
-    graphs = _motif_graphs()
-    if name not in graphs:
-        raise ValueError(f"Unknown motif {name!r}; expected one of {list(graphs)}")
-    graph = graphs[name]()
-    return nx.convert_node_labels_to_integers(graph, ordering='sorted')
+    r"""The motif :obj:`name` (one of :obj:`MOTIFS`) with nodes :obj:`0, ..., h - 1`."""
+    if name not in _MOTIFS:
+        raise ValueError(f"Unknown motif {name!r}; expected one of {list(_MOTIFS)}")
+    return nx.convert_node_labels_to_integers(_MOTIFS[name](), ordering='sorted')
 
 
 def node_features(edge_index: np.ndarray, num_nodes: int, features: str) -> torch.Tensor:
@@ -76,10 +67,9 @@ def node_features(edge_index: np.ndarray, num_nodes: int, features: str) -> torc
 
 def _to_data_list(rows: List[np.ndarray], cols: List[np.ndarray], num_nodes: int,
                   labels: np.ndarray, perms: np.ndarray, features: str) -> List[Data]:
-    r"""Builds one :class:`Data` per graph from its undirected edges (:obj:`rows[g]`,
-    :obj:`cols[g]`), all graphs having :obj:`num_nodes` nodes: relabels graph :obj:`g` by
-    :obj:`perms[g]`, symmetrises, removes duplicates and sorts, vectorised over all graphs (as the
-    disjoint union)."""
+    r"""One :class:`Data` per graph of :obj:`num_nodes` nodes from its undirected edges
+    (:obj:`rows[g]`, :obj:`cols[g]`), relabelled by :obj:`perms[g]`, symmetrised, deduplicated and
+    sorted, vectorised over the disjoint union."""
     G, N = len(rows), num_nodes
     sizes = np.array([r.size for r in rows])
     offset = np.repeat(np.arange(G, dtype=np.int64) * N, sizes)
@@ -104,8 +94,7 @@ def _erdos_renyi(rng: np.random.Generator, p: float,
 
 
 def _balanced_labels(rng: np.random.Generator, num_graphs: int) -> np.ndarray:
-    labels = np.zeros(num_graphs, dtype=np.int64)
-    labels[:(num_graphs + 1) // 2] = 1
+    labels = (np.arange(num_graphs) < (num_graphs + 1) // 2).astype(np.int64)
     rng.shuffle(labels)
     return labels
 
@@ -117,20 +106,16 @@ def _check_root(root) -> None:
 
 
 def _check_graphs(features: str, num_graphs: int) -> None:
-    r"""The settings both GKAT tasks share: known node :obj:`features` (:obj:`FEATURES`) and at
-    least two graphs (one per class)."""
+    # The settings of both GKAT tasks: known node features, at least one graph per class.
     if features not in FEATURES:
-        raise ValueError(f"Unknown node features {features!r}; expected one of "
-                         f"{list(FEATURES)}")
+        raise ValueError(f"Unknown node features {features!r}; expected one of {list(FEATURES)}")
     if num_graphs < 2:
         raise ValueError(f"Expected at least 2 graphs (got num_graphs={num_graphs})")
 
 
 class GeneratedDataset(SafeCacheMixin, InMemoryDataset):
-    r"""Base of the datasets generated in memory by :meth:`generate`: without :obj:`root` they live
-    only in memory; with one they are cached to ``root/<folder>/processed_<hash>/<tag>.pt``
-    (:class:`~pyg_grf.datasets.cache.SafeCacheMixin`: keyed by the settings in :attr:`tag` and
-    the transforms, atomic, verified)."""
+    r"""Base of the datasets made by :meth:`generate`: in memory only without :obj:`root`, else
+    cached to ``root/<folder>/processed_<hash>/<tag>.pt`` (:class:`~.cache.SafeCacheMixin`)."""
     folder: str = 'generated'
 
     def __init__(self, root: Optional[str] = None, transform: Optional[Callable] = None,
@@ -143,13 +128,9 @@ class GeneratedDataset(SafeCacheMixin, InMemoryDataset):
         if self._cached:
             self.load(self.processed_paths[0])
         else:
-            self.data, self.slices = self.collate(self._data_list_from_generate())
+            self.data, self.slices = self.collate(self.pre_process(self.generate()))
 
     def generate(self) -> List[Data]:
-        raise NotImplementedError
-
-    @property
-    def tag(self) -> str:
         raise NotImplementedError
 
     @property
@@ -168,43 +149,21 @@ class GeneratedDataset(SafeCacheMixin, InMemoryDataset):
     def processed_file_names(self) -> List[str]:
         return [f'{self.tag}.pt']
 
-    def _data_list_from_generate(self) -> List[Data]:
-        data_list = self.generate()
-        if self.pre_filter is not None:
-            data_list = [data for data in data_list if self.pre_filter(data)]
-        if self.pre_transform is not None:
-            data_list = [self.pre_transform(data) for data in data_list]
-        return data_list
-
     def process(self) -> None:
-        self.save(self._data_list_from_generate(), self.processed_paths[0])
+        self.save(self.pre_process(self.generate()), self.processed_paths[0])
 
 
 class MotifDataset(GeneratedDataset):
     r"""Erdos-Renyi graphs with or without a motif, the first combinatorial task of GKAT
     (`Choromanski et al., ICML 2022 <https://arxiv.org/abs/2107.07999>`_, Sec. 5.1.1 and
-    App. A.2, following Nikolentzos & Vazirgiannis, 2020): decide whether a graph contains the
-    motif.
-
-    Every graph joins an Erdos-Renyi graph on :obj:`num_nodes` nodes, whose expected average degree
-    equals the motif's, to a second part by :obj:`num_join_edges` distinct edges drawn uniformly
-    between the two parts:
-
-    * positive (:obj:`y = 1`): the second part is the motif;
-    * negative (:obj:`y = 0`): the second part is an Erdos-Renyi graph with as many nodes as the
-      motif and the motif's average degree in expectation.
-
-    The motifs (all with at least 9 nodes, as in the paper's Fig. 5): :obj:`"caveman"`
-    (:func:`networkx.connected_caveman_graph` (3, 4), 12 nodes), :obj:`"circle"` (10-cycle),
-    :obj:`"grid"` (3 x 3 grid), :obj:`"ladder"` (5-rung ladder, 10 nodes) and
-    :obj:`"circular_ladder"` (5-rung circular ladder, 10 nodes). Node ids are shuffled per graph,
-    so the motif is not at a fixed position. Labels follow the construction, as in the paper: the
-    random parts of a negative graph may by chance hold a copy of the motif.
-
-    Node features (:obj:`features`): :obj:`"neighbor_degrees"` (the paper's: the 5 largest
-    neighbour degrees in decreasing order, zero-padded, float [N, 5]), :obj:`"degree"` (float
-    [N, 1]) or :obj:`"constant"` (ones, [N, 1]). Labels :obj:`y` are long, one per graph; the two
-    classes are balanced (one more positive when :obj:`num_graphs` is odd) and shuffled.
+    App. A.2, after Nikolentzos & Vazirgiannis, 2020). Each graph joins an Erdos-Renyi graph on
+    :obj:`num_nodes` nodes (the motif's expected average degree) by :obj:`num_join_edges` uniform
+    distinct edges to a second part: the motif (:obj:`y = 1`) or an Erdos-Renyi graph of its size
+    and average degree (:obj:`y = 0`; it may hold the motif by chance, labels follow the
+    construction as in the paper). Motifs (>= 9 nodes, the paper's Fig. 5): :obj:`"caveman"`
+    (connected caveman (3, 4)), :obj:`"circle"` (10-cycle), :obj:`"grid"` (3 x 3),
+    :obj:`"ladder"` and :obj:`"circular_ladder"` (5 rungs). Node ids are shuffled per graph;
+    features as :func:`node_features`; :obj:`y` long, balanced (odd: one more positive), shuffled.
 
     Args:
         root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
@@ -216,7 +175,8 @@ class MotifDataset(GeneratedDataset):
             (default: :obj:`0`)
         num_nodes (int, optional): Nodes of the large Erdos-Renyi graph. (default: :obj:`100`)
         num_join_edges (int, optional): Edges joining the two parts. (default: :obj:`3`)
-        features (str, optional): Node features, see above. (default: :obj:`"neighbor_degrees"`)
+        features (str, optional): Node features (:obj:`FEATURES`).
+            (default: :obj:`"neighbor_degrees"`)
         transform, pre_transform, pre_filter, force_reload: As in PyG datasets (the
             ``pre_*`` ones applied once, after generation).
 
@@ -292,11 +252,9 @@ class MotifDataset(GeneratedDataset):
 
 
 def random_binary_trees(rng: np.random.Generator, num_trees: int, num_nodes: int) -> np.ndarray:
-    r"""Random binary trees on :obj:`num_nodes` nodes, grown from root 0 by attaching node
-    :obj:`v` to a free child slot chosen uniformly among all free slots (the shape distribution of
-    a random binary search tree), vectorised over the :obj:`num_trees` trees. Returns
-    :obj:`parent` [num_trees, num_nodes] with :obj:`parent[:, 0] = -1` and parents before
-    children."""
+    r"""Random binary trees (:obj:`parent` [num_trees, num_nodes], root 0 with parent -1, parents
+    before children): node :obj:`v` takes a uniform free child slot (the shapes of random binary
+    search trees), vectorised over the trees."""
     T, n = num_trees, num_nodes
     parent = np.full((T, n), -1, dtype=np.int64)
     slots = np.zeros((T, n + 1), dtype=np.int64)  # before attaching v, slots[:, :v + 1] are free
@@ -331,21 +289,12 @@ def tree_distances(parent: np.ndarray) -> np.ndarray:
 
 class InducedCycleDataset(GeneratedDataset):
     r"""Binary trees closed into one cycle, the second combinatorial task of GKAT
-    (`Choromanski et al., ICML 2022 <https://arxiv.org/abs/2107.07999>`_, Sec. 5.1.2): decide
-    whether the graph's (only, hence induced) cycle is as long as the tree's diameter + 1, a
-    global property that local message passing cannot see.
-
-    Each graph is a random binary tree on :obj:`num_nodes` nodes (see
-    :func:`random_binary_trees`) plus one edge:
-
-    * positive (:obj:`y = 1`): the edge joins two farthest nodes of the tree (a diameter pair,
-      chosen uniformly among all such pairs), so the cycle has length diameter + 1;
-    * negative (:obj:`y = 0`): the edge joins two nodes at distance at least 2 (no multi-edge) and
-      less than the diameter, chosen uniformly, so the cycle is shorter.
-
-    Node ids are shuffled per graph. Node features as in :class:`MotifDataset`
-    (:obj:`"neighbor_degrees"`, the paper's default, :obj:`"degree"` or :obj:`"constant"`).
-    Labels :obj:`y` are long, one per graph, balanced and shuffled.
+    (`Choromanski et al., ICML 2022 <https://arxiv.org/abs/2107.07999>`_, Sec. 5.1.2): is the
+    (only, hence induced) cycle as long as the tree's diameter + 1, a global property local
+    message passing cannot see? A random binary tree (:func:`random_binary_trees`) gets one edge
+    between a uniform diameter pair (:obj:`y = 1`) or a uniform pair at distance in [2, diameter)
+    (:obj:`y = 0`). Node ids shuffled per graph; features as :func:`node_features`; :obj:`y` long,
+    balanced, shuffled.
 
     Args:
         root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
@@ -413,14 +362,3 @@ class InducedCycleDataset(GeneratedDataset):
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}({len(self)}, seed={self.seed})'
 
-
-__all__ = [
-    'MotifDataset',
-    'InducedCycleDataset',
-    'GeneratedDataset',
-    'MOTIFS',
-    'motif_graph',
-    'node_features',
-    'random_binary_trees',
-    'tree_distances',
-]

@@ -93,5 +93,3 @@ def load_tu(name: str, root: Optional[str] = None, transform: Optional[Callable]
         dataset.transform = deg if transform is None else Compose([deg, transform])
     return dataset
 
-
-__all__ = ['TUDataset', 'load_tu', 'max_degree', 'TU_DATASETS']
