@@ -24,6 +24,7 @@ r"""PyG datasets with an offline-mirror ``download()`` and a crash-safe, verifie
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -57,12 +58,9 @@ class DatasetCacheError(RuntimeError):
 
 def _fsync(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
-    try:
+    with contextlib.suppress(OSError):  # directories on some file systems
         os.fsync(fd)
-    except OSError:  # pragma: no cover (directories on some file systems)
-        pass
-    finally:
-        os.close(fd)
+    os.close(fd)
 
 
 def _fsync_tree(path: str) -> None:
@@ -153,13 +151,9 @@ def write_manifest(folder: str, info: Dict[str, Any]) -> None:
 
 
 def verify_manifest(folder: str, required: Sequence[str] = ()) -> None:
-    r"""Checks :obj:`folder` against its ``MANIFEST.json``: the manifest must list exactly the
-    files of the folder (a manifest edited to list fewer files hides none of them), the
-    :obj:`required` ones among them, each with the SHA-256 it lists.
-
-    Raises:
-        DatasetCacheError: naming the first mismatch and the folder to delete.
-    """
+    r"""Checks that ``<folder>/MANIFEST.json`` lists exactly the files of :obj:`folder` (a
+    manifest edited to list fewer hides none), the :obj:`required` ones among them, each with
+    its SHA-256; else raises :class:`DatasetCacheError` naming the first mismatch."""
     path = osp.join(folder, MANIFEST)
     hint = f"Delete '{folder}' (it is re-created on the next load) or pass force_reload=True."
     try:
@@ -187,17 +181,15 @@ def verify_manifest(folder: str, required: Sequence[str] = ()) -> None:
 
 
 class SafeCacheMixin:
-    r"""Mixin for PyG :class:`~torch_geometric.data.Dataset` classes (list it first): mirror
-    ``download()``, and a keyed, atomic, verified, single-writer, safely loaded cache (see the
-    module docstring). Subclasses set :attr:`mirror_folder` (or :meth:`mirror_sources`) and may
-    extend :meth:`cache_key`, :meth:`download_from_source` and :attr:`not_found_hint`."""
+    r"""Mixin for PyG datasets (list it first), see the module docstring. Subclasses set
+    :attr:`mirror_folder` (or :meth:`mirror_sources`) and may extend :meth:`cache_key`,
+    :meth:`download_from_source` and :attr:`not_found_hint`."""
 
     _staging_dir: Optional[str] = None
     #: The mirror's folder for this class (``TUDataset``, ``Planetoid``, ``LRGB``).
     mirror_folder: str = ''
     not_found_hint: str = ''
 
-    # Raw files ---------------------------------------------------------------------------------
     def mirror_sources(self) -> List[Tuple[str, str]]:
         r"""``(path in the mirror, folder to copy it into)`` of the raw files: by default
         ``<mirror_folder>/<name>/raw`` into :attr:`raw_dir` (PyG's layout)."""
@@ -235,7 +227,6 @@ class SafeCacheMixin:
         r"""The dataset's own download (PyG's ``download()`` by default)."""
         super().download()  # type: ignore[misc]
 
-    # The cache ---------------------------------------------------------------------------------
     def cache_key(self) -> Dict[str, Any]:
         r"""Settings that change the processed files, besides PyG's folder and file names."""
         return {}

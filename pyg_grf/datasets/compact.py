@@ -56,8 +56,8 @@ def _segments(slices: Optional[Dict[str, Any]], key: str, n: int) -> Tensor:
 
 
 def _first_row_as_counts(index: Tensor, ptr: Tensor) -> Optional[Tuple[Tensor, Tensor]]:
-    r"""``(counts, lengths)`` if the first row of :obj:`index` ``[2, nnz]`` is non-negative and
-    sorted within every graph (:obj:`ptr`: graph boundaries), else :obj:`None`."""
+    # (counts, lengths) if the first row of index [2, nnz] is non-negative and sorted within
+    # every graph (ptr: graph boundaries), else None
     row = index[0].long()
     nnz, sizes = row.numel(), ptr.diff()
     if nnz == 0 or int(row.min()) < 0 or int(ptr[-1]) != nnz:

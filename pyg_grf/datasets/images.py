@@ -17,6 +17,7 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
+from torch_geometric.utils import to_undirected
 
 from pyg_grf._validation import check_int
 from pyg_grf.datasets.synthetic import GeneratedDataset, _check_root
@@ -34,10 +35,7 @@ def grid_edge_index(height: int, width: int) -> Tensor:
     idx = torch.arange(height * width).view(height, width)
     right = torch.stack([idx[:, :-1].reshape(-1), idx[:, 1:].reshape(-1)])
     down = torch.stack([idx[:-1, :].reshape(-1), idx[1:, :].reshape(-1)])
-    und = torch.cat([right, down], 1)
-    both = torch.cat([und, und.flip(0)], 1)
-    order = torch.argsort(both[0] * (height * width) + both[1])
-    return both[:, order]
+    return to_undirected(torch.cat([right, down], 1), num_nodes=height * width)
 
 
 def image_patches(images: Tensor, patch: int) -> Tensor:
@@ -50,26 +48,6 @@ def image_patches(images: Tensor, patch: int) -> Tensor:
         raise ValueError(f"the image size {H} x {W} must be divisible by 'patch' ({patch})")
     x = images.reshape(B, H // patch, patch, W // patch, patch).permute(0, 1, 3, 2, 4)
     return x.reshape(B, (H // patch) * (W // patch), patch * patch)
-
-
-def _place_digits(digits: Tensor, canvas: int, scale: Tuple[float, float], noise: float,
-                  gen: torch.Generator) -> Tensor:
-    r"""Each ``[8, 8]`` digit resampled at a random scale (its side becomes ``8 * s`` canvas
-    pixels) and a random offset that keeps it inside the canvas, plus Gaussian noise:
-    one batched ``affine_grid`` / ``grid_sample``."""
-    B = digits.size(0)
-    s = torch.empty(B).uniform_(*scale, generator=gen)
-    side = 8.0 * s / canvas                    # the digit's side as a fraction of the canvas
-    slack = (1.0 - side).clamp_min(0.0)
-    off = (torch.rand(B, 2, generator=gen) - 0.5) * slack.unsqueeze(1)  # centre offset, [-1/2, 1/2]
-    # output coords u in [-1, 1] map to input coords (u - 2 off) / side
-    theta = torch.zeros(B, 2, 3)
-    theta[:, 0, 0] = theta[:, 1, 1] = 1.0 / side
-    theta[:, :, 2] = -2.0 * off / side.unsqueeze(1)
-    grid = torch.nn.functional.affine_grid(theta, (B, 1, canvas, canvas), align_corners=False)
-    out = torch.nn.functional.grid_sample(digits.unsqueeze(1), grid, align_corners=False,
-                                          padding_mode='zeros').squeeze(1)
-    return out + noise * torch.randn(out.shape, generator=gen)
 
 
 class DigitsGridDataset(GeneratedDataset):
@@ -149,8 +127,18 @@ class DigitsGridDataset(GeneratedDataset):
         images = images.repeat_interleave(self.copies, 0)[:self.num_graphs]
         labels = labels.repeat_interleave(self.copies, 0)[:self.num_graphs]
         source = torch.arange(NUM_DIGITS).repeat_interleave(self.copies)[:self.num_graphs]
-        gen = torch.Generator().manual_seed(self.seed)
-        canvas = _place_digits(images, self.canvas, self.scale, self.noise, gen)
+        # each digit at a random scale (side 8 * s pixels) and offset inside the canvas, plus
+        # Gaussian noise: one batched affine_grid / grid_sample
+        gen, B, C = torch.Generator().manual_seed(self.seed), images.size(0), self.canvas
+        side = 8.0 * torch.empty(B).uniform_(*self.scale, generator=gen) / C  # canvas fraction
+        off = (torch.rand(B, 2, generator=gen) - 0.5) * (1.0 - side).clamp_min(0.0).unsqueeze(1)
+        theta = torch.zeros(B, 2, 3)  # output coords u in [-1, 1] read input (u - 2 off) / side
+        theta[:, 0, 0] = theta[:, 1, 1] = 1.0 / side
+        theta[:, :, 2] = -2.0 * off / side.unsqueeze(1)
+        grid = torch.nn.functional.affine_grid(theta, (B, 1, C, C), align_corners=False)
+        canvas = torch.nn.functional.grid_sample(images.unsqueeze(1), grid, align_corners=False,
+                                                 padding_mode='zeros').squeeze(1)
+        canvas = canvas + self.noise * torch.randn(canvas.shape, generator=gen)
         x = image_patches(canvas, self.patch)                      # [B, P, patch^2]
         P = x.size(1)
         pos = torch.eye(P).expand(x.size(0), P, P)

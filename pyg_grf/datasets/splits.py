@@ -15,6 +15,7 @@ from torch import Tensor
 from pyg_grf.datasets.mirror import data_root
 
 SPLITS_VERSION = 2
+_SPLITS = ('train', 'val', 'test')
 
 
 def _labels(dataset) -> np.ndarray:
@@ -52,24 +53,22 @@ def check_folds(folds, num_graphs: int, path: str = '<splits>') -> None:
         raise ValueError(f"Expected a non-empty list of folds in '{path}'. {hint}")
     tested = np.zeros(num_graphs, dtype=np.int64)
     for i, fold in enumerate(folds):
-        seen = np.zeros(num_graphs, dtype=np.int64)
-        for split in ('train', 'val', 'test'):
+        for split in _SPLITS:
             idx = fold.get(split) if isinstance(fold, dict) else None
             if not isinstance(idx, list) or not all(
                     isinstance(j, int) and not isinstance(j, bool) for j in idx):
                 raise ValueError(f"Fold {i} of '{path}': expected '{split}' to be a list of "
                                  f"integers. {hint}")
-            arr = np.asarray(idx, dtype=np.int64)
-            bad = arr[(arr < 0) | (arr >= num_graphs)]
-            if bad.size:
-                raise ValueError(f"Fold {i} of '{path}': '{split}' holds index {int(bad[0])}, "
+            bad = [j for j in idx if not 0 <= j < num_graphs]
+            if bad:
+                raise ValueError(f"Fold {i} of '{path}': '{split}' holds index {bad[0]}, "
                                  f"outside [0, {num_graphs}). {hint}")
-            np.add.at(seen, arr, 1)
-            if split == 'test':
-                np.add.at(tested, arr, 1)
+        seen = np.bincount(np.asarray(fold['train'] + fold['val'] + fold['test'], dtype=np.int64),
+                           minlength=num_graphs)
+        tested += np.bincount(np.asarray(fold['test'], dtype=np.int64), minlength=num_graphs)
         if (seen > 1).any():
             j = int(np.flatnonzero(seen > 1)[0])
-            where = [s for s in ('train', 'val', 'test') if j in set(fold[s])]
+            where = [s for s in _SPLITS if j in set(fold[s])]
             raise ValueError(f"Fold {i} of '{path}': graph {j} appears more than once (in "
                              f"{where}); train, val and test must be disjoint. {hint}")
         if (seen == 0).any():
@@ -161,22 +160,18 @@ def errica_splits(
         if stored.get('folds_sha256') != _folds_digest(folds):
             raise ValueError(f"The folds in '{path}' do not match their stored SHA-256: the file "
                              f"was edited. Delete '{path}' to recompute the splits.")
-        return [{k: torch.tensor(fold[k], dtype=torch.long) for k in ('train', 'val', 'test')}
-                for fold in folds]
-
-    outer = StratifiedKFold(n_splits=num_folds, shuffle=True, random_state=seed)
-    folds = []
-    for train_val, test in outer.split(np.zeros(y.size), y):
-        train, val = train_test_split(train_val, test_size=inner_holdout, stratify=y[train_val],
-                                      random_state=seed)
-        folds.append(dict(train=sorted(int(i) for i in train), val=sorted(int(i) for i in val),
-                          test=sorted(int(i) for i in test)))
-
-    os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
-    tmp = f'{path}.{os.getpid()}.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(dict(meta, folds=folds, folds_sha256=_folds_digest(folds)), f)
-    os.replace(tmp, path)
-    return [{k: torch.tensor(fold[k], dtype=torch.long) for k in ('train', 'val', 'test')}
-            for fold in folds]
+    else:
+        outer = StratifiedKFold(n_splits=num_folds, shuffle=True, random_state=seed)
+        folds = []
+        for train_val, test in outer.split(np.zeros(y.size), y):
+            train, val = train_test_split(train_val, test_size=inner_holdout,
+                                          stratify=y[train_val], random_state=seed)
+            folds.append({k: sorted(int(i) for i in v) for k, v in zip(_SPLITS,
+                                                                       (train, val, test))})
+        os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
+        tmp = f'{path}.{os.getpid()}.tmp'
+        with open(tmp, 'w') as f:
+            json.dump(dict(meta, folds=folds, folds_sha256=_folds_digest(folds)), f)
+        os.replace(tmp, path)
+    return [{k: torch.tensor(fold[k], dtype=torch.long) for k in _SPLITS} for fold in folds]
 

@@ -12,19 +12,13 @@ from pyg_grf.datasets.synthetic import GeneratedDataset, _check_root
 
 
 class TwoHopMajorityDataset(GeneratedDataset):
-    r"""Node classification on random graphs whose label is a property of the 2-hop ball:
-    every node is red or blue (its one-hot colour is its feature), and node :math:`i` has label
-    1 iff red nodes outnumber blue ones among the nodes at distance 1 or 2 from :math:`i`
-    (:math:`i` itself excluded; ties are 0).
-
-    Neither a node's own colour nor the colours of the whole graph decide the label, so
-    attention without topology (unmasked linear or softmax attention over the graph) is near
-    chance, while two rounds of message passing, or attention masked by a kernel that covers
-    the 2-hop ball (e.g. GRFs with ``max_length=1``: :math:`\widehat\Phi\widehat\Phi^\top` covers
-    walks of up to 2 hops), can solve it.
-
-    Graphs are Erdős–Rényi with mean degree :obj:`mean_degree` plus a random spanning tree (so
-    they are connected); colours are red with probability :obj:`p_red`.
+    r"""Node classification on random graphs (Erdős–Rényi of :obj:`mean_degree` plus a random
+    spanning tree): each node is red (probability :obj:`p_red`) or blue, one-hot as its feature,
+    and has label 1 iff red outnumbers blue among the nodes at distance 1 or 2 (itself excluded;
+    ties 0). Neither its own colour nor the graph's decide it, so attention without topology is
+    near chance, while two rounds of message passing or a mask covering the 2-hop ball (GRFs with
+    ``max_length=1``: :math:`\widehat\Phi\widehat\Phi^\top` covers walks of up to 2 hops) can
+    solve it.
 
     Args:
         root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
