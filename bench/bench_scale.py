@@ -29,6 +29,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_grf import _proc_status as _status  # noqa: E402  (VmRSS, VmHWM in MiB)
+from bench_grf import _reset_peak  # noqa: E402
+
 METHODS = ('grf', 'performer', 'linear')
 
 
@@ -43,21 +47,6 @@ def knn_data(N: int, k: int = 8, seed: int = 0):
     src = np.repeat(np.arange(N), k)
     ei = torch.from_numpy(np.stack([src, nb[:, 1:].reshape(-1)])).long()
     return Data(edge_index=to_undirected(ei, num_nodes=N), num_nodes=N)
-
-
-def _status() -> dict:
-    out = {}
-    with open('/proc/self/status') as fh:
-        for line in fh:
-            if line.startswith(('VmRSS', 'VmHWM')):
-                k, v = line.split(':')
-                out[k] = int(v.split()[0]) / 1024.0  # MiB
-    return out
-
-
-def _reset_peak() -> None:
-    with open('/proc/self/clear_refs', 'w') as fh:
-        fh.write('5')
 
 
 def worker(method: str, N: int, repeats: int, data_file: str) -> dict:

@@ -105,6 +105,21 @@ def _join(row, col, hop, load, krow, kcol, khop, kload, N, ids, num_coef, upper,
                       khop[k_order], kload[k_order], ids, num_coef, upper, max_cells, exact)
 
 
+@_jit
+def _first_partner(k_ptr, k_row, v, i, upper):
+    # the first key entry of visited node v to pair with row i: all of them, or with the upper
+    # triangle only (partners sorted by row) those of rows >= i, by bisection
+    lo, hi = k_ptr[v], k_ptr[v + 1]
+    if upper:
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if k_row[mid] < i:
+                lo = mid + 1
+            else:
+                hi = mid
+    return lo
+
+
 #: Inputs of more entries than this get a symbolic pass that sizes the join's output exactly
 #: (below it, one pass from a first guess of 4 cells per entry is faster).
 EXACT_ABOVE = 2 ** 20
@@ -131,16 +146,7 @@ def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, nu
             cnt = 0
             for e in range(q_ptr[i], q_ptr[i + 1]):
                 v = q_col[e]
-                lo, hi = k_ptr[v], k_ptr[v + 1]
-                if upper:  # partners sorted by row: skip those of rows below i
-                    while lo < hi:
-                        mid = (lo + hi) // 2
-                        if k_row[mid] < i:
-                            lo = mid + 1
-                        else:
-                            hi = mid
-                    hi = k_ptr[v + 1]
-                for t in range(lo, hi):
+                for t in range(_first_partner(k_ptr, k_row, v, i, upper), k_ptr[v + 1]):
                     j = k_row[t]
                     if slot[j] < 0:
                         slot[j] = cnt
@@ -163,16 +169,7 @@ def _gustavson(q_ptr, q_col, q_hop, q_load, k_ptr, k_row, k_hop, k_load, ids, nu
         for e in range(q_ptr[i], q_ptr[i + 1]):
             v, wq = q_col[e], q_load[e]
             idrow = ids[q_hop[e]]
-            lo, hi = k_ptr[v], k_ptr[v + 1]
-            if upper:
-                while lo < hi:
-                    mid = (lo + hi) // 2
-                    if k_row[mid] < i:
-                        lo = mid + 1
-                    else:
-                        hi = mid
-                hi = k_ptr[v + 1]
-            for t in range(lo, hi):
+            for t in range(_first_partner(k_ptr, k_row, v, i, upper), k_ptr[v + 1]):
                 j = k_row[t]
                 s = slot[j]
                 if s < 0:
