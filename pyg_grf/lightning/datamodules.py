@@ -363,9 +363,8 @@ class TUDataModule(GraphDataModule):
     def __init__(self, name: str, fold: int = 0, num_folds: int = 10,
                  inner_holdout: float = 0.1, split_seed: int = 0,
                  use_degree_features: bool = True, dataset_kwargs: Optional[Dict[str, Any]] = None,
-                 batch_size: int = 32, num_workers: Optional[int] = None,
-                 pre_transform: TransformArg = None, transform: TransformArg = None,
-                 root: Optional[str] = None, seed: int = 0,
+                 batch_size: int = 32, num_workers: Optional[int] = None, pre_transform: TransformArg = None,
+                 transform: TransformArg = None, root: Optional[str] = None, seed: int = 0,
                  pin_memory: bool = False):
         super().__init__(batch_size, num_workers, pre_transform, transform, root, seed,
                          pin_memory)
