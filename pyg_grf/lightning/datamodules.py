@@ -99,7 +99,7 @@ class _DatasetDataModule(pl.LightningDataModule):
     process), whose :attr:`num_features` and :attr:`num_classes` models are built from."""
 
     def __init__(self, pre_transform: TransformArg = None, transform: TransformArg = None,
-                 root: Optional[str] = None, num_workers: Optional[int] = None):
+                 root: Optional[str] = None, num_workers: int = 0):
         super().__init__()
         self.num_workers = num_workers
         self.pre_transform = _compose(pre_transform)
@@ -139,26 +139,16 @@ def _trained_model(dm) -> Optional[torch.nn.Module]:
     return model if isinstance(model, torch.nn.Module) else None
 
 
-def _plans_per_batch(model: Optional[torch.nn.Module]) -> bool:
-    # whether the model has attention layers whose payload is a per-batch plan (their class
-    # builds one for several layers: GraphAttention.plan_payload overridden)
-    from pyg_grf.nn.attention.base import GraphAttention
-    return model is not None and any(
-        isinstance(m, GraphAttention) and type(m).plan_payload.__func__
-        is not GraphAttention.plan_payload.__func__ for m in model.modules())
-
-
 class GraphDataModule(_DatasetDataModule):
     r"""Base of the graph-level DataModules: subclasses implement :meth:`load_dataset` (build or
     load the dataset, cached) and :meth:`split` (train / val / test subsets).
 
     Args:
         batch_size (int, optional): graphs per batch (default: :obj:`32`).
-        num_workers (int, optional): loader workers. The loader builds every batch's
-            attention plans for the model being trained (:class:`pyg_grf.loader.DataLoader`),
-            in its workers when there are any, beside the training step instead of in it.
-            :obj:`None` (default): one worker when the model has attention layers that plan
-            per batch (GRF, GKAT), else none.
+        num_workers (int, optional): loader workers (default: :obj:`0`). The loader builds
+            every batch's attention plans for the model being trained
+            (:class:`pyg_grf.loader.DataLoader`); with workers they are built beside the
+            training step, not in it.
         pre_transform (BaseTransform or list, optional): applied once, cached
             (default: :obj:`None`).
         transform (BaseTransform or list, optional): applied on access (default: :obj:`None`).
@@ -170,7 +160,7 @@ class GraphDataModule(_DatasetDataModule):
             :attr:`standardizer`), e.g. ``['x', 'y']`` for a regression (default: :obj:`None`).
     """
 
-    def __init__(self, batch_size: int = 32, num_workers: Optional[int] = None,
+    def __init__(self, batch_size: int = 32, num_workers: int = 0,
                  pre_transform: TransformArg = None, transform: TransformArg = None,
                  root: Optional[str] = None, seed: int = 0, pin_memory: bool = False,
                  standardize: Optional[List[str]] = None):
@@ -208,13 +198,9 @@ class GraphDataModule(_DatasetDataModule):
         # the loader builds each batch's attention plans for the model being trained
         # (pyg_grf.loader), in its workers when there are any, so that the training step
         # only runs the layers
-        model = _trained_model(self)
-        workers = self.num_workers
-        if workers is None:  # plans built in a worker, beside the step
-            workers = 1 if _plans_per_batch(model) else 0
         return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, shuffle=False,
-                          num_workers=workers, pin_memory=self.pin_memory,
-                          persistent_workers=workers > 0, model=model)
+                          num_workers=self.num_workers, pin_memory=self.pin_memory,
+                          persistent_workers=self.num_workers > 0, model=_trained_model(self))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, True)
@@ -288,7 +274,7 @@ class SyntheticDataModule(GraphDataModule):
     def __init__(self, task: str = 'motifs', num_graphs: int = 1024,
                  split: Tuple[float, float, float] = (0.8, 0.1, 0.1), data_seed: int = 0,
                  split_seed: int = 0, dataset_kwargs: Optional[Dict[str, Any]] = None,
-                 cache: bool = True, batch_size: int = 32, num_workers: Optional[int] = None,
+                 cache: bool = True, batch_size: int = 32, num_workers: int = 0,
                  pre_transform: TransformArg = None, transform: TransformArg = None,
                  root: Optional[str] = None, seed: int = 0, pin_memory: bool = False,
                  split_by: Optional[str] = None, standardize: Optional[List[str]] = None):
@@ -363,7 +349,7 @@ class TUDataModule(GraphDataModule):
     def __init__(self, name: str, fold: int = 0, num_folds: int = 10,
                  inner_holdout: float = 0.1, split_seed: int = 0,
                  use_degree_features: bool = True, dataset_kwargs: Optional[Dict[str, Any]] = None,
-                 batch_size: int = 32, num_workers: Optional[int] = None, pre_transform: TransformArg = None,
+                 batch_size: int = 32, num_workers: int = 0, pre_transform: TransformArg = None,
                  transform: TransformArg = None, root: Optional[str] = None, seed: int = 0,
                  pin_memory: bool = False):
         super().__init__(batch_size, num_workers, pre_transform, transform, root, seed,
@@ -414,7 +400,7 @@ class LRGBDataModule(GraphDataModule):
     def __init__(self, name: str = 'peptides-func', max_graphs: Optional[int] = None,
                  standin: Optional[int] = None,
                  dataset_kwargs: Optional[Dict[str, Any]] = None, batch_size: int = 32,
-                 num_workers: Optional[int] = None, pre_transform: TransformArg = None,
+                 num_workers: int = 0, pre_transform: TransformArg = None,
                  transform: TransformArg = None, root: Optional[str] = None, seed: int = 0,
                  pin_memory: bool = False):
         super().__init__(batch_size, num_workers, pre_transform, transform, root, seed,
@@ -481,7 +467,7 @@ class PlanetoidDataModule(_DatasetDataModule):
 
     def __init__(self, name: str = 'Cora', split: str = 'public',
                  pre_transform: TransformArg = None, transform: TransformArg = None,
-                 root: Optional[str] = None, num_workers: Optional[int] = None,
+                 root: Optional[str] = None, num_workers: int = 0,
                  num_parts: Optional[int] = None, part_walks: str = 'restrict'):
         super().__init__(pre_transform, transform, root, num_workers)
         self.name = name
@@ -501,7 +487,7 @@ class PlanetoidDataModule(_DatasetDataModule):
             raise RuntimeError("PlanetoidDataModule: call setup() before asking for a dataloader")
         # the full graph's plans are built once (the loader keeps them: plan_cache_bytes)
         return DataLoader(self.dataset, batch_size=1, shuffle=False,
-                          num_workers=self.num_workers or 0, model=_trained_model(self))
+                          num_workers=self.num_workers, model=_trained_model(self))
 
     def train_dataloader(self):
         if self.num_parts is None:

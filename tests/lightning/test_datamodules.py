@@ -176,30 +176,3 @@ def test_mass_spring_clouds_standardised_with_training_statistics():
     assert batch.num_graphs == 1 and batch.y.shape == (100, 3)
     assert torch.allclose(dm.standardizer.inverse(batch.y, 'y'), raw[dm.val_dataset.indices()[0]].y,
                           atol=1e-5)
-
-
-def test_plans_are_built_in_a_worker_by_default_for_models_that_plan(tmp_path):
-    # num_workers=None: one loader worker (which builds each batch's plan beside the step)
-    # when the model's attention plans per batch (GRF, GKAT), none otherwise; an explicit
-    # count is kept
-    from types import SimpleNamespace
-
-    from pyg_grf.nn import GraphTransformer
-    from pyg_grf.nn.attention.base import PAYLOAD_ATTR
-    from pyg_grf.nn.attention.grf import GRFPlan
-    kwargs = dict(num_graphs=24, split=(0.5, 0.25, 0.25), dataset_kwargs={'num_nodes': 8,
-                                                                         'motif': 'grid'},
-                  root=str(tmp_path), batch_size=4, pre_transform=_grf())
-    for attn_type, workers in (('grf', 1), ('linear', 0)):
-        for given, expected in ((None, workers), (0, 0)):
-            dm = SyntheticDataModule(num_workers=given, **kwargs)
-            dm.setup('fit')
-            model = GraphTransformer(5, 8, 2, 1, attn_type=attn_type,
-                                     attn_kwargs={'max_length': 2} if attn_type == 'grf'
-                                     else None)
-            dm.trainer = SimpleNamespace(lightning_module=SimpleNamespace(model=model))
-            loader = dm.train_dataloader()
-            assert loader.num_workers == expected, (attn_type, given)
-            batch = next(iter(loader))
-            if attn_type == 'grf':  # the plan came with the batch, from the worker
-                assert isinstance(batch.__dict__[PAYLOAD_ATTR]['grf'], GRFPlan)
