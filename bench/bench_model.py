@@ -306,7 +306,7 @@ def linear_layer_old_new(b: Batch, repeats: int) -> dict:
 PROFILED = ('__init__', 'from_data', 'build', 'build_part', '_build_part', 'plan_sizes',
             'mask_statistics', 'self_join_terms', 'join_terms', 'coalesce_terms',
             'block_layout', 'choose_backend', 'backend_costs', 'backend_memory',
-            'num_join_terms', 'block_coords', 'pairs', 'mask_values', 'model_payload',
+            'num_join_terms', 'block_coords', 'pairs', 'stat_values', 'model_payload',
             'plan_payload', 'linear_sums', 'sddmm', 'spmm', '_mix', '_sums',
             'check_coefficients', 'features', 'forward', 'backward', 'step')
 

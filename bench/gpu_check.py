@@ -75,6 +75,9 @@ from pyg_grf.nn import GKATAttention, GRFAttention, GRFGPSConv  # noqa: E402
 from pyg_grf.nn.attention.registry import attention_resolver  # noqa: E402
 from pyg_grf.transforms import AddGraphRandomFeatures, AddRWGNKFeatures  # noqa: E402
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_batch import molecule_like  # noqa: E402  (the molecule-like batches of bench/)
+
 C, H = 64, 4                      # width and heads of every GPS block and attention layer
 IN_NODE, IN_EDGE, OUT = 16, 4, 10  # synthetic node / edge features, graph labels
 MAX_LENGTH = 4
@@ -219,18 +222,6 @@ def peak_memory(device: torch.device, rec: dict):
 
 
 # Workloads ########################################################################################
-
-
-def molecule_like(n: int, gen: torch.Generator) -> torch.Tensor:
-    r"""A random tree on ``n`` nodes plus ``n // 20`` ring closures, undirected (about 2.1
-    directed edges per node; Peptides-func has 2.0). The generator of ``bench/bench_batch.py``,
-    kept here because that module imports the package's internals."""
-    parent = (torch.rand(n - 1, generator=gen) * torch.arange(1, n)).long()
-    ei = torch.stack([torch.arange(1, n), parent])
-    a = torch.randint(0, n, (n // 20,), generator=gen)
-    b = torch.randint(0, n, (n // 20,), generator=gen)
-    ei = torch.cat([ei, torch.stack([a[a != b], b[a != b]])], 1)
-    return to_undirected(ei, num_nodes=n)
 
 
 def molecule_batch(num_graphs: int, lo: int, hi: int, seed: int, device: torch.device,

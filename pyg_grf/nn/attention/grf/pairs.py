@@ -137,13 +137,6 @@ class PairsStructures(NamedTuple):
             tperm, None if tcrow is None else narrow_index(tcrow, P), tcol, symmetric,
             group_ptr, None if perm is None else narrow_index(perm, N))
 
-    def mask_values(self, f: Tensor) -> Tensor:
-        r"""``[h, P]`` mask values for coefficients ``f`` (``[H, L + 1]``; on folded loads
-        ``[G, L + 1]``, one row per group, and ``h = 1``); differentiable in ``f``."""
-        vals = self.stat_values(f)
-        # int64 ids: the backward of an int32-indexed gather takes a slow index_add path
-        return vals if self.src is None else vals.index_select(1, self.src.long())
-
     def stat_values(self, f: Tensor) -> Tensor:
         r"""``[h, P']``: the mask value of every stored statistic row (each cell reads row
         ``src``); differentiable in ``f``. The kernel gathers them per head, so that the
