@@ -77,3 +77,19 @@ def test_scores_computed_again_in_the_backward_give_the_same_gradients(mode, mon
     r = torch.autograd.grad(ref.square().sum(), (x, layer.f, layer.to_q.weight))
     for a, c in zip(g, r):
         assert torch.allclose(a, c, atol=1e-9)
+
+
+def test_samples_on_a_shared_graph_in_locality_order_equal_a_batch_of_copies(monkeypatch):
+    # the pair structures of one graph in a locality order, repeated for B samples
+    from pyg_grf.nn.attention.grf import pairs
+    monkeypatch.setattr(pairs, 'REORDER_MIN_NODES', 8)
+    g = AddGraphRandomFeatures(num_walks=5, p_halt=0.4, max_length=3, seed=0)(
+        Data(edge_index=er_graph(30, 0.15, seed=4), num_nodes=30))
+    layer = make_layer('symmetric', 'pairs')
+    plan = GRFPlan.build(g, [layer])
+    assert next(iter(plan.parts.values())).structures.perm is not None
+    x = torch.randn(3, 30, 8, dtype=D, generator=torch.Generator().manual_seed(0))
+    out = layer(x, grf=plan)
+    copies = Batch.from_data_list([g] * 3)
+    ref = layer(x.reshape(90, 8), copies.batch, grf=GRFLoads.from_data(copies))
+    assert torch.allclose(out.reshape(90, 8), ref, atol=1e-10)
