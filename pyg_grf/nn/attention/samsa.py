@@ -1,9 +1,5 @@
-r"""SAMSA sampling self-attention (SAMSA paper, Sec. 4.2 and 4.4, Algorithm 1).
-
-Every head scores all tokens with a small MLP, keeps the ``k`` best (plus learnable support
-tokens) as its keys and values, and lets every query of the same graph attend to those ``k``
-only. Cost per layer: :math:`O(nkd)` instead of :math:`O(n^2 d)`.
-"""
+r"""SAMSA sampling self-attention (SAMSA paper, Sec. 4.2 and 4.4, Algorithm 1): per head,
+every query attends to the ``k`` best-scored tokens of its graph, :math:`O(nkd)`."""
 from __future__ import annotations
 
 from typing import Callable, Optional, Tuple, Union
@@ -67,39 +63,26 @@ class SAMSAAttention(GraphAttention):
     the forward pass too. In evaluation mode both modes take the plain top-:math:`k` without
     noise or gradient estimation.
 
-    Sampling is per graph in a PyG mini-batch: each graph's queries only see the keys picked from
-    that graph (plus the support tokens, which every graph shares). A graph with fewer than
-    :math:`k` tokens is topped up by the support tokens; slots that neither can fill are masked.
-    Each head picks its own subset ("mixture of attention experts", Sec. 4.4).
+    Sampling is per graph: each graph's queries see the keys picked from that graph plus the
+    support tokens, which every graph shares; slots that neither can fill are masked. Each head
+    picks its own subset ("mixture of attention experts", Sec. 4.4).
 
     Args:
         channels (int): Size of each input and output sample.
         heads (int, optional): Number of attention heads. (default: :obj:`1`)
         num_samples (int, optional): Number :math:`k` of key/value tokens each head keeps per
             graph. (default: :obj:`32`)
-        mode (str, optional): :obj:`"hard"` (straight-through) or :obj:`"soft"` (relaxed
-            Gumbel-Sigmoid mixture in the forward pass), Sec. 5.1. (default: :obj:`"hard"`)
-        num_support (int, optional): Number of learnable support key/value tokens. If set to
-            :obj:`None`, uses :math:`2k` as in Sec. 4.4. (default: :obj:`None`)
-        dropout (float, optional): Dropout probability of the attention weights.
-            (default: :obj:`0.`)
-        tau (float, optional): Temperature :math:`\tau` of the Gumbel-Sigmoid. (default: :obj:`1.`)
-        score_channels (int, optional): Hidden size of the importance-score MLP. If set to
-            :obj:`None`, uses :obj:`channels`. (default: :obj:`None`)
-        act (str or Callable, optional): Activation of the importance-score MLP.
-            (default: :obj:`"gelu"`)
-        act_kwargs (Dict[str, Any], optional): Arguments passed to the activation resolver.
-            (default: :obj:`None`)
-        bias (bool, optional): If set to :obj:`False`, the projections do not learn an additive
-            bias. (default: :obj:`True`)
-        head_channels (int, optional): Size per head; if set to :obj:`None`,
-            :obj:`channels // heads`, which must then divide evenly. (default: :obj:`None`)
-
-    Shapes:
-        - **input:** tokens :math:`(N, F)`, batch vector :math:`(N)` *(optional)*
-        - **output:** tokens :math:`(N, F)`; with :obj:`return_index=True` also the selected
-          token indices :math:`(B, k, H)` (a support token :math:`s` is reported as
-          :math:`N + s`, an empty slot as :math:`-1`)
+        mode (str, optional): :obj:`"hard"` or :obj:`"soft"`, Sec. 5.1. (default: :obj:`"hard"`)
+        num_support (int, optional): Number of support tokens; :obj:`None`: :math:`2k`
+            (Sec. 4.4). (default: :obj:`None`)
+        dropout (float, optional): Dropout of the attention weights. (default: :obj:`0.`)
+        tau (float, optional): Temperature :math:`\tau`. (default: :obj:`1.`)
+        score_channels (int, optional): Hidden size of the importance-score MLP; :obj:`None`:
+            :obj:`channels`. (default: :obj:`None`)
+        act (str or Callable, optional): Activation of that MLP. (default: :obj:`"gelu"`)
+        act_kwargs (Dict[str, Any], optional): Its arguments. (default: :obj:`None`)
+        bias (bool, optional): Biases of the projections. (default: :obj:`True`)
+        head_channels (int, optional): Size per head. (default: :obj:`channels // heads`)
     """
     def __init__(
         self,
@@ -117,10 +100,8 @@ class SAMSAAttention(GraphAttention):
         head_channels: Optional[int] = None,
     ):
         super().__init__()
-        if channels < 1:
-            raise ValueError(f"'channels' must be positive (got {channels})")
-        if heads < 1:
-            raise ValueError(f"'heads' must be positive (got {heads})")
+        if channels < 1 or heads < 1:
+            raise ValueError(f"'channels' and 'heads' must be positive (got {channels}, {heads})")
         head_channels = resolve_head_channels(channels, heads, head_channels)
         if head_channels < 1:
             raise ValueError(f"'head_channels' must be positive (got {head_channels})")
@@ -134,69 +115,45 @@ class SAMSAAttention(GraphAttention):
             raise ValueError(f"'dropout' must be in [0, 1) (got {dropout})")
         if tau <= 0.:
             raise ValueError(f"'tau' must be positive (got {tau})")
-
-        self.channels = channels
-        self.heads = heads
-        self.head_channels = head_channels
-        self.num_samples = num_samples
-        self.mode = mode
+        self.channels, self.heads, self.head_channels = channels, heads, head_channels
+        self.num_samples, self.mode, self.dropout, self.tau = num_samples, mode, dropout, tau
         self.num_support = 2 * num_samples if num_support is None else num_support
-        self.dropout = dropout
-        self.tau = tau
-        self.score_channels = channels if score_channels is None else score_channels
-        self.act = act
-        self.act_kwargs = act_kwargs
-        self.bias = bias
+        score_channels = channels if score_channels is None else score_channels
 
-        H, D, S = heads, self.head_channels, self.num_support
+        H, D, S = heads, head_channels, self.num_support
         self.to_q = Linear(channels, H * D, bias=bias)
         self.to_kv = Linear(channels, 2 * H * D, bias=bias)
         self.to_out = Linear(H * D, channels, bias=bias)
         # importance-score network (Sec. 4.4: "a simple multi-layer perceptron")
-        self.score_lin1 = Linear(channels, self.score_channels)
+        self.score_lin1 = Linear(channels, score_channels)
         self.score_act = activation_resolver(act, **(act_kwargs or {}))
-        self.score_lin2 = Linear(self.score_channels, heads)
+        self.score_lin2 = Linear(score_channels, heads)
         # support key/value tokens P_supp [S, H, 2D] and their scores Z_supp [S, H]
         self.support_kv = Parameter(torch.empty(S, H, 2 * D))
         self.support_score = Parameter(torch.empty(S, H))
-
         self.reset_parameters()
 
     def reset_parameters(self):
         r"""Resets all learnable parameters of the module."""
-        self.to_q.reset_parameters()
-        self.to_kv.reset_parameters()
-        self.to_out.reset_parameters()
-        self.score_lin1.reset_parameters()
-        self.score_lin2.reset_parameters()
+        for lin in (self.to_q, self.to_kv, self.to_out, self.score_lin1, self.score_lin2):
+            lin.reset_parameters()
         torch.nn.init.trunc_normal_(self.support_kv, std=0.02)
         # small random scores: no ties among the support tokens, so the top-k (and the
         # output) does not depend on how the candidates of a graph are laid out
         torch.nn.init.trunc_normal_(self.support_score, std=0.02)
 
-    def importance_scores(self, x: Tensor) -> Tensor:
-        r"""The multi-head importance scores :math:`\mathbf{Z}` (Algorithm 1, line 6) of the
-        tokens :obj:`x` of shape :math:`(N, F)`, without noise: :math:`(N, H)`."""
-        return self.score_lin2(self.score_act(self.score_lin1(x)))
-
-    def forward(
-        self,
-        x: Tensor,
-        batch: OptTensor = None,
-        *,
-        return_index: bool = False,
-    ) -> Union[Tensor, Tuple[Tensor, Tensor]]:
-        r"""Runs the forward pass of the module.
-
+    def forward(self, x: Tensor, batch: OptTensor = None, *,
+                return_index: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+        r"""
         Args:
             x (torch.Tensor): The tokens :math:`(N, F)`, or :math:`(B, n, F)`: :math:`B`
                 samples of :math:`n` tokens (one graph each).
-            batch (torch.Tensor, optional): The batch vector :math:`(N)` assigning every token
-                to its graph; PyG batches are sorted, an unsorted one is sorted internally and
-                the output returned in the input order. (default: :obj:`None`, one graph)
-            return_index (bool, optional): If set to :obj:`True`, also returns the selected
-                token indices :math:`(B, k, H)` (support token :math:`s` as :math:`N + s`, empty
-                slot as :math:`-1`). (default: :obj:`False`)
+            batch (torch.Tensor, optional): The graph of every token :math:`(N)`; an unsorted
+                one is sorted internally and the output returned in the input order.
+                (default: :obj:`None`, one graph)
+            return_index (bool, optional): Also return the selected token indices
+                :math:`(B, k, H)` (support token :math:`s` as :math:`N + s`, an empty slot as
+                :math:`-1`). (default: :obj:`False`)
         """
         x, batch, samples = samples_as_graphs(self, x, batch)  # [B, n, F]: B graphs
         if samples is not None:
@@ -214,32 +171,27 @@ class SAMSAAttention(GraphAttention):
                 return out, torch.empty(0, self.num_samples, self.heads, dtype=torch.long,
                                         device=x.device)
             return out
-
-        batch_size = None
-        if batch is not None and N > 0:
-            # One host read for the number of graphs (to_dense_batch would read it anyway) and
-            # for whether 'batch' is sorted; an unsorted batch (tokens of a graph not
-            # contiguous) is sorted here and the output put back in the input order.
-            if batch.dtype != torch.long:
-                batch = batch.long()
-            unsorted = (batch[1:] < batch[:-1]).any()
-            lo, hi, flag = torch.stack([batch.min(), batch.max(), unsorted.long()]).tolist()
-            if lo < 0:
-                raise ValueError(f"Expected 'batch' to hold graph ids >= 0 (got {lo})")
-            batch_size = hi + 1
-            if flag:
-                perm = torch.sort(batch, stable=True)[1]
-                res = self._forward_sorted(x[perm], batch[perm], batch_size, return_index)
-                inv = torch.empty_like(perm)
-                inv[perm] = torch.arange(N, device=perm.device)
-                if not return_index:
-                    return res[inv]
-                out, index = res
-                # Selected rows refer to sorted positions: map graph tokens back to input rows.
-                index = torch.where((index >= 0) & (index < N),
-                                    perm[index.clamp(0, N - 1)], index)
-                return out[inv], index
-        return self._forward_sorted(x, batch, batch_size, return_index)
+        if batch is None:
+            return self._forward_sorted(x, None, None, return_index)
+        # One host read for the number of graphs (to_dense_batch would read it anyway) and
+        # for whether 'batch' is sorted.
+        batch = batch.long()
+        unsorted = (batch[1:] < batch[:-1]).any()
+        lo, hi, flag = torch.stack([batch.min(), batch.max(), unsorted.long()]).tolist()
+        if lo < 0:
+            raise ValueError(f"Expected 'batch' to hold graph ids >= 0 (got {lo})")
+        if not flag:
+            return self._forward_sorted(x, batch, hi + 1, return_index)
+        perm = torch.sort(batch, stable=True)[1]
+        res = self._forward_sorted(x[perm], batch[perm], hi + 1, return_index)
+        inv = torch.empty_like(perm)
+        inv[perm] = torch.arange(N, device=perm.device)
+        if not return_index:
+            return res[inv]
+        out, index = res
+        # Selected rows refer to sorted positions: map graph tokens back to input rows.
+        index = torch.where((index >= 0) & (index < N), perm[index.clamp(0, N - 1)], index)
+        return out[inv], index
 
     def _forward_sorted(self, x: Tensor, batch: OptTensor, batch_size: Optional[int],
                         return_index: bool) -> Union[Tensor, Tuple[Tensor, Tensor]]:
@@ -249,7 +201,7 @@ class SAMSAAttention(GraphAttention):
         # Project queries and key/values, score tokens (Alg. 1, lines 2-6):
         q = self.to_q(x).view(N, H, D)
         kv = self.to_kv(x).view(N, H, 2 * D)
-        z = self.importance_scores(x)  # [N, H]
+        z = self.score_lin2(self.score_act(self.score_lin1(x)))  # scores Z [N, H] (Alg. 1, l. 6)
 
         # Scores per graph, padded with -inf over graphs: [B, M, H]
         if batch is None:

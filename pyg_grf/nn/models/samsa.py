@@ -9,6 +9,7 @@ from torch import Tensor
 from torch.nn import Dropout, Linear, Parameter, RMSNorm, Sequential
 from torch_geometric.data.data import BaseData
 from torch_geometric.nn import MLP
+from torch_geometric.nn.inits import reset
 from torch_geometric.nn.resolver import activation_resolver, aggregation_resolver
 from torch_geometric.typing import OptTensor
 
@@ -46,27 +47,17 @@ class SAMSABlock(torch.nn.Module):
 
     Args:
         channels (int): Size of each token.
-        heads (int, optional): Number of attention heads. (default: :obj:`1`)
-        num_samples (int, optional): Key/value tokens :math:`k` kept per head and graph.
-            (default: :obj:`32`)
-        mode (str, optional): :obj:`"hard"` or :obj:`"soft"` sampling. (default: :obj:`"hard"`)
-        ffn_channels (int, optional): Hidden size of the FFN; :obj:`None` uses
-            :obj:`4 * channels`. (default: :obj:`None`)
+        heads, num_samples, mode: as :class:`~pyg_grf.nn.attention.samsa.SAMSAAttention`.
+        ffn_channels (int, optional): Hidden size of the FFN. (default: :obj:`4 * channels`)
         dropout (float, optional): Dropout of the attention weights and in the FFN.
             (default: :obj:`0.`)
         drop_path (float, optional): Probability of dropping a residual branch of a graph.
             (default: :obj:`0.`)
-        residual_scale (torch.nn.Parameter, optional): The shared scalar :math:`\alpha`; if
-            :obj:`None`, the block creates (and owns) its own, initialised to zero.
-            (default: :obj:`None`)
+        residual_scale (torch.nn.Parameter, optional): The shared scalar :math:`\alpha`;
+            :obj:`None`: the block owns its own, initialised to zero. (default: :obj:`None`)
         act (str or Callable, optional): Activation of the FFN. (default: :obj:`"gelu"`)
-        **kwargs (optional): Additional arguments of
-            :class:`~pyg_grf.nn.attention.samsa.SAMSAAttention` (e.g. :obj:`num_support`,
-            :obj:`tau`).
-
-    Shapes:
-        - **input:** tokens :math:`(N, F)`, batch vector :math:`(N)` *(optional)*
-        - **output:** tokens :math:`(N, F)`
+        **kwargs (optional): Further arguments of
+            :class:`~pyg_grf.nn.attention.samsa.SAMSAAttention` (e.g. :obj:`tau`).
     """
     def __init__(
         self,
@@ -87,14 +78,9 @@ class SAMSABlock(torch.nn.Module):
         if residual_scale is not None and residual_scale.numel() != 1:
             raise ValueError(f"'residual_scale' must be a scalar parameter "
                              f"(got shape {list(residual_scale.shape)})")
-        self.channels = channels
-        self.heads = heads
-        self.num_samples = num_samples
-        self.mode = mode
-        self.ffn_channels = 4 * channels if ffn_channels is None else ffn_channels
-        self.dropout = dropout
+        self.channels, self.heads, self.num_samples, self.mode = channels, heads, num_samples, mode
         self.drop_path = drop_path
-        self.act = act
+        ffn_channels = 4 * channels if ffn_channels is None else ffn_channels
         self.owns_residual_scale = residual_scale is None
         self.residual_scale = (Parameter(torch.zeros(())) if residual_scale is None
                                else residual_scale)
@@ -103,30 +89,20 @@ class SAMSABlock(torch.nn.Module):
         self.attn = SAMSAAttention(channels, heads=heads, num_samples=num_samples, mode=mode,
                                    dropout=dropout, **kwargs)
         self.norm2 = RMSNorm(channels)
-        self.ffn = Sequential(
-            Linear(channels, self.ffn_channels),
-            activation_resolver(act),
-            Dropout(dropout),
-            Linear(self.ffn_channels, channels),
-            Dropout(dropout),
-        )
+        self.ffn = Sequential(Linear(channels, ffn_channels), activation_resolver(act),
+                              Dropout(dropout), Linear(ffn_channels, channels), Dropout(dropout))
         self.reset_parameters()
 
     def reset_parameters(self):
         r"""Resets all learnable parameters of the module (the shared residual scale only if
         this block owns it)."""
-        self.norm1.reset_parameters()
-        self.attn.reset_parameters()
-        self.norm2.reset_parameters()
-        for module in self.ffn:
-            if hasattr(module, 'reset_parameters'):
-                module.reset_parameters()
+        for module in (self.norm1, self.attn, self.norm2, self.ffn):
+            reset(module)
         if self.owns_residual_scale:
             with torch.no_grad():
                 self.residual_scale.zero_()
 
     def forward(self, x: Tensor, batch: OptTensor = None) -> Tensor:
-        r"""Runs the forward pass of the module."""
         alpha = self.residual_scale
         # Sampling attention on the normalised tokens (Alg. 1, lines 2-15):
         h = self.attn(self.norm1(x), batch)
@@ -152,34 +128,23 @@ class SAMSAModel(torch.nn.Module):
         hidden_channels (int): Token width :math:`d_{\mathrm{model}}`.
         out_channels (int): Size of each graph-level output.
         num_layers (int): Number of SAMSA blocks.
-        edge_channels (int, optional): Size of each edge feature (after :obj:`edge_encoder`,
-            if given); :obj:`None` for no edge features. (default: :obj:`None`)
-        heads (int, optional): Attention heads. (default: :obj:`8`)
-        num_samples (int, optional): Key/value tokens :math:`k` per head and graph.
-            (default: :obj:`32`)
-        mode (str, optional): :obj:`"hard"` or :obj:`"soft"` sampling. (default: :obj:`"hard"`)
-        ffn_channels (int, optional): FFN hidden size; :obj:`None` uses
-            :obj:`4 * hidden_channels`. (default: :obj:`None`)
+        edge_channels (int, optional): Size of each edge feature (after :obj:`edge_encoder`);
+            :obj:`None` for no edge features. (default: :obj:`None`)
+        heads, num_samples, mode, ffn_channels, drop_path: as :class:`SAMSABlock`.
+            (default: :obj:`8`, :obj:`32`, :obj:`"hard"`, :obj:`None`, :obj:`0.`)
         dropout (float, optional): Dropout in attention, FFN and head. (default: :obj:`0.`)
-        drop_path (float, optional): Drop-path probability of every block. (default: :obj:`0.`)
         pe_channels (int, optional): Width of each Graph-Bridge noise set. (default: :obj:`16`)
-        pool (str, optional): Aggregation over the node tokens of a graph (any PyG
-            aggregation name). (default: :obj:`"mean"`)
-        node_encoder (torch.nn.Module, optional): Applied to :obj:`x` first (e.g. OGB's
-            :obj:`AtomEncoder` for molecules). (default: :obj:`None`)
-        edge_encoder (torch.nn.Module, optional): Applied to :obj:`edge_attr` first (e.g.
-            :obj:`BondEncoder`). (default: :obj:`None`)
-        graph_bridge_kwargs (dict, optional): Additional arguments of :class:`GraphBridge`.
+        pool (str, optional): A PyG aggregation over the node tokens of a graph.
+            (default: :obj:`"mean"`)
+        node_encoder, edge_encoder (torch.nn.Module, optional): Applied to :obj:`x` /
+            :obj:`edge_attr` first (e.g. OGB's :obj:`AtomEncoder` / :obj:`BondEncoder`).
             (default: :obj:`None`)
-        **kwargs (optional): Additional arguments of :class:`SAMSABlock` /
-            :class:`~pyg_grf.nn.attention.samsa.SAMSAAttention`.
+        graph_bridge_kwargs (dict, optional): Further arguments of :class:`GraphBridge`.
+        **kwargs (optional): Further arguments of :class:`SAMSABlock`.
 
-    Shapes:
-        - **input:** node features :math:`(N, F)`, edge indices :math:`(2, E)`, edge features
-          :math:`(E, G)` *(optional)*, batch vector :math:`(N)` *(optional)*, token types
-          :math:`(N + E)` *(optional, from* :class:`~pyg_grf.transforms.AddGraphBridgeTokens` *)*;
-          or a single :class:`~torch_geometric.data.Batch` holding them
-        - **output:** :math:`(B, \mathrm{out\_channels})`
+    The input is a :class:`~torch_geometric.data.Batch` or its tensors (``token_type`` from
+    :class:`~pyg_grf.transforms.AddGraphBridgeTokens` optional); the output is
+    :math:`(B, \mathrm{out\_channels})`.
     """
     def __init__(
         self,
@@ -204,22 +169,10 @@ class SAMSAModel(torch.nn.Module):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"'num_layers' must be at least 1 (got {num_layers})")
-        self.in_channels = in_channels
-        self.hidden_channels = hidden_channels
-        self.out_channels = out_channels
-        self.num_layers = num_layers
-        self.edge_channels = edge_channels
-        self.heads = heads
-        self.num_samples = num_samples
-        self.mode = mode
-        self.ffn_channels = ffn_channels
-        self.dropout = dropout
-        self.drop_path = drop_path
-        self.pe_channels = pe_channels
-        self.pool = pool
-        self.node_encoder = node_encoder
-        self.edge_encoder = edge_encoder
-        self.graph_bridge_kwargs = graph_bridge_kwargs
+        self.in_channels, self.hidden_channels = in_channels, hidden_channels
+        self.out_channels, self.num_layers = out_channels, num_layers
+        self.heads, self.num_samples, self.mode = heads, num_samples, mode
+        self.node_encoder, self.edge_encoder = node_encoder, edge_encoder
 
         self.graph_bridge = GraphBridge(in_channels, hidden_channels, edge_channels,
                                         pe_channels=pe_channels, **(graph_bridge_kwargs or {}))
@@ -239,18 +192,11 @@ class SAMSAModel(torch.nn.Module):
 
     def reset_parameters(self):
         r"""Resets all learnable parameters of the module."""
-        for encoder in (self.node_encoder, self.edge_encoder):
-            if encoder is not None and hasattr(encoder, 'reset_parameters'):
-                encoder.reset_parameters()
-        self.graph_bridge.reset_parameters()
+        for module in (self.node_encoder, self.edge_encoder, self.graph_bridge, self.blocks,
+                       self.norm, self.aggr, self.head):
+            reset(module)
         with torch.no_grad():
             self.residual_scale.zero_()
-        for block in self.blocks:
-            block.reset_parameters()
-        self.norm.reset_parameters()
-        if hasattr(self.aggr, 'reset_parameters'):
-            self.aggr.reset_parameters()
-        self.head.reset_parameters()
 
     def forward(
         self,
@@ -260,10 +206,8 @@ class SAMSAModel(torch.nn.Module):
         batch: OptTensor = None,
         token_type: OptTensor = None,
     ) -> Tensor:
-        r"""Runs the forward pass of the module. :obj:`x` may also be a whole PyG
-        :class:`~torch_geometric.data.Data` / :class:`~torch_geometric.data.Batch` (as the
-        LightningModules of :mod:`pyg_grf.lightning` call their model); then its :obj:`x`,
-        :obj:`edge_index`, :obj:`edge_attr`, :obj:`batch` and :obj:`token_type` are used."""
+        r""":obj:`x` may also be a whole :class:`~torch_geometric.data.Batch` (as the
+        LightningModules call their model), which then gives the other arguments."""
         noise = None
         if isinstance(x, BaseData):
             data = x
