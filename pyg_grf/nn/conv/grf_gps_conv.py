@@ -41,14 +41,12 @@ def norm_resolver(norm: Union[str, torch.nn.Module, None], channels: int,
 class GRFGPSConv(torch.nn.Module):
     r"""The GPS layer of *Recipe for a General, Powerful, Scalable Graph Transformer* (Rampášek et
     al., 2022, `arXiv:2205.12454 <https://arxiv.org/abs/2205.12454>`_), shaped and computed exactly
-    like :class:`torch_geometric.nn.conv.GPSConv`, whose global attention can be the topology-aware
-    linear attention of the `"Linear Transformer Topological Masking with Graph Random Features"
+    like :class:`torch_geometric.nn.conv.GPSConv`, whose global attention can be that of the
+    `"Linear Transformer Topological Masking with Graph Random Features"
     <https://arxiv.org/abs/2410.03462>`_ paper (Reid et al., 2024), GKAT (the `"From
     block-Toeplitz matrices to differential equations on graphs: towards a general theory for
-    scalable masked Transformers" <https://arxiv.org/abs/2107.07999>`_ paper), or any attention
-    of the package's registry (:mod:`pyg_grf.nn.attention.registry`: unmasked linear, FAVOR+,
-    softmax, PyG's Performer and multi-head attention, SAMSA, ...). With
-    ``layout='post_norm'`` (PyG's):
+    scalable masked Transformers" <https://arxiv.org/abs/2107.07999>`_ paper), or any other of
+    the registry (:mod:`pyg_grf.nn.attention.registry`). With ``layout='post_norm'`` (PyG's):
 
     .. math::
         \mathbf{h}_{\mathrm{local}} &= \mathrm{Norm}_1(\mathbf{x} + \mathrm{MPNN}(\mathbf{x},
@@ -71,39 +69,27 @@ class GRFGPSConv(torch.nn.Module):
 
     Args:
         channels (int): size of each input and output sample.
-        conv (MessagePassing, optional): the local message passing layer (any PyG
-            :class:`~torch_geometric.nn.conv.MessagePassing`), or :obj:`None` for attention only.
+        conv (MessagePassing, optional): the local message passing layer, or :obj:`None` for
+            attention only.
         heads (int, optional): attention heads (default: :obj:`1`).
         dropout (float, optional): dropout of the residual branches and the MLP
             (default: :obj:`0.`).
         act (str or Callable, optional): activation of the MLP (default: :obj:`"relu"`).
         act_kwargs (dict, optional): its arguments (default: :obj:`None`).
-        norm (str or Callable, optional): normalisation, by PyG's
-            :func:`~torch_geometric.nn.resolver.normalization_resolver` (or ``'rms_norm'``)
+        norm (str or Callable, optional): a PyG normalization or ``'rms_norm'``
             (default: :obj:`"batch_norm"`).
         norm_kwargs (dict, optional): its arguments (default: :obj:`None`).
         attn_type (str or torch.nn.Module, optional): a name of
-            :data:`~pyg_grf.nn.attention.registry.ATTENTIONS` — ``'grf'``
-            (:class:`~pyg_grf.nn.GRFAttention`, needs ``grf=``), ``'gkat'`` (needs
-            ``rwgnk=``), ``'linear'``, ``'favor'``, ``'softmax'``, ``'multihead'`` and
-            ``'performer'`` (torch's / PyG's layers padded per graph exactly as in
-            :class:`~torch_geometric.nn.conv.GPSConv`; as there, the performer masks the padded
-            values but not the padded keys), ``'power_series'``, ``'grid_rpe'``, ``'samsa'`` —
-            an attention module called as ``attn(x, batch, **payload)``, or :obj:`None` for no
-            attention (default: :obj:`"grf"`).
+            :data:`~pyg_grf.nn.attention.registry.ATTENTIONS` (``'multihead'`` and
+            ``'performer'`` are padded per graph exactly as in
+            :class:`~torch_geometric.nn.conv.GPSConv`), an attention module called as
+            ``attn(x, batch, **payload)``, or :obj:`None` for none (default: :obj:`"grf"`).
         attn_kwargs (dict, optional): arguments of the attention layer, e.g.
-            ``{'max_length': 4, 'global_beta': 0.1}`` for ``'grf'`` (default: :obj:`None`).
+            ``{'max_length': 4}`` for ``'grf'`` (default: :obj:`None`).
         layout (str, optional): ``'post_norm'`` (PyG's GPS layer) or ``'pre_norm'``
             (default: ``'post_norm'``).
         mlp_channels (int, optional): hidden width of the MLP (default: ``2 * channels``, as
             in :class:`~torch_geometric.nn.conv.GPSConv`).
-
-    Shapes:
-        - **input:** node features :math:`(|\mathcal{V}|, F)`, edge indices
-          :math:`(2, |\mathcal{E}|)`, batch vector :math:`(|\mathcal{V}|)` (optional), the
-          attention's payload by keyword (``**conv.payload(batch)``: ``grf=`` for ``'grf'``,
-          ``rwgnk=`` for ``'gkat'``), further arguments of ``conv`` (e.g. ``edge_attr``)
-        - **output:** node features :math:`(|\mathcal{V}|, F)`
     """
 
     def __init__(self, channels: int, conv: Optional[MessagePassing], heads: int = 1,
@@ -124,10 +110,7 @@ class GRFGPSConv(torch.nn.Module):
             raise ValueError("GRFGPSConv needs a 'conv', an 'attn_type' or both")
         if layout not in LAYOUTS:
             raise ValueError(f"'layout' must be one of {LAYOUTS}, got {layout!r}")
-        self.channels = channels
-        self.conv = conv
-        self.heads = heads
-        self.dropout = dropout
+        self.channels, self.conv, self.heads, self.dropout = channels, conv, heads, dropout
         self.attn_type = attn_type if isinstance(attn_type, str) or attn_type is None else \
             attn_type.__class__.__name__
         self.attn_kwargs = dict(attn_kwargs or {})
@@ -153,32 +136,17 @@ class GRFGPSConv(torch.nn.Module):
 
     def reset_parameters(self):
         r"""Resets all learnable parameters of the module."""
-        for module in (self.conv, self.attn, self.norm1, self.norm2, self.norm3):
-            if module is not None and hasattr(module, 'reset_parameters'):
-                module.reset_parameters()
-        reset(self.mlp)
+        for module in (self.conv, self.attn, self.norm1, self.norm2, self.norm3, self.mlp):
+            reset(module)
 
     def payload(self, data: Any) -> Dict[str, Any]:
-        r"""The attention's payload for ``data`` (a ``Data`` or ``Batch``):
-        ``conv(x, edge_index, batch, **conv.payload(data), edge_attr=...)``. It is the
-        layer's :meth:`~pyg_grf.nn.attention.base.GraphAttention.payload` without what the
-        block passes itself (its ``edge_index``); empty for attentions that need only the
-        nodes. For ``'grf'`` it is ``{'grf': plan}``, the batch's immutable
-        :class:`~pyg_grf.nn.attention.grf.GRFPlan`, built for *this* layer's configuration.
-
-        In a loop of your own over several GRF blocks, build one payload per batch for all of
-        them, so that the plan holds every layer's structures (layers with other walk draws,
-        ``layer_index``, or another backend would otherwise build theirs at every call)::
-
-            convs = torch.nn.ModuleList([GRFGPSConv(...) for _ in range(L)])
-            payload = model_payload(convs, batch)  # pyg_grf.nn.attention.base
-            for conv in convs:
-                x = conv(x, batch.edge_index, batch.batch, **payload)
-
-        or :func:`pyg_grf.loader.prepare_payload` (``model``, ``batch``), or
-        :class:`pyg_grf.loader.DataLoader` with ``model=``, which build it beside the step
-        and leave it on the batch, where this method and
-        :func:`~pyg_grf.nn.attention.base.model_payload` find it."""
+        r"""The attention's payload for ``data``, as in
+        ``conv(x, edge_index, batch, **conv.payload(data))``: its
+        :meth:`~pyg_grf.nn.attention.base.GraphAttention.payload` without the block's own
+        ``edge_index`` (``{'grf': plan}`` for ``'grf'``). For several GRF blocks build one
+        payload per batch, ``model_payload(convs, batch)``
+        (:func:`~pyg_grf.nn.attention.base.model_payload`), so that the plan holds every
+        layer's structures."""
         if not isinstance(self.attn, GraphAttention):
             return {}
         return {k: v for k, v in self.attn.payload(data).items() if k != 'edge_index'}
@@ -190,23 +158,22 @@ class GRFGPSConv(torch.nn.Module):
 
     def forward(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor] = None,
                 **kwargs) -> Tensor:
-        r"""Runs the forward pass of the module, with the call shape of PyG's
-        :class:`~torch_geometric.nn.conv.GPSConv`: ``conv(x, edge_index, batch, **kwargs)``.
-
-        Args:
-            x (Tensor): node features.
-            edge_index (Tensor or SparseTensor): the graph, for ``conv``.
-            batch (Tensor, optional): graph id of every node; attention never crosses graphs.
-            **kwargs: the attention's payload (its ``payload_keys``: ``grf=`` for ``'grf'``,
-                ``rwgnk=`` for ``'gkat'``; build it once per batch for all layers,
-                ``model_payload(convs, batch)`` (:meth:`payload`), and pass it to every
-                layer), then further arguments of ``conv`` (e.g. ``edge_attr``).
-        """
+        r"""The call shape of PyG's :class:`~torch_geometric.nn.conv.GPSConv`; ``**kwargs``
+        holds the attention's payload (:meth:`payload`), then further arguments of ``conv``
+        (e.g. ``edge_attr``)."""
         if batch is not None and not isinstance(batch, Tensor):
             raise TypeError(f"'batch' must be a tensor of graph ids, got {type(batch).__name__}")
         payload = self._payload(edge_index, kwargs)
-        if self.layout == 'pre_norm':
-            return self._pre_norm(x, edge_index, batch, payload, kwargs)
+        if self.layout == 'pre_norm':  # attention and MPNN side by side on Norm_1(x)
+            h = self._norm(self.norm1, x, batch)
+            out = x
+            if self.attn is not None:
+                out = out + F.dropout(self.attn(h, batch, **payload), p=self.dropout,
+                                      training=self.training)
+            if self.conv is not None:
+                out = out + F.dropout(self._local(h, edge_index, kwargs), p=self.dropout,
+                                      training=self.training)
+            return out + self.mlp(self._norm(self.norm2, out, batch))
         hs = []
         if self.conv is not None:  # local message passing
             h = F.dropout(self._local(x, edge_index, kwargs), p=self.dropout,
@@ -218,18 +185,6 @@ class GRFGPSConv(torch.nn.Module):
         out = sum(hs)
         out = out + self.mlp(out)
         return self._norm(self.norm3, out, batch)
-
-    def _pre_norm(self, x: Tensor, edge_index: Adj, batch: Optional[Tensor],
-                  payload: Dict[str, Any], kwargs: Dict[str, Any]) -> Tensor:
-        h = self._norm(self.norm1, x, batch)
-        out = x
-        if self.attn is not None:
-            out = out + F.dropout(self.attn(h, batch, **payload), p=self.dropout,
-                                  training=self.training)
-        if self.conv is not None:
-            out = out + F.dropout(self._local(h, edge_index, kwargs), p=self.dropout,
-                                  training=self.training)
-        return out + self.mlp(self._norm(self.norm2, out, batch))
 
     def _local(self, x: Tensor, edge_index: Adj, kwargs: Dict[str, Any]) -> Tensor:
         h = self.conv(x, edge_index, **kwargs)

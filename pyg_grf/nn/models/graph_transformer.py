@@ -1,16 +1,5 @@
-r"""A graph transformer: encoders, ``num_layers`` x :class:`~pyg_grf.nn.GRFGPSConv`, readout.
-
-Data flows one way: node (and edge) encoders, an optional positional encoding, then
-:obj:`num_layers` GPS blocks (:class:`~pyg_grf.nn.GRFGPSConv`, pre-norm by default or PyG
-GPSConv's post-norm layout with ``block='gps'``), whose attention is any type of the one registry
-:data:`~pyg_grf.nn.attention.registry.ATTENTIONS`, a final norm (pre-norm), pooling
-(graph-level) or none (node-level), and an MLP head. The attentions' payload (e.g. the
-:class:`~pyg_grf.nn.attention.grf.GRFPlan` of the batch) is built once per batch for all layers
-(:func:`~pyg_grf.nn.attention.base.model_payload`), in the DataLoader workers when the batches
-come from :class:`pyg_grf.loader.DataLoader` with ``model=`` (what the Lightning stack does).
-Options and their checks:
-:mod:`pyg_grf.nn.models.options`.
-"""
+r"""A graph transformer: encoders, ``num_layers`` x :class:`~pyg_grf.nn.GRFGPSConv`, readout
+(options and their checks: :mod:`pyg_grf.nn.models.options`)."""
 from __future__ import annotations
 
 import copy
@@ -51,13 +40,9 @@ class GraphTransformer(torch.nn.Module):
         + \mathrm{MPNN}(\mathrm{Norm}(\mathbf{x}^{(l)}))
 
     or with ``block='gps'`` the post-norm layout of :class:`~torch_geometric.nn.conv.GPSConv`
-    (no final norm); either way every layer is a :class:`~pyg_grf.nn.GRFGPSConv`
-    (``layout='pre_norm'`` / ``'post_norm'``):
-
-    .. math::
-        \mathbf{h} = \mathrm{Norm}(\mathbf{x}^{(l)} + \mathrm{MPNN}(\mathbf{x}^{(l)}))
-        + \mathrm{Norm}(\mathbf{x}^{(l)} + \mathrm{Attn}_M(\mathbf{x}^{(l)})), \quad
-        \mathbf{x}^{(l+1)} = \mathrm{Norm}(\mathbf{h} + \mathrm{MLP}(\mathbf{h}))
+    (no final norm); every layer is a :class:`~pyg_grf.nn.GRFGPSConv`. The attentions' payload
+    is built once per batch for all layers (:func:`~pyg_grf.nn.attention.base.model_payload`),
+    in the loader's workers with :class:`pyg_grf.loader.DataLoader` (``model=``).
 
     Args:
         in_channels (int): node feature size (for ``node_encoder='linear'``; the number of
@@ -66,66 +51,50 @@ class GraphTransformer(torch.nn.Module):
         out_channels (int): output size (classes, labels or targets).
         num_layers (int): number of blocks.
         heads (int, optional): attention heads (default: :obj:`1`).
-        attn_type (str or type, optional): the global attention of every layer, as
-            ``attn_type`` of :class:`~torch_geometric.nn.conv.GPSConv` and
-            :class:`~pyg_grf.nn.GRFGPSConv`: a name of the one attention registry
-            :data:`~pyg_grf.nn.attention.registry.ATTENTIONS` (``'grf'``, ``'gkat'``,
-            ``'linear'``, ``'favor'``, ``'softmax'``, ``'multihead'``, ``'performer'``,
-            ``'power_series'``, ``'grid_rpe'``, ``'samsa'``), a
+        attn_type (str or type, optional): the attention of every layer: a name of
+            :data:`~pyg_grf.nn.attention.registry.ATTENTIONS`, a
             :class:`~pyg_grf.nn.attention.GraphAttention` subclass (built as
             ``cls(hidden_channels, heads=heads, dropout=attn_dropout, **attn_kwargs)``), or
-            :obj:`None` for no attention (a pure MPNN when ``conv`` is set)
-            (default: :obj:`'grf'`).
+            :obj:`None` for none (a pure MPNN) (default: :obj:`'grf'`).
         attn_kwargs (dict, optional): arguments of the attention layer, e.g.
-            ``{'feature_map': 'relu', 'max_length': 4}`` (default: :obj:`None`).
-        conv (str or MessagePassing, optional): the local message passing beside the
-            attention, as ``conv`` of :class:`~torch_geometric.nn.conv.GPSConv`: ``'gine'``
-            (needs edge features), ``'gin'``, ``'gat'``, a
+            ``{'max_length': 4}`` (default: :obj:`None`).
+        conv (str or MessagePassing, optional): the local message passing: ``'gine'`` (needs
+            edge features), ``'gin'``, ``'gat'``, a
             :class:`~torch_geometric.nn.conv.MessagePassing` instance mapping
-            ``hidden_channels`` to ``hidden_channels`` features (every layer gets its own deep
-            copy, reset by ``reset_parameters()``, and the encoded ``edge_attr`` when its
-            ``forward`` takes one; in a config, a ``class_path``/``init_args`` block) or
-            :obj:`None` (default: :obj:`None`).
-        pe (str, optional): positional encoding added to the node embedding: ``'rwpe'`` (reads
-            ``data.random_walk_pe`` from :class:`~torch_geometric.transforms.AddRandomWalkPE`),
-            ``'lappe'`` (``data.laplacian_eigenvector_pe`` from
-            :class:`~torch_geometric.transforms.AddLaplacianEigenvectorPE`, random sign flips
-            in training), ``'graph_bridge'`` (:class:`pyg_grf.nn.encoders.GraphBridge`, SAMSA
-            paper Sec. 4.3: nodes *and* edges become tokens, with Gaussian-noise PEs; needs an
-            attention over plain tokens and ``conv=None``) or :obj:`None`
+            ``hidden_channels`` to ``hidden_channels`` (every layer gets a reset deep copy, and
+            the encoded ``edge_attr`` when its ``forward`` takes one) or :obj:`None`
             (default: :obj:`None`).
+        pe (str, optional): positional encoding: ``'rwpe'`` (``data.random_walk_pe`` of
+            :class:`~torch_geometric.transforms.AddRandomWalkPE`), ``'lappe'``
+            (``data.laplacian_eigenvector_pe``, random sign flips in training),
+            ``'graph_bridge'`` (:class:`pyg_grf.nn.encoders.GraphBridge`, SAMSA paper Sec. 4.3:
+            nodes *and* edges become tokens; needs an attention over plain tokens and
+            ``conv=None``) or :obj:`None` (default: :obj:`None`).
         pe_dim (int, optional): size of the stored PE (walk length / number of eigenvectors;
             the width of each noise set for Graph-Bridge) (default: :obj:`16`).
-        node_encoder (str, optional): ``'linear'`` (dense features), ``'atom'`` (OGB
-            :class:`AtomEncoder`, categorical ``x [N, 9]``), ``'embedding'`` (one categorical
-            column) or :obj:`None` (graphs without features: one learned vector)
+        node_encoder (str, optional): ``'linear'``, ``'atom'`` (OGB :class:`AtomEncoder`),
+            ``'embedding'`` (one categorical column) or :obj:`None` (one learned vector)
             (default: :obj:`'linear'`).
         edge_encoder (str, optional): ``'linear'``, ``'bond'`` (OGB :class:`BondEncoder`),
             ``'embedding'`` or :obj:`None` (default: :obj:`None`).
-        edge_dim (int, optional): edge feature size for ``edge_encoder='linear'`` (categories
-            for ``'embedding'``) (default: :obj:`None`).
+        edge_dim (int, optional): edge feature size (categories for ``'embedding'``).
         pooling (str, optional): ``'mean'``, ``'add'``, ``'max'``, or :obj:`None` for node-level
             outputs (default: :obj:`'mean'`).
         dropout (float, optional): dropout of the residual branches and the head
             (default: :obj:`0.`).
-        attn_dropout (float, optional): dropout on the attention coefficients (the contract of
-            every attention layer: whole key columns in the linear paths, see
-            :func:`~pyg_grf.nn.attention.base.key_dropout`) (default: :obj:`0.`).
+        attn_dropout (float, optional): dropout on the attention coefficients
+            (:func:`~pyg_grf.nn.attention.base.key_dropout`) (default: :obj:`0.`).
         ffn_ratio (float, optional): FFN hidden size / ``hidden_channels`` (default: :obj:`2.`).
         act (str, optional): activation (default: :obj:`'gelu'`).
         norm (str, optional): a PyG normalization (``'layer_norm'``, per node here,
             ``'batch_norm'``, ...), ``'rms_norm'`` or :obj:`None` (default: :obj:`'layer_norm'`).
         head_layers (int, optional): layers of the output MLP, ``1`` = linear
             (default: :obj:`2`).
-        block (str, optional): the layout of every :class:`~pyg_grf.nn.GRFGPSConv` layer:
-            ``'pre_norm'`` (above) or ``'gps'`` (PyG GPSConv's post-norm layout)
-            (default: :obj:`'pre_norm'`).
+        block (str, optional): ``'pre_norm'`` (above) or ``'gps'`` (default: ``'pre_norm'``).
 
     Shapes:
-        - **input:** a :class:`~torch_geometric.data.Data` or
-          :class:`~torch_geometric.data.Batch` with ``x`` :math:`(|\mathcal{V}|, F_{in})`,
-          ``edge_index`` :math:`(2, |\mathcal{E}|)`, optional ``edge_attr``, ``batch`` and the
-          fields the attention needs (e.g. ``grf_index``, ``grf_length``, ``grf_load``).
+        - **input:** a :class:`~torch_geometric.data.Batch` with ``x``, ``edge_index``, optional
+          ``edge_attr``, ``batch`` and the fields the attention needs (:attr:`requires`).
         - **output:** :math:`(B, F_{out})` with pooling, :math:`(|\mathcal{V}|, F_{out})`
           without.
     """
@@ -223,14 +192,9 @@ class GraphTransformer(torch.nn.Module):
     def _make_block(self) -> GRFGPSConv:
         C, attn = self.hidden_channels, self.attn_type
         kwargs = dict(self.attn_kwargs, dropout=self.attn_dropout)
-        if isinstance(attn, type):  # a GraphAttention subclass
-            try:
-                attn = attn(C, heads=self.heads, **kwargs)
-            except TypeError as exc:  # e.g. a misspelt attn_kwargs key
-                raise TypeError(f"attn_type={self.attn_type!r} with attn_kwargs="
-                                f"{self.attn_kwargs}: {exc}") from exc
-            kwargs = {}
         try:
+            if isinstance(attn, type):  # a GraphAttention subclass
+                attn, kwargs = attn(C, heads=self.heads, **kwargs), {}
             return GRFGPSConv(C, self._make_conv(self.conv, C, self.heads),
                               heads=self.heads, dropout=self.dropout, act=self.act,
                               norm=self.norm, norm_kwargs=self._norm_kwargs, attn_type=attn,
