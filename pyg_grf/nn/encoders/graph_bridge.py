@@ -37,15 +37,8 @@ def structural_hash(x: Tensor, edge_index: Tensor, num_nodes: int, rounds: int =
     Relabelling the nodes permutes the labels the same way; the result does not depend on which
     other graphs share the mini-batch.
 
-    Args:
-        x (torch.Tensor): Node features :math:`(N, F)` or :math:`(N)` (float or integer).
-        edge_index (torch.Tensor): Edge indices :math:`(2, E)`.
-        num_nodes (int): Number of nodes :math:`N`.
-        rounds (int, optional): Refinement rounds. (default: :obj:`3`)
-        seed (int, optional): Salt of the hash. (default: :obj:`0`)
-
-    Returns:
-        int64 tensor :math:`(N)` with values in :math:`[0, 2^{31} - 1)`.
+    ``x`` is :math:`(N, F)` or :math:`(N)` (float or integer); returns int64 labels
+    :math:`(N)` in :math:`[0, 2^{31} - 1)`, salted by ``seed``.
     """
     if num_nodes == 0:  # an empty graph (or batch): no labels
         return torch.zeros(0, dtype=torch.long, device=x.device)
@@ -100,47 +93,43 @@ class GraphBridge(torch.nn.Module):
     for an edge :math:`(i, j)` stored as :obj:`edge_index[:, e] = [i, j]`.
 
     Tokens are laid out graph by graph: the node tokens of graph :math:`g` in node order, then
-    its edge tokens in edge order. Use :meth:`node_tokens` to read the node tokens back out (in
-    node order). The same layout comes from the :obj:`token_type` attribute that
-    :class:`~pyg_grf.transforms.AddGraphBridgeTokens` stores per graph, which saves a sort.
+    its edge tokens in edge order (:meth:`node_tokens` reads the node tokens back); the
+    :obj:`token_type` of :class:`~pyg_grf.transforms.AddGraphBridgeTokens` gives the same
+    layout without a sort.
 
     Training mode draws fresh noise :math:`\boldsymbol{\epsilon}` at every call, as the paper
-    does, unless the noise is passed in as :obj:`noise` (e.g. drawn once per graph by
-    :class:`~pyg_grf.transforms.AddGraphBridgeTokens` with :obj:`pe_dim=2 * pe_channels` and
-    cached with the dataset), which is then used in every mode. Evaluation mode without
-    :obj:`noise` is deterministic (:obj:`eval_noise`):
+    does, unless :obj:`noise` is passed (e.g. drawn once per graph by
+    :class:`~pyg_grf.transforms.AddGraphBridgeTokens` with :obj:`pe_dim=2 * pe_channels`).
+    Evaluation mode without :obj:`noise` follows :obj:`eval_noise`:
 
-    * :obj:`"structural"`: noise that is a fixed function (seeded by :obj:`seed`) of a
-      colour-refinement hash of the node's features and neighbourhood, so inference is
-      deterministic, permutation-equivariant and independent of the mini-batch;
+    * :obj:`"structural"`: a fixed function (seeded by :obj:`seed`) of a colour-refinement hash
+      of the node's features and neighbourhood (:func:`structural_hash`): deterministic,
+      permutation-equivariant and independent of the mini-batch;
     * :obj:`"seeded"`: a fixed noise table indexed by the node's position inside its graph
-      (deterministic, not permutation-equivariant);
+      (not permutation-equivariant);
     * :obj:`"zero"`: the mean :math:`\boldsymbol{\epsilon} = \mathbf{0}`;
-    * :obj:`"random"`: fresh noise as in training (not deterministic).
+    * :obj:`"random"`: fresh noise as in training.
 
     Args:
         in_channels (int): Size of each node feature.
         out_channels (int): Size of each token.
-        edge_channels (int, optional): Size of each edge feature; :obj:`None` for graphs
-            without edge features. (default: :obj:`None`)
-        pe_channels (int, optional): Width of each of the two noise sets, so
-            :math:`\mathbf{p}_i` has :obj:`2 * pe_channels` entries. (default: :obj:`16`)
-        hidden_channels (int, optional): Hidden size of the MLPs :math:`\phi, \phi_V, \phi_E`;
-            :obj:`None` uses :obj:`out_channels`. (default: :obj:`None`)
+        edge_channels (int, optional): Size of each edge feature; :obj:`None` for none.
+            (default: :obj:`None`)
+        pe_channels (int, optional): Width of each of the two noise sets. (default: :obj:`16`)
+        hidden_channels (int, optional): Hidden size of the MLPs :math:`\phi, \phi_V, \phi_E`.
+            (default: :obj:`out_channels`)
         num_layers (int, optional): Number of layers of each MLP. (default: :obj:`2`)
         act (str or Callable, optional): Activation of the MLPs. (default: :obj:`"gelu"`)
         dropout (float, optional): Dropout of the MLPs. (default: :obj:`0.`)
-        eval_noise (str, optional): Noise in evaluation mode, see above.
-            (default: :obj:`"structural"`)
+        eval_noise (str, optional): See above. (default: :obj:`"structural"`)
         seed (int, optional): Seed of the evaluation noise. (default: :obj:`0`)
         hash_rounds (int, optional): Colour-refinement rounds of :obj:`"structural"` noise.
             (default: :obj:`3`)
 
     Shapes:
-        - **input:** node features :math:`(N, F)`, edge indices :math:`(2, E)`,
-          edge features :math:`(E, G)` *(optional)*, batch vector :math:`(N)` *(optional)*,
-          token types :math:`(N + E)` *(optional)*, noise :math:`(N, 2 \cdot
-          \mathrm{pe\_channels})` *(optional)*
+        - **input:** node features :math:`(N, F)`, edge indices :math:`(2, E)`, and optional
+          edge features :math:`(E, G)`, batch :math:`(N)`, token types :math:`(N + E)`, noise
+          :math:`(N, 2 \cdot \mathrm{pe\_channels})`
         - **output:** tokens :math:`(N + E, C)`, token batch vector :math:`(N + E)`,
           token types :math:`(N + E)` (:obj:`0` node, :obj:`1` edge)
     """
@@ -169,23 +158,14 @@ class GraphBridge(torch.nn.Module):
         if eval_noise not in EVAL_NOISE:
             raise ValueError(f"Unknown eval_noise '{eval_noise}' (expected one of {EVAL_NOISE})")
 
-        self.in_channels = in_channels
-        self.out_channels = out_channels
-        self.edge_channels = edge_channels
-        self.pe_channels = pe_channels
-        self.hidden_channels = out_channels if hidden_channels is None else hidden_channels
-        self.num_layers = num_layers
-        self.act = act
-        self.dropout = dropout
-        self.eval_noise = eval_noise
-        self.seed = seed
-        self.hash_rounds = hash_rounds
-
-        P, Hd = 2 * pe_channels, self.hidden_channels
+        self.in_channels, self.out_channels = in_channels, out_channels
+        self.edge_channels, self.pe_channels = edge_channels, pe_channels
+        self.eval_noise, self.seed, self.hash_rounds = eval_noise, seed, hash_rounds
+        P = 2 * pe_channels
+        hidden = [out_channels if hidden_channels is None else hidden_channels] * (num_layers - 1)
 
         def mlp(cin: int, cout: int) -> MLP:
-            channels = [cin] + [Hd] * (num_layers - 1) + [cout]
-            return MLP(channels, act=act, dropout=dropout, norm=None)
+            return MLP([cin] + hidden + [cout], act=act, dropout=dropout, norm=None)
 
         # raw scales s^(1), s^(2) of the two noise sets (softplus keeps them positive)
         self.pe_scale_1 = Parameter(torch.empty(pe_channels))
@@ -199,11 +179,10 @@ class GraphBridge(torch.nn.Module):
     def reset_parameters(self):
         r"""Resets all learnable parameters of the module."""
         # softplus(s) = 1 at initialisation: unit-variance noise
-        torch.nn.init.constant_(self.pe_scale_1, math.log(math.e - 1.))
-        torch.nn.init.constant_(self.pe_scale_2, math.log(math.e - 1.))
-        self.pe_mlp.reset_parameters()
-        self.node_mlp.reset_parameters()
-        self.edge_mlp.reset_parameters()
+        for scale in (self.pe_scale_1, self.pe_scale_2):
+            torch.nn.init.constant_(scale, math.log(math.e - 1.))
+        for mlp in (self.pe_mlp, self.node_mlp, self.edge_mlp):
+            mlp.reset_parameters()
 
     def noise(self, x: Tensor, edge_index: Tensor, batch: OptTensor = None) -> Tensor:
         r"""The unscaled noise :math:`[\boldsymbol{\epsilon}^{(1)} \Vert
@@ -230,57 +209,36 @@ class GraphBridge(torch.nn.Module):
         table = torch.randn(size, P, generator=gen, device=x.device, dtype=dtype)
         return table[local]
 
-    def positional_encoding(
-        self,
-        x: Tensor,
-        edge_index: Tensor,
-        batch: OptTensor = None,
-        noise: OptTensor = None,
-    ) -> Tuple[Tensor, Tensor]:
+    def positional_encoding(self, x: Tensor, edge_index: Tensor, batch: OptTensor = None,
+                            noise: OptTensor = None) -> Tuple[Tensor, Tensor]:
         r"""Returns the node encodings :math:`\mathbf{p}_i` :math:`(N, 2 \cdot
         \mathrm{pe\_channels})` and the edge encodings :math:`\mathbf{p}_{ij} = \mathbf{p}_i -
         \mathbf{p}_j` :math:`(E, 2 \cdot \mathrm{pe\_channels})`, from the given unscaled
         :obj:`noise` if any, else from :meth:`noise`."""
         x = self._check_x(x)
         scale = F.softplus(torch.cat([self.pe_scale_1, self.pe_scale_2]))
+        N, P = x.size(0), 2 * self.pe_channels
         if noise is None:
-            eps = self.noise(x, edge_index, batch).to(scale.dtype)
-        else:
-            eps = self._check_noise(noise, x.size(0)).to(scale.dtype)
-        node_pe = eps * scale + self.pe_mlp(x.to(scale.dtype))
+            noise = self.noise(x, edge_index, batch)
+        elif not isinstance(noise, Tensor) or not noise.is_floating_point():
+            raise TypeError(f"Expected 'noise' to be a floating-point tensor (got "
+                            f"{getattr(noise, 'dtype', type(noise).__name__)})")
+        elif noise.shape != (N, P):
+            raise ValueError(f"Expected 'noise' of shape [{N}, {P}] (one row of "
+                             f"2 * pe_channels = {P} entries per node; use "
+                             f"AddGraphBridgeTokens(pe_dim={P})) (got {list(noise.shape)})")
+        node_pe = noise.to(scale.dtype) * scale + self.pe_mlp(x.to(scale.dtype))
         edge_pe = node_pe[edge_index[0]] - node_pe[edge_index[1]]
         return node_pe, edge_pe
 
-    def forward(
-        self,
-        x: Tensor,
-        edge_index: Tensor,
-        edge_attr: OptTensor = None,
-        batch: OptTensor = None,
-        token_type: OptTensor = None,
-        noise: OptTensor = None,
-    ) -> Tuple[Tensor, Tensor, Tensor]:
-        r"""Runs the forward pass of the module.
-
-        Args:
-            x (torch.Tensor): Node features :math:`(N, F)`.
-            edge_index (torch.Tensor): Edge indices :math:`(2, E)`.
-            edge_attr (torch.Tensor, optional): Edge features :math:`(E, G)`; required if and
-                only if :obj:`edge_channels` is set. (default: :obj:`None`)
-            batch (torch.Tensor, optional): Sorted batch vector :math:`(N)`.
-                (default: :obj:`None`)
-            token_type (torch.Tensor, optional): The per-graph token layout :math:`(N + E)`
-                stored by :class:`~pyg_grf.transforms.AddGraphBridgeTokens` (batched by PyG as
-                is); if given, skips the sort that computes it. (default: :obj:`None`)
-            noise (torch.Tensor, optional): The unscaled noise :math:`[\boldsymbol{\epsilon}^{(1)}
-                \Vert \boldsymbol{\epsilon}^{(2)}]` :math:`(N, 2 \cdot \mathrm{pe\_channels})`
-                to use instead of a draw, e.g. :obj:`batch.bridge_noise` stored by
-                :class:`~pyg_grf.transforms.AddGraphBridgeTokens` with :obj:`pe_dim`.
-                (default: :obj:`None`)
-
-        Returns:
-            :obj:`(tokens, token_batch, token_type)`.
-        """
+    def forward(self, x: Tensor, edge_index: Tensor, edge_attr: OptTensor = None,
+                batch: OptTensor = None, token_type: OptTensor = None,
+                noise: OptTensor = None) -> Tuple[Tensor, Tensor, Tensor]:
+        r"""Returns :obj:`(tokens, token_batch, token_type)`. :obj:`edge_attr` is required if and
+        only if :obj:`edge_channels` is set; :obj:`batch` must be sorted; :obj:`token_type` (from
+        :class:`~pyg_grf.transforms.AddGraphBridgeTokens`) skips a sort; :obj:`noise` is the
+        unscaled :math:`[\boldsymbol{\epsilon}^{(1)} \Vert \boldsymbol{\epsilon}^{(2)}]` to
+        use instead of a draw (e.g. :obj:`batch.bridge_noise`)."""
         x = self._check_x(x)
         N = x.size(0)
         check_shape(edge_index, 'edge_index', 2, 'E')
@@ -328,17 +286,6 @@ class GraphBridge(torch.nn.Module):
     def node_tokens(tokens: Tensor, token_type: Tensor) -> Tensor:
         r"""Reads the node tokens :math:`(N, C)` back out of :obj:`tokens`, in node order."""
         return tokens[token_type == 0]
-
-    def _check_noise(self, noise: Tensor, N: int) -> Tensor:
-        P = 2 * self.pe_channels
-        if not isinstance(noise, Tensor) or not noise.is_floating_point():
-            raise TypeError(f"Expected 'noise' to be a floating-point tensor (got "
-                            f"{getattr(noise, 'dtype', type(noise).__name__)})")
-        if noise.shape != (N, P):
-            raise ValueError(f"Expected 'noise' of shape [{N}, {P}] (one row of "
-                             f"2 * pe_channels = {P} entries per node; use "
-                             f"AddGraphBridgeTokens(pe_dim={P})) (got {list(noise.shape)})")
-        return noise
 
     def _check_x(self, x: Tensor) -> Tensor:
         x = x.view(-1, 1) if x.dim() == 1 else x
