@@ -33,51 +33,22 @@ class MaskedLinearAttention(QKVAttention):
     Algorithm 1). A shared mask (``mask.num_heads is None``) applies to every head; a per-head
     mask needs ``num_heads == heads``.
 
-    The mask comes either with every call (``forward(x, mask)``, e.g. a fixed
-    :class:`~pyg_grf.masks.CausalMask`), or from a *mask module* given to the constructor: an
+    The mask comes with every call (``forward(x, mask=...)``), or from a *mask module*: an
     :class:`torch.nn.Module` that returns a :class:`~pyg_grf.masks.MaskOperator` from the
-    keyword arguments of :meth:`forward`. Its parameters (e.g. learnable Toeplitz weights, tree
-    decay ``a``, diffusion time ``lam``) are then parameters of this layer and are trained with
-    it. With neither, every graph of the batch attends to itself only
-    (:class:`~pyg_grf.masks.PackingMask`, plain linear attention per graph).
+    keyword arguments of :meth:`forward`, whose parameters (e.g. Toeplitz weights, tree decay
+    ``a``) are trained with the layer (example: ``docs/masks.md``). With neither, every graph
+    of the batch attends to itself only (:class:`~pyg_grf.masks.PackingMask`).
 
     Args:
-        channels (int): input and output size.
-        heads (int, optional): number of heads :math:`H` (default: :obj:`1`).
-        head_channels (int, optional): size per head (default: ``channels // heads``).
+        channels, heads, head_channels, dropout, bias: the contract of
+            :class:`~pyg_grf.nn.attention.base.QKVAttention`.
         feature_map (str or FeatureMap, optional): :math:`\phi`: ``'relu'``, ``'elu'`` or
-            ``'favor+'`` (default: ``'relu'``, as every other layer; it was ``'elu'`` before).
-            The mask should be non-negative when :math:`\phi` is, so that the normaliser stays
-            positive.
+            ``'favor+'`` (default: ``'relu'``). The mask should be non-negative when
+            :math:`\phi` is, so that the normaliser stays positive.
         feature_map_kwargs (dict, optional): arguments of the feature map.
         mask_module (torch.nn.Module, optional): builds the mask from the keyword arguments of
             :meth:`forward` (default: :obj:`None`).
-        dropout (float, optional): dropout on the attention coefficients: whole key columns
-            per head, unbiased (:func:`~pyg_grf.nn.attention.base.key_dropout`) (default:
-            :obj:`0.`).
-        bias (bool, optional): biases in the projections (default: :obj:`True`).
         eps (float, optional): added to the normaliser (default: :obj:`1e-6`).
-
-    Shapes:
-        - **input:** node (token) features :math:`(N, F)`, a mask over :math:`N` nodes
-        - **output:** :math:`(N, F)`
-
-    Example::
-
-        import torch
-        from pyg_grf.masks import ToeplitzMask
-        from pyg_grf.nn.attention.masked import MaskedLinearAttention
-
-        class RPE(torch.nn.Module):      # learnable 1-D relative positions, one f per head
-            def __init__(self, max_len, heads):
-                super().__init__()
-                self.w = torch.nn.Parameter(torch.zeros(heads, 2 * max_len - 1))
-            def forward(self, length):
-                L = self.w.size(1) // 2 + 1
-                return ToeplitzMask(self.w[:, L - length:L + length - 1].exp())
-
-        attn = MaskedLinearAttention(64, heads=4, mask_module=RPE(512, 4))
-        out = attn(torch.randn(300, 64), length=300)   # O(N log N), gradients reach RPE.w
     """
 
     def __init__(self, channels: int, heads: int = 1, head_channels: Optional[int] = None,
@@ -95,22 +66,15 @@ class MaskedLinearAttention(QKVAttention):
 
     def reset_parameters(self):
         super().reset_parameters()
-        if getattr(self, 'mask_module', None) is not None and \
-                hasattr(self.mask_module, 'reset_parameters'):
+        if hasattr(getattr(self, 'mask_module', None), 'reset_parameters'):
             self.mask_module.reset_parameters()
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None, *,
                 mask: Optional[MaskOperator] = None, **mask_kwargs: Any) -> Tensor:
-        r"""
-        Args:
-            x (Tensor): ``[N, channels]``, or ``[B, n, channels]``: ``B`` samples (e.g. the
-                patches of ``B`` images) all masked by the one mask over ``n`` nodes, in one
-                mask product (without a mask: unmasked linear attention within each sample).
-            batch (Tensor, optional): ``[N]`` graph ids, used only when there is no mask at all
-                (per-graph unmasked attention).
-            mask (MaskOperator, optional): keyword only: the mask; overrides the mask module.
-            **mask_kwargs: passed to the mask module.
-        """
+        r"""``x``: ``[N, channels]``, or ``[B, n, channels]``: ``B`` samples all masked by the
+        one mask over ``n`` nodes, in one mask product. ``batch`` is used only without any
+        mask (per-graph unmasked attention). ``mask`` overrides the mask module, which gets
+        ``**mask_kwargs``."""
         samples = None
         if x.dim() == 3:  # samples on one shared mask
             if batch is not None:

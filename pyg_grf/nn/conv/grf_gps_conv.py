@@ -136,8 +136,10 @@ class GRFGPSConv(torch.nn.Module):
 
     def reset_parameters(self):
         r"""Resets all learnable parameters of the module."""
-        for module in (self.conv, self.attn, self.norm1, self.norm2, self.norm3, self.mlp):
-            reset(module)
+        for module in (self.conv, self.attn, self.norm1, self.norm2, self.norm3):
+            if hasattr(module, 'reset_parameters'):
+                module.reset_parameters()
+        reset(self.mlp)
 
     def payload(self, data: Any) -> Dict[str, Any]:
         r"""The attention's payload for ``data``, as in

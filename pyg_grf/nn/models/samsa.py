@@ -192,9 +192,10 @@ class SAMSAModel(torch.nn.Module):
 
     def reset_parameters(self):
         r"""Resets all learnable parameters of the module."""
-        for module in (self.node_encoder, self.edge_encoder, self.graph_bridge, self.blocks,
+        for module in (self.node_encoder, self.edge_encoder, self.graph_bridge, *self.blocks,
                        self.norm, self.aggr, self.head):
-            reset(module)
+            if hasattr(module, 'reset_parameters'):
+                module.reset_parameters()
         with torch.no_grad():
             self.residual_scale.zero_()
 
