@@ -1,13 +1,7 @@
-r"""Low-level sparse products used on every hot path.
+r"""Sparse products with a fixed pattern and learnable values, on every hot path.
 
-The GRF feature matrix :math:`\Phi` is sparse with learnable values (the values depend on the
-per-hop coefficients :math:`f`), so we need :math:`\Phi X` and :math:`\Phi^\top X` that are
-
-* fast: both use torch's native CSR ``@`` (measured ~2.3x faster than torch-sparse and ~8x faster
-  than a scatter/index_add formulation on 2 CPU cores);
-* differentiable in *both* the dense operand and the sparse values, which torch's CSR ``@`` is not.
-
-:func:`spmm` does this with a custom :class:`torch.autograd.Function`:
+:func:`spmm` runs torch's native CSR ``@`` (faster than torch-sparse and than a scatter) and is
+differentiable in both the dense operand and the values, which torch's CSR ``@`` is not:
 
 .. math::
     Y = \Phi X, \qquad
@@ -15,7 +9,8 @@ per-hop coefficients :math:`f`), so we need :math:`\Phi X` and :math:`\Phi^\top 
     \frac{\partial L}{\partial \Phi_{rc}} = \Big\langle \frac{\partial L}{\partial Y_{r}}, X_{c}
     \Big\rangle,
 
-where the value gradient is a gather over the nonzeros (an SDDMM), :math:`O(\mathrm{nnz}\cdot C)`.
+the value gradient being a sampled product over the nonzeros (SDDMM),
+:math:`O(\mathrm{nnz}\cdot C)`.
 """
 from __future__ import annotations
 
@@ -38,21 +33,14 @@ def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Tuple[int, int])
 
 class SparsePattern:
     r"""A fixed sparsity pattern of an :math:`R \times S` matrix with CSR views prepared for
-    :math:`A X` and :math:`A^\top X`.
-
-    The pattern is built once (e.g. once per batch of GRFs); values can change freely (they carry
-    gradients).
+    :math:`A X` and :math:`A^\top X`; built once (e.g. per batch), its values change freely.
 
     Args:
-        index (Tensor): ``[2, nnz]`` (row, col) coordinates; duplicates are allowed and are summed.
+        index (Tensor): ``[2, nnz]`` (row, col) coordinates; duplicates are summed.
         size (tuple): ``(R, S)``.
-        mirror (Tensor, optional): for a symmetric pattern given in row-major order without
-            duplicates, the position of the nonzero :math:`(c, r)` of every nonzero
-            :math:`(r, c)`: the transpose's order, so that no sort builds it.
     """
 
-    def __init__(self, index: Tensor, size: Tuple[int, int], _trusted: bool = False,
-                 mirror: Optional[Tensor] = None):
+    def __init__(self, index: Tensor, size: Tuple[int, int], _trusted: bool = False):
         if index.dim() != 2 or index.size(0) != 2:
             raise ValueError(f"'index' must have shape [2, nnz], got {tuple(index.shape)}")
         R, S = int(size[0]), int(size[1])
@@ -78,57 +66,41 @@ class SparsePattern:
         self.row, self.col = row.contiguous(), col.contiguous()
         self.crow = torch.ops.aten._convert_indices_from_coo_to_csr(self.row, R)
         self._t = None
-        if mirror is not None:
-            if self.perm is not None or R != S or mirror.shape != (self.nnz,):
-                raise ValueError("'mirror' needs a square pattern in row-major order and one "
-                                 f"position per nonzero ({self.nnz}), got shape "
-                                 f"{tuple(mirror.shape)} for size {self.size}")
-            self._t = (mirror.long(), self.crow, col)  # same pattern, values mirrored
         self._repeats = {}
         self._csr = {}  # CSR indices as handed to torch, per orientation (see _csr_indices)
         self._block_of: Optional[Tuple['SparsePattern', int]] = None  # set by repeat()
 
     def repeat(self, heads: int) -> 'SparsePattern':
-        r"""The pattern of the block-diagonal ``[heads * R, heads * S]`` matrix with this pattern in
-        every diagonal block (cached): one CSR product then serves all heads at once, with the
-        values of head ``h`` at ``[h * nnz, (h + 1) * nnz)`` and the operand head-major."""
+        r"""The pattern of the block-diagonal ``[heads * R, heads * S]`` matrix with this pattern
+        in every diagonal block (cached): one CSR product serves all heads, the values of head
+        ``h`` at ``[h * nnz, (h + 1) * nnz)`` and the operand head-major."""
         if heads == 1:
             return self
         if heads not in self._repeats:
             with torch.inference_mode(False):  # cached: must serve training later too
-                self._repeats[heads] = self._build_repeat(heads)
+                R, S = self.size
+                off = torch.arange(heads, device=self.row.device).view(-1, 1)
+                index = torch.stack([(self.row.view(1, -1) + off * R).view(-1),
+                                     (self.col.view(1, -1) + off * S).view(-1)])
+                rep = SparsePattern(index, (heads * R, heads * S), _trusted=True)
+                rep._block_of = (self, heads)
+                self._repeats[heads] = rep
         return self._repeats[heads]
 
-    def _build_repeat(self, heads: int) -> 'SparsePattern':
-        R, S = self.size
-        off = torch.arange(heads, device=self.row.device).view(-1, 1)
-        index = torch.stack([(self.row.view(1, -1) + off * R).view(-1),
-                             (self.col.view(1, -1) + off * S).view(-1)])
-        rep = SparsePattern(index, (heads * R, heads * S), _trusted=True)
-        rep._block_of = (self, heads)
-        return rep
-
-    def prepare(self, heads: int = 1) -> 'SparsePattern':
-        r"""Builds (and caches) what the products of :meth:`repeat` ``(heads)`` need, forward and
-        backward, ahead of use (e.g. in a DataLoader worker); returns the repeated pattern."""
-        self._transpose()  # the repeat's transpose is derived from this one without a sort
-        rep = self.repeat(heads)
-        rep._transpose()
-        rep._csr_indices(False)
-        rep._csr_indices(True)
-        return rep
+    def prepare(self) -> 'SparsePattern':
+        r"""Builds the CSR views of the pattern and of its transpose ahead of use (e.g. in a
+        DataLoader worker)."""
+        self._csr_indices(False)
+        self._csr_indices(True)
+        return self
 
     def __getstate__(self):
-        # the per-head repeats are cheap broadcasts of this pattern (and of its transpose, kept):
-        # not pickled, so that what crosses a process boundary is nnz-sized, not heads * nnz
+        # the per-head repeats and the int32 CSR indices are rebuilt on first use: what crosses
+        # a process boundary is nnz-sized, not heads * nnz
         state = self.__dict__.copy()
         state['_repeats'] = {}
-        state['_csr'] = {}  # narrow copies of crow / col: rebuilt on first use
+        state['_csr'] = {}
         return state
-
-    def __setstate__(self, state):
-        state.setdefault('_csr', {})  # patterns pickled before the narrow indices existed
-        self.__dict__.update(state)
 
     def _csr_indices(self, transpose: bool = False) -> Tuple[Tensor, Tensor]:
         # (crow, col) of the CSR view (of the transpose): int32 where the sizes allow, cached.
@@ -150,33 +122,29 @@ class SparsePattern:
         return values.reshape(-1)
 
     def _transpose(self):
-        # Column-major order of the nonzeros, computed on first use and cached (outside
-        # inference mode: what is cached must serve training too).
+        # (perm, crow, col) of the column-major order, cached (outside inference mode: what is
+        # cached must serve training too)
         if self._t is None:
             with torch.inference_mode(False):
                 self._t = self._build_transpose()
         return self._t
 
     def _build_transpose(self):
-        if self._block_of is not None:
-            return self._block_transpose(*self._block_of)
-        R, S = self.size
-        perm_t = torch.argsort(self.col * R + self.row, stable=True)
-        crow_t = torch.ops.aten._convert_indices_from_coo_to_csr(self.col[perm_t], S)
-        return perm_t, crow_t, self.row[perm_t]
-
-    @staticmethod
-    def _block_transpose(base: 'SparsePattern', heads: int):
-        # The transpose of a block-diagonal repeat is the repeat of the block's transpose: one
-        # sort of nnz keys instead of heads * nnz (same order as the stable sort would give).
+        if self._block_of is None:
+            R, S = self.size
+            perm_t = torch.argsort(self.col * R + self.row, stable=True)
+            crow_t = torch.ops.aten._convert_indices_from_coo_to_csr(self.col[perm_t], S)
+            return perm_t, crow_t, self.row[perm_t]
+        # the transpose of a block-diagonal repeat is the repeat of the block's transpose: one
+        # sort of nnz keys instead of heads * nnz (the order the stable sort would give)
+        base, heads = self._block_of
         perm_t, crow_t, col_t = base._transpose()
         nnz, R = base.nnz, base.size[0]
         off = torch.arange(heads, device=perm_t.device).view(-1, 1)
         perm = (perm_t.view(1, -1) + off * nnz).reshape(-1)
         crow = torch.cat([(crow_t[:-1].view(1, -1) + off * nnz).reshape(-1),
                           crow_t.new_full((1, ), heads * nnz)])
-        col = (col_t.view(1, -1) + off * R).reshape(-1)
-        return perm, crow, col
+        return perm, crow, (col_t.view(1, -1) + off * R).reshape(-1)
 
     def _sorted(self, values: Tensor) -> Tensor:
         return values if self.perm is None else values.index_select(0, self.perm)
@@ -203,8 +171,8 @@ class _SpMM(torch.autograd.Function):
         if pattern.nnz == 0:
             R = pattern.size[1] if transpose else pattern.size[0]
             return x.new_zeros((R, x.size(1)))
-        dt = _compute_dtype(x)
-        with _no_autocast(x):
+        dt = compute_dtype(x)
+        with torch.autocast(x.device.type, enabled=False):
             return (pattern.to_csr(values.to(dt), transpose) @ x.to(dt)).to(x.dtype)
 
     @staticmethod
@@ -218,9 +186,9 @@ class _SpMM(torch.autograd.Function):
             if ctx.needs_input_grad[1]:
                 grad_x = torch.zeros_like(x)
             return grad_values, grad_x, None, None
-        dt = _compute_dtype(x)
+        dt = compute_dtype(x)
         grad_out = grad_out.to(dt).contiguous()
-        with _no_autocast(x):
+        with torch.autocast(x.device.type, enabled=False):
             if ctx.needs_input_grad[1]:
                 grad_x = (pattern.to_csr(values.to(dt), not transpose) @ grad_out).to(x.dtype)
             if ctx.needs_input_grad[0]:
@@ -230,13 +198,9 @@ class _SpMM(torch.autograd.Function):
         return grad_values, grad_x, None, None
 
 
-def _no_autocast(x: Tensor):
-    # the sparse kernels run in the dtype chosen by _compute_dtype, whatever autocast says
-    return torch.autocast(x.device.type, enabled=False)
-
-
-def _compute_dtype(x: Tensor) -> torch.dtype:
-    # torch's CPU CSR kernels (MKL) have no half-precision version: run those in float32.
+def compute_dtype(x: Tensor) -> torch.dtype:
+    r"""The dtype the sparse kernels run ``x`` in, whatever autocast says: float32 for half
+    precision on the CPU (torch's CPU CSR kernels have none), else ``x``'s."""
     if x.dtype in (torch.float16, torch.bfloat16) and x.device.type == 'cpu':
         return torch.float32
     return x.dtype
@@ -262,8 +226,8 @@ class _SDDMM(torch.autograd.Function):
         ctx.save_for_backward(a, b)
         if pattern.nnz == 0:
             return a.new_zeros(0)
-        dt = _compute_dtype(a)
-        with _no_autocast(a):
+        dt = compute_dtype(a)
+        with torch.autocast(a.device.type, enabled=False):
             return _sddmm(pattern, a.to(dt), b.to(dt)).to(a.dtype)
 
     @staticmethod
@@ -273,8 +237,8 @@ class _SDDMM(torch.autograd.Function):
         if pattern.nnz == 0:
             return torch.zeros_like(a), torch.zeros_like(b), None
         grad_a = grad_b = None
-        dt = _compute_dtype(a)
-        with _no_autocast(a):
+        dt = compute_dtype(a)
+        with torch.autocast(a.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
                 grad_a = (pattern.to_csr(grad.to(dt)) @ b.to(dt)).to(a.dtype)
             if ctx.needs_input_grad[1]:

@@ -51,30 +51,6 @@ def test_repeat_transpose_equals_direct_sort():
         assert torch.equal(a, b)
 
 
-def test_mirror_of_a_symmetric_pattern_gives_the_sorted_transpose():
-    # a symmetric pattern (row-major, no duplicates) with its mirror positions: the transpose
-    # (and the head products through it, forward and backward) equals the one built by a sort
-    gen = torch.Generator().manual_seed(2)
-    a = torch.rand(7, 7, generator=gen) < 0.35
-    a = a | a.T
-    index = a.nonzero().T
-    key = index[0] * 7 + index[1]
-    mirror = torch.searchsorted(key, index[1] * 7 + index[0])
-    with_mirror = SparsePattern(index, (7, 7), mirror=mirror).repeat(3)
-    sorted_t = SparsePattern(index, (7, 7)).repeat(3)
-    for x, y in zip(with_mirror._transpose(), sorted_t._transpose()):
-        assert torch.equal(x, y)
-    values = torch.randn(3, index.size(1), generator=gen, dtype=torch.float64)
-    x = torch.randn(7, 3, 2, generator=gen, dtype=torch.float64)
-    base = SparsePattern(index, (7, 7), mirror=mirror)
-    assert torch.allclose(head_spmm(base, values, x, transpose=True),
-                          head_spmm(SparsePattern(index, (7, 7)), values, x, transpose=True))
-    with pytest.raises(ValueError, match="'mirror' needs a square pattern"):
-        SparsePattern(index, (7, 8), mirror=mirror)
-    with pytest.raises(ValueError, match="one position per nonzero"):
-        SparsePattern(index, (7, 7), mirror=mirror[:-1])
-
-
 def test_pattern_from_a_strided_index_equals_the_dense_matrix():
     # torch's COO -> CSR conversion misreads a strided row vector: the pattern copies it first
     from pyg_grf.ops import SparsePattern, spmm

@@ -5,40 +5,28 @@ batch). Both modes: the softmax over the support (weighted by :math:`\mathcal{K}
 linear kernel :math:`\mathcal{K}_{ij}\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)`."""
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
 
-def _stored_blocks(plan, dtype) -> Tensor:
-    index, value = plan.stored_pairs
+def _blocks(plan, index: Tensor, value: Tensor, dtype) -> Tensor:
+    # the entries (index [2, nnz] global, value [nnz]) per graph, [B, n, n] (local indices)
     index, ptr = index.long(), plan.ptr.long()
     graph = torch.bucketize(index[0], ptr[1:], right=True)
     local = index - ptr[graph]
     n = plan.max_graph_nodes
-    K = torch.zeros(plan.num_graphs, n, n, dtype=dtype, device=index.device)
-    return K.index_put_((graph, local[0], local[1]), value.to(dtype), accumulate=True)
+    out = torch.zeros(plan.num_graphs, n, n, dtype=dtype, device=index.device)
+    return out.index_put_((graph, local[0], local[1]), value.to(dtype), accumulate=True)
 
 
-def _blocks(plan, dtype) -> tuple:
-    # Psi per graph [B, n, n] (local indices) and the mask of real nodes [B, n]
-    B, n = plan.num_graphs, plan.max_graph_nodes
-    index = plan.psi_index.long()
-    ptr = plan.ptr.long()
-    graph = torch.bucketize(index[0], ptr[1:], right=True)
-    local = index - ptr[graph]
-    psi = torch.zeros(B, n, n, dtype=dtype, device=index.device)
-    psi.index_put_((graph, local[0], local[1]), plan.psi_value.to(dtype), accumulate=True)
-    sizes = (ptr[1:] - ptr[:-1]).view(-1, 1)
-    real = torch.arange(n, device=index.device).view(1, -1) < sizes
-    return psi, real
-
-
-def to_blocks(plan, t: Tensor) -> Tensor:
-    r"""``[N, ...]`` rows to ``[B, n, ...]`` padded blocks."""
+def to_blocks(plan, t: Tensor) -> tuple:
+    r"""``[N, ...]`` rows to ``[B, n, ...]`` padded blocks, with the graph and position of every
+    row."""
     B, n = plan.num_graphs, plan.max_graph_nodes
     ptr = plan.ptr.long()
-    sizes = ptr[1:] - ptr[:-1]
-    graph = torch.repeat_interleave(torch.arange(B, device=t.device), sizes)
+    graph = torch.repeat_interleave(torch.arange(B, device=t.device), ptr.diff())
     pos = torch.arange(t.size(0), device=t.device) - ptr[graph]
     out = t.new_zeros((B, n) + t.shape[1:])
     out[graph, pos] = t
@@ -48,11 +36,13 @@ def to_blocks(plan, t: Tensor) -> Tensor:
 def kernel(plan, dtype, threshold: float) -> tuple:
     r"""``(K [B, n, n], support [B, n, n])`` per graph: :math:`\Psi\Psi^\top`, or the kernel
     pairs stored by the transform when the plan has them (they are the mask then)."""
-    psi, real = _blocks(plan, dtype)
     if plan.stored_pairs is None:
+        psi = _blocks(plan, plan.psi_index, plan.psi_value, dtype)
         K = psi @ psi.transpose(1, 2)
     else:
-        K = _stored_blocks(plan, dtype)
+        K = _blocks(plan, *plan.stored_pairs, dtype)
+    ptr = plan.ptr.long()
+    real = torch.arange(K.size(-1), device=K.device).view(1, -1) < ptr.diff().view(-1, 1)
     support = (K.abs() > threshold) & real.unsqueeze(-1) & real.unsqueeze(-2)
     return K, support
 
@@ -88,12 +78,10 @@ def linear_forward(plan, phi_q: Tensor, phi_k: Tensor, v: Tensor, threshold: flo
 def logits(layer, q, k, v: Tensor, plan) -> Tensor:
     r"""Per-graph logits ``[B, H, n, n]`` of the layer's score (``q``, ``k``, ``v``
     ``[N, H, C]``; ``q``, ``k`` only for ``score='dot'``)."""
-    import math
     if layer.score == 'gat':
         a_src = (v * layer.att_src).sum(-1)               # [N, H]
         a_dst = (v * layer.att_dst).sum(-1)
-        s, _, _ = to_blocks(plan, a_src)
-        d, _, _ = to_blocks(plan, a_dst)                  # [B, n, H]
+        s, d = to_blocks(plan, a_src)[0], to_blocks(plan, a_dst)[0]  # [B, n, H]
         e = d.permute(0, 2, 1).unsqueeze(-1) + s.permute(0, 2, 1).unsqueeze(-2)
         return torch.nn.functional.leaky_relu(e, layer.negative_slope)
     C = v.size(-1)

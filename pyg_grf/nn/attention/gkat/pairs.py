@@ -1,23 +1,18 @@
 r"""GKAT backend ``'pairs'``: attention over the support of the kernel, the pairs
-:math:`(i, j)` with :math:`|\mathcal{K}_{ij}| > t` (:class:`~.plan.KernelPairs`), written as PyG
-message passing over those pairs (``edge_index`` = the support, as :class:`GATConv`'s over the
-edges):
+:math:`(i, j)` with :math:`|\mathcal{K}_{ij}| > t` (:class:`~.plan.KernelPairs`), as PyG message
+passing over those pairs (``edge_index`` = the support, as :class:`GATConv`'s over the edges):
 
 * ``mode='softmax'`` (FTFI paper, App. A.5.2: GAT with the adjacency replaced by the RWGNK
   kernel): :math:`\alpha_{ij} = \mathrm{softmax}_j(e_{ij} + \log\mathcal{K}_{ij})`, then
-  :math:`\sum_j \alpha_{ij}\mathbf{v}_j`, with the normaliser in the same product
-  (:func:`softmax_forward`: 2.6-2.8x to 1.4-1.5x PyG's ``GATConv`` on PubMed);
+  :math:`\sum_j \alpha_{ij}\mathbf{v}_j`, with the normaliser in the same product;
 * ``mode='linear'`` (Sec. 4.2 on the kernel's nonzeros):
   :math:`a_{ij} = \mathcal{K}_{ij}\,\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` (one sampled
   product), then :math:`\sum_j a_{ij}[\mathbf{v}_j, 1]` for numerator and normaliser.
 
-The aggregation is :meth:`KernelSupportAttention.message_and_aggregate`, a fused CSR product
-instead of PyG's gather-scatter of ``[P, H, C]`` messages (7.6x faster on PubMed's 527k pairs, 8
-heads x 8, forward and backward, one thread). The products of this module run the heads one after
-another on the one CSR of the pairs (:func:`head_spmm`, :func:`head_sddmm`): no block-diagonal
-repeat of the pattern (``H`` times its indices) is built or kept, and every product writes into a
-zeroed output with ``out=`` (torch's ``csr @ x`` computes into a temporary and copies it,
-``sampled_addmm`` without ``out=`` copies its whole input first).
+The aggregation is a fused CSR product per head on the one CSR of the pairs
+(:func:`head_spmm`, :func:`head_sddmm`), never a block-diagonal repeat of the pattern, each
+product writing into a zeroed output with ``out=`` (torch's ``csr @ x`` computes into a
+temporary and copies it, ``sampled_addmm`` without ``out=`` copies its whole input first).
 """
 from __future__ import annotations
 
@@ -28,51 +23,46 @@ from torch import Tensor
 from torch_geometric import EdgeIndex
 from torch_geometric.nn.conv import MessagePassing
 
-
-def _spmm_into(out: Tensor, A: Tensor, x: Tensor) -> Tensor:
-    # A x into `out`, zeroed first: addmm's beta=0 still multiplies it (NaN in, NaN out)
-    return torch.addmm(out.zero_(), A, x, beta=0.0, out=out)
+from pyg_grf.ops import compute_dtype
 
 
-def _sddmm_into(out: Tensor, pattern, a: Tensor, b: Tensor) -> Tensor:
-    # <a_i, b_j> at the pairs, written into `out` [P] (the values of a holder on the pattern)
-    holder = pattern.to_csr(out.zero_())
-    torch.sparse.sampled_addmm(holder, a, b.t(), beta=0.0, out=holder)
-    values = holder.values()
-    return out if values.data_ptr() == out.data_ptr() else out.copy_(values)
+def _spmm_heads(pattern, w: Tensor, x: Tensor, transpose: bool = False) -> Tensor:
+    # [H, R, D]: A_h x[h] (or A_h^T x[h]) for head-major values w [H, P] and x [H, S, D], into
+    # zeroed outputs (addmm's beta=0 still multiplies them: NaN in, NaN out)
+    out = x.new_empty(x.size(0), pattern.size[1 if transpose else 0], x.size(-1))
+    for h in range(w.size(0)):
+        torch.addmm(out[h].zero_(), pattern.to_csr(w[h], transpose), x[h], beta=0.0,
+                    out=out[h])
+    return out
 
 
-def _compute_dtype(t: Tensor) -> torch.dtype:
-    # torch's CPU CSR kernels have no half-precision versions: those run in float32
-    if t.dtype in (torch.float16, torch.bfloat16) and t.device.type == 'cpu':
-        return torch.float32
-    return t.dtype
+def _sddmm_heads(pattern, a: Tensor, b: Tensor) -> Tensor:
+    # [H, P]: <a[h]_i, b[h]_j> at the pairs, written into the values of a holder on the pattern
+    out = a.new_empty(a.size(0), pattern.nnz)
+    for h in range(a.size(0)):
+        holder = pattern.to_csr(out[h].zero_())
+        torch.sparse.sampled_addmm(holder, a[h], b[h].t(), beta=0.0, out=holder)
+        values = holder.values()
+        if values.data_ptr() != out[h].data_ptr():
+            out[h].copy_(values)
+    return out
 
 
 class _HeadSpMM(torch.autograd.Function):
     # out[h] = A_h x[h] for head-major w [H, P] (values of A_h on the pattern), x [H, N, D]
     @staticmethod
     def forward(ctx, w: Tensor, x: Tensor, pattern) -> Tensor:
-        H, N, D = x.shape
-        out = x.new_empty(H, pattern.size[0], D)
-        for h in range(H):
-            _spmm_into(out[h], pattern.to_csr(w[h]), x[h])
         ctx.pattern = pattern
         ctx.save_for_backward(w, x)
-        return out
+        return _spmm_heads(pattern, w, x)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         w, x = ctx.saved_tensors
-        pattern = ctx.pattern
         grad = grad.contiguous()
-        g_w = torch.empty_like(w) if ctx.needs_input_grad[0] else None
-        g_x = torch.empty_like(x) if ctx.needs_input_grad[1] else None
-        for h in range(w.size(0)):
-            if g_x is not None:  # A_h^T g[h]
-                _spmm_into(g_x[h], pattern.to_csr(w[h], transpose=True), grad[h])
-            if g_w is not None:  # dL/dA_ij = <g_i, x_j>
-                _sddmm_into(g_w[h], pattern, grad[h], x[h])
+        need_w, need_x = ctx.needs_input_grad[:2]
+        g_x = _spmm_heads(ctx.pattern, w, grad, transpose=True) if need_x else None
+        g_w = _sddmm_heads(ctx.pattern, grad, x) if need_w else None  # dL/dA_ij = <g_i, x_j>
         return g_w, g_x, None
 
 
@@ -80,25 +70,17 @@ class _HeadSDDMM(torch.autograd.Function):
     # out[h] = <a[h]_i, b[h]_j> at the pairs, [H, P], for head-major a, b [H, N, m]
     @staticmethod
     def forward(ctx, a: Tensor, b: Tensor, pattern) -> Tensor:
-        out = a.new_empty(a.size(0), pattern.nnz)
-        for h in range(a.size(0)):
-            _sddmm_into(out[h], pattern, a[h], b[h])
         ctx.pattern = pattern
         ctx.save_for_backward(a, b)
-        return out
+        return _sddmm_heads(pattern, a, b)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         a, b = ctx.saved_tensors
-        pattern = ctx.pattern
         grad = grad.contiguous()
-        g_a = torch.empty_like(a) if ctx.needs_input_grad[0] else None
-        g_b = torch.empty_like(b) if ctx.needs_input_grad[1] else None
-        for h in range(a.size(0)):
-            if g_a is not None:
-                _spmm_into(g_a[h], pattern.to_csr(grad[h]), b[h])
-            if g_b is not None:
-                _spmm_into(g_b[h], pattern.to_csr(grad[h], transpose=True), a[h])
+        need_a, need_b = ctx.needs_input_grad[:2]
+        g_a = _spmm_heads(ctx.pattern, grad, b) if need_a else None
+        g_b = _spmm_heads(ctx.pattern, grad, a, transpose=True) if need_b else None
         return g_a, g_b, None
 
 
@@ -107,7 +89,7 @@ def head_spmm(pattern, w: Tensor, x: Tensor) -> Tensor:
     over the one ``pattern`` (:class:`~pyg_grf.ops.SparsePattern` in row-major order, as
     :class:`~.plan.KernelPairs` keeps it), head-major: ``w`` ``[H, P]``, ``x`` ``[H, N, D]``,
     result ``[H, N, D]``; differentiable in ``w`` and ``x``."""
-    dt = _compute_dtype(x)
+    dt = compute_dtype(x)
     if pattern.nnz == 0:
         return x.new_zeros(x.size(0), pattern.size[0], x.size(2)) + 0 * (w.sum() + x.sum())
     with torch.autocast(x.device.type, enabled=False):
@@ -118,7 +100,7 @@ def head_spmm(pattern, w: Tensor, x: Tensor) -> Tensor:
 def head_sddmm(pattern, a: Tensor, b: Tensor) -> Tensor:
     r"""Per-head sampled products :math:`\langle\mathbf{a}^{(h)}_i, \mathbf{b}^{(h)}_j\rangle`
     at the pairs of ``pattern``, head-major: ``a``, ``b`` ``[H, N, m]``, result ``[H, P]``."""
-    dt = _compute_dtype(a)
+    dt = compute_dtype(a)
     if pattern.nnz == 0:
         return a.new_zeros(a.size(0), 0) + 0 * (a.sum() + b.sum())
     with torch.autocast(a.device.type, enabled=False):
@@ -186,9 +168,7 @@ def softmax_forward(pairs, logits: Tensor, v: Tensor, kernel_weighting: bool,
     \exp(e_{ij} - \mu_i)` and any row constant :math:`\mu_i` (the row maximum, for range,
     taken without gradient: the softmax does not depend on it),
     :math:`\mathbf{o}_i = \sum_j w_{ij}\mathbf{v}_j / \sum_j w_{ij}`, so one product with
-    :math:`[\mathbf{v}_j, 1]` gives numerator and normaliser and no per-pair division or gather
-    of row sums is left (PyG's :func:`~torch_geometric.utils.softmax` makes four passes over the
-    pairs forward and as many backward)."""
+    :math:`[\mathbf{v}_j, 1]` gives numerator and normaliser (no per-pair division)."""
     N, H, C = v.shape
     dst = pairs.pattern.row
     if kernel_weighting:  # K_ij exp(e_ij) = exp(e_ij + log K_ij)

@@ -48,7 +48,7 @@ class KernelPairs:
         if pattern.perm is not None:  # row-major order, so that the pattern needs no sort
             index, value = index[:, pattern.perm], value[pattern.perm]
             pattern = SparsePattern(index, (num_nodes, num_nodes), _trusted=True)
-        pattern.prepare(1)  # CSR views of the pairs and their transpose, shared by all heads
+        pattern.prepare()  # CSR views of the pairs and their transpose, shared by all heads
         return cls(_narrow(index, num_nodes), _values(value), float(threshold), stored, pattern)
 
     def to(self, device) -> 'KernelPairs':

@@ -8,33 +8,23 @@ paper, Sec. 4.2 and Algorithm 1):
     \quad \mathbf{X}_j = \phi(\mathbf{k}_j) \otimes \mathbf{v}_j,
     \quad \mathbf{Z}_j = \phi(\mathbf{k}_j),
 
-:math:`O(\mathrm{nnz}(\Psi)\, H m (C + 1))`. Structures: the plan's pattern of :math:`\Psi` (its
-CSR and transposed CSR views), nothing else.
-
-The kernel runs the heads one after another on the one CSR of :math:`\Psi` (and of
-:math:`\Psi^\top`), each on its own ``[N, m (C + 1)]`` operand, in one autograd function whose
-backward is the same two products (:math:`\mathcal{K}` is symmetric). Measured on PubMed (8 heads
-x 8, :math:`m = 8`, one thread): a CSR product of width 72 per head costs 60 ms for the 8 heads
-against 198 ms for one product of width 576 over all heads (the operand of one head stays in
-cache). Products write into zeroed outputs with ``addmm(out=)`` (see :func:`_kernel`). The
-whole layer, forward and backward, went from 8.2x to 3.1x PyG's ``GATConv``
-(``bench/bench_gkat.py``)."""
+:math:`O(\mathrm{nnz}(\Psi)\, H m (C + 1))`, on the plan's pattern of :math:`\Psi` (its CSR and
+transposed CSR views). The heads run one after another, each on its own ``[N, m (C + 1)]``
+operand (it stays in cache), in one autograd function whose backward is the same two products
+(:math:`\mathcal{K}` is symmetric)."""
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-
-def _csr(plan, dtype) -> tuple:
-    value = plan.psi_value.to(dtype)
-    return plan.psi.to_csr(value), plan.psi.to_csr(value, transpose=True)
+from pyg_grf.nn.attention.gkat.pairs import head_major
+from pyg_grf.ops import compute_dtype
 
 
 def _kernel(A: Tensor, At: Tensor, x: Tensor, buffer: Tensor) -> Tensor:
-    # K x = Psi (Psi^T x), written into zeroed outputs with addmm(out=): torch's `A @ x` on a
-    # CSR matrix computes into a temporary and copies it (12.3 against 6.9 ms for PubMed's
-    # Psi^T at width 72, one thread). beta=0 still multiplies the output, so it is zeroed
-    # first (uninitialised memory may hold NaN). ``buffer`` ([N, width]) holds Psi^T x.
+    # K x = Psi (Psi^T x), written into zeroed outputs with addmm(out=) (torch's `A @ x` on a
+    # CSR matrix computes into a temporary and copies it; beta=0 still multiplies the output,
+    # which may hold NaN). ``buffer`` ([N, width]) holds Psi^T x.
     out = torch.zeros_like(x)
     if A.values().numel() == 0:  # an empty Psi: K = 0
         return out
@@ -75,8 +65,8 @@ class _LowRankMasked(torch.autograd.Function):
         buffer = u.new_empty(N, m * D)
         for h in range(H):
             g = grad[h].unsqueeze(-2)                                # [N, 1, D]
-            # contractions over D as batched [m, D] x [D, 1] products (0.8 against 1.6 ms
-            # for a product and a sum on PubMed)
+            # contractions over D as batched [m, D] x [D, 1] products (faster than a product
+            # and a sum)
             if need_q:
                 torch.bmm(kept[h], grad[h].unsqueeze(-1), out=g_q[h].unsqueeze(-1))
             if need_k or need_u:
@@ -94,18 +84,13 @@ def forward(plan, phi_q: Tensor, phi_k: Tensor, v: Tensor, eps: float) -> Tensor
     r"""``[N, H, C]`` outputs from ``phi_q``, ``phi_k`` ``[N, H, m]`` and ``v`` ``[N, H, C]``."""
     N, H, _ = phi_k.shape
     dtype = v.dtype
-    # torch's CPU CSR products have no half-precision kernels: those run in float32
-    half = dtype in (torch.float16, torch.bfloat16) and v.device.type == 'cpu'
-    dt = torch.float32 if half else dtype
+    dt = compute_dtype(v)
     with torch.autocast(v.device.type, enabled=False):
         # head-major operands [H, N, .]: every head's slice contiguous
-        u = torch.cat([v.to(dt), v.new_ones(N, H, 1, dtype=dt)], dim=-1).transpose(0, 1)
-        A, At = _csr(plan, dt)
+        u = head_major(torch.cat([v.to(dt), v.new_ones(N, H, 1, dtype=dt)], dim=-1))
+        value = plan.psi_value.to(dt)
+        A, At = plan.psi.to_csr(value), plan.psi.to_csr(value, transpose=True)
         o = _LowRankMasked.apply(head_major(phi_q.to(dt)), head_major(phi_k.to(dt)),
-                                 u.contiguous(), A, At).transpose(0, 1)     # [N, H, C + 1]
+                                 u, A, At).transpose(0, 1)     # [N, H, C + 1]
     o = o.to(dtype)
     return o[..., :-1] / (o[..., -1:] + eps)
-
-
-def head_major(t: Tensor) -> Tensor:
-    return t.transpose(0, 1).contiguous()
