@@ -201,6 +201,22 @@ class QKVAttention(GraphAttention):
         return (self.to_q(x).view(N, H, C), self.to_k(x).view(N, H, C),
                 self.to_v(x).view(N, H, C))
 
+    def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+        r"""``x``: ``[N, channels]`` (graphs given by ``batch``) or ``[B, n, channels]``
+        (``B`` samples, attention inside each): :meth:`attend` on the graphs of the batch."""
+        x, batch, samples = samples_as_graphs(self, x, batch)
+        if x.size(0) == 0:  # an empty batch
+            self.project(x)  # shape checks
+            out = self.empty_output(x)
+        else:
+            out = self.attend(x, batch)
+        return out if samples is None else out.view(samples, -1, self.channels)
+
+    def attend(self, x: Tensor, batch: Optional[Tensor]) -> Tensor:  # pragma: no cover
+        r"""The attention inside each graph of ``batch`` on ``x`` ``[N, channels]``
+        (``N > 0``), for the default :meth:`forward`."""
+        raise NotImplementedError
+
     def features(self, q: Tensor, k: Tensor,
                  batch: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
         # keys are stabilised per graph of the batch (never across graphs)

@@ -14,7 +14,7 @@ from pyg_grf._validation import batch_or_zeros, check_sorted_batch
 from pyg_grf.features.blocks import block_layout
 from pyg_grf.features.grf import normalized_adjacency, self_convolution
 from pyg_grf.memory import check_walk_memory
-from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, samples_as_graphs
+from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients
 from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.nn.functional import (
     block_masked_linear_attention,
@@ -35,20 +35,10 @@ class LinearAttention(QKVAttention):
         \mathbf{S}_g = \sum_{j \in g} \phi(\mathbf{k}_j)\mathbf{v}_j^\top, \quad
         \mathbf{z}_g = \sum_{j \in g} \phi(\mathbf{k}_j),
 
-    with :math:`g(i)` the graph of node :math:`i`. :math:`O(N)`: the per-graph sums and their
-    products with the queries are batched dense products on padded per-graph blocks
-    (:func:`~pyg_grf.nn.functional.packed_linear_attention`), for sorted (PyG) and unsorted
-    ``batch`` vectors alike.
-
-    Args: as :class:`~pyg_grf.nn.GRFAttention` (``channels, heads, head_channels, feature_map,
-    feature_map_kwargs, dropout, bias, eps``). ``dropout`` zeroes whole keys of the numerator
-    (:func:`~pyg_grf.nn.attention.base.key_dropout`); ``feature_map='favor+'`` stabilises the
-    keys per graph.
-
-    Shapes:
-        - **input:** node features :math:`(|\mathcal{V}|, F)`, batch vector
-          :math:`(|\mathcal{V}|)` (optional; :obj:`None`: one graph)
-        - **output:** node features :math:`(|\mathcal{V}|, F)`
+    with :math:`g(i)` the graph of node :math:`i`, in :math:`O(N)`
+    (:func:`~pyg_grf.nn.functional.packed_linear_attention`). Arguments: as
+    :class:`~pyg_grf.nn.GRFAttention` (``channels, heads, head_channels, feature_map,
+    feature_map_kwargs, dropout, bias, eps``).
     """
 
     def __init__(self, channels: int, heads: int = 1, head_channels: Optional[int] = None,
@@ -59,17 +49,9 @@ class LinearAttention(QKVAttention):
         self.eps = eps
         self.reset_parameters()
 
-    def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
-        r"""``x``: ``[N, channels]`` (graphs given by ``batch``) or ``[B, n, channels]``
-        (``B`` samples, attention inside each)."""
-        x, batch, samples = samples_as_graphs(self, x, batch)
-        if samples is not None:
-            return self.forward(x, batch).view(samples, -1, self.channels)
-        if batch is not None and x.dim() == 2:  # one graph id per node, before any work
+    def attend(self, x: Tensor, batch: Optional[Tensor]) -> Tensor:
+        if batch is not None:  # one graph id per node, before any work
             batch_or_zeros(batch, x.size(0), x.device)
-        if x.dim() == 2 and x.size(0) == 0:  # an empty batch
-            self.project(x)  # shape checks
-            return self.empty_output(x)
         q, k, v = self.project(x)
         # feature maps, keys stabilised per graph (FAVOR+)
         phi_q, phi_k = qk_features(self.feature_map, q, k, batch)
@@ -126,10 +108,9 @@ class PowerSeriesAttention(QKVAttention):
                 edge_index: Optional[Tensor] = None, edge_weight: Optional[Tensor] = None
                 ) -> Tensor:
         r"""``x`` ``[N, channels]`` with the graphs of a PyG batch (``batch``), or
-        ``[B, n, channels]``: ``B`` samples on the one graph ``edge_index`` of ``n`` nodes
-        (e.g. the patch grid of a batch of images). The kernel is built per graph, as
-        ``[B, H, n, n]`` dense blocks (one for a shared graph), never over the whole batch.
-        ``edge_index`` (and ``edge_weight``) are keyword only."""
+        ``[B, n, channels]``: ``B`` samples on the one graph ``edge_index`` of ``n`` nodes.
+        The kernel is built per graph, as ``[B, H, n, n]`` dense blocks (one for a shared
+        graph)."""
         if not isinstance(edge_index, Tensor):
             raise ValueError(f"PowerSeriesAttention needs the graph: edge_index= (got "
                              f"{type(edge_index).__name__})")
@@ -226,25 +207,14 @@ class SoftmaxAttention(QKVAttention):
         super().__init__(channels, heads, head_channels, None, None, dropout, bias)
         self.reset_parameters()
 
-    def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
-        r"""``x``: ``[N, channels]`` (graphs given by ``batch``) or ``[B, n, channels]``
-        (``B`` samples, attention inside each)."""
-        x, batch, samples = samples_as_graphs(self, x, batch)
-        if samples is not None:
-            return self.forward(x, batch).view(samples, -1, self.channels)
-        if x.dim() == 2 and x.size(0) == 0:  # an empty batch
-            self.project(x)
-            return self.empty_output(x)
+    def attend(self, x: Tensor, batch: Optional[Tensor]) -> Tensor:
         check_sorted_batch(batch)
         batch = batch_or_zeros(batch, x.size(0), x.device)
         q, k, v = self.project(x)
         N, H, C = q.shape
-        # [B, Nmax, H, C] -> [B, H, Nmax, C]
-        qd, valid = to_dense_batch(q.view(N, H * C), batch)
-        kd, _ = to_dense_batch(k.view(N, H * C), batch)
-        vd, _ = to_dense_batch(v.view(N, H * C), batch)
+        qkv, valid = to_dense_batch(torch.cat([q, k, v], -1).view(N, H * 3 * C), batch)
         B, Nmax = valid.shape
-        qd, kd, vd = (t.view(B, Nmax, H, C).transpose(1, 2) for t in (qd, kd, vd))
+        qd, kd, vd = qkv.view(B, Nmax, H, 3 * C).transpose(1, 2).split(C, -1)  # [B, H, Nmax, C]
         attn_mask = valid.view(B, 1, 1, Nmax)
         out = F.scaled_dot_product_attention(qd, kd, vd, attn_mask=attn_mask,
                                              dropout_p=self.dropout if self.training else 0.0)
