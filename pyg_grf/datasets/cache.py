@@ -1,26 +1,14 @@
 r"""PyG datasets with an offline-mirror ``download()`` and a crash-safe, verified ``processed/``.
 
-:class:`SafeCacheMixin` (list it before the PyG dataset class) keeps PyG's machinery
-(``raw_file_names``, ``download()`` skipped when the raw files exist, ``process()``,
-``processed_file_names``, ``load``) and changes what PyG leaves unsafe:
-
-* **download**: :meth:`~SafeCacheMixin.download` first copies the raw files from the offline mirror
-  (:func:`~pyg_grf.datasets.mirror.fetch_from_mirror`: ``SHA256SUMS`` and pinned hashes checked),
-  then falls back to the class's own download, or raises
-  :class:`~pyg_grf.datasets.mirror.DatasetNotFoundError` offline or when the download fails;
-* **keyed**: the processed folder is ``processed_<hash>`` beside PyG's ``processed/``; the hash
-  covers PyG's own folder and file names (``processed_file_names``), :meth:`cache_key`, and the
-  repr and full configuration (:func:`describe`) of ``pre_transform`` and ``pre_filter``. PyG only
-  warns when the ``pre_transform`` repr changed (and unpickles ``pre_transform.pt`` to compare);
-  here a changed transform gets a cache of its own, never a stale one;
-* **atomic**: ``process()`` writes into a temporary sibling folder, renamed into place after every
-  file and a ``MANIFEST.json`` (SHA-256 of every file) are written and synced;
-* **verified**: opening a cache checks that the manifest lists exactly the files of the folder, the
-  processed files among them, with their SHA-256; else :class:`DatasetCacheError`;
-* **one writer**: processing holds an exclusive lock (``processed_<hash>.lock``);
-* **loaded safely**: every cache is read with ``torch.load(weights_only=True)`` (:func:`safe_load`;
-  PyG falls back to a full unpickle), in the lossless compact form of :mod:`.compact` written by
-  :meth:`~SafeCacheMixin.save`.
+:class:`SafeCacheMixin` (listed before the PyG dataset class) keeps PyG's machinery and changes
+what PyG leaves unsafe: ``download()`` copies the raw files from the verified offline mirror
+first; the processed folder is ``processed_<hash>`` beside PyG's ``processed/``, the hash covering
+PyG's folder and file names, :meth:`~SafeCacheMixin.cache_key` and the full configuration
+(:func:`describe`) of ``pre_transform`` and ``pre_filter`` (PyG only warns when the repr changed,
+and ``AddRandomWalkPE``'s repr hides its ``walk_length``); ``process()`` writes into a temporary
+sibling folder with a ``MANIFEST.json`` (SHA-256 of every file), renamed into place under an
+exclusive lock and checked on every open; caches are read with ``torch.load(weights_only=True)``
+(:func:`safe_load`; PyG falls back to a full unpickle), in the compact form of :mod:`.compact`.
 """
 from __future__ import annotations
 
@@ -43,6 +31,7 @@ from pyg_grf.datasets.mirror import (
     check_not_in_mirror,
     fetch_from_mirror,
     file_digest,
+    files_under,
     is_offline,
     not_found_message,
 )
@@ -133,19 +122,9 @@ def safe_load(path: str) -> Any:
                                 ) from None
 
 
-def _listing(folder: str) -> Dict[str, str]:
-    out = {}
-    for dirpath, _, filenames in os.walk(folder):
-        for name in filenames:
-            rel = osp.relpath(osp.join(dirpath, name), folder).replace(os.sep, '/')
-            if rel != MANIFEST:
-                out[rel] = osp.join(dirpath, name)
-    return out
-
-
 def write_manifest(folder: str, info: Dict[str, Any]) -> None:
     r"""Writes ``<folder>/MANIFEST.json`` with the SHA-256 of every file under :obj:`folder`."""
-    files = {rel: file_digest(path) for rel, path in _listing(folder).items()}
+    files = {rel: file_digest(path) for rel, path in files_under(folder, MANIFEST).items()}
     with open(osp.join(folder, MANIFEST), 'w') as f:
         json.dump(dict(info, version=CACHE_VERSION, files=files), f, indent=1, sort_keys=True)
 
@@ -164,7 +143,7 @@ def verify_manifest(folder: str, required: Sequence[str] = ()) -> None:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise DatasetCacheError(f"The dataset cache manifest '{path}' is unreadable "
                                 f"({type(exc).__name__}: {exc}). {hint}") from None
-    present = _listing(folder)
+    present = files_under(folder, MANIFEST)
     for rel in sorted(set(present) - set(files)):
         raise DatasetCacheError(f"The dataset cache file '{present[rel]}' is not listed in "
                                 f"'{path}': the folder or its manifest was modified. {hint}")
@@ -182,11 +161,10 @@ def verify_manifest(folder: str, required: Sequence[str] = ()) -> None:
 
 class SafeCacheMixin:
     r"""Mixin for PyG datasets (list it first), see the module docstring. Subclasses set
-    :attr:`mirror_folder` (or :meth:`mirror_sources`) and may extend :meth:`cache_key`,
-    :meth:`download_from_source` and :attr:`not_found_hint`."""
+    :attr:`mirror_folder` (``TUDataset``, ``Planetoid``, ``LRGB``) or :meth:`mirror_sources`,
+    and may extend :meth:`cache_key`, :meth:`download_from_source` and :attr:`not_found_hint`."""
 
     _staging_dir: Optional[str] = None
-    #: The mirror's folder for this class (``TUDataset``, ``Planetoid``, ``LRGB``).
     mirror_folder: str = ''
     not_found_hint: str = ''
 
@@ -255,9 +233,8 @@ class SafeCacheMixin:
     @classmethod
     def save(cls, data_list: Sequence[Any], path: str) -> None:
         r""":meth:`InMemoryDataset.save` in the compact form ``(mapping, slices, data_cls, spec)``
-        of :func:`~pyg_grf.datasets.compact.compact_collated`, restored bit for bit by
-        :meth:`load`."""
-        from torch_geometric.io import fs  # PyG's writer, as InMemoryDataset.save's
+        (:func:`~.compact.compact_collated`), restored bit for bit by :meth:`load`."""
+        from torch_geometric.io import fs
         data, slices = cls.collate(data_list)  # type: ignore[attr-defined]
         mapping, spec = compact_collated(data, slices)
         fs.torch_save((mapping, slices, data.__class__, spec), path)

@@ -81,7 +81,8 @@ class DigitsGridDataset(GeneratedDataset):
             ``1797 * copies``).
         seed (int): seed of the placements and the noise (default: :obj:`0`).
     """
-    folder = 'DigitsGridDataset'
+    settings = ('canvas', 'patch', 'scale', 'noise', 'copies', 'num_graphs', 'seed')
+    version = 2
 
     def __init__(self, root: Optional[str] = None, canvas: int = 16, patch: int = 4,
                  scale: Tuple[float, float] = (1.0, 2.0), noise: float = 0.1, copies: int = 1,
@@ -105,11 +106,6 @@ class DigitsGridDataset(GeneratedDataset):
         self.copies, self.seed = int(copies), int(seed)
         self.num_graphs = None if num_graphs is None else int(num_graphs)
         super().__init__(root, transform, pre_transform, pre_filter, force_reload)
-
-    @property
-    def tag(self) -> str:
-        return (f'v2_c{self.canvas}_p{self.patch}_s{self.scale[0]}-{self.scale[1]}'
-                f'_n{self.noise}_k{self.copies}_g{self.num_graphs}_seed{self.seed}')
 
     @property
     def grid_shape(self) -> Tuple[int, int]:
@@ -150,8 +146,4 @@ class DigitsGridDataset(GeneratedDataset):
     @property
     def num_classes(self) -> int:
         return 10
-
-    def __repr__(self) -> str:
-        return (f'{self.__class__.__name__}({len(self)}, canvas={self.canvas}, '
-                f'patch={self.patch})')
 

@@ -355,10 +355,6 @@ class LRGBStandIn(GeneratedDataset):
         self.num_graphs, self.seed = int(num_graphs), int(seed)
         super().__init__(None, transform, pre_transform)
 
-    @property
-    def tag(self) -> str:
-        return f'{self.info.pyg_name}_g{self.num_graphs}_s{self.seed}'
-
     def generate(self) -> List[Data]:
         return standin_graphs(self.info.name, self.num_graphs, self.seed)
 

@@ -1,17 +1,15 @@
 r"""Data root and offline mirror.
 
-* :func:`data_root`: ``$PYG_GRF_DATA``, else ``./datasets``; every loader keeps its files there,
-  laid out like PyG's roots (``TUDataset/<NAME>/raw``, ``LRGB/<name>/raw``, ...).
-* :func:`mirror_root`: ``$PYG_GRF_MIRROR``, a read-only folder with the same layout for machines
-  without network. A dataset's ``download()`` copies its raw files from there
-  (:func:`fetch_from_mirror`) before it would download them, so ``processed_*/`` is always written
-  beside the copy, never into the mirror.
-* :func:`is_offline`: ``$PYG_GRF_OFFLINE=1`` turns a download into a :class:`DatasetNotFoundError`.
+:func:`data_root` is ``$PYG_GRF_DATA`` (else ``./datasets``), laid out like PyG's roots
+(``TUDataset/<NAME>/raw``, ``LRGB/<name>/raw``, ...); :func:`mirror_root` is ``$PYG_GRF_MIRROR``,
+a read-only folder with the same layout that a dataset's ``download()`` copies its raw files from
+(:func:`fetch_from_mirror`), so ``processed_*/`` is written beside the copy, never into the mirror;
+``$PYG_GRF_OFFLINE=1`` turns a download into a :class:`DatasetNotFoundError`.
 
-Integrity: every file copied must be listed in the mirror's ``SHA256SUMS`` (``sha256sum`` format,
-paths relative to the mirror) with the SHA-256 of the bytes actually copied, and match the hash
-pinned in the package (:data:`~pyg_grf.datasets.pinned.PINNED_SHA256`) when there is one; a file
-that its loader unpickles is copied only with a pinned hash, so a tampered mirror with a regenerated
+Integrity: every file copied must be listed in the mirror's ``SHA256SUMS`` (``sha256sum`` format)
+with the SHA-256 of the bytes copied, and match the hash pinned in the package
+(:data:`~pyg_grf.datasets.pinned.PINNED_SHA256`) when there is one; a file that its loader
+unpickles is copied only with a pinned hash, so a tampered mirror with a regenerated
 ``SHA256SUMS`` cannot run code. A mirror without ``SHA256SUMS`` is refused unless
 ``$PYG_GRF_MIRROR_UNVERIFIED=1`` (:func:`write_checksums` makes one for a mirror of your own).
 Folders named ``processed*`` (PyG caches, which PyG may unpickle) are never copied.
@@ -20,6 +18,7 @@ import hashlib
 import os
 import os.path as osp
 import re
+import shutil
 import uuid
 import warnings
 from typing import Dict, List, Optional, Sequence
@@ -91,6 +90,21 @@ def file_digest(path: str, algorithm: str = 'sha256') -> str:
     return h.hexdigest()
 
 
+def files_under(folder: str, exclude: str = '', skip_processed: bool = False) -> Dict[str, str]:
+    r"""``{path relative to folder, '/'-separated: full path}`` of every file under
+    :obj:`folder` but :obj:`exclude`, in sorted order; ``processed*`` folders are left out if
+    :obj:`skip_processed`."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames
+                             if not (skip_processed and d.startswith('processed')))
+        for name in sorted(filenames):
+            rel = osp.relpath(osp.join(dirpath, name), folder).replace(os.sep, '/')
+            if rel != exclude:
+                out[rel] = osp.join(dirpath, name)
+    return out
+
+
 def read_checksums(mirror: str) -> Optional[Dict[str, str]]:
     r"""``<mirror>/SHA256SUMS`` as ``{relative path: sha256}`` (:obj:`None` if there is none).
 
@@ -121,17 +135,11 @@ def read_checksums(mirror: str) -> Optional[Dict[str, str]]:
 def write_checksums(mirror: str) -> str:
     r"""Writes ``<mirror>/SHA256SUMS`` for every file under :obj:`mirror` (except itself and
     ``processed*`` folders), for a mirror of your own. Returns its path."""
-    lines = []
-    for dirpath, dirnames, filenames in os.walk(mirror):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith('processed'))
-        for name in sorted(filenames):
-            rel = osp.relpath(osp.join(dirpath, name), mirror).replace(os.sep, '/')
-            if rel != CHECKSUM_FILE:
-                lines.append(f'{file_digest(osp.join(dirpath, name))}  {rel}\n')
+    files = files_under(mirror, CHECKSUM_FILE, skip_processed=True)
     out = osp.join(mirror, CHECKSUM_FILE)
     tmp = f'{out}.{uuid.uuid4().hex}.part'
     with open(tmp, 'w', encoding='utf-8') as f:
-        f.writelines(lines)
+        f.writelines(f'{file_digest(path)}  {rel}\n' for rel, path in files.items())
     os.replace(tmp, out)
     return out
 
@@ -180,21 +188,18 @@ def _expected_sha(key: str, sums: Optional[Dict[str, str]], mirror: str) -> Opti
 
 
 def _copy_verified(src: str, dst: str, key: str, expected: Optional[str]) -> None:
-    # Copy to a temporary name, hashing the bytes copied; rename only when they match.
+    # Copy to a temporary name and hash the copy; rename it into place only when it matches.
     os.makedirs(osp.dirname(dst), exist_ok=True)
     tmp = f'{dst}.{uuid.uuid4().hex}.part'
     try:
-        h = hashlib.sha256()
-        with open(src, 'rb') as fin, open(tmp, 'wb') as fout:
-            for chunk in iter(lambda: fin.read(1 << 20), b''):
-                h.update(chunk)
-                fout.write(chunk)
-        if expected is not None and h.hexdigest() != expected:
+        shutil.copyfile(src, tmp)
+        got = file_digest(tmp)
+        if expected is not None and got != expected:
             who = 'pyg_grf pins' if expected == PINNED_SHA256.get(key) else f'{CHECKSUM_FILE} lists'
             raise MirrorIntegrityError(
-                f"'{key}' in the mirror has SHA-256 {h.hexdigest()}, but {who} {expected}: the "
-                f"file is corrupt or was modified. Restore it from the original source; nothing "
-                f"was copied.")
+                f"'{key}' in the mirror has SHA-256 {got}, but {who} {expected}: the file is "
+                f"corrupt or was modified. Restore it from the original source; nothing was "
+                f"copied.")
         os.replace(tmp, dst)
     finally:
         if osp.exists(tmp):
@@ -233,16 +238,11 @@ def fetch_from_mirror(rel: str, dest_dir: Optional[str] = None) -> Optional[List
                 f"you trust the mirror, or set ${UNVERIFIED_ENV}=1 to copy unverified files.")
         warnings.warn(f"Copying unverified files from the mirror '{mirror}' (${UNVERIFIED_ENV} "
                       f"is set and it has no {CHECKSUM_FILE})", stacklevel=2)
-    if osp.isfile(src):
-        pairs = [(src, osp.join(dest_dir, osp.basename(src)))]
-    else:
-        pairs = []
-        for dirpath, dirnames, filenames in os.walk(src):
-            dirnames[:] = sorted(d for d in dirnames if not d.startswith('processed'))
-            out = osp.normpath(osp.join(dest_dir, osp.relpath(dirpath, src)))
-            pairs += [(osp.join(dirpath, f), osp.join(out, f)) for f in sorted(filenames)]
+    files = ({osp.basename(src): src} if osp.isfile(src)
+             else files_under(src, skip_processed=True))
     copied = []
-    for file, dst in pairs:
+    for name, file in files.items():
+        dst = osp.join(dest_dir, *name.split('/'))
         if osp.exists(dst):
             continue
         key = osp.relpath(file, mirror).replace(os.sep, '/')
@@ -266,4 +266,3 @@ def not_found_message(dataset: str, mirror_dir: str, missing: Sequence[str],
            f"'{mirror_dir}/...' (laid out like the data root) or put the files there")
     msg += f"; or unset ${OFFLINE_ENV} to download." if is_offline() else " to avoid a download."
     return f'{msg} {hint}'.rstrip()
-

@@ -195,7 +195,9 @@ class MassSpringDataset(GeneratedDataset):
     N       ~7.4 N                              15        3 (node-level regression)
     ======= =================================== ========= ================================
     """
-    folder = 'MassSpringDataset'
+    settings = ('num_points', 'num_clouds', 'seed', 'graph_k', 'spring_k', 'jitter', 'dt',
+                'substeps', 'warmup_frames', 'stiffness', 'prestrain', 'damping', 'mass',
+                'gravity', 'forcing', 'num_modes', 'wavelength', 'displacement', 'velocity')
 
     def __init__(self, root: Optional[str] = None, num_points: int = 8192, num_clouds: int = 4,
                  seed: int = 0, graph_k: int = 6, spring_k: int = 8, jitter: float = 0.1,
@@ -245,13 +247,6 @@ class MassSpringDataset(GeneratedDataset):
         self.name = f'mass-spring-{self.num_points}'
         super().__init__(root, transform, pre_transform, pre_filter, force_reload)
 
-    @property
-    def tag(self) -> str:
-        s = (self.num_points, self.num_clouds, self.seed, self.graph_k, self.spring_k,
-             self.jitter, self.dt, self.substeps, self.warmup_frames, self.stiffness,
-             self.prestrain, self.damping, self.mass, self.gravity, self.forcing, self.num_modes,
-             self.wavelength, self.displacement, self.velocity)
-        return 'v1_' + '_'.join(str(v).replace(' ', '') for v in s)
 
     def generate(self) -> List[Data]:
         return [self.cloud(g) for g in range(self.num_clouds)]

@@ -1,16 +1,10 @@
 r"""The synthetic combinatorial-classification tasks of GKAT (Choromanski et al., ICML 2022,
-*From block-Toeplitz matrices to differential equations on graphs*, Sec. 5.1 and App. A.2):
-
-* :class:`MotifDataset`: does an Erdos-Renyi graph carry a given motif (Sec. 5.1.1)?
-* :class:`InducedCycleDataset`: was a binary tree closed into a cycle through its two farthest
-  nodes (Sec. 5.1.2)?
-
-Both are generated in memory, deterministically from a seed, in seconds for the paper's 4,096
-graphs; they need no files, and cache to ``processed/`` only when a :obj:`root` is given.
-"""
+*From block-Toeplitz matrices to differential equations on graphs*, Sec. 5.1 and App. A.2),
+generated deterministically from a seed, and :class:`GeneratedDataset`, the base of every
+generated dataset."""
 import os
 import os.path as osp
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import networkx as nx
 import numpy as np
@@ -114,9 +108,13 @@ def _check_graphs(features: str, num_graphs: int) -> None:
 
 
 class GeneratedDataset(SafeCacheMixin, InMemoryDataset):
-    r"""Base of the datasets made by :meth:`generate`: in memory only without :obj:`root`, else
-    cached to ``root/<folder>/processed_<hash>/<tag>.pt`` (:class:`~.cache.SafeCacheMixin`)."""
-    folder: str = 'generated'
+    r"""Base of the datasets made by :meth:`generate` from the attributes named in
+    :attr:`settings`: in memory only without :obj:`root`, else cached to
+    ``root/<class name>/processed_<hash>/data.pt``, the hash covering the settings and
+    :attr:`version` (:class:`~.cache.SafeCacheMixin`)."""
+    settings: Tuple[str, ...] = ()
+    #: Bumped when :meth:`generate` changes, so that older caches are not reused.
+    version: int = 1
 
     def __init__(self, root: Optional[str] = None, transform: Optional[Callable] = None,
                  pre_transform: Optional[Callable] = None,
@@ -141,16 +139,22 @@ class GeneratedDataset(SafeCacheMixin, InMemoryDataset):
     def raw_file_names(self) -> List[str]:
         return []
 
+    def cache_key(self) -> Dict[str, Any]:
+        return {'version': self.version, **{k: getattr(self, k) for k in self.settings}}
+
     @property
     def cache_parent(self) -> str:
-        return osp.join(self.root, self.folder)
+        return osp.join(self.root, type(self).__name__)
 
     @property
     def processed_file_names(self) -> List[str]:
-        return [f'{self.tag}.pt']
+        return ['data.pt']
 
     def process(self) -> None:
         self.save(self.pre_process(self.generate()), self.processed_paths[0])
+
+    def __repr__(self) -> str:
+        return f'{self.__class__.__name__}({len(self)}, seed={self.seed})'
 
 
 class MotifDataset(GeneratedDataset):
@@ -192,7 +196,7 @@ class MotifDataset(GeneratedDataset):
     circular_ladder 4,096   110    ~168                2
     =============== ======= ====== =================== ========
     """
-    folder = 'MotifDataset'
+    settings = ('motif', 'num_graphs', 'num_nodes_er', 'num_join_edges', 'seed', 'features')
 
     def __init__(self, root: Optional[str] = None, motif: str = 'caveman',
                  num_graphs: int = 4096, seed: int = 0, num_nodes: int = 100,
@@ -208,19 +212,10 @@ class MotifDataset(GeneratedDataset):
                              f"(got {num_join_edges})")
         if num_nodes < 2:
             raise ValueError(f"Expected num_nodes >= 2 (got {num_nodes})")
-        self.motif = motif
-        self.name = f'motif-{motif}'
-        self.num_graphs = int(num_graphs)
-        self.seed = int(seed)
-        self.num_nodes_er = int(num_nodes)
-        self.num_join_edges = int(num_join_edges)
-        self.features = features
+        self.motif, self.name, self.features = motif, f'motif-{motif}', features
+        self.num_graphs, self.seed = int(num_graphs), int(seed)
+        self.num_nodes_er, self.num_join_edges = int(num_nodes), int(num_join_edges)
         super().__init__(root, transform, pre_transform, pre_filter, force_reload)
-
-    @property
-    def tag(self) -> str:
-        return (f'v1_{self.motif}_g{self.num_graphs}_n{self.num_nodes_er}_'
-                f'j{self.num_join_edges}_s{self.seed}_{self.features}')
 
     def generate(self) -> List[Data]:
         rng = np.random.default_rng(self.seed)
@@ -315,7 +310,7 @@ class InducedCycleDataset(GeneratedDataset):
     4,096   50     50                  2
     ======= ====== =================== ========
     """
-    folder = 'InducedCycleDataset'
+    settings = ('num_graphs', 'num_nodes_tree', 'seed', 'features')
 
     def __init__(self, root: Optional[str] = None, num_graphs: int = 4096, seed: int = 0,
                  num_nodes: int = 50, features: str = 'neighbor_degrees',
@@ -326,16 +321,9 @@ class InducedCycleDataset(GeneratedDataset):
         if num_nodes < 5:
             # A negative needs a pair at distance in [2, diameter), so diameter >= 3.
             raise ValueError(f"Expected num_nodes >= 5 (got {num_nodes})")
-        self.name = 'induced-cycle'
-        self.num_graphs = int(num_graphs)
-        self.seed = int(seed)
-        self.num_nodes_tree = int(num_nodes)
-        self.features = features
+        self.name, self.features = 'induced-cycle', features
+        self.num_graphs, self.num_nodes_tree, self.seed = int(num_graphs), int(num_nodes), int(seed)
         super().__init__(root, transform, pre_transform, pre_filter, force_reload)
-
-    @property
-    def tag(self) -> str:
-        return f'v1_g{self.num_graphs}_n{self.num_nodes_tree}_s{self.seed}_{self.features}'
 
     def generate(self) -> List[Data]:
         rng = np.random.default_rng(self.seed)
@@ -358,7 +346,4 @@ class InducedCycleDataset(GeneratedDataset):
                 cols.append(np.append(parent[t, 1:], triu[1][pick[t]]))
         perms = rng.permuted(np.tile(np.arange(n), (G, 1)), axis=1)
         return _to_data_list(rows, cols, n, labels, perms, self.features)
-
-    def __repr__(self) -> str:
-        return f'{self.__class__.__name__}({len(self)}, seed={self.seed})'
 

@@ -33,7 +33,7 @@ class TwoHopMajorityDataset(GeneratedDataset):
     **STATS** (defaults, seed 0): 64 graphs of 60 nodes, mean degree about 4, labels 1 on
     about 40 % of the nodes.
     """
-    folder = 'TwoHopMajorityDataset'
+    settings = ('num_graphs', 'num_nodes_graph', 'mean_degree', 'p_red', 'seed')
 
     def __init__(self, root: Optional[str] = None, num_graphs: int = 64, num_nodes: int = 60,
                  mean_degree: float = 2.0, p_red: float = 0.45, seed: int = 0,
@@ -49,11 +49,6 @@ class TwoHopMajorityDataset(GeneratedDataset):
         self.num_graphs, self.num_nodes_graph = int(num_graphs), int(num_nodes)
         self.mean_degree, self.p_red, self.seed = float(mean_degree), float(p_red), int(seed)
         super().__init__(root, transform, pre_transform, pre_filter, force_reload)
-
-    @property
-    def tag(self) -> str:
-        return (f'v1_g{self.num_graphs}_n{self.num_nodes_graph}_d{self.mean_degree}_'
-                f'r{self.p_red}_s{self.seed}')
 
     def generate(self) -> List[Data]:
         rng = np.random.default_rng(self.seed)
@@ -76,6 +71,3 @@ class TwoHopMajorityDataset(GeneratedDataset):
                 y=torch.from_numpy((reds > blues).astype(np.int64)),
                 num_nodes=n))
         return out
-
-    def __repr__(self) -> str:
-        return f'{self.__class__.__name__}({len(self)}, seed={self.seed})'
