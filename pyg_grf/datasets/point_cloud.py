@@ -48,14 +48,13 @@ import numpy as np
 import torch
 from torch import Tensor
 from torch_geometric.data import Data
+from torch_geometric.utils import to_undirected
 
 from pyg_grf._validation import check_int
 from pyg_grf.datasets.synthetic import GeneratedDataset, _check_root
 
 FEATURE_NAMES = ('ux', 'uy', 'uz', 'jitter_x', 'jitter_y', 'vx', 'vy', 'vz', 'inv_mass',
                  'stiffness', 'prestrain', 'damping', 'gx', 'gy', 'gz')
-
-_KNN_CHUNK = 1 << 22  # cells of one cdist block in the fallback kNN
 
 
 def _pair(name: str, value, lo: float = 0.0, strict: bool = False) -> Tuple[float, float]:
@@ -72,30 +71,17 @@ def _pair(name: str, value, lo: float = 0.0, strict: bool = False) -> Tuple[floa
 def knn_edges(pos: Tensor, k: int) -> Tensor:
     r"""The directed k-nearest-neighbour edges ``[2, N k]`` (source = neighbour, target = point,
     as :func:`torch_geometric.nn.knn_graph` with ``flow='source_to_target'``), self excluded,
-    exact in Euclidean distance.
-
-    Uses a k-d tree (:class:`scipy.spatial.cKDTree`, :math:`O(N \log N)`, a second for
-    :math:`N = 131{,}072`); without SciPy, blocks of :func:`torch.cdist` of at most
-    :math:`2^{22}` cells (:math:`O(N^2)` time, :math:`O(N)` memory).
-    """
+    exact in Euclidean distance, from a k-d tree (:class:`scipy.spatial.cKDTree`,
+    :math:`O(N \log N)`)."""
     if pos.dim() != 2 or pos.size(0) < 2:
         raise ValueError(f"'pos' must be [N, D] with N >= 2, got {tuple(pos.shape)}")
     N = pos.size(0)
     k = check_int('k', k, 1)
     if k >= N:
         raise ValueError(f"'k' must be smaller than the number of points ({N}), got {k}")
-    try:
-        from scipy.spatial import cKDTree
-    except ImportError:  # pragma: no cover (scipy is a core dependency)
-        cKDTree = None
-    if cKDTree is not None:
-        p = pos.detach().cpu().double().numpy()
-        _, nbr = cKDTree(p).query(p, k=k + 1)
-        nbr = torch.from_numpy(nbr.astype(np.int64))
-    else:  # pragma: no cover
-        rows = max(1, _KNN_CHUNK // N)
-        nbr = torch.cat([torch.cdist(pos[s:s + rows].double(), pos.double()).topk(
-            k + 1, dim=1, largest=False).indices for s in range(0, N, rows)])
+    from scipy.spatial import cKDTree
+    p = pos.detach().cpu().double().numpy()
+    nbr = torch.from_numpy(cKDTree(p).query(p, k=k + 1)[1].astype(np.int64))
     # drop the point itself; with coincident points it may sit anywhere in the list, or not at all
     own = torch.arange(N).view(-1, 1)
     is_self = nbr == own
@@ -104,13 +90,6 @@ def knn_edges(pos: Tensor, k: int) -> Tensor:
     keep[torch.arange(N), drop] = False
     nbr = nbr[keep].view(N, k)
     return torch.stack([nbr.reshape(-1), own.expand(N, k).reshape(-1)])
-
-
-def _symmetric_unique(edge_index: Tensor, num_nodes: int) -> Tensor:
-    # both directions, duplicates removed, sorted by (row, col)
-    row, col = torch.cat([edge_index, edge_index.flip(0)], dim=1)
-    key = torch.unique(row * num_nodes + col)
-    return torch.stack([key // num_nodes, key % num_nodes])
 
 
 def spring_forces(pos: Tensor, springs: Tensor, rest_length: Tensor,
@@ -151,49 +130,27 @@ class MassSpringDataset(GeneratedDataset):
 
     Args:
         root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
-            (default: :obj:`None`)
-        num_points (int, optional): Particles per cloud :math:`N` (at least 16).
-            (default: :obj:`8192`)
-        num_clouds (int, optional): Number of clouds. (default: :obj:`4`)
-        seed (int, optional): Seed; cloud :math:`g` depends only on ``(seed, g)`` and the
-            settings. (default: :obj:`0`)
-        graph_k (int, optional): Neighbours per particle of the kNN graph in ``edge_index``.
-            (default: :obj:`6`)
-        spring_k (int, optional): Neighbours per particle at rest joined by springs.
-            (default: :obj:`8`)
-        jitter (float, optional): Rest positions are lattice points plus a uniform offset in
+        num_points (int): Particles per cloud :math:`N` (at least 16).
+        num_clouds (int): Number of clouds.
+        seed (int): Cloud :math:`g` depends only on ``(seed, g)`` and the settings.
+        graph_k (int): Neighbours per particle of the kNN graph in ``edge_index``.
+        spring_k (int): Neighbours per particle at rest joined by springs.
+        jitter (float): Rest positions are lattice points plus a uniform offset in
             :math:`[-\mathrm{jitter}, \mathrm{jitter}]^2`, in :math:`[0, 0.5)`.
-            (default: :obj:`0.1`)
-        dt (float, optional): Integration step :math:`\Delta t`. (default: :obj:`0.04`)
-        substeps (int, optional): Integration steps per frame. (default: :obj:`5`)
-        warmup_frames (int, optional): Frames simulated before the recorded one.
-            (default: :obj:`2`)
-        stiffness (tuple, optional): Range of :math:`\kappa_i`. (default: :obj:`(5., 20.)`)
-        prestrain (tuple, optional): Range of :math:`s_i`, within :math:`[0, 1)`.
-            (default: :obj:`(0.02, 0.2)`)
-        damping (tuple, optional): Range of :math:`c_i`. (default: :obj:`(0., 0.5)`)
-        mass (tuple, optional): Range of the particle masses :math:`m_i` (uniform).
-            (default: :obj:`(0.5, 1.5)`)
-        gravity (float, optional): :math:`g`, the uniform part of the external acceleration
-            :math:`\mathbf{g}_i`, along :math:`-z`. (default: :obj:`0.3`)
-        forcing (float, optional): RMS per component of its random smooth part.
-            (default: :obj:`0.2`)
-        num_modes (int, optional): Plane waves of the initial fields. (default: :obj:`8`)
-        wavelength (tuple, optional): Range of their wavelengths, in lattice spacings.
-            (default: :obj:`(4., 16.)`)
-        displacement (tuple, optional): RMS amplitude (in-plane, out-of-plane) of the initial
-            displacement field. (default: :obj:`(0.15, 1.5)`)
-        velocity (tuple, optional): RMS amplitude (in-plane, out-of-plane) of the initial
-            velocity field. (default: :obj:`(0.05, 0.3)`)
-        transform, pre_transform, pre_filter, force_reload: as for any PyG dataset.
+        dt, substeps, warmup_frames: The integration step :math:`\Delta t`, steps per frame,
+            and frames simulated before the recorded one.
+        stiffness, prestrain, damping, mass (tuple): Ranges of :math:`\kappa_i`, :math:`s_i`
+            (within :math:`[0, 1)`), :math:`c_i` and of the masses :math:`m_i` (uniform).
+        gravity (float): :math:`g`, the uniform part of :math:`\mathbf{g}_i`, along :math:`-z`.
+        forcing (float): RMS per component of its random smooth part.
+        num_modes, wavelength: Plane waves of the initial fields, and the range of their
+            wavelengths in lattice spacings.
+        displacement, velocity (tuple): RMS amplitudes (in-plane, out-of-plane) of the initial
+            displacement and velocity fields.
+        transform, pre_transform, pre_filter, force_reload: As in PyG datasets.
 
-    **STATS:** (defaults)
-
-    ======= =================================== ========= ================================
-    #points #edges (kNN, directed, both ways)   #features #targets
-    ======= =================================== ========= ================================
-    N       ~7.4 N                              15        3 (node-level regression)
-    ======= =================================== ========= ================================
+    **STATS** (defaults): :math:`N` points, about :math:`7.4 N` kNN edges (directed, both
+    ways), 15 features, 3 targets (node-level regression).
     """
     settings = ('num_points', 'num_clouds', 'seed', 'graph_k', 'spring_k', 'jitter', 'dt',
                 'substeps', 'warmup_frames', 'stiffness', 'prestrain', 'damping', 'mass',
@@ -247,9 +204,9 @@ class MassSpringDataset(GeneratedDataset):
         self.name = f'mass-spring-{self.num_points}'
         super().__init__(root, transform, pre_transform, pre_filter, force_reload)
 
-
     def generate(self) -> List[Data]:
         return [self.cloud(g) for g in range(self.num_clouds)]
+
     def rest_state(self, gen: torch.Generator) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
         r"""Rest positions ``[N, 3]`` (float64), jitter ``[N, 2]``, pinned mask ``[N]`` and the
         springs ``[2, S]`` (each pair once, ``i < j``)."""
@@ -263,7 +220,7 @@ class MassSpringDataset(GeneratedDataset):
         X[:, 0] = a.double() + jit[:, 0]
         X[:, 1] = b.double() + jit[:, 1]
         pinned = (a == 0) | (a == nx - 1) | (b == 0) | (b == ny - 1)
-        springs = _symmetric_unique(knn_edges(X, self.spring_k), N)
+        springs = to_undirected(knn_edges(X, self.spring_k), num_nodes=N)
         springs = springs[:, springs[0] < springs[1]]
         return X, jit, pinned, springs
 
@@ -320,7 +277,7 @@ class MassSpringDataset(GeneratedDataset):
 
         x = torch.cat([pos - X, jit, vel, inv_mass.view(-1, 1), stiffness.view(-1, 1),
                        prestrain.view(-1, 1), damping.view(-1, 1), accel], dim=1)
-        edge_index = _symmetric_unique(knn_edges(pos, self.graph_k), N)
+        edge_index = to_undirected(knn_edges(pos, self.graph_k), num_nodes=N)
         return Data(x=x.float(), pos=pos.float(), edge_index=edge_index,
                     y=(nxt - pos).float(), rest_pos=X.float())
 
