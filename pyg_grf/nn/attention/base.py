@@ -72,10 +72,6 @@ class GraphAttention(nn.Module):
     :func:`model_payload` does this for every attention of a model, and
     :class:`pyg_grf.loader.DataLoader` in its worker processes, leaving the result on the
     batch (:func:`prepared_payload`).
-
-    Subclasses set :attr:`requires` (the ``Data`` attributes :meth:`payload` reads, named in
-    the error when they are missing), :attr:`optional` and :attr:`hint` (how to add them), and
-    override :meth:`payload` when they need more than the nodes.
     """
 
     #: ``Data`` attributes the payload reads.
@@ -145,8 +141,7 @@ def model_payload(model: Union[nn.Module, Sequence[nn.Module]], data: Any) -> Di
 
 
 class QKVAttention(GraphAttention):
-    r"""Base of the attention layers, and the contract every attention layer of the package
-    follows (GRF, GKAT, SAMSA, the masked-linear and reference layers):
+    r"""Base of the attention layers, and the contract every attention layer follows:
 
     * constructor vocabulary ``(channels, heads=1, head_channels=None, dropout=0.0, bias=True,
       ...)``, with ``head_channels`` defaulting to ``channels // heads``;
@@ -157,8 +152,6 @@ class QKVAttention(GraphAttention):
       output;
     * ``reset_parameters()`` re-initialises every parameter, ``repr`` is
       :func:`contract_repr`.
-
-    Subclasses implement the mixing of ``q, k, v`` (``[N, H, C]`` each).
     """
 
     def __init__(self, channels: int, heads: int = 1, head_channels: Optional[int] = None,
@@ -170,22 +163,18 @@ class QKVAttention(GraphAttention):
         head_channels = resolve_head_channels(channels, heads, head_channels)
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"'dropout' must lie in [0, 1), got {dropout}")
-        self.channels = channels
-        self.heads = heads
-        self.head_channels = head_channels
+        self.channels, self.heads, self.head_channels = channels, heads, head_channels
         self.dropout = dropout
-        self.bias = bias
         inner = heads * head_channels
         self.to_q = nn.Linear(channels, inner, bias=bias)
         self.to_k = nn.Linear(channels, inner, bias=bias)
         self.to_v = nn.Linear(channels, inner, bias=bias)
         self.to_out = nn.Linear(inner, channels, bias=bias)
         self.feature_map_name = feature_map
-        self.feature_map_kwargs = feature_map_kwargs or {}
         self.feature_map: Optional[FeatureMap] = None
         if feature_map is not None:
             self.feature_map = feature_map_resolver(feature_map, head_channels,
-                                                    **self.feature_map_kwargs)
+                                                    **(feature_map_kwargs or {}))
 
     def reset_parameters(self):
         for lin in (self.to_q, self.to_k, self.to_v, self.to_out):

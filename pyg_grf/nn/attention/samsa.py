@@ -84,21 +84,11 @@ class SAMSAAttention(GraphAttention):
         bias (bool, optional): Biases of the projections. (default: :obj:`True`)
         head_channels (int, optional): Size per head. (default: :obj:`channels // heads`)
     """
-    def __init__(
-        self,
-        channels: int,
-        heads: int = 1,
-        num_samples: int = 32,
-        mode: str = 'hard',
-        num_support: Optional[int] = None,
-        dropout: float = 0.,
-        tau: float = 1.,
-        score_channels: Optional[int] = None,
-        act: Union[str, Callable, None] = 'gelu',
-        act_kwargs: Optional[dict] = None,
-        bias: bool = True,
-        head_channels: Optional[int] = None,
-    ):
+    def __init__(self, channels: int, heads: int = 1, num_samples: int = 32, mode: str = 'hard',
+                 num_support: Optional[int] = None, dropout: float = 0., tau: float = 1.,
+                 score_channels: Optional[int] = None,
+                 act: Union[str, Callable, None] = 'gelu', act_kwargs: Optional[dict] = None,
+                 bias: bool = True, head_channels: Optional[int] = None):
         super().__init__()
         if channels < 1 or heads < 1:
             raise ValueError(f"'channels' and 'heads' must be positive (got {channels}, {heads})")

@@ -133,20 +133,11 @@ class GraphBridge(torch.nn.Module):
         - **output:** tokens :math:`(N + E, C)`, token batch vector :math:`(N + E)`,
           token types :math:`(N + E)` (:obj:`0` node, :obj:`1` edge)
     """
-    def __init__(
-        self,
-        in_channels: int,
-        out_channels: int,
-        edge_channels: Optional[int] = None,
-        pe_channels: int = 16,
-        hidden_channels: Optional[int] = None,
-        num_layers: int = 2,
-        act: Union[str, Callable, None] = 'gelu',
-        dropout: float = 0.,
-        eval_noise: str = 'structural',
-        seed: int = 0,
-        hash_rounds: int = 3,
-    ):
+    def __init__(self, in_channels: int, out_channels: int, edge_channels: Optional[int] = None,
+                 pe_channels: int = 16, hidden_channels: Optional[int] = None,
+                 num_layers: int = 2, act: Union[str, Callable, None] = 'gelu',
+                 dropout: float = 0., eval_noise: str = 'structural', seed: int = 0,
+                 hash_rounds: int = 3):
         super().__init__()
         if in_channels < 1 or out_channels < 1 or pe_channels < 1:
             raise ValueError(f"'in_channels', 'out_channels' and 'pe_channels' must be positive "

@@ -99,54 +99,26 @@ class GraphTransformer(torch.nn.Module):
           without.
     """
 
-    def __init__(
-        self,
-        in_channels: Optional[int],
-        hidden_channels: int,
-        out_channels: int,
-        num_layers: int,
-        heads: int = 1,
-        attn_type: Optional[str] = 'grf',
-        attn_kwargs: Optional[Dict[str, Any]] = None,
-        conv: Union[str, MessagePassing, None] = None,
-        pe: Optional[str] = None,
-        pe_dim: int = 16,
-        node_encoder: Optional[str] = 'linear',
-        edge_encoder: Optional[str] = None,
-        edge_dim: Optional[int] = None,
-        pooling: Optional[str] = 'mean',
-        dropout: float = 0.,
-        attn_dropout: float = 0.,
-        ffn_ratio: float = 2.,
-        act: str = 'gelu',
-        norm: Optional[str] = 'layer_norm',
-        head_layers: int = 2,
-        block: str = 'pre_norm',
-    ):
+    def __init__(self, in_channels: Optional[int], hidden_channels: int, out_channels: int,
+                 num_layers: int, heads: int = 1, attn_type: Optional[str] = 'grf',
+                 attn_kwargs: Optional[Dict[str, Any]] = None,
+                 conv: Union[str, MessagePassing, None] = None, pe: Optional[str] = None,
+                 pe_dim: int = 16, node_encoder: Optional[str] = 'linear',
+                 edge_encoder: Optional[str] = None, edge_dim: Optional[int] = None,
+                 pooling: Optional[str] = 'mean', dropout: float = 0., attn_dropout: float = 0.,
+                 ffn_ratio: float = 2., act: str = 'gelu', norm: Optional[str] = 'layer_norm',
+                 head_layers: int = 2, block: str = 'pre_norm'):
         super().__init__()
-        self.in_channels = in_channels
-        self.hidden_channels = hidden_channels
-        self.out_channels = out_channels
-        self.num_layers = num_layers
-        self.heads = heads
-        self.attn_type = attn_type
-        self.attn_kwargs = dict(attn_kwargs or {})
+        self.in_channels, self.hidden_channels = in_channels, hidden_channels
+        self.out_channels, self.num_layers, self.heads = out_channels, num_layers, heads
+        self.attn_type, self.attn_kwargs = attn_type, dict(attn_kwargs or {})
         # A MessagePassing instance is a template (each layer gets a reset deep copy): kept as a
         # plain attribute, not a submodule, so its parameters are not the model's.
         object.__setattr__(self, 'conv', conv)
-        self.pe = pe
-        self.pe_dim = pe_dim
-        self.node_encoder_kind = node_encoder
-        self.edge_encoder_kind = edge_encoder
-        self.edge_dim = edge_dim
-        self.pooling = pooling
-        self.dropout = dropout
-        self.attn_dropout = attn_dropout
-        self.ffn_ratio = ffn_ratio
-        self.act = act
-        self.norm = norm
-        self.head_layers = head_layers
-        self.block = block
+        self.pe, self.pe_dim, self.pooling, self.block = pe, pe_dim, pooling, block
+        self.node_encoder_kind, self.edge_encoder_kind = node_encoder, edge_encoder
+        self.dropout, self.attn_dropout = dropout, attn_dropout
+        self.ffn_ratio, self.act, self.norm = ffn_ratio, act, norm
 
         C = hidden_channels
         check_options(in_channels, self.attn_type, conv, pe, node_encoder, edge_encoder,

@@ -59,19 +59,10 @@ class SAMSABlock(torch.nn.Module):
         **kwargs (optional): Further arguments of
             :class:`~pyg_grf.nn.attention.samsa.SAMSAAttention` (e.g. :obj:`tau`).
     """
-    def __init__(
-        self,
-        channels: int,
-        heads: int = 1,
-        num_samples: int = 32,
-        mode: str = 'hard',
-        ffn_channels: Optional[int] = None,
-        dropout: float = 0.,
-        drop_path: float = 0.,
-        residual_scale: Optional[Parameter] = None,
-        act: Union[str, Callable, None] = 'gelu',
-        **kwargs,
-    ):
+    def __init__(self, channels: int, heads: int = 1, num_samples: int = 32, mode: str = 'hard',
+                 ffn_channels: Optional[int] = None, dropout: float = 0., drop_path: float = 0.,
+                 residual_scale: Optional[Parameter] = None,
+                 act: Union[str, Callable, None] = 'gelu', **kwargs):
         super().__init__()
         if not 0. <= drop_path < 1.:
             raise ValueError(f"'drop_path' must be in [0, 1) (got {drop_path})")
@@ -146,26 +137,13 @@ class SAMSAModel(torch.nn.Module):
     :class:`~pyg_grf.transforms.AddGraphBridgeTokens` optional); the output is
     :math:`(B, \mathrm{out\_channels})`.
     """
-    def __init__(
-        self,
-        in_channels: int,
-        hidden_channels: int,
-        out_channels: int,
-        num_layers: int,
-        edge_channels: Optional[int] = None,
-        heads: int = 8,
-        num_samples: int = 32,
-        mode: str = 'hard',
-        ffn_channels: Optional[int] = None,
-        dropout: float = 0.,
-        drop_path: float = 0.,
-        pe_channels: int = 16,
-        pool: str = 'mean',
-        node_encoder: Optional[torch.nn.Module] = None,
-        edge_encoder: Optional[torch.nn.Module] = None,
-        graph_bridge_kwargs: Optional[dict] = None,
-        **kwargs,
-    ):
+    def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
+                 num_layers: int, edge_channels: Optional[int] = None, heads: int = 8,
+                 num_samples: int = 32, mode: str = 'hard', ffn_channels: Optional[int] = None,
+                 dropout: float = 0., drop_path: float = 0., pe_channels: int = 16,
+                 pool: str = 'mean', node_encoder: Optional[torch.nn.Module] = None,
+                 edge_encoder: Optional[torch.nn.Module] = None,
+                 graph_bridge_kwargs: Optional[dict] = None, **kwargs):
         super().__init__()
         if num_layers < 1:
             raise ValueError(f"'num_layers' must be at least 1 (got {num_layers})")
@@ -199,14 +177,9 @@ class SAMSAModel(torch.nn.Module):
         with torch.no_grad():
             self.residual_scale.zero_()
 
-    def forward(
-        self,
-        x: Union[Tensor, BaseData],
-        edge_index: OptTensor = None,
-        edge_attr: OptTensor = None,
-        batch: OptTensor = None,
-        token_type: OptTensor = None,
-    ) -> Tensor:
+    def forward(self, x: Union[Tensor, BaseData], edge_index: OptTensor = None,
+                edge_attr: OptTensor = None, batch: OptTensor = None,
+                token_type: OptTensor = None) -> Tensor:
         r""":obj:`x` may also be a whole :class:`~torch_geometric.data.Batch` (as the
         LightningModules call their model), which then gives the other arguments."""
         noise = None
