@@ -1,19 +1,5 @@
-r"""The typed GRF loads of a graph or a mini-batch: validated once, owned, immutable.
-
-:class:`GRFLoads` holds the importance-weighted loads that
-:class:`~pyg_grf.transforms.AddGraphRandomFeatures` stores on a ``Data`` object (GRF paper,
-Eq. 10): entry :math:`e` is a (start node :math:`i`, visited node :math:`q`, hop count
-:math:`l`) with :math:`\mathrm{load}(i, q, l)`, and a layer with coefficients :math:`f` turns them
-into
-
-.. math::
-    \widehat\Phi_{iq} = \sum_l f_l\,\mathrm{load}(i, q, l).
-
-It is the input of the per-batch plan (:class:`~pyg_grf.nn.attention.grf.GRFPlan`), which builds
-every structure a backend needs from it. It caches nothing: every method is a pure function of
-the entries, and the entries are the object's own copies (narrowed to ``int32`` ids and ``uint8``
-hop counts where the sizes allow), so later edits of the ``Data`` never reach it.
-"""
+r"""The typed GRF loads of a graph or a mini-batch (:class:`GRFLoads`): validated once, owned,
+immutable; the input of the per-batch plan (:class:`~pyg_grf.nn.attention.grf.GRFPlan`)."""
 from __future__ import annotations
 
 from typing import Any, Optional, Sequence, Tuple
@@ -21,7 +7,6 @@ from typing import Any, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from pyg_grf._validation import check_int
 from pyg_grf.features.grf import hop_values
 
 _INT32_MAX = 2 ** 31 - 1
@@ -35,18 +20,25 @@ def _check_tensor(name: str, t: Any, dim: int) -> Tensor:
     return t
 
 
-def narrow_index(index: Tensor, bound: int) -> Tensor:
+def narrow_index(index: Tensor, bound: int, copy: bool = False) -> Tensor:
     r"""``index`` as ``int32`` when every id is below ``bound`` < :math:`2^{31}` (half the
     bytes, and what torch's CPU CSR kernels take without a conversion), else ``int64``."""
-    return index.to(torch.int32 if bound <= _INT32_MAX else torch.int64)
+    return index.to(torch.int32 if bound <= _INT32_MAX else torch.int64, copy=copy)
 
 
 class GRFLoads:
-    r"""Graph random feature loads of a graph or a PyG mini-batch (module docstring).
+    r"""The importance-weighted loads that :class:`~pyg_grf.transforms.AddGraphRandomFeatures`
+    stores on a ``Data`` object (GRF paper, Eq. 10): entry :math:`e` is a (start node
+    :math:`i`, visited node :math:`q`, hop count :math:`l`) with
+    :math:`\mathrm{load}(i, q, l)`, and a layer with coefficients :math:`f` turns them into
 
-    Build it with :meth:`from_data` from the attributes that
-    :class:`~pyg_grf.transforms.AddGraphRandomFeatures` stores. The inputs are validated here
-    (index range, hop counts, finite loads, batch vector), once per batch, with one host read.
+    .. math::
+        \widehat\Phi_{iq} = \sum_l f_l\,\mathrm{load}(i, q, l).
+
+    Build it with :meth:`from_data`. The inputs are validated here (index range, hop counts,
+    finite loads, batch vector), once per batch, with one host read; the entries are the
+    object's own copies (``int32`` ids and ``uint8`` hop counts where the sizes allow), and every
+    method is a pure function of them.
 
     Args:
         index (Tensor): ``[2, nnz]`` (start node, visited node) of every entry.
@@ -110,7 +102,7 @@ class GRFLoads:
                              f"side holds {self.num_draws}: use the same num_draws for both")
         # owned copies (normal tensors even under inference mode: the plan serves training)
         with torch.inference_mode(False):
-            self.index = narrow_index(index, num_nodes).clone()
+            self.index = narrow_index(index, num_nodes, copy=True)
             self.hop = hop.to(torch.uint8 if self.max_hop < 256 else torch.int64).clone()
             self.load = load.clone()
             self.draw = None if draw is None or self.num_draws == 1 else draw.to(
@@ -152,9 +144,8 @@ class GRFLoads:
                 raise ValueError(f"the loads hold {hi} walk draws but '{prefix}_draw' is "
                                  f"missing (it was dropped, e.g. by batching with graphs that "
                                  f"have one draw)")
-        key = None
-        if key_prefix is not None:
-            key = cls.from_data(data, key_prefix, max_length=max_length)
+        key = None if key_prefix is None else cls.from_data(data, key_prefix,
+                                                            max_length=max_length)
         return cls(data[f'{prefix}_index'], data[f'{prefix}_length'], data[f'{prefix}_load'],
                    data.num_nodes, batch=getattr(data, 'batch', None), max_length=max_length,
                    key=key, draw=draw)
@@ -192,19 +183,13 @@ class GRFLoads:
         return (f'GRFLoads(num_nodes={self.num_nodes}, nnz={self.nnz}, max_hop={self.max_hop}'
                 f'{draws}{key})')
 
-    # Walk draws and shared graphs #################################################################
-
     def fold(self, draws: Sequence[int]) -> 'GRFLoads':
         r"""The loads of the walk draws ``draws`` (one per head) as one graph of :math:`G N`
         nodes, :math:`G` = ``len(draws)``: copy :math:`g` holds the entries of draw
-        ``draws[g]`` on nodes :math:`g N + i`, and graph :math:`b` of copy :math:`g` is graph
-        :math:`g B + b` of the folded batch vector. A layer runs its :math:`G` heads as one
-        head on the folded nodes (one coefficient row per copy), so that per-head walks cost
-        one pass of every backend instead of a loop over heads. With :math:`G = 1` it is the
-        plain selection of one draw.
-
-        Returns the folded loads and sets nothing on ``self``; the group (copy) of a folded
-        node :math:`u` is :math:`\lfloor u / N \rfloor`."""
+        ``draws[g]`` on nodes :math:`g N + i` (its group is :math:`\lfloor u / N \rfloor`), and
+        graph :math:`b` of copy :math:`g` is graph :math:`g B + b` of the folded batch vector.
+        A layer runs its :math:`G` heads as one head on the folded nodes (one coefficient row
+        per copy): one pass of every backend instead of a loop over heads."""
         draws = tuple(int(d) for d in draws)
         if not draws or any(not 0 <= d < self.num_draws for d in draws):
             raise ValueError(f"'draws' must be a non-empty sequence of draw ids in [0, "
@@ -225,25 +210,6 @@ class GRFLoads:
         key = None if self.key is None else self.key.fold(draws)
         return GRFLoads(index, self.hop[e], self.load[e], G * N, batch=fbatch,
                         max_length=self.max_length, key=key)
-
-    def repeat(self, copies: int) -> 'GRFLoads':
-        r"""The loads of ``copies`` disjoint copies of this graph, as a batch (copy :math:`b`
-        on nodes :math:`b N + i`, ``batch`` set): one shared graph for a batch of samples, e.g.
-        the patch grid of a batch of images (GRF paper, Sec. 4)."""
-        check_int('copies', copies, 1)
-        if self.num_graphs > 1:
-            raise ValueError(f"repeat() needs the loads of one graph, got a batch of "
-                             f"{self.num_graphs}")
-        N, nnz, dev = self.num_nodes, self.nnz, self.device
-        offset = torch.arange(copies, device=dev).repeat_interleave(nnz) * N
-        index = self.index.long().repeat(1, copies) + offset
-        key = None if self.key is None else self.key.repeat(copies)
-        draw = None if self.draw is None else self.draw.repeat(copies)
-        batch = torch.arange(copies, device=dev).repeat_interleave(N)
-        return GRFLoads(index, self.hop.repeat(copies), self.load.repeat(copies), copies * N,
-                        batch=batch, max_length=self.max_length, key=key, draw=draw)
-
-    # Values #######################################################################################
 
     def pairs(self) -> Tuple[Tensor, Tensor]:
         r"""The distinct (start, visited) pairs of the entries, row-major (``[2, P]``), and
@@ -266,9 +232,7 @@ class GRFLoads:
         r"""``[h, P]`` values of :math:`\widehat\Phi` on the pairs (:meth:`pairs`) for
         coefficients ``f`` (:meth:`entry_values`), differentiable in ``f``."""
         v = self.entry_values(f, group)
-        if v.dim() == 1:
-            return v.new_zeros(num_pairs).index_add(0, inv, v)
-        return v.new_zeros(v.size(0), num_pairs).index_add(1, inv, v)
+        return v.new_zeros(v.shape[:-1] + (num_pairs,)).index_add(-1, inv, v)
 
     def entry_values(self, f: Tensor, group: Optional[Tensor] = None) -> Tensor:
         r""":math:`f_{l_e}\,\mathrm{load}_e` per entry: ``[nnz]`` for ``f`` ``[L + 1]``,

@@ -1,21 +1,18 @@
 r"""The pure cost rule of GKAT's ``backend='auto'``: every backend that can compute the layer's
 mask is costed from sizes alone (nothing is allocated or built), and the cheapest whose memory
-estimate fits the budget of :func:`pyg_grf.memory.memory_budget` (``$PYG_GRF_MEMORY_LIMIT``,
-cgroups, ``RLIMIT_AS``) is chosen; the same sizes give the same answer whatever ran before.
+estimate fits the budget of :func:`pyg_grf.memory.memory_budget` is chosen.
 
-The costs are operation counts of a forward and backward pass, weighted by measured throughputs
-on one CPU thread (``bench/bench_gkat.py``, PubMed and CiteSeer, 8 heads x 8): a multiply-add of a
-per-head CSR product or sampled product costs :data:`SPARSE` units, one element of an elementwise
-pass over a per-head operand :data:`ELEMENT` (about 2.6 multiply-adds of a product: 1.4 against
-3.6 million per ms), a dense batched multiply-add :data:`DENSE`.
+The costs are operation counts of a forward and backward pass, weighted by throughputs measured
+on one CPU thread (``bench/bench_gkat.py``): a multiply-add of a per-head CSR or sampled product
+costs :data:`SPARSE` units, one element of an elementwise pass over a per-head operand
+:data:`ELEMENT`, a dense batched multiply-add :data:`DENSE`.
 
 * ``'sparse'``: four products with :math:`\Psi` or :math:`\Psi^\top` per head (two forward,
   two backward) of width :math:`m (C + 1)`, and about ten elementwise passes over the
-  ``[N, m (C + 1)]`` operand of each head (outer products, contractions, zeroed outputs);
+  ``[N, m (C + 1)]`` operand of each head;
 * ``'pairs'``: three products per head over the :math:`P` pairs of widths :math:`m` (linear
   mode's sampled product) and :math:`C + 1` (the aggregation with the normaliser column), and
-  about seven elementwise passes over the ``[H, P]`` coefficients (softmax: gathers of the
-  logits, exponential, row maximum);
+  about seven elementwise passes over the ``[H, P]`` coefficients;
 * ``'dense'``: the padded ``[B, H, n, n]`` blocks.
 """
 from __future__ import annotations
@@ -96,15 +93,6 @@ def plan_sizes(layer: Any, plan: Any, itemsize: int = 4) -> Dict[str, Any]:
                 heads=layer.heads, head_channels=layer.head_channels,
                 feature_dim=layer.feature_dim, exact=plan.exact and layer.threshold == 0,
                 itemsize=itemsize)
-
-
-def layer_backend(layer: Any, plan: Any, device=None, itemsize: int = 4) -> str:
-    r"""The backend ``layer`` runs on ``plan``: its own, or for ``'auto'``
-    :func:`choose_backend` on the plan's sizes and the device's memory budget."""
-    if layer.backend != 'auto':
-        return layer.backend
-    budget, _ = memory_budget(device)
-    return choose_backend(layer.mode, budget, **plan_sizes(layer, plan, itemsize))
 
 
 def needs_pairs(layer: Any, plan: Any) -> bool:

@@ -12,10 +12,10 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
 from torch_geometric.typing import OptTensor
 
-from pyg_grf.memory import check_walk_memory
+from pyg_grf.memory import check_walk_memory, memory_budget
 from pyg_grf.nn.attention.base import GraphAttention, contract_repr, key_dropout
 from pyg_grf.nn.attention.gkat import dense, pairs, sparse
-from pyg_grf.nn.attention.gkat.choose import BACKENDS, costs, layer_backend, plan_sizes
+from pyg_grf.nn.attention.gkat.choose import BACKENDS, choose_backend, costs, plan_sizes
 from pyg_grf.nn.attention.gkat.plan import RWGNKPlan
 from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
 
@@ -27,39 +27,27 @@ class GKATAttention(GraphAttention):
     r"""The Graph Kernel Attention layer of GKAT from the `"From block-Toeplitz matrices to
     differential equations on graphs: towards a general theory for scalable masked Transformers"
     <https://arxiv.org/abs/2107.07999>`_ paper (Choromanski et al., ICML 2022; Sec. 4.2, App. A.5):
-    multi-head attention whose mask is the RWGNK kernel :math:`\mathcal{K} = \Psi\Psi^\top` of
-    random-walk frequency vectors (see :class:`~pyg_grf.transforms.AddRWGNKFeatures`).
-
-    With values :math:`\mathbf{v}_j = \mathbf{W}\mathbf{x}_j` per head, every mode computes
+    multi-head attention masked by the RWGNK kernel :math:`\mathcal{K} = \Psi\Psi^\top`
+    (:class:`~pyg_grf.transforms.AddRWGNKFeatures`). With values
+    :math:`\mathbf{v}_j = \mathbf{W}\mathbf{x}_j` per head, every mode computes the masked
+    attention of FTFI Sec. 2,
 
     .. math::
         \mathbf{x}'_i = \sum_j \frac{\mathcal{K}_{ij}\,\kappa(i, j)}
                                     {\sum_l \mathcal{K}_{il}\,\kappa(i, l)} \mathbf{v}_j,
 
-    the masked attention of FTFI Sec. 2 (:math:`\mathbf{M} \odot` kernel, rows normalised), with
-
     * ``mode='linear'`` (GKAT): :math:`\kappa(i, j) = \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)`,
-      in time linear in :math:`N` (Sec. 4.2: low-rank masking, :math:`\mathcal{K}` never
-      formed, backend ``'sparse'``), or on the kernel's nonzeros (``'pairs'``).
-    * ``mode='softmax'``: :math:`\kappa(i, j) = \exp(e_{ij})`, a softmax restricted to the support
-      of :math:`\mathcal{K}` and weighted by it (App. A.5.2: GAT with its adjacency mask replaced
-      by the RWGNK similarity matrix): the softmax of :math:`e_{ij} + \log\mathcal{K}_{ij}` over
-      the pairs with :math:`|\mathcal{K}_{ij}| > t`, as GAT's over edges (backend ``'pairs'``).
-    * ``mode='dense'`` (GKAT-0, Sec. 5.3): the same as ``'softmax'`` with dense per-graph
-      matrices (backend ``'dense'``); a brute-force reference, :math:`O(\sum_g n_g^2)`.
+      linear in :math:`N` (Sec. 4.2: low-rank masking, :math:`\mathcal{K}` never formed);
+    * ``mode='softmax'``: :math:`\kappa(i, j) = \exp(e_{ij})`, the softmax of
+      :math:`e_{ij} + \log\mathcal{K}_{ij}` over the pairs with :math:`|\mathcal{K}_{ij}| > t`
+      (App. A.5.2: GAT with its adjacency mask replaced by the RWGNK similarity matrix);
+    * ``mode='dense'`` (GKAT-0, Sec. 5.3): ``'softmax'`` with dense per-graph matrices, a
+      brute-force reference, :math:`O(\sum_g n_g^2)`.
 
-    Every mode runs on the per-batch :class:`~pyg_grf.nn.attention.gkat.RWGNKPlan`
-    (:meth:`payload`, or :meth:`plan_payload` for all layers of a model), on one of the backends
-    of :mod:`pyg_grf.nn.attention.gkat` (one module each); ``backend='auto'`` is the pure cost
-    rule :func:`~pyg_grf.nn.attention.gkat.choose_backend`.
-
-    Logits (``'softmax'``, ``'dense'``): ``score='gat'``,
-    :math:`e_{ij} = \mathrm{LeakyReLU}(\mathbf{a}_{dst}^\top\mathbf{v}_i +
-    \mathbf{a}_{src}^\top\mathbf{v}_j)` as in GAT, or ``score='dot'``,
-    :math:`e_{ij} = \mathbf{q}_i^\top\mathbf{k}_j / \sqrt{C}`.
-
-    Walks never leave a graph, so :math:`\mathcal{K}` is block-diagonal over a PyG batch and no
-    node attends across graphs, in every mode.
+    Logits: ``score='gat'``, :math:`e_{ij} = \mathrm{LeakyReLU}(\mathbf{a}_{dst}^\top
+    \mathbf{v}_i + \mathbf{a}_{src}^\top\mathbf{v}_j)` as in GAT, or ``score='dot'``,
+    :math:`e_{ij} = \mathbf{q}_i^\top\mathbf{k}_j / \sqrt{C}`. Walks never leave a graph, so
+    no node attends across the graphs of a batch.
 
     Args:
         channels (int): input size, and output size with the default ``project=True``.
@@ -69,10 +57,10 @@ class GKATAttention(GraphAttention):
             (:math:`\mathrm{ELU}+1`), ``'relu'`` or ``'favor+'`` (default: ``'elu'``).
         concat (bool): concatenate the heads (``[N, H * C]``) or average them (``[N, C]``)
             (default: :obj:`True`).
-        dropout (float): dropout on the normalised attention coefficients only, as in GAT, in
-            ``'softmax'`` and ``'dense'`` modes; ``'linear'`` never forms the coefficients and
-            drops whole key columns per head instead (numerator only, unbiased:
-            :func:`~pyg_grf.nn.attention.base.key_dropout`) (default: ``0.``).
+        dropout (float): dropout on the normalised attention coefficients, as in GAT;
+            ``'linear'`` never forms them and drops whole key columns per head instead
+            (numerator only, unbiased: :func:`~pyg_grf.nn.attention.base.key_dropout`)
+            (default: ``0.``).
         negative_slope (float): LeakyReLU slope of ``score='gat'`` (default: ``0.2``).
         head_channels (int, optional): channels per head :math:`C` (default:
             ``channels // heads`` if ``concat`` else ``channels``).
@@ -82,28 +70,26 @@ class GKATAttention(GraphAttention):
             :obj:`False`, :math:`\mathcal{K}` only gives the support (an ablation)
             (default: :obj:`True`).
         bias (bool): a learnable bias on the output: in ``to_out`` with ``project``, else added
-            to the heads as in GAT (default: :obj:`True`). The value, query and key
-            projections ``to_v``, ``to_q``, ``to_k`` have none, as in GAT.
+            to the heads as in GAT; ``to_v``, ``to_q``, ``to_k`` have none (default:
+            :obj:`True`).
         threshold (float): pairs with :math:`|\mathcal{K}_{ij}| \le` ``threshold`` are left
-            out of the mask, in every mode: a sparser, faster approximation (with ``alpha=1``,
-            :math:`\mathcal{K}_{ii} = 1` is always kept) (default: ``0.``, the exact kernel).
+            out of the mask, in every mode (with ``alpha=1``, :math:`\mathcal{K}_{ii} = 1` is
+            always kept) (default: ``0.``, the exact kernel).
         feature_map_kwargs (dict, optional): arguments of the feature map.
         eps (float): added to the normaliser of ``'linear'`` mode (default: ``1e-6``).
-        backend (str): ``'sparse'`` (``'linear'`` only: two products with :math:`\Psi`, the
-            exact kernel only), ``'pairs'`` (the kernel's nonzeros: the pairs stored by
+        backend (str): ``'sparse'`` (``'linear'`` on the exact kernel only: two products with
+            :math:`\Psi`), ``'pairs'`` (the kernel's nonzeros: the pairs stored by
             ``AddRWGNKFeatures(kernel_threshold=...)``, which then define the mask, else those
             of :math:`\Psi\Psi^\top`), ``'dense'`` (per graph) or ``'auto'`` (the cheapest
             whose memory fits, :func:`~pyg_grf.nn.attention.gkat.choose_backend`)
             (default: ``'auto'``).
-        project (bool): project the combined heads back to ``channels`` with ``to_out``, as
-            every attention layer of the package does (default: :obj:`True`). With
-            :obj:`False` the layer is the paper's GAT-shaped one (no output projection), e.g. to
-            stack it as a convolution with ``concat=False`` for class scores.
+        project (bool): project the combined heads back to ``channels`` with ``to_out``
+            (default: :obj:`True`); :obj:`False` gives the paper's GAT-shaped layer.
 
     Shapes:
         - **input:** node features :math:`(N, F)` (or :math:`(B, n, F)` on one shared graph),
           batch vector :math:`(N)` *(optional)*, ``rwgnk=`` the batch's
-          :class:`~pyg_grf.nn.attention.gkat.RWGNKPlan`
+          :class:`~pyg_grf.nn.attention.gkat.RWGNKPlan` (:meth:`payload`)
         - **output:** :math:`(N, \mathrm{channels})`; with ``project=False``,
           :math:`(N, H * C)` if ``concat`` else :math:`(N, C)`
     """
@@ -164,10 +150,8 @@ class GKATAttention(GraphAttention):
         else:
             self.register_parameter('att_src', None)
             self.register_parameter('att_dst', None)
-        if mode == 'linear':
-            self.feature_map = feature_map_resolver(feature_map, C, **self.feature_map_kwargs)
-        else:
-            self.feature_map = None
+        self.feature_map = (feature_map_resolver(feature_map, C, **self.feature_map_kwargs)
+                            if mode == 'linear' else None)
         self.feature_map_name = feature_map
         heads_out = H * C if concat else C
         if project:  # the contract's output projection back to 'channels'
@@ -230,8 +214,10 @@ class GKATAttention(GraphAttention):
         r"""The backend this layer runs on ``plan``: its own, or for ``'auto'`` the pure cost
         rule :func:`~pyg_grf.nn.attention.gkat.choose.choose_backend` on the plan's sizes and
         the memory budget; nothing is built or allocated."""
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return layer_backend(self, plan, plan.psi_value.device, itemsize)
+        if self.backend != 'auto':
+            return self.backend
+        budget, _ = memory_budget(plan.psi_value.device)
+        return choose_backend(self.mode, budget, **plan_sizes(self, plan, dtype.itemsize))
 
     def forward(self, x: Tensor, batch: OptTensor = None, *,
                 rwgnk: Optional[RWGNKPlan] = None) -> Tensor:
@@ -270,8 +256,7 @@ class GKATAttention(GraphAttention):
                              f"{plan.num_nodes} nodes (build the plan from the same batch)")
         N, H, C = x.size(0), self.heads, self.head_channels
         backend = self.backend_for(plan, x.dtype)
-        sizes = plan_sizes(self, plan, x.element_size())
-        table = costs(self.mode, **sizes)
+        table = costs(self.mode, **plan_sizes(self, plan, x.element_size()))
         if backend not in table:  # 'sparse' on a cut mask
             raise ValueError("backend='sparse' computes the exact kernel Psi Psi^T, but the "
                              "mask here is cut (stored kernel pairs or threshold > 0): use "
@@ -282,25 +267,20 @@ class GKATAttention(GraphAttention):
                           f"{N} nodes", "Use mode='linear' with backend='sparse' (never forms "
                           "the kernel) or 'auto', or a threshold.", error=MemoryError)
 
-        # Values, one set per head: [N, H, C]; with queries and keys, one product for all three
-        # (as GATConv's one `lin`: on CiteSeer's 3703 features 460 against 654 ms forward and
-        # backward for three, one thread).
         q, k, v = self._project(x)
         if self.mode == 'linear':
             phi_q = self.feature_map(q, is_query=True)
-            # Keys are stabilised per graph (never by a quantity of other graphs).
             phi_k = apply_feature_map(self.feature_map, k, batch=batch)
-            # Coefficient dropout without coefficients: whole key columns, numerator only.
             v = key_dropout(v, self.dropout, self.training)
             if backend == 'sparse':
                 out = sparse.forward(plan, phi_q, phi_k, v, self.eps)
             elif backend == 'pairs':
-                out = pairs.linear_forward(plan.kernel_pairs(self.threshold, [H]), phi_q,
+                out = pairs.linear_forward(plan.kernel_pairs(self.threshold), phi_q,
                                            phi_k, v, self.eps)
             else:
                 out = dense.linear_forward(plan, phi_q, phi_k, v, self.threshold, self.eps)
         elif backend == 'pairs':
-            kp = plan.kernel_pairs(self.threshold, [H])
+            kp = plan.kernel_pairs(self.threshold)
             logits = pairs.logits(kp, self.score, q, k, v, self.att_src, self.att_dst,
                                   self.negative_slope)                     # [H, P]
             out = pairs.softmax_forward(kp, logits, v, self.kernel_weighting, self.dropout,
@@ -309,8 +289,6 @@ class GKATAttention(GraphAttention):
             out = dense.softmax_forward(plan, dense.logits(self, q, k, v, plan), v,
                                         self.threshold, self.kernel_weighting, self.dropout,
                                         self.training)
-
-        # Combine heads.
         out = out.reshape(N, H * C) if self.concat else out.mean(dim=1)
         if self.to_out is not None:
             return self.to_out(out)
@@ -320,14 +298,14 @@ class GKATAttention(GraphAttention):
 
     def _project(self, x: Tensor) -> Tuple[OptTensor, OptTensor, Tensor]:
         r"""``(q, k, v)``, each ``[N, H, C]`` (``q``, ``k`` :obj:`None` without ``to_q``): one
-        product with the stacked weights of ``to_q``, ``to_k``, ``to_v``."""
+        product with the stacked weights of ``to_q``, ``to_k``, ``to_v`` (as GATConv's one
+        ``lin``)."""
         N, H, C = x.size(0), self.heads, self.head_channels
         if self.to_q is None:
             return None, None, self.to_v(x).view(N, H, C)
         weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])
         # one copy to three contiguous [N, H, C] blocks: the feature map and the per-head
-        # operands then run on contiguous memory (elu forward and backward: 8 against 12 ms
-        # on PubMed's strided slices)
+        # operands then run on contiguous memory
         q, k, v = F.linear(x, weight).view(N, 3, H * C).transpose(0, 1).contiguous() \
             .view(3, N, H, C).unbind(0)
         return q, k, v

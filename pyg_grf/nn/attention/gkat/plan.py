@@ -10,13 +10,10 @@ import torch
 from torch import Tensor
 
 from pyg_grf._validation import check_index_range
+from pyg_grf.features.loads import narrow_index
 from pyg_grf.features.rwgnk import kernel_products, rwgnk_kernel
+from pyg_grf.nn.attention.gkat.choose import needs_pairs
 from pyg_grf.ops import SparsePattern
-
-
-def _narrow(index: Tensor, bound: int) -> Tensor:
-    # int32 where the sizes allow: half the bytes in memory and when pickled
-    return index.to(torch.int32 if bound < 2 ** 31 - 1 else torch.long, copy=True)
 
 
 def _values(value: Tensor) -> Tensor:
@@ -25,31 +22,37 @@ def _values(value: Tensor) -> Tensor:
                              copy=True)
 
 
+def _row_major(index: Tensor, value: Tensor, N: int) -> Tuple[Tensor, Tensor, SparsePattern]:
+    # the entries in row-major order and their pattern (built without a sort); contiguous
+    # rows: torch's COO-to-CSR conversion misreads strided index rows
+    index = index.long().contiguous()
+    pattern = SparsePattern(index, (N, N))
+    if pattern.perm is not None:
+        index, value = index[:, pattern.perm], value[pattern.perm]
+        pattern = SparsePattern(index, (N, N), _trusted=True)
+    return index, value, pattern
+
+
 @dataclass(frozen=True, eq=False)
 class KernelPairs:
     r"""The support of the mask: the pairs :math:`(i, j)` with :math:`|\mathcal{K}_{ij}| >`
-    ``threshold`` in row-major order, their kernel values, and the prepared sparse pattern
-    (its CSR views, forward and transposed; :class:`~pyg_grf.ops.SparsePattern`)."""
+    ``threshold`` in row-major order, their kernel values, and their prepared
+    :class:`~pyg_grf.ops.SparsePattern` (CSR views, forward and transposed)."""
     index: Tensor      # [2, P] int32 where it fits
     value: Tensor      # [P]
     threshold: float
-    stored: bool       # the pairs stored by AddRWGNKFeatures(kernel_threshold=...)
     pattern: SparsePattern
 
     @classmethod
-    def make(cls, index: Tensor, value: Tensor, num_nodes: int, threshold: float,
-             stored: bool, heads: Iterable[int] = ()) -> 'KernelPairs':
+    def make(cls, index: Tensor, value: Tensor, num_nodes: int,
+             threshold: float) -> 'KernelPairs':
         if threshold > 0:
             keep = value.abs() > threshold
             index, value = index[:, keep], value[keep]
-        # contiguous rows: torch's COO-to-CSR conversion misreads strided index rows
-        index = index.long().contiguous()
-        pattern = SparsePattern(index, (num_nodes, num_nodes))
-        if pattern.perm is not None:  # row-major order, so that the pattern needs no sort
-            index, value = index[:, pattern.perm], value[pattern.perm]
-            pattern = SparsePattern(index, (num_nodes, num_nodes), _trusted=True)
-        pattern.prepare()  # CSR views of the pairs and their transpose, shared by all heads
-        return cls(_narrow(index, num_nodes), _values(value), float(threshold), stored, pattern)
+        index, value, pattern = _row_major(index, value, num_nodes)
+        pattern.prepare()  # shared by all heads
+        return cls(narrow_index(index, num_nodes, copy=True), _values(value), float(threshold),
+                   pattern)
 
     def to(self, device) -> 'KernelPairs':
         index = self.index.to(device)
@@ -57,32 +60,26 @@ class KernelPairs:
         return replace(self, index=index, value=self.value.to(device), pattern=pattern)
 
     def __reduce__(self):  # the pattern is rebuilt from the index: nothing heads-sized pickled
-        return (_unpickle_pairs, (self.index, self.value, self.threshold, self.stored,
-                                  self.pattern.size))
+        return (_unpickle_pairs, (self.index, self.value, self.threshold, self.pattern.size))
 
 
-def _unpickle_pairs(index, value, threshold, stored, size):
-    return KernelPairs(index, value, threshold, stored,
-                       SparsePattern(index, size, _trusted=True))
+def _unpickle_pairs(index, value, threshold, size):
+    return KernelPairs(index, value, threshold, SparsePattern(index, size, _trusted=True))
 
 
 @dataclass(frozen=True, eq=False)
 class RWGNKPlan:
-    r"""What every GKAT layer of a batch reads, built once per batch: the RWGNK features
-    :math:`\Psi` (FTFI paper, Sec. 4.2, Eq. 5) as a prepared sparse pattern with its values, the
-    graph boundaries, the sizes the backends are costed by, and, when a layer's backend needs
-    them, the kernel pairs :math:`\{(i, j): |\mathcal{K}_{ij}| > t\}` of
+    r"""What every GKAT layer of a batch reads, built once per batch by a pure function of the
+    data and the layers: the RWGNK features :math:`\Psi` (FTFI paper, Sec. 4.2, Eq. 5) as a
+    prepared sparse pattern with its values, the graph boundaries, and, when a layer's backend
+    needs them, the kernel pairs :math:`\{(i, j): |\mathcal{K}_{ij}| > t\}` of
     :math:`\mathcal{K} = \Psi\Psi^\top` (:class:`KernelPairs`).
 
-    The plan owns its tensors (copies, int32 indices where the sizes allow, float32 values
-    unless the features are float64): like PyG's ``GCNConv(cached=True)``, a plan is valid for
-    the data it was built from *as it was then*; an edit of the ``Data`` afterwards does not
-    change it (build a new plan for new data). It is immutable, moves with :meth:`to` and
-    pickles compactly (no per-head structures), so DataLoader workers can build it.
-
-    Build it with :meth:`build` (or ``GKATAttention.plan_payload(data, layers)`` for a whole
-    model); a layer given a plan without the structure its backend needs builds that structure
-    for the call only.
+    Like PyG's ``GCNConv(cached=True)``, the plan owns copies of its tensors (int32 indices where
+    the sizes allow, float32 values unless the features are float64), so later edits of the
+    ``Data`` do not change it. It is immutable, moves with :meth:`to` and pickles compactly (no
+    per-head structures), so DataLoader workers can build it. A layer given a plan without the
+    structure its backend needs builds that structure for the call only.
     """
     num_nodes: int
     psi_index: Tensor            # [2, nnz] (start node, visited node), row-major
@@ -93,7 +90,6 @@ class RWGNKPlan:
     pairs: Optional[KernelPairs] = None
     stored_pairs: Optional[Tuple[Tensor, Tensor]] = None  # AddRWGNKFeatures' pairs, as given
 
-    # Building ------------------------------------------------------------------------------
 
     @classmethod
     def build(cls, data: Any, layers: Iterable[Any] = (), prefix: str = 'rwgnk') -> 'RWGNKPlan':
@@ -101,8 +97,7 @@ class RWGNKPlan:
         ``{prefix}_value`` from :class:`~pyg_grf.transforms.AddRWGNKFeatures`, and
         ``{prefix}_kernel_index`` / ``_value`` when the transform stored the kernel pairs) for
         the GKAT ``layers`` that will read it: the kernel pairs are built when one of them may
-        run on them (its backend, or ``'auto'`` and the cost rule of :mod:`.choose`). A pure
-        function of the data and the layers' settings."""
+        run on them (its backend, or ``'auto'`` and the cost rule of :mod:`.choose`)."""
         missing = [f'{prefix}_{s}' for s in ('index', 'value')
                    if getattr(data, f'{prefix}_{s}', None) is None]
         if missing:
@@ -141,45 +136,31 @@ class RWGNKPlan:
         if kernel_index is not None:
             check_index_range(kernel_index, N, "'rwgnk_kernel_index'", 'num_nodes',
                               remember=False)
-        index = index.long().contiguous()  # strided rows give a wrong CSR (see KernelPairs)
-        psi = SparsePattern(index, (N, N))
-        if psi.perm is not None:  # row-major, so the pattern is rebuilt without a sort
-            index, value = index[:, psi.perm], value[psi.perm]
-            psi = SparsePattern(index, (N, N), _trusted=True)
+        index, value, psi = _row_major(index, value, N)
         psi._transpose()  # the CSR view of Psi^T, prepared once
         if ptr is None:
             ptr = torch.tensor([0, N], device=index.device)
-        stored = None if kernel_index is None else (_narrow(kernel_index, N),
+        stored = None if kernel_index is None else (narrow_index(kernel_index, N, copy=True),
                                                     _values(kernel_value))
-        plan = cls(N, _narrow(index, N), _values(value), psi, _narrow(ptr, N + 1),
-                   kernel_products(index, N), None, stored)
-        return plan.with_structures(layers)
+        plan = cls(N, narrow_index(index, N, copy=True), _values(value), psi,
+                   narrow_index(ptr, N + 1, copy=True), kernel_products(index, N), None, stored)
+        # the kernel pairs, when one of the layers may run on them
+        users = [layer for layer in layers if needs_pairs(layer, plan)]
+        if not users:
+            return plan
+        return replace(plan, pairs=plan.kernel_pairs(users[0].threshold))
 
-    def with_structures(self, layers: Iterable[Any]) -> 'RWGNKPlan':
-        r"""This plan with the kernel pairs built when one of ``layers`` may use them (a new
-        plan; this one is unchanged)."""
-        from pyg_grf.nn.attention.gkat.choose import needs_pairs
-        layers = list(layers)
-        users = [layer for layer in layers if needs_pairs(layer, self)]
-        if not users or (self.pairs is not None and
-                         self.pairs.threshold == users[0].threshold):
-            return self
-        return replace(self, pairs=self.kernel_pairs(users[0].threshold,
-                                                     heads=[u.heads for u in users]))
-
-    def kernel_pairs(self, threshold: float, heads: Iterable[int] = ()) -> KernelPairs:
+    def kernel_pairs(self, threshold: float) -> KernelPairs:
         r"""The kernel pairs above ``threshold``: this plan's when it holds them for that
         threshold, else built now (the stored pairs when the data had them, else
         :func:`rwgnk_kernel`); not kept."""
         if self.pairs is not None and self.pairs.threshold == threshold:
             return self.pairs
         if self.stored_pairs is not None:
-            index, value = self.stored_pairs
-            return KernelPairs.make(index, value, self.num_nodes, threshold, True, heads)
+            return KernelPairs.make(*self.stored_pairs, self.num_nodes, threshold)
         index, value = rwgnk_kernel(self.psi_index, self.psi_value, self.num_nodes, threshold)
-        return KernelPairs.make(index, value, self.num_nodes, threshold, False, heads)
+        return KernelPairs.make(index, value, self.num_nodes, threshold)
 
-    # Sizes (read by the cost rule) -----------------------------------------------------------
 
     @property
     def psi_nnz(self) -> int:
@@ -190,12 +171,8 @@ class RWGNKPlan:
         return self.ptr.numel() - 1
 
     @property
-    def graph_sizes(self) -> Tensor:
-        return self.ptr[1:] - self.ptr[:-1]
-
-    @property
     def max_graph_nodes(self) -> int:
-        return int(self.graph_sizes.max()) if self.num_graphs > 0 else 0
+        return int(self.ptr.diff().max()) if self.num_graphs > 0 else 0
 
     @property
     def exact(self) -> bool:
@@ -203,7 +180,6 @@ class RWGNKPlan:
         been cut at a threshold): only then can the low-rank ``'sparse'`` backend run."""
         return self.stored_pairs is None
 
-    # Moving, repeating -----------------------------------------------------------------------
 
     def to(self, device) -> 'RWGNKPlan':
         r"""The plan on ``device``."""

@@ -1,40 +1,26 @@
 r"""What ``backend='auto'`` picks for a GRF layer: a pure function of sizes.
 
-:func:`plan_sizes` measures a batch once (nodes, walk entries, distinct pairs of
-:math:`\widehat\Phi`, the join's terms :math:`T`, the padded block cells);
-:func:`backend_costs` turns the sizes and a layer's shape into seconds per backend and
-:func:`backend_memory` into bytes; :func:`choose_backend` returns the cheapest backend whose
-memory fits (``$PYG_GRF_MEMORY_LIMIT``, else 90% of the available memory, cgroups and
-``RLIMIT_AS`` respected). Nothing here allocates more than the sizes, runs a join or reads a
-cache: the same sizes give the same answer whatever ran before.
+:func:`plan_sizes` measures a batch once; :func:`backend_costs` turns the sizes and a layer's
+shape into seconds per backend and :func:`backend_memory` into bytes; :func:`choose_backend`
+returns the cheapest backend whose memory fits (:func:`pyg_grf.memory.memory_budget`). Nothing
+here runs a join or reads a cache: the same sizes give the same answer whatever ran before.
 
-Seconds of one layer, forward and backward, on one CPU core, with :math:`H` heads (1 when the
-heads are folded into the nodes for walks per head), feature size :math:`m`, value size
-:math:`d`, :math:`P_\Phi` the pairs of :math:`\widehat\Phi`, :math:`P_M` the mask's cells
-(estimated :math:`T / 7` before the join: :math:`T / P_M` measured 4.7 on kNN graphs, 7.2 on
-molecule batches, 10 on small molecules) and :math:`B n_{max}^2` the padded cells of
-:math:`B` graphs:
+Seconds of one layer, forward and backward, with :math:`H` heads (1 when the heads are folded
+into the nodes), feature size :math:`m`, value size :math:`d`, :math:`P_\Phi` the pairs of
+:math:`\widehat\Phi`, :math:`P_M` the mask's cells (estimated :math:`T / 7` from the join's
+terms :math:`T`) and :math:`B n_{max}^2` the padded cells of :math:`B` graphs:
 
 * ``'sparse'``: :math:`c_1 P_\Phi H m (d + 1)` per CSR product (2 symmetric, 1 asymmetric)
-  plus :math:`c_8 P_\Phi H` per product (small widths) plus :math:`c_2 N H m (d + 1)` for the
-  outer products;
-* ``'pairs'``: :math:`c_3 P H \max(m + d + 1, 40) + c_9 H` (the kernel calls per head)
-  with :math:`P = P_M` (symmetric, at most the padded cells) or
-  :math:`P_\Phi`, plus, once per plan and shared by the layers that use it, the join
-  :math:`c_6 T` (symmetric);
+  plus :math:`c_8 P_\Phi H` per product plus :math:`c_2 N H m (d + 1)` for the outer products;
+* ``'pairs'``: :math:`c_3 P H \max(m + d + 1, 40) + c_9 H` with :math:`P = P_M` (symmetric)
+  or :math:`P_\Phi`, plus, once per plan, the join :math:`c_6 T` (symmetric);
 * ``'dense'``: :math:`c_4 B n_{max}^2 H (m + d + 1)(1 + n_{max} / 256)` (times 1.6 for the
-  softmax mode) plus :math:`c_5 B` (per graph), plus :math:`3 c_7 B n_{max}^3 H` for the
-  batched products :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (symmetric).
+  softmax mode) plus :math:`c_5 B`, plus :math:`3 c_7 B n_{max}^3 H` for the batched products
+  :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (symmetric).
 
-Measured per layer (forward and backward, one thread, 4 heads x 16, load 2.7 on 2 cores) on the
-LRGB-sized batch (64 graphs of 120-180 nodes) / TU-sized batch (128 of 20-40): pairs 72 / 24 ms,
-dense 423 / 50 ms, sparse 527 / 112 ms; the constants are fitted to these (pairs and dense
-within 1.3x) and ``'auto'`` picks pairs on both.
-
-The constants were fitted on the 2-core x86 CPU of our CI (``bench/bench_batch.py
---calibrate``; the small-width terms by hand on motif batches); only their ratios matter. The
-``'sparse_softmax'`` mode has two backends: the support of :math:`\widehat\Phi` (``'sparse'``,
-which ``'pairs'`` names too) and ``'dense'``.
+The constants are fitted on one CPU core (``bench/bench_batch.py --calibrate``); only their
+ratios matter. The ``'sparse_softmax'`` mode has two backends: the support of
+:math:`\widehat\Phi` (``'sparse'``, which ``'pairs'`` names too) and ``'dense'``.
 """
 from __future__ import annotations
 
@@ -47,8 +33,6 @@ from pyg_grf.features.join import compiled_join_available
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.memory import memory_budget
 from pyg_grf.nn.attention.grf import dense, pairs, sparse
-
-BACKENDS = ('sparse', 'pairs', 'dense')
 
 
 class BackendMemoryError(MemoryError):
@@ -191,8 +175,7 @@ def _too_big(backend: str, s: PlanSizes, need: Dict[str, int], budget: float,
             f"$PYG_GRF_MEMORY_LIMIT=off (or a size such as 64G).")
 
 
-# Cost constants: seconds on one core (bench/bench_batch.py --calibrate --threads 1; pairs and
-# dense refitted to the per-layer times in backend_costs's docstring).
+# Cost constants: seconds on one core (bench/bench_batch.py --calibrate --threads 1).
 _C_SPMM = 2.4e-9
 _C_SPMM_NNZ = 8.0e-8  # per nonzero and head of a CSR product, whatever its width (tiny widths)
 _C_OUTER = 9.8e-9

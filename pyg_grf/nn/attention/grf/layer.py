@@ -45,8 +45,8 @@ class GRFAttention(QKVAttention):
       :math:`\mathbb{E}[M] = \sum_l f_l W^l` (App. D, Eq. 24-26): one sparse product;
     * ``'sparse_softmax'``: softmax attention restricted to the nonzeros of the asymmetric
       feature, :math:`a_{ij} \propto \widehat\Phi_{ij}\exp(\mathbf{q}_i^\top\mathbf{k}_j/\sqrt{C})`
-      (App. D with :math:`A = \exp(\mathbf{q}^\top\mathbf{k})`, Eq. 25; the video experiment of
-      App. C.4); :math:`O(\mathrm{nnz})`.
+      (App. D with :math:`A = \exp(\mathbf{q}^\top\mathbf{k})`, Eq. 25; App. C.4);
+      :math:`O(\mathrm{nnz})`.
 
     Walks never leave a connected component, so attention never crosses the graphs of a PyG
     mini-batch: no padding is needed.
@@ -54,63 +54,50 @@ class GRFAttention(QKVAttention):
     Args:
         channels (int): input and output size.
         heads (int, optional): number of heads :math:`H` (default: :obj:`1`).
-        max_length (int, optional): :math:`L`, the largest hop count with a coefficient
-            (default: :obj:`4`). Must match the transform's ``max_length`` (longer walks'
-            entries get :math:`f = 0`).
+        max_length (int, optional): :math:`L`, the largest hop count with a coefficient; must
+            cover the transform's ``max_length`` (default: :obj:`4`).
         head_channels (int, optional): size per head (default: ``channels // heads``).
         feature_map (str or FeatureMap, optional): :math:`\phi`: ``'relu'``, ``'elu'`` or
             ``'favor+'`` (default: ``'relu'``).
         feature_map_kwargs (dict, optional): arguments of the feature map.
         mode (str, optional): ``'symmetric'``, ``'asymmetric'`` or ``'sparse_softmax'``
             (default: ``'symmetric'``).
-        f_init (float, optional): initial :math:`f_l = \mathrm{f\_init}^l` (decaying, so longer
-            walks start with less weight; :math:`f_0 = 1`) (default: :obj:`0.5`).
+        f_init (float, optional): initial :math:`f_l = \mathrm{f\_init}^l` (default:
+            :obj:`0.5`).
         learn_f (bool, optional): whether :math:`f` is learnable (default: :obj:`True`).
-        f_mode (str, optional): how the learned :math:`f` enters the mask (see
-            ``docs/grf_mask_value.md``):
+        f_mode (str, optional): how the learned :math:`f` enters the mask
+            (``docs/grf_mask_value.md``):
 
             * ``'abs'`` (default): the mask uses :math:`|f|` (:meth:`coefficients`), so
-              :math:`\widehat\Phi \ge 0` and :math:`M \ge 0` entrywise (the loads are
-              non-negative for non-negative edge weights); with a non-negative feature map
-              (``'relu'``, ``'elu'``, ``'favor+'``) every term of the normaliser is
-              :math:`\ge 0`, so nothing cancels: every output is a convex combination of the
-              values, or 0 where all of a row's terms vanish (e.g. ReLU features that are all
-              0; ``eps`` keeps that finite). It does not bound the normaliser away from 0;
+              :math:`M \ge 0` entrywise for non-negative edge weights and, with a non-negative
+              feature map, every output is a convex combination of the values (or 0 where all
+              of a row's terms vanish; ``eps`` keeps that finite);
             * ``'signed'``: the numerator uses the signed mask of :math:`f` (any real power
               series, as in the paper, Eq. 4), the normaliser the mask of :math:`|f|`, which
-              bounds it entrywise (:math:`|\widehat\Phi_f| \le \widehat\Phi_{|f|}`), so
-              :math:`\lVert\mathbf{o}_i\rVert_\infty \le \max_j
-              \lVert\mathbf{v}_j\rVert_\infty` still holds; two mask products instead of one
-              (linear modes only);
-            * ``'free'``: the paper's unconstrained :math:`f` in both; the normaliser
-              :math:`\sum_j M_{ij}\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` can pass
-              through 0 and the output diverge (the behaviour before ``f_mode`` existed).
-        layer_index (int, optional): which walk draws this layer uses when the loads hold
-            several independent draws (``AddGraphRandomFeatures(num_draws=D)``): head
-            :math:`h` uses draw :math:`\mathrm{layer\_index} \cdot H + h`, so
-            :math:`D \ge H \cdot L_{layers}` gives every head of every layer its own walks
-            (GRF paper, Sec. 4: walks frozen per head and layer); fewer draws than that are an
-            error, never a silent reuse (:meth:`draws`); :math:`D = 1` shares one set of walks
-            between all heads. :class:`~pyg_grf.nn.GraphTransformer` sets it per layer
-            (default: :obj:`0`).
-        dropout (float, optional): dropout on the attention coefficients only: each pair's in
-            ``'sparse_softmax'`` mode; in the linear modes, which never form the coefficients,
-            whole key columns per head (one draw per key and head, numerator only, unbiased:
-            :func:`~pyg_grf.nn.attention.base.key_dropout`) (default: :obj:`0.`).
+              bounds it entrywise, so :math:`\lVert\mathbf{o}_i\rVert_\infty \le \max_j
+              \lVert\mathbf{v}_j\rVert_\infty`; two mask products (linear modes only);
+            * ``'free'``: the paper's unconstrained :math:`f` in both; the normaliser can pass
+              through 0 and the output diverge.
+        layer_index (int, optional): with loads of several independent walk draws
+            (``AddGraphRandomFeatures(num_draws=D)``), head :math:`h` uses draw
+            :math:`\mathrm{layer\_index} \cdot H + h` (GRF paper, Sec. 4: walks frozen per
+            head and layer; fewer draws are an error, :meth:`draws`); :math:`D = 1` shares one
+            set of walks between all heads (default: :obj:`0`).
+        dropout (float, optional): dropout on the attention coefficients: each pair's in
+            ``'sparse_softmax'`` mode, whole key columns per head in the linear modes
+            (numerator only, unbiased: :func:`~pyg_grf.nn.attention.base.key_dropout`)
+            (default: :obj:`0.`).
         bias (bool, optional): biases in the projections (default: :obj:`True`).
         eps (float, optional): added to the normaliser (default: :obj:`1e-6`).
         backend (str, optional): how the masked attention is computed, same result:
             ``'sparse'`` (two CSR products, never forms the mask), ``'pairs'`` (the mask on its
-            support: one sampled product and one sparse product), ``'dense'`` (padded dense
-            blocks per graph) or ``'auto'`` (the cheapest whose memory fits, a pure function
-            of the batch's sizes:
-            :func:`~pyg_grf.nn.attention.grf.choose.choose_backend`), resolved when the plan
-            is built (default: ``'auto'``). See ``docs/speed.md``.
+            support), ``'dense'`` (padded dense blocks per graph) or ``'auto'`` (the cheapest
+            whose memory fits: :func:`~pyg_grf.nn.attention.grf.choose.choose_backend`),
+            resolved when the plan is built (default: ``'auto'``). See ``docs/speed.md``.
         global_beta (float, optional): if set, the mask gains a global term,
             :math:`M = \beta_h \mathbf{1}\mathbf{1}^\top + \widehat\Phi\widehat\Phi^\top`
             inside each graph, with a learnable :math:`\beta_h = \mathrm{softplus}(\cdot) \ge 0`
-            per head initialised to ``global_beta``: every node also attends to its whole graph
-            (linear modes only; :math:`O(N)` extra) (default: :obj:`None`).
+            per head initialised to ``global_beta`` (linear modes only) (default: :obj:`None`).
         attr_prefix (str, optional): the ``attr_prefix`` of the transform whose loads
             :meth:`payload` reads (default: ``'grf'``).
 

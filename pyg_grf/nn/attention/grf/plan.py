@@ -1,19 +1,9 @@
-r"""The per-batch plan of the GRF layers: built once by a pure function, then only read.
-
-A :class:`GRFPlan` holds a batch's validated loads (:class:`~pyg_grf.features.GRFLoads`) and,
-for every layer configuration it was built for (:class:`LayerSpec`: mode, heads, widths, walk
-draws, backend, dtype), the structures of the backend that configuration runs
-(:class:`PlanPart`). Layers that need the same structures share one part.
-
-The contract is PyG's ``GCNConv(cached=True)``: the plan owns its tensors (copies of the data's,
-narrowed to ``int32`` ids where the sizes allow), so editing the ``Data`` afterwards changes
-nothing in it; it is never invalidated, only rebuilt for a new batch. Nothing is cached on it
-after construction: a layer handed a plan without its configuration builds that part for the
-call (correct, at the price of the build) and keeps nothing. It moves with :meth:`GRFPlan.to`
-and pickles compactly, so :class:`pyg_grf.loader.DataLoader` builds it in its worker processes.
-"""
+r"""The per-batch plan of the GRF layers (:class:`GRFPlan`): built once by a pure function of
+the loads and the layers' configurations, then only read; like PyG's ``GCNConv(cached=True)``
+it owns its tensors, so later edits of the ``Data`` change nothing in it."""
 from __future__ import annotations
 
+from collections import Counter
 from types import MappingProxyType
 from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional, Tuple
 
@@ -58,11 +48,12 @@ class PlanPart(NamedTuple):
 
 
 class GRFPlan:
-    r"""The plan of one batch for the GRF layers of a model (module docstring).
-
-    Build it with :meth:`build` (or a layer's :meth:`~pyg_grf.nn.GRFAttention.payload`, or
-    :class:`pyg_grf.loader.DataLoader` in its workers) and pass it to every layer as
-    ``grf=``::
+    r"""The plan of one batch for the GRF layers of a model: its validated loads and, for
+    every layer configuration it was built for (:class:`LayerSpec`), the structures of the
+    backend that configuration runs (:class:`PlanPart`, shared by the layers that need the
+    same). A layer handed a plan without its configuration builds that part for the call and
+    keeps nothing. It moves with :meth:`to` and pickles compactly, so
+    :class:`pyg_grf.loader.DataLoader` builds it in its worker processes::
 
         plan = GRFPlan.build(batch, layers)   # once per batch
         out = layer(x, batch.batch, grf=plan)
@@ -130,16 +121,10 @@ class GRFPlan:
                        for s in ('index', 'length', 'load')):
                     key_prefix = key
             loads = GRFLoads.from_data(data, prefix, key_prefix)
-        specs = [layer.spec(loads.num_draws) for layer in layers]
-        shared: Dict[Tuple, int] = {}
-        for spec in specs:  # how many layers share each part (the join is paid once)
-            shared[_part_key(spec)] = shared.get(_part_key(spec), 0) + 1
+        # how many layers share each part (the join is paid once)
+        shared = Counter(layer.spec(loads.num_draws) for layer in layers)
         built: Dict[Tuple, PlanPart] = {}
-        parts = {}
-        for spec in specs:
-            if spec not in parts:
-                parts[spec] = build_part(loads, spec, shared[_part_key(spec)], built)
-        return cls(loads, parts)
+        return cls(loads, {spec: build_part(loads, spec, n, built) for spec, n in shared.items()})
 
     def part(self, spec: LayerSpec) -> PlanPart:
         r"""The part of ``spec``: the plan's own, else built for this call (not kept)."""
@@ -173,11 +158,6 @@ class GRFPlan:
     def __repr__(self) -> str:
         parts = ', '.join(sorted({f'{p.backend}:{s.mode}' for s, p in self.parts.items()}))
         return f'GRFPlan({self.loads!r}, parts=[{parts}])'
-
-
-def _part_key(spec: LayerSpec) -> Tuple:
-    return (spec.mode, spec.backend, spec.draws, spec.dtype, spec.heads, spec.m, spec.d,
-            spec.max_length)
 
 
 def build_part(loads: GRFLoads, spec: LayerSpec, num_layers: int = 1,

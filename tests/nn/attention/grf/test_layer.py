@@ -405,10 +405,6 @@ def test_shared_graph_errors():
         layer(torch.randn(2, 3, 9, 8), grf=grf)
     with pytest.raises(ValueError, match="'batch' is not used"):
         layer(torch.randn(2, 9, 8), grf=grf, batch=torch.zeros(18, dtype=torch.long))
-    with pytest.raises(ValueError, match="needs the loads of one graph, got a batch of 2"):
-        GRFLoads.from_data(Batch.from_data_list([grid, grid])).repeat(2)
-    with pytest.raises(ValueError, match="'copies' must be an integer >= 1"):
-        grf.repeat(0)
 
 
 def _compile_run(backend, compile_backend):
