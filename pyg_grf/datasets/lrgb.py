@@ -1,16 +1,6 @@
 r"""Long Range Graph Benchmark (LRGB, Dwivedi et al., NeurIPS 2022 Datasets and Benchmarks) on
-PyG's :class:`~torch_geometric.datasets.LRGBDataset`.
-
-* :class:`LRGBDataset`: PyG's class with the offline mirror and the verified cache; it reads the
-  preprocessed ``raw/{train,val,test}.pt`` / ``.pickle`` files of PyG's download.
-* :class:`PeptidesFunctional`: a subclass for Peptides-func in its *original* release (SMILES CSV +
-  split pickle), the form the offline mirror holds, since PyG's preprocessed files could not be
-  obtained: only the raw files, their download and ``process()`` differ (SMILES to graphs with
-  :func:`ogb.utils.smiles2graph`, needs ``rdkit``); the processed graphs have PyG's fields.
-* :func:`load_lrgb`: any LRGB dataset by name; :data:`LRGB_INFO`: each one's task and metric.
-* :func:`lrgb_standin` / :func:`write_lrgb_raw_standin`: tiny random graphs with each dataset's
-  fields, in memory or as PyG's raw files, to test the wiring and the loading path without data.
-"""
+PyG's :class:`~torch_geometric.datasets.LRGBDataset`, Peptides-func from its original release (the
+form the offline mirror holds), and stand-ins with each dataset's fields to test without data."""
 import ast
 import multiprocessing as mp
 import os
@@ -23,6 +13,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data, InMemoryDataset, download_url
 from torch_geometric.datasets import LRGBDataset as PyGLRGBDataset
+from torch_geometric.utils import to_scipy_sparse_matrix
 
 from pyg_grf.datasets.cache import SafeCacheMixin
 from pyg_grf.datasets.mirror import check_not_in_mirror, data_root, file_digest
@@ -149,39 +140,28 @@ class LRGBDataset(SafeCacheMixin, PyGLRGBDataset):
 
 
 class PeptidesFunctional(LRGBDataset):
-    r"""Peptides-func of the `"Long Range Graph Benchmark" <https://arxiv.org/abs/2206.08164>`_:
-    15,535 peptides as molecular graphs with 10 binary function labels each (multi-label
-    classification, metric: average precision), built from the original LRGB release.
-
-    PyG's :class:`~torch_geometric.datasets.LRGBDataset` reads preprocessed ``.pt`` files; this
-    subclass reads the release they were made from: ``raw/peptide_multi_class_dataset.csv.gz``
-    (SMILES, labels) and ``raw/splits_random_stratified_peptide.pickle`` (the official split),
-    both checked against the LRGB md5 sums (and, from the mirror ``LRGB/peptides-functional``,
-    against hashes pinned in the package) before use. :func:`ogb.utils.smiles2graph` (needs
-    ``rdkit``) gives what PyG's files hold: :obj:`x` long [N, 9] OGB atom features,
-    :obj:`edge_attr` long [E, 3] bond features, :obj:`edge_index` both directions, :obj:`y` float
-    [1, 10]. The three splits are processed once (about a minute on one core) into
-    ``root/peptides-func/processed_<hash>/``, one cache per ``pre_transform`` and
-    :obj:`max_graphs`.
+    r"""Peptides-func of the `"Long Range Graph Benchmark" <https://arxiv.org/abs/2206.08164>`_
+    (peptides with 10 binary function labels each, metric: average precision) from the original
+    LRGB release that PyG's preprocessed files were made from:
+    ``raw/peptide_multi_class_dataset.csv.gz`` (SMILES, labels) and
+    ``raw/splits_random_stratified_peptide.pickle`` (the official split), both checked against
+    the LRGB md5 sums before use. :func:`ogb.utils.smiles2graph` (needs ``rdkit``) gives PyG's
+    fields: :obj:`x` long [N, 9] OGB atom features, :obj:`edge_attr` long [E, 3] bond features,
+    :obj:`edge_index` both directions, :obj:`y` float [1, 10]; one cache per ``pre_transform``
+    and :obj:`max_graphs`.
 
     Args:
         root (str, optional): Root directory. (default: ``<data_root()>/LRGB``)
-        split (str, optional): :obj:`"train"`, :obj:`"val"` or :obj:`"test"`.
-            (default: :obj:`"train"`)
+        split (str): :obj:`"train"`, :obj:`"val"` or :obj:`"test"`.
         transform, pre_transform, pre_filter, force_reload: As in PyG datasets.
         max_graphs (int, optional): Keep only the first :obj:`max_graphs` molecules of each split,
             chosen *before* processing (quick runs convert only those). (default: all)
         num_proc (int, optional): Processes converting SMILES (the result does not depend on
             it). (default: the CPUs available)
-        progress (bool, optional): Show a progress bar while processing. (default: :obj:`True`)
+        progress (bool): Show a progress bar while processing.
 
-    **STATS:**
-
-    ================================ ======= ================= ============= ======
-    #graphs (train / val / test)     #nodes  #edges (directed) #feat (n / e) #tasks
-    ================================ ======= ================= ============= ======
-    15,535 (10,873 / 2,331 / 2,331)  ~150.94 ~307.30           9 / 3         10
-    ================================ ======= ================= ============= ======
+    **STATS:** 15,535 graphs (train / val / test: 10,873 / 2,331 / 2,331) of ~150.94 nodes and
+    ~307.30 directed edges on average; 9 node and 3 edge features; 10 tasks.
     """
     url = 'https://www.dropbox.com/s/ol2v01usvaxbsr8/peptide_multi_class_dataset.csv.gz?dl=1'
     split_url = ('https://www.dropbox.com/s/j4zcnx2eipuo0xz/'
@@ -276,21 +256,10 @@ def load_lrgb(name: str, split: str = 'train', root: Optional[str] = None,
 
 
 # Stand-ins -------------------------------------------------------------------------------------
-def _hop_distances(edge_index: torch.Tensor, n: int) -> torch.Tensor:
-    # All-pairs hop distances of a small graph ([n, n], n + 1 where unreachable).
-    adj = torch.zeros(n, n)
-    adj[edge_index[0], edge_index[1]] = 1.
-    dist, reach = torch.full((n, n), n + 1, dtype=torch.long), torch.eye(n, dtype=torch.bool)
-    dist[reach] = 0
-    for hops in range(1, n):
-        reach = reach | (reach.float() @ adj).bool()
-        dist[reach & (dist > hops)] = hops
-    return dist
-
-
 def standin_graphs(name: str, num_graphs: int = 8, seed: int = 0) -> List[Data]:
     r"""The graphs of :func:`lrgb_standin` (before any transform)."""
     from ogb.utils.features import get_atom_feature_dims, get_bond_feature_dims
+    from scipy.sparse.csgraph import shortest_path
     info, gen = LRGB_INFO[lrgb_name(name)], torch.Generator().manual_seed(int(seed))
     data_list: List[Data] = []
     while len(data_list) < num_graphs:
@@ -322,7 +291,9 @@ def standin_graphs(name: str, num_graphs: int = 8, seed: int = 0) -> List[Data]:
             # two negatives per contact from its source. A learnable rule: atoms at least 3 bonds
             # apart with the same chirality tag (feature column 1). Graphs without a contact are
             # redrawn (LRGB drops such molecules).
-            pos_mask = (_hop_distances(edge_index, n) >= 3) & (x[:, 1].view(-1, 1) == x[:, 1])
+            adj = to_scipy_sparse_matrix(edge_index, num_nodes=n).tocsr()
+            hops = shortest_path(adj, unweighted=True)
+            pos_mask = (torch.from_numpy(hops) >= 3) & (x[:, 1].view(-1, 1) == x[:, 1])
             pos = pos_mask.nonzero().t()
             if pos.size(1) == 0:
                 continue
