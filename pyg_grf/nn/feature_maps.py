@@ -4,7 +4,7 @@ kernel of its own (GRF paper, Sec. 2; Katharopoulos et al., 2020; Choromanski et
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -12,14 +12,10 @@ from torch import Tensor, nn
 
 
 class FeatureMap(nn.Module):
-    r"""Base class: maps ``[..., d]`` to ``[..., m]`` with non-negative entries.
-    ``forward(x, is_query=False)``; maps that set :attr:`uses_batch` also take
-    ``batch=None`` (the ``[N]`` graph ids of the rows of ``x``), see
-    :func:`apply_feature_map`.
-
-    A feature map must treat every graph of a batch on its own: the features of one row may
-    depend on that row, and on other rows of the *same graph* only through a factor common to
-    the rows that one query attends to (it cancels in attention's normalisation).
+    r"""Base class: maps ``[..., d]`` to ``[..., m]`` with non-negative entries,
+    ``forward(x, is_query=False)`` (and ``batch=None``, the ``[N]`` graph ids of the rows, for
+    maps that set :attr:`uses_batch`). The features of one row may depend on other rows of the
+    *same graph* only through a factor that cancels in attention's normalisation.
     """
 
     #: Whether ``forward`` accepts ``batch`` (graph ids of the rows).
@@ -69,13 +65,10 @@ class FAVORPlus(FeatureMap):
         dim (int): input dimension :math:`d`.
         num_features (int, optional): :math:`m` (default: :math:`d`).
         orthogonal (bool): orthogonal random features (default: :obj:`True`).
-        stabilize (bool): subtract a shift inside the exponential, a positive factor that
-            cancels in attention's normalisation (default: :obj:`True`): for queries the row's
-            maximum; for keys the maximum over the keys of the same graph (and head), given
-            by ``batch`` (the ``[N]`` graph ids; :obj:`None`: all rows are one graph). Keys of
-            one graph are never shifted by a quantity of another graph, so a graph's output does
-            not depend on the graphs batched with it (the layers of this package pass
-            ``batch``; a caller that batches graphs must pass it too).
+        stabilize (bool): subtract a shift inside the exponential, a factor that cancels in
+            attention's normalisation (default: :obj:`True`): for queries the row's maximum,
+            for keys the maximum over the keys of the same graph (``batch``) and head, so that
+            a graph's output does not depend on the graphs batched with it.
     """
 
     uses_batch = True
@@ -165,14 +158,10 @@ def feature_map_resolver(name: Any, dim: int, **kwargs) -> FeatureMap:
     passes a :class:`FeatureMap` instance through."""
     if isinstance(name, FeatureMap):
         return name
-    options: Dict[str, Any] = {
-        'relu': lambda: ReLUFeatureMap(),
-        'elu': lambda: ELUFeatureMap(),
-        'favor+': lambda: FAVORPlus(dim, **kwargs),
-        'performer': lambda: FAVORPlus(dim, **kwargs),
-    }
     key = str(name).lower()
-    if key not in options:
-        raise ValueError(f"unknown feature map {name!r}; expected one of {sorted(options)} or a "
-                         f"FeatureMap instance")
-    return options[key]()
+    if key in ('favor+', 'performer'):
+        return FAVORPlus(dim, **kwargs)
+    if key not in ('relu', 'elu'):
+        raise ValueError(f"unknown feature map {name!r}; expected one of "
+                         f"['elu', 'favor+', 'performer', 'relu'] or a FeatureMap instance")
+    return ReLUFeatureMap() if key == 'relu' else ELUFeatureMap()

@@ -1,16 +1,6 @@
-r"""Pure functions of the attention layers.
-
-:func:`masked_linear_attention` is the one primitive behind every masked linear-cost attention in
-this package (FTFI paper, Sec. 2, Algorithm 1; GRF paper, Eq. 6-7): for a mask :math:`M` with a
-fast product :math:`MX`,
-
-.. math::
-    \mathbf{o}_i = \frac{\phi(\mathbf{q}_i)^\top \sum_j M_{ij}\,\phi(\mathbf{k}_j)\mathbf{v}_j^\top}
-                        {\phi(\mathbf{q}_i)^\top \sum_j M_{ij}\,\phi(\mathbf{k}_j)}.
-
-With :math:`X_j = [\phi(\mathbf{k}_j)\otimes\mathbf{v}_j,\ \phi(\mathbf{k}_j)]` both sums are the
-rows of :math:`MX`, so the cost is one mask product on an :math:`N \times (md + m)` matrix.
-"""
+r"""Pure functions of the attention layers: :func:`masked_linear_attention`, the one primitive
+behind every masked linear-cost attention (FTFI paper, Sec. 2, Algorithm 1; GRF paper, Eq. 6-7),
+and its dense-block, packed, low-rank and softmax variants."""
 from __future__ import annotations
 
 from typing import Optional
@@ -26,42 +16,38 @@ from pyg_grf.ops import SparsePattern, from_head_major, head_major, sddmm, spmm
 
 def masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
                             mask: Optional[MaskOperator] = None, eps: float = 1e-6) -> Tensor:
-    r"""Masked low-rank (linear) attention.
+    r"""Masked low-rank (linear) attention: for a mask :math:`M` with a fast product :math:`MX`,
+
+    .. math::
+        \mathbf{o}_i = \frac{\phi(\mathbf{q}_i)^\top \sum_j M_{ij}\,\phi(\mathbf{k}_j)
+        \mathbf{v}_j^\top}{\phi(\mathbf{q}_i)^\top \sum_j M_{ij}\,\phi(\mathbf{k}_j)}.
+
+    With :math:`X_j = [\phi(\mathbf{k}_j)\otimes\mathbf{v}_j,\ \phi(\mathbf{k}_j)]` both sums
+    are the rows of :math:`MX`: one mask product on an :math:`N \times (md + m)` matrix.
 
     Args:
-        phi_q (Tensor): ``[N, H, m]`` query features :math:`\phi(\mathbf{q}_i)`, or
-            ``[B, N, H, m]``: ``B`` samples on the same ``N`` nodes (e.g. the patches of ``B``
-            images), all masked by the one ``mask``, which then multiplies them in one product
-            (the samples ride along in the columns).
-        phi_k (Tensor): ``[N, H, m]`` (``[B, N, H, m]``) key features :math:`\phi(\mathbf{k}_j)`.
+        phi_q, phi_k (Tensor): ``[N, H, m]`` query and key features, or ``[B, N, H, m]``:
+            ``B`` samples on the same ``N`` nodes, all masked by the one ``mask`` in one
+            product (the samples ride along in the columns).
         v (Tensor): ``[N, H, d]`` (``[B, N, H, d]``) values.
         mask (MaskOperator, optional): the mask :math:`M` (shared or one per head). :obj:`None`
-            means all pairs attend (:math:`M = \mathbf{1}\mathbf{1}^\top`, plain linear attention
-            over all ``N`` rows; use :class:`~pyg_grf.masks.PackingMask` for per-graph attention
-            in a PyG batch).
+            means all pairs attend (use :class:`~pyg_grf.masks.PackingMask` for per-graph
+            attention in a PyG batch).
         eps (float): added to the normaliser, which must then be positive (default: ``1e-6``).
 
     Returns:
         Tensor ``[N, H, d]`` (``[B, N, H, d]``).
     """
     shared = phi_q.dim() == 4
+    if phi_q.shape != phi_k.shape:
+        raise ValueError(f"phi_q and phi_k must have the same shape, got "
+                         f"{tuple(phi_q.shape)} and {tuple(phi_k.shape)}")
+    if phi_q.dim() not in (3, 4) or v.dim() != phi_q.dim() or v.shape[:-1] != phi_k.shape[:-1]:
+        raise ValueError(f"expected phi_q, phi_k [N, H, m] and v [N, H, d] (or [B, N, H, .] "
+                         f"for samples on one shared mask) with the same (B,) N, H, got "
+                         f"{tuple(phi_q.shape)}, {tuple(phi_k.shape)}, {tuple(v.shape)}")
     if not shared:  # one sample: the same computation with B = 1
-        if phi_q.dim() != 3 or phi_k.dim() != 3 or v.dim() != 3:
-            raise ValueError(f"expected phi_q, phi_k [N, H, m] and v [N, H, d] (or [B, N, H, .] "
-                             f"for samples on one shared mask), got {tuple(phi_q.shape)}, "
-                             f"{tuple(phi_k.shape)}, {tuple(v.shape)}")
-        if phi_q.shape != phi_k.shape:
-            raise ValueError(f"phi_q and phi_k must have the same shape, got "
-                             f"{tuple(phi_q.shape)} and {tuple(phi_k.shape)}")
-        if v.shape[:2] != phi_k.shape[:2]:
-            raise ValueError(f"v must be [N, H, d] with the N and H of phi_k "
-                             f"{tuple(phi_k.shape[:2])}, got {tuple(v.shape)}")
         phi_q, phi_k, v = phi_q.unsqueeze(0), phi_k.unsqueeze(0), v.unsqueeze(0)
-    if phi_k.dim() != 4 or v.dim() != 4 or phi_q.shape != phi_k.shape or \
-            v.shape[:3] != phi_k.shape[:3]:
-        raise ValueError(f"expected phi_q, phi_k [B, N, H, m] and v [B, N, H, d] with the same "
-                         f"B, N, H, got {tuple(phi_q.shape)}, {tuple(phi_k.shape)}, "
-                         f"{tuple(v.shape)}")
     B, N, H, m = phi_k.shape
     d = v.size(-1)
     # X_j = [phi(k_j) (x) v_j, phi(k_j)] per sample, the samples side by side in the columns
@@ -157,24 +143,18 @@ def packed_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
         \mathbf{o}_i = \frac{\phi(\mathbf{q}_i)^\top \mathbf{S}_{g(i)}[:, :d]}
                             {\phi(\mathbf{q}_i)^\top \mathbf{S}_{g(i)}[:, d] + \epsilon}.
 
-    The same result as :func:`masked_linear_attention` with a
-    :class:`~pyg_grf.masks.PackingMask`, without its ``[N, H, m d]`` outer-product tensor:
-    :math:`O(N H m d)` time in two batched products per bucket of
-    :func:`~pyg_grf.masks.packing.packing_layout` (one bucket for a PyG batch of similar-sized
-    graphs), :math:`O(N H (m + d))` memory. Works for sorted (PyG) and unsorted batch vectors.
+    The result of :func:`masked_linear_attention` with a :class:`~pyg_grf.masks.PackingMask`
+    without its ``[N, H, m d]`` outer products: :math:`O(N H m d)` time in two batched products
+    per bucket of :func:`~pyg_grf.masks.packing.packing_layout`, :math:`O(N H (m + d))` memory.
 
     Args:
         phi_q, phi_k (Tensor): ``[N, H, m]`` query and key features.
         v (Tensor): ``[N, H, d]`` values.
-        batch (Tensor, optional): ``[N]`` graph ids; :obj:`None`: all rows are one graph.
+        batch (Tensor, optional): ``[N]`` graph ids, sorted or not; :obj:`None`: one graph.
         eps (float): added to the normaliser (default: ``1e-6``).
         return_sums (bool): return the sums ``[N, H, d + 1]`` (numerator, then the normaliser;
             see :func:`normalize_sums`) instead of the output.
-        layout (PackingLayout, optional): the layout of ``batch``, if already known
-            (e.g. :meth:`PackingMask.layout() <pyg_grf.masks.PackingMask.layout>`).
-
-    Returns:
-        Tensor ``[N, H, d]`` (``[N, H, d + 1]`` with ``return_sums``).
+        layout (PackingLayout, optional): the layout of ``batch``, if already known.
     """
     if phi_q.dim() != 3 or phi_k.shape != phi_q.shape or v.dim() != 3 or \
             v.shape[:2] != phi_q.shape[:2]:
