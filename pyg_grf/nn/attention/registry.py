@@ -22,7 +22,7 @@ name                layer                                                       
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable, Dict, Optional, Union
+from typing import Any, Dict, Union
 
 import torch
 
@@ -39,18 +39,6 @@ ATTENTIONS: Dict[str, str] = {
     'grid_rpe': 'pyg_grf.nn.attention.grid:GridRPEAttention',
     'samsa': 'pyg_grf.nn.attention.samsa:SAMSAAttention',
 }
-
-
-def _favor(num_features: Optional[int] = None, **kwargs: Any) -> Dict[str, Any]:
-    # LinearAttention arguments of 'favor': FAVOR+ features, num_features of them
-    fm_kwargs = dict(kwargs.pop('feature_map_kwargs', None) or {})
-    if num_features is not None:
-        fm_kwargs['num_features'] = num_features
-    return dict(kwargs, feature_map='favor+', feature_map_kwargs=fm_kwargs)
-
-
-#: Argument rewrites of names that share a layer with another name.
-_KWARGS: Dict[str, Callable[..., Dict[str, Any]]] = {'favor': _favor}
 
 
 def attention_class(name: str) -> type:
@@ -76,7 +64,12 @@ def attention_resolver(attn: Union[str, torch.nn.Module], channels: int, heads: 
         raise TypeError(f"the attention must be a name of {sorted(ATTENTIONS)} or a "
                         f"torch.nn.Module, got {type(attn).__name__}")
     cls = attention_class(attn)
-    kwargs = _KWARGS[attn](**kwargs) if attn in _KWARGS else kwargs
+    if attn == 'favor':  # LinearAttention with FAVOR+ features, num_features of them
+        fm_kwargs = dict(kwargs.pop('feature_map_kwargs', None) or {})
+        num_features = kwargs.pop('num_features', None)
+        if num_features is not None:
+            fm_kwargs['num_features'] = num_features
+        kwargs = dict(kwargs, feature_map='favor+', feature_map_kwargs=fm_kwargs)
     try:
         return cls(channels, heads=heads, **kwargs)
     except TypeError as exc:  # e.g. a misspelt argument

@@ -5,6 +5,7 @@ from typing import Optional
 
 import torch
 from torch import Tensor
+from torch_geometric.nn import MLP
 
 DECODERS = ('dot', 'hadamard_mlp')
 
@@ -46,16 +47,11 @@ class LinkDecoder(torch.nn.Module):
             raise ValueError(f"decoder must be one of {DECODERS}, got {decoder!r}")
         if num_layers < 1:
             raise ValueError(f"num_layers must be >= 1, got {num_layers}")
-        self.channels = channels
-        self.decoder = decoder
+        self.channels, self.decoder, self.num_layers = channels, decoder, num_layers
         self.hidden_channels = hidden_channels or channels
-        self.num_layers = num_layers
-        self.act = act
-        self.dropout = dropout
         self.chunk_size = int(chunk_size)
         self.mlp = None
         if decoder == 'hadamard_mlp':
-            from torch_geometric.nn import MLP
             sizes = [channels] + [self.hidden_channels] * (num_layers - 1) + [1]
             self.mlp = MLP(sizes, act=act, dropout=dropout, norm=None)
         self.reset_parameters()
@@ -73,9 +69,9 @@ class LinkDecoder(torch.nn.Module):
         r"""Scores of the pairs ``(z_src[...], z_dst[...])``."""
         self._check(z_src, 'z_src')
         self._check(z_dst, 'z_dst')
-        if self.mlp is None:
-            return (z_src * z_dst).sum(-1)
         h = z_src * z_dst
+        if self.mlp is None:
+            return h.sum(-1)
         return self.mlp(h.reshape(-1, self.channels)).view(h.shape[:-1])
 
     def score_candidates(self, z_src: Tensor, z_cand: Tensor) -> Tensor:
