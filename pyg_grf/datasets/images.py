@@ -1,14 +1,5 @@
 r"""Images as graphs of patches: the grid setting of the GRF paper's ViT experiments (Reid et al.
-2024, Sec. 4, Table 1), where every image of a batch shares one fixed grid graph.
-
-* :func:`grid_edge_index`: the 4-neighbour grid graph of a ``height x width`` patch grid (no
-  self-loops; PyG's :func:`~torch_geometric.utils.grid` is 8-neighbour with self-loops).
-* :func:`image_patches`: ``[B, H, W]`` images to ``[B, num_patches, patch * patch]`` patch
-  vectors in row-major patch order (the node order of :func:`grid_edge_index`).
-* :class:`DigitsGridDataset`: scikit-learn's 8 x 8 handwritten digits (shipped with the
-  package, no download), each placed at a random scale and offset on a larger noisy canvas and
-  cut into patches: one PyG graph per image, the patch grid as its edges.
-"""
+2024, Sec. 4, Table 1), where every image of a batch shares one fixed grid graph."""
 from __future__ import annotations
 
 from typing import Callable, List, Optional, Tuple
@@ -29,7 +20,8 @@ NUM_DIGITS = 1797
 def grid_edge_index(height: int, width: int) -> Tensor:
     r"""Edges ``[2, E]`` (both directions, sorted) of the 4-neighbour grid graph on
     ``height * width`` nodes in row-major order: node :math:`r W + c` is joined to its
-    horizontal and vertical neighbours, as in the GRF paper's ViT grids (Sec. 4)."""
+    horizontal and vertical neighbours, as in the GRF paper's ViT grids (Sec. 4); PyG's
+    :func:`~torch_geometric.utils.grid` is 8-neighbour with self-loops."""
     check_int('height', height, 1)
     check_int('width', width, 1)
     idx = torch.arange(height * width).view(height, width)
@@ -70,16 +62,15 @@ class DigitsGridDataset(GeneratedDataset):
     never land in different splits.
 
     Args:
-        root (str, optional): cache folder; :obj:`None` keeps the dataset in memory only.
-        canvas (int): canvas side in pixels (default: :obj:`16`).
-        patch (int): patch side; ``canvas`` must be divisible by it (default: :obj:`4`, a
-            4 x 4 grid of 16 patches).
-        scale (tuple): range of the digit's scale factor (default: :obj:`(1.0, 2.0)`).
-        noise (float): std of the added Gaussian noise (default: :obj:`0.1`).
-        copies (int): placements per source digit (default: :obj:`1`).
-        num_graphs (int, optional): keep only the first ``num_graphs`` samples (default: all,
+        root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
+        canvas (int): Canvas side in pixels.
+        patch (int): Patch side; ``canvas`` must be divisible by it.
+        scale (tuple): Range of the digit's scale factor.
+        noise (float): Std of the added Gaussian noise.
+        copies (int): Placements per source digit.
+        num_graphs (int, optional): Keep only the first ``num_graphs`` samples (default: all,
             ``1797 * copies``).
-        seed (int): seed of the placements and the noise (default: :obj:`0`).
+        seed (int): Seed of the placements and the noise.
     """
     settings = ('canvas', 'patch', 'scale', 'noise', 'copies', 'num_graphs', 'seed')
     version = 2
@@ -112,11 +103,7 @@ class DigitsGridDataset(GeneratedDataset):
         return self.canvas // self.patch, self.canvas // self.patch
 
     def generate(self) -> List[Data]:
-        try:
-            from sklearn.datasets import load_digits
-        except ImportError as exc:  # pragma: no cover - scikit-learn is a dependency
-            raise ImportError("DigitsGridDataset needs scikit-learn (pip install scikit-learn)"
-                              ) from exc
+        from sklearn.datasets import load_digits
         digits = load_digits()
         images = torch.from_numpy(np.asarray(digits.images, dtype=np.float32)) / 16.0
         labels = torch.from_numpy(np.asarray(digits.target, dtype=np.int64))

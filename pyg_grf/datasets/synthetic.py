@@ -10,6 +10,7 @@ import networkx as nx
 import numpy as np
 import torch
 from torch_geometric.data import Data, InMemoryDataset
+from torch_geometric.utils import to_undirected
 
 from pyg_grf.datasets.cache import SafeCacheMixin
 
@@ -70,12 +71,10 @@ def _to_data_list(rows: List[np.ndarray], cols: List[np.ndarray], num_nodes: int
     glob = (perms + np.arange(G)[:, None] * N).reshape(-1)  # global relabelling
     row = glob[np.concatenate(rows).astype(np.int64) + offset]
     col = glob[np.concatenate(cols).astype(np.int64) + offset]
-    key = np.sort(np.concatenate([row * G * N + col, col * G * N + row]))
-    key = key[np.append(True, key[1:] != key[:-1])]  # remove duplicates
-    src, dst = key // (G * N), key % (G * N)
-    x = node_features(np.stack([src, dst]), G * N, features)
-    ptr = np.searchsorted(src, np.arange(G + 1) * N)
-    edge_index = torch.from_numpy(np.stack([src, dst]) - np.repeat(np.arange(G) * N, np.diff(ptr)))
+    edge_index = to_undirected(torch.from_numpy(np.stack([row, col])), num_nodes=G * N)
+    x = node_features(edge_index.numpy(), G * N, features)
+    ptr = np.searchsorted(edge_index[0].numpy(), np.arange(G + 1) * N)
+    edge_index = edge_index - torch.from_numpy(np.repeat(np.arange(G) * N, np.diff(ptr)))
     y = torch.from_numpy(np.asarray(labels, dtype=np.int64))
     return [Data(x=x[g * N:(g + 1) * N], edge_index=edge_index[:, ptr[g]:ptr[g + 1]],
                  y=y[g:g + 1]) for g in range(G)]
@@ -171,30 +170,18 @@ class MotifDataset(GeneratedDataset):
 
     Args:
         root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
-            (default: :obj:`None`)
-        motif (str, optional): The motif. (default: :obj:`"caveman"`)
-        num_graphs (int, optional): Number of graphs; the paper uses 2 x 2,048.
-            (default: :obj:`4096`)
-        seed (int, optional): Seed of the generator; the dataset is a function of the arguments.
-            (default: :obj:`0`)
-        num_nodes (int, optional): Nodes of the large Erdos-Renyi graph. (default: :obj:`100`)
-        num_join_edges (int, optional): Edges joining the two parts. (default: :obj:`3`)
-        features (str, optional): Node features (:obj:`FEATURES`).
-            (default: :obj:`"neighbor_degrees"`)
+        motif (str): The motif.
+        num_graphs (int): Number of graphs; the paper uses 2 x 2,048.
+        seed (int): Seed of the generator; the dataset is a function of the arguments.
+        num_nodes (int): Nodes of the large Erdos-Renyi graph.
+        num_join_edges (int): Edges joining the two parts.
+        features (str): Node features (:obj:`FEATURES`).
         transform, pre_transform, pre_filter, force_reload: As in PyG datasets (the
             ``pre_*`` ones applied once, after generation).
 
-    **STATS:** (defaults, :obj:`num_graphs=4096`)
-
-    =============== ======= ====== =================== ========
-    Motif           #graphs #nodes #edges (undirected) #classes
-    =============== ======= ====== =================== ========
-    caveman         4,096   112    ~171                2
-    circle          4,096   110    ~113                2
-    grid            4,096   109    ~148                2
-    ladder          4,096   110    ~146                2
-    circular_ladder 4,096   110    ~168                2
-    =============== ======= ====== =================== ========
+    **STATS** (defaults): 4,096 graphs, 2 classes; 112 nodes and ~171 undirected edges
+    (caveman), 110 / ~113 (circle), 109 / ~148 (grid), 110 / ~146 (ladder), 110 / ~168
+    (circular_ladder).
     """
     settings = ('motif', 'num_graphs', 'num_nodes_er', 'num_join_edges', 'seed', 'features')
 
@@ -293,22 +280,15 @@ class InducedCycleDataset(GeneratedDataset):
 
     Args:
         root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
-            (default: :obj:`None`)
-        num_graphs (int, optional): Number of graphs; the paper uses 2,048 trees with one
-            positive and one negative example each. (default: :obj:`4096`)
-        seed (int, optional): Seed of the generator. (default: :obj:`0`)
-        num_nodes (int, optional): Nodes per tree. (default: :obj:`50`)
-        features (str, optional): Node features. (default: :obj:`"neighbor_degrees"`)
+        num_graphs (int): Number of graphs; the paper uses 2,048 trees with one positive and
+            one negative example each.
+        seed (int): Seed of the generator.
+        num_nodes (int): Nodes per tree.
+        features (str): Node features (:obj:`FEATURES`).
         transform, pre_transform, pre_filter, force_reload: As in PyG datasets (the
             ``pre_*`` ones applied once, after generation).
 
-    **STATS:**
-
-    ======= ====== =================== ========
-    #graphs #nodes #edges (undirected) #classes
-    ======= ====== =================== ========
-    4,096   50     50                  2
-    ======= ====== =================== ========
+    **STATS** (defaults): 4,096 graphs of 50 nodes and 50 undirected edges, 2 classes.
     """
     settings = ('num_graphs', 'num_nodes_tree', 'seed', 'features')
 

@@ -22,13 +22,11 @@ class TwoHopMajorityDataset(GeneratedDataset):
 
     Args:
         root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
-            (default: :obj:`None`)
-        num_graphs (int, optional): Number of graphs. (default: :obj:`64`)
-        num_nodes (int, optional): Nodes per graph. (default: :obj:`60`)
-        mean_degree (float, optional): Mean degree of the random edges. (default: :obj:`2.`)
-        p_red (float, optional): Probability that a node is red. (default: :obj:`0.45`)
-        seed (int, optional): Seed of the generator. (default: :obj:`0`)
-        transform, pre_transform, pre_filter, force_reload: as in PyG datasets.
+        num_graphs, num_nodes (int): Number of graphs, and nodes per graph.
+        mean_degree (float): Mean degree of the random edges.
+        p_red (float): Probability that a node is red.
+        seed (int): Seed of the generator.
+        transform, pre_transform, pre_filter, force_reload: As in PyG datasets.
 
     **STATS** (defaults, seed 0): 64 graphs of 60 nodes, mean degree about 4, labels 1 on
     about 40 % of the nodes.
