@@ -7,7 +7,6 @@ from pyg_grf.features.grf import (
                                   grf_constant,
                                   grf_loads,
                                   grf_tail_bound,
-                                  grf_values,
                                   normalized_adjacency,
                                   required_walks,
                                   self_convolution,
@@ -16,22 +15,7 @@ from pyg_grf.features.grf import (
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.features.rwgnk import rwgnk_expected_features, rwgnk_features, rwgnk_kernel
 
-__all__ = [
-    'GRFLoads',
-    'normalized_adjacency',
-    'DirectedGraphWarning',
-    'grf_loads',
-    'grf_values',
-    'graph_random_features',
-    'deconvolve',
-    'self_convolution',
-    'power_series_kernel',
-    'dense_adjacency',
-    'required_walks',
-    'grf_constant',
-    'grf_tail_bound',
-    'sparsity_bound',
-    'rwgnk_features',
-    'rwgnk_expected_features',
-    'rwgnk_kernel',
-]
+__all__ = ['GRFLoads', 'normalized_adjacency', 'DirectedGraphWarning', 'grf_loads',
+           'graph_random_features', 'deconvolve', 'self_convolution', 'power_series_kernel',
+           'dense_adjacency', 'required_walks', 'grf_constant', 'grf_tail_bound',
+           'sparsity_bound', 'rwgnk_features', 'rwgnk_expected_features', 'rwgnk_kernel']

@@ -1,9 +1,8 @@
-r"""Graph random features (GRFs): sparse Monte Carlo estimates of the graph feature matrix
-:math:`\Phi = \sum_k f_k W^k` whose Gram matrix is the power-series graph node kernel
-:math:`M_\alpha = \sum_k \alpha_k W^k` (GRF paper, Sec. 3.1-3.4, Eq. 4, Remark 3.1, Eq. 9-10,
-Algorithm 1; asymmetric variant App. D; ad-hoc variant Eq. 21; bounds Thm 3.1 and Lemma 3.2).
-
-The estimator splits into a part that needs the walks and a part that needs :math:`f`:
+r"""Graph random features (GRFs): sparse Monte Carlo estimates of :math:`\Phi = \sum_k f_k W^k`
+whose Gram matrix estimates the power-series graph node kernel :math:`M_\alpha = \sum_k \alpha_k
+W^k` (GRF paper, Sec. 3.1-3.4, Eq. 4, Remark 3.1, Eq. 9-10, Algorithm 1; asymmetric variant
+App. D; ad-hoc variant Eq. 21; bounds Thm 3.1 and Lemma 3.2). The walks give the loads, once;
+any (learnable) :math:`f` is applied after:
 
 .. math::
     \widehat\phi(v_i)_q = \sum_{l=0}^{L} f_l\,\mathrm{load}(i, q, l), \qquad
@@ -11,18 +10,12 @@ The estimator splits into a part that needs the walks and a part that needs :mat
         \mathbb{1}[\omega_k^{(i)}\text{ is at } q \text{ after } l \text{ hops}]
         \prod_{t=0}^{l-1}\frac{W_{u_t u_{t+1}}}{p(u_t \to u_{t+1})},
 
-with :math:`p(u \to u') = (1 - p_{halt})/d_u` the probability of the hop given the walk so far
-(:math:`1/d_u` for fixed-length walks). :func:`grf_loads` computes the loads once (walks frozen);
-:func:`graph_random_features` and :class:`~pyg_grf.masks.GRFMask` apply any (learnable) :math:`f`.
+with :math:`p(u \to u') = (1 - p_{halt})/d_u` (:math:`1/d_u` for fixed-length walks).
 
-**Directed graphs.** The estimator is unbiased for :math:`\Phi = F = \sum_l f_l W^l` with any
-:math:`W`. The kernel claim :math:`\mathbb{E}[\widehat\Phi\widehat\Phi'^\top] = \sum_k
-(f * f)_k W^k` (off the diagonal for :math:`\widehat\Phi' = \widehat\Phi`) uses
-:math:`W^\top = W`: for a non-symmetric :math:`W` (a directed ``edge_index``, or weights that
-differ between the two directions) the product estimates :math:`F F^\top =
-(\sum_l f_l W^l)(\sum_l f_l W^l)^\top` instead, and :func:`grf_loads` warns
-(:class:`DirectedGraphWarning`). Symmetrise the graph (e.g.
-:func:`torch_geometric.utils.to_undirected`) to get the power-series kernel.
+**Directed graphs.** The estimator is unbiased for :math:`F = \sum_l f_l W^l` with any
+:math:`W`, but :math:`\mathbb{E}[\widehat\Phi\widehat\Phi'^\top] = \sum_k (f * f)_k W^k`
+needs :math:`W^\top = W`: for a non-symmetric :math:`W` the product estimates :math:`F F^\top`
+and :func:`grf_loads` warns (:class:`DirectedGraphWarning`).
 """
 from __future__ import annotations
 
@@ -39,18 +32,16 @@ NORMALIZATIONS = ('sym', 'rw', None)
 
 
 class DirectedGraphWarning(UserWarning):
-    r"""Warned when GRFs are computed on a non-symmetric :math:`W`: the Gram matrix of the
-    features then estimates :math:`F F^\top`, not the power series :math:`\sum_k (f*f)_k W^k`
-    (see the module docstring)."""
+    r"""Warned when GRFs are computed on a non-symmetric :math:`W` (module docstring)."""
 
 
-def symmetry_defect(edge_index: Tensor, num_nodes: int,
-                    edge_weight: Optional[Tensor] = None) -> Tuple[int, int]:
-    r"""``(asymmetric, sinks)``: the number of edges :math:`(u, v)` whose reverse
-    :math:`(v, u)` is missing or has another total weight, and the number of nodes with
-    in-edges but no out-edges (sinks, where walks end)."""
+def warn_if_directed(edge_index: Tensor, num_nodes: int,
+                     edge_weight: Optional[Tensor] = None) -> None:
+    r"""Warns (:class:`DirectedGraphWarning`) if an edge :math:`(u, v)` has no reverse
+    :math:`(v, u)` of the same total weight, counting the sinks (nodes with in-edges but no
+    out-edges, where walks end)."""
     if edge_index.numel() == 0:
-        return 0, 0
+        return
     src, dst = edge_index[0].long(), edge_index[1].long()
     w = torch.ones(src.numel(), dtype=torch.float64, device=src.device) if edge_weight is None \
         else edge_weight.detach().to(torch.float64)
@@ -59,30 +50,19 @@ def symmetry_defect(edge_index: Tensor, num_nodes: int,
     w_f = torch.zeros(fwd.numel(), dtype=torch.float64, device=src.device).index_add_(0, inv_f, w)
     rev = (fwd % N) * N + fwd // N
     pos = torch.searchsorted(fwd, rev).clamp_max_(fwd.numel() - 1)
-    found = fwd[pos] == rev
-    ok = found & torch.isclose(w_f[pos], w_f, rtol=1e-6, atol=0.0)
-    out_deg = torch.bincount(src, minlength=N)
-    in_deg = torch.bincount(dst, minlength=N)
+    ok = (fwd[pos] == rev) & torch.isclose(w_f[pos], w_f, rtol=1e-6, atol=0.0)
     asym = int((~ok).sum())
-    sinks = int(((out_deg == 0) & (in_deg > 0)).sum())
-    return asym, sinks
-
-
-def warn_if_directed(edge_index: Tensor, num_nodes: int,
-                     edge_weight: Optional[Tensor] = None, stacklevel: int = 3) -> bool:
-    r"""Warns (:class:`DirectedGraphWarning`) and returns :obj:`True` if the weighted graph is
-    not symmetric."""
-    asym, sinks = symmetry_defect(edge_index, num_nodes, edge_weight)
     if asym == 0:
-        return False
+        return
+    out_deg = torch.bincount(src, minlength=N)
+    sinks = int(((out_deg == 0) & (torch.bincount(dst, minlength=N) > 0)).sum())
     warnings.warn(
         f"The graph is not symmetric ({asym} of {edge_index.size(1)} edges have no reverse edge "
         f"of the same weight; {sinks} sink node(s) without out-edges, where walks end). GRFs "
         f"still estimate F = sum_l f_l W^l, but Phi Phi^T then estimates F F^T, not the "
         f"power-series kernel sum_k (f*f)_k W^k. Symmetrise the graph (e.g. "
         f"torch_geometric.utils.to_undirected) if you want that kernel.",
-        DirectedGraphWarning, stacklevel=stacklevel)
-    return True
+        DirectedGraphWarning, stacklevel=3)
 
 
 def normalized_adjacency(edge_index: Tensor, num_nodes: int, edge_weight: Optional[Tensor] = None,
@@ -142,9 +122,8 @@ def grf_loads(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Option
               walks: Optional[RandomWalks] = None,
               dtype: torch.dtype = torch.float32) -> Tuple[Tensor, Tensor, Tensor]:
     r"""Importance-weighted loads of the GRF estimator per (start node, visited node, hop count),
-    duplicates summed (GRF paper, Eq. 10; module docstring).
-
-    Hop count 0 is the start node itself, with load 1.
+    duplicates summed (GRF paper, Eq. 10; module docstring); hop count 0 is the start node
+    itself, with load 1.
 
     Args:
         edge_index (Tensor): ``[2, E]``.
@@ -169,9 +148,7 @@ def grf_loads(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Option
         ``(index [2, nnz], length [nnz], load [nnz])``, sorted by (start, visited, length).
 
     Warns:
-        DirectedGraphWarning: if the weighted graph is not symmetric (see the module docstring:
-        the features still estimate :math:`\sum_l f_l W^l`, their Gram matrix does not estimate
-        the power-series kernel).
+        DirectedGraphWarning: if the weighted graph is not symmetric (module docstring).
     """
     if importance:  # validates the weights before anything is sampled
         w = normalized_adjacency(edge_index, num_nodes, edge_weight, normalization).to(dtype)
@@ -243,26 +220,6 @@ def _coalesce_loads(walks: RandomWalks, load: Tensor, num_nodes: int,
     return index, hop, out
 
 
-def _check_f(f: Tensor, max_length: Optional[int] = None) -> Tensor:
-    f = torch.as_tensor(f)
-    if f.dim() not in (1, 2) or f.size(-1) == 0:
-        raise ValueError(f"'f' must have shape [L + 1] or [H, L + 1], got {tuple(f.shape)}")
-    if max_length is not None and f.size(-1) < max_length + 1:
-        raise ValueError(f"'f' needs at least max_length + 1 = {max_length + 1} coefficients "
-                         f"(f_0..f_{max_length}), got {f.size(-1)}")
-    return f
-
-
-def grf_values(length: Tensor, load: Tensor, f: Tensor) -> Tensor:
-    r"""Feature values :math:`f_l \cdot \mathrm{load}` of the entries of :func:`grf_loads`
-    (``[nnz]``, or ``[H, nnz]`` for ``f`` of shape ``[H, L + 1]``). Entries with a hop count
-    beyond ``f`` get 0."""
-    f = _check_f(f)
-    K = f.size(-1)
-    inside = length < K
-    return hop_values(f, length.clamp_max(K - 1), load) * inside
-
-
 def hop_values(f: Tensor, hop: Tensor, load: Tensor) -> Tensor:
     r""":math:`f_{l_e}\,\mathrm{load}_e` for hop counts ``hop`` that all index into ``f``
     (``[L + 1]`` or ``[H, L + 1]``): ``[nnz]`` or ``[H, nnz]``."""
@@ -289,16 +246,16 @@ def graph_random_features(edge_index: Tensor, num_nodes: int, f: Union[Tensor, S
         Other arguments: as in :func:`grf_loads`.
     """
     f = torch.as_tensor(f, dtype=torch.float32) if not isinstance(f, Tensor) else f
-    _check_f(f)
-    if f.dim() != 1:
-        raise ValueError(f"'f' must be 1-D here, got shape {tuple(f.shape)} (use GRFMask for "
-                         f"heads)")
+    if f.dim() != 1 or f.numel() == 0:
+        raise ValueError(f"'f' must have shape [L + 1] (non-empty, 1-D: use GRFMask for heads), "
+                         f"got {tuple(f.shape)}")
     dtype = f.dtype if f.is_floating_point() else torch.float32
     index, length, load = grf_loads(edge_index, num_nodes, num_walks, p_halt, max_length,
                                     edge_weight=edge_weight, normalization=normalization,
                                     walker=walker, importance=importance,
                                     fixed_length=fixed_length, generator=generator, dtype=dtype)
-    vals = grf_values(length, load, f.to(dtype))
+    K = f.numel()  # entries with a hop count beyond f get 0
+    vals = hop_values(f.to(dtype), length.clamp_max(K - 1), load) * (length < K)
     return torch.sparse_coo_tensor(index, vals, (num_nodes, num_nodes),
                                    check_invariants=False).coalesce()
 

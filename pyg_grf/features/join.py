@@ -1,37 +1,26 @@
 r"""The join behind the symmetric GRF mask statistics, compiled (optional ``numba``).
 
 The symmetric mask is :math:`M = \widehat\Phi_Q\widehat\Phi_K^\top` with
-:math:`\widehat\Phi = \sum_l f_l \Phi_l` (GRF paper, Sec. 3, Eq. 7 and the masked attention of
-Sec. 4), so its f-independent statistics are, for every cell :math:`(i, j)` and hop pair
-:math:`(l, l')`,
+:math:`\widehat\Phi = \sum_l f_l \Phi_l` (GRF paper, Sec. 3, Eq. 7 and Sec. 4), so its
+f-independent statistics are, for every cell :math:`(i, j)` and hop pair :math:`(l, l')`,
 
 .. math::
     S_{ij}^{l l'} = \sum_v (\Phi_{Q, l})_{iv} (\Phi_{K, l'})_{jv},
 
-and a layer's mask values are :math:`M_{ij} = \sum_{l, l'} f_l f_{l'} S_{ij}^{l l'}`, stored
-with :math:`(l, l')` and :math:`(l', l)` summed under one id (the ids of
-:func:`~pyg_grf.features.blocks.symmetric_ids`).
-:func:`~pyg_grf.features.blocks.self_join_terms` builds them from vectorised torch passes over
-all :math:`T` pairs of entries that share a visited node :math:`v`, then coalesces the pairs
-per cell; here the same sum runs as one row-by-row sparse product (Gustavson's algorithm: a
-slot array of length :math:`N` gives each column of the row being built its place in a small
-row buffer, where the statistics are accumulated), compiled by ``numba``: one pass over the
-:math:`T` pairs (half of them for :math:`\widehat\Phi\widehat\Phi^\top`, whose upper triangle
-is mirrored), no intermediate arrays of size :math:`T`, and the cells come out sorted
-row-major after a sort of each short row only. The statistics are the same sums in another
-order (equal up to rounding).
+and a layer's mask values are :math:`M_{ij} = \sum_{l, l'} f_l f_{l'} S_{ij}^{l l'}`, with
+:math:`(l, l')` and :math:`(l', l)` summed under one id
+(:func:`~pyg_grf.features.blocks.symmetric_ids`). :func:`~pyg_grf.features.blocks.self_join_terms`
+sums them by vectorised torch passes over all pairs of entries that share a visited node; here
+the same sums run as one row-by-row sparse product (Gustavson's algorithm), compiled by
+``numba``: no intermediate arrays of the pairs' size, the cells sorted row-major (the same sums
+in another order, equal up to rounding).
 
-Used on CPU tensors when ``numba`` is installed (``pip install numba``, in the ``[full]`` and
-``[accel]`` extras) unless ``PYG_GRF_NUMBA=0``; otherwise, and on other devices, the torch join
-runs. The first call of a fresh install compiles the kernels (3-10 s, up to a minute on a busy
-machine) and says so in one log line (logger ``pyg_grf.features.join``, level INFO; ``pyg-grf``
-prints it); the compiled code is cached on disk for later processes, in the place numba picks:
-``$NUMBA_CACHE_DIR`` if set, else ``__pycache__`` beside this file if writable (an editable or
-user install), else numba's user-wide cache folder (``~/.cache/numba``: a read-only
-site-packages). Without any writable place the kernels compile in every process, and the log
-line says so. A numba that cannot compile here (e.g. one built for another numpy) warns once and
-leaves the torch join; running out of memory in the join is a :class:`JoinMemoryError`, which
-leaves the compiled join on.
+Used on CPU tensors when ``numba`` is installed unless ``PYG_GRF_NUMBA=0``; otherwise the torch
+join runs. The first call compiles the kernels (seconds) and says so in one log line (logger
+``pyg_grf.features.join``, INFO); numba caches the compiled code on disk where it can
+(``$NUMBA_CACHE_DIR``, ``__pycache__``, ``~/.cache/numba``). A numba that cannot compile here
+warns once and leaves the torch join; running out of memory in the join is a
+:class:`JoinMemoryError`, which leaves the compiled join on.
 """
 from __future__ import annotations
 
@@ -259,10 +248,6 @@ def _mirror(out_ptr, out_col):
     return row, col, src, mirror
 
 
-def _nnz(index: Tensor) -> int:
-    return int(index.size(-1)) if index.dim() == 2 else int(index.numel())
-
-
 def _check_entries(prefix: str, index: Tensor, hop: Tensor, load: Tensor, K: int,
                    num_nodes: int) -> None:
     r"""Raises a :class:`ValueError` for entries the kernels would read out of bounds: ids
@@ -332,23 +317,13 @@ class Join(NamedTuple):
 
 class JoinMemoryError(MemoryError):
     r"""Raised by :func:`compiled_join` when the statistics would take more cells than its
-    ``max_cells`` (known only as the join runs: the cells are far fewer than the pairs of
-    entries, typically 7-8x, but not by a bound), or when an allocation in the kernels fails
-    (the compiled join stays on: it is the input that is too large, not the environment)."""
+    ``max_cells`` (known only as the join runs), or when an allocation in the kernels fails."""
 
 
 class CompiledJoinError(RuntimeError):
     r"""Raised by :func:`compiled_join` when its kernels cannot compile or run in this process
-    (e.g. a numba that does not match the installed numpy); it warns once, and
-    :func:`compiled_join_available` is :obj:`False` from then on, so the callers take the
-    torch join."""
-
-
-def bytes_per_cell(num_coef: int) -> int:
-    r"""Peak bytes per stored cell of :func:`compiled_join`: its statistics (float64 at
-    most) and column, and about two cells of the full pattern per stored one (row, column,
-    statistics row and mirror each)."""
-    return 8 * num_coef + 8 + 2 * 32
+    (e.g. a numba built for another numpy); it warns once, and :func:`compiled_join_available`
+    is :obj:`False` from then on."""
 
 
 def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[Tensor],
@@ -381,13 +356,13 @@ def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[
         out_ptr, col, stats, ok = _join(
             *query, *keys, num_nodes, symmetric_ids(K).numpy(),
             K * (K + 1) // 2, self_join, 2 ** 62 if max_cells is None else max(int(max_cells), 0),
-            _nnz(index) > EXACT_ABOVE)
+            index.size(1) > EXACT_ABOVE)
         if ok and self_join:
             if 2 * out_ptr[-1] >= 2 ** 31 or num_nodes >= 2 ** 31:  # int32 ids of the cells
                 raise MemoryError(f"{2 * out_ptr[-1]} cells exceed the int32 ids of the join")
             row, col_all, src, mirror = _mirror(out_ptr, col)
     except MemoryError as e:  # an allocation in the kernels: not the environment's fault
-        raise JoinMemoryError(f"the compiled GRF join ran out of memory ({e}) on {_nnz(index)} "
+        raise JoinMemoryError(f"the compiled GRF join ran out of memory ({e}) on {index.size(1)} "
                               f"entries of {num_nodes} nodes; use another backend ('sparse' "
                               f"never forms the mask) or smaller batches") from e
     except Exception as e:
@@ -400,9 +375,12 @@ def compiled_join(index: Tensor, hop: Tensor, load: Tensor, key_index: Optional[
         raise CompiledJoinError(_state['broken']) from e
     _state['ran'] = True
     if not ok:
+        # peak bytes per stored cell: its statistics (float64 at most) and column, and about
+        # two cells of the full pattern (row, column, statistics row and mirror each)
+        per_cell = 8 * (K * (K + 1) // 2) + 8 + 2 * 32
         raise JoinMemoryError(f"the GRF mask statistics need more than max_cells={max_cells} "
-                              f"cells ({bytes_per_cell(K * (K + 1) // 2)} bytes each); use "
-                              "another backend ('sparse' never forms the mask)")
+                              f"cells ({per_cell} bytes each); use another backend ('sparse' "
+                              "never forms the mask)")
     if self_join:
         return Join(*(torch.from_numpy(a) for a in (row, col_all, stats, src, mirror)))
     out_ptr = torch.from_numpy(out_ptr)

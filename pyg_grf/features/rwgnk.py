@@ -14,8 +14,8 @@ the empty prefix, i.e. :math:`h` itself) of the prefixes of :math:`\omega(h)` th
                   {\|\mathbb{E}[f^{\omega(h),\lambda}_h]\|_2^{\alpha}},
     \qquad K^{\lambda,\alpha}_p(k, l) = \Psi(k)\Psi(l)^\top,
 
-with the expectation replaced by a Monte Carlo mean over ``num_walks`` walks. The kernel matrix
-:math:`\mathcal{K} = \Psi\Psi^\top` is the mask of GKAT (:class:`~pyg_grf.masks.RWGNKMask`).
+with the expectation replaced by a Monte Carlo mean over ``num_walks`` walks;
+:math:`\mathcal{K} = \Psi\Psi^\top` is the mask of GKAT.
 """
 from __future__ import annotations
 
@@ -52,18 +52,13 @@ def rwgnk_features(edge_index: Tensor, num_nodes: int, num_walks: int, *, lam: f
                    fixed_length: Optional[bool] = None, walker: str = 'iid',
                    generator: Optional[torch.Generator] = None,
                    dtype: torch.dtype = torch.float32) -> Tensor:
-    r"""Monte Carlo RWGNK features :math:`\Psi` (FTFI paper, Sec. 4.2, Eq. 5) as a sparse
-    ``[N, N]`` matrix whose row :math:`h` is :math:`\Psi(h)`.
-
-    Every node starts ``num_walks`` walks (sampled by :func:`pyg_grf.walks.sample_walks`); the
-    prefix of length :math:`e` of a walk out of :math:`h` that ends at :math:`i` adds
-    :math:`\lambda^e / n` to :math:`\Psi_{hi}` (the empty prefix adds :math:`1/n` to
-    :math:`\Psi_{hh}`). Each row is then divided by its 2-norm to the power :math:`\alpha`
-    (:math:`\alpha = 0`: the unbiased, un-normalised estimate of
-    :math:`\mathbb{E}[f^{\omega(h),\lambda}_h]`, see :func:`rwgnk_expected_features`;
+    r"""Monte Carlo RWGNK features :math:`\Psi` (FTFI paper, Sec. 4.2, Eq. 5) as a coalesced
+    sparse COO ``[N, N]`` matrix whose row :math:`h` is :math:`\Psi(h)`: the prefix of length
+    :math:`e` of one of the ``num_walks`` walks out of :math:`h` that ends at :math:`i` adds
+    :math:`\lambda^e / n` to :math:`\Psi_{hi}`, then every row is divided by its 2-norm to the
+    power :math:`\alpha` (:math:`\alpha = 0`: the unbiased estimate of
+    :math:`\mathbb{E}[f^{\omega(h),\lambda}_h]`, :func:`rwgnk_expected_features`;
     :math:`\alpha = 1`: unit rows, so :math:`K_{kl} \in [0, 1]`).
-
-    Walks never leave a connected component, so the features of a PyG batch are block-diagonal.
 
     Args:
         edge_index (Tensor): ``[2, E]`` edges (walked along their direction; store both
@@ -80,9 +75,6 @@ def rwgnk_features(edge_index: Tensor, num_nodes: int, num_walks: int, *, lam: f
         walker (str): ``'iid'``, ``'antithetic'`` or ``'repelling'`` (default: ``'iid'``).
         generator (torch.Generator, optional): random source.
         dtype (torch.dtype): dtype of the values (default: ``torch.float32``).
-
-    Returns:
-        A coalesced sparse COO tensor ``[N, N]``.
     """
     check_rwgnk_args(lam, alpha)
     fixed = _resolve_fixed_length(p_halt, fixed_length)
@@ -126,28 +118,15 @@ def rwgnk_expected_features(edge_index: Tensor, num_nodes: int, *, lam: float,
                             fixed_length: Optional[bool] = None,
                             dtype: torch.dtype = torch.float64) -> Tensor:
     r"""The exact expected frequency vectors :math:`\mathbb{E}[f^{\omega(h),\lambda}_h]` (rows,
-    un-normalised) from powers of the transition matrix :math:`P = D^{-1}A`:
+    un-normalised; dense ``[N, N]``, :math:`O(N^3 L)`, a reference for small graphs) from powers
+    of the transition matrix :math:`P = D^{-1}A`:
 
     .. math::
         \mathbb{E}[f_h]_i = \sum_{e=0}^{L} \lambda^e s^e (P^e)_{hi},
 
-    with survival :math:`s = 1 - p` (:math:`s = 1` for walks of fixed length) and :math:`L` =
-    ``max_length``. Rows of :math:`P` at nodes without out-edges are zero (walks stop there);
-    multi-edges count with their multiplicity. Dense, :math:`O(N^3 L)`: a reference for small
-    graphs and tests. The Monte Carlo :func:`rwgnk_features` with ``alpha=0`` is an unbiased
-    estimate of it.
-
-    Args:
-        edge_index (Tensor): ``[2, E]`` edges.
-        num_nodes (int): :math:`N`.
-        lam (float): discount :math:`\lambda \in (0, 1]`.
-        max_length (int): :math:`L`.
-        p_halt (float, optional): halting probability, :obj:`None` for fixed length.
-        fixed_length (bool, optional): default ``p_halt is None``.
-        dtype (torch.dtype): (default: ``torch.float64``).
-
-    Returns:
-        Dense ``[N, N]`` tensor.
+    with survival :math:`s = 1 - p_{halt}` (:math:`s = 1` for walks of fixed length) and
+    :math:`L` = ``max_length``; rows of :math:`P` at nodes without out-edges are zero, multi-edges
+    count with their multiplicity. Arguments as in :func:`rwgnk_features`.
     """
     check_rwgnk_args(lam, 0.0)
     check_edge_index(edge_index, num_nodes)
@@ -184,20 +163,12 @@ def kernel_products(index: Tensor, num_nodes: int) -> int:
 
 def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
                  threshold: float = 0.0) -> Tuple[Tensor, Tensor]:
-    r"""The nonzeros of the RWGNK kernel :math:`\mathcal{K} = \Psi\Psi^\top` (FTFI paper, Eq. 5),
-    as a sparse product, never a dense :math:`N \times N` matrix; the memory is checked first
-    (:data:`KERNEL_BYTES_PER_PRODUCT` per product of :func:`kernel_products`).
-
-    Args:
-        rwgnk_index (Tensor): ``[2, nnz]`` indices of :math:`\Psi`.
-        rwgnk_value (Tensor): ``[nnz]`` values of :math:`\Psi`.
-        num_nodes (int): :math:`N`.
-        threshold (float): keep the pairs with :math:`|\mathcal{K}_{ij}| >` ``threshold``
-            (default: ``0.``: every nonzero).
-
-    Returns:
-        ``(kernel_index [2, P], kernel_value [P])``, sorted by :math:`(i, j)`.
-    """
+    r"""``(kernel_index [2, P], kernel_value [P])``, sorted by :math:`(i, j)`: the pairs with
+    :math:`|\mathcal{K}_{ij}| >` ``threshold`` of the RWGNK kernel
+    :math:`\mathcal{K} = \Psi\Psi^\top` (FTFI paper, Eq. 5) for :math:`\Psi` given by
+    ``rwgnk_index`` ``[2, nnz]`` and ``rwgnk_value`` ``[nnz]``, as a sparse product, its
+    memory checked first (:data:`KERNEL_BYTES_PER_PRODUCT` per product of
+    :func:`kernel_products`)."""
     if rwgnk_index.dim() != 2 or rwgnk_index.size(0) != 2:
         raise ValueError(f"'rwgnk_index' must have shape [2, nnz], got "
                          f"{tuple(rwgnk_index.shape)}")
