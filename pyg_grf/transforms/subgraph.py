@@ -1,27 +1,17 @@
 r"""Precomputed graph random features through PyG's subgraph tools (``Data.subgraph``,
-``RandomNodeLoader``, ``ClusterLoader``, ``NeighborLoader``).
-
-The loads that :class:`~pyg_grf.transforms.AddGraphRandomFeatures` stores are entries
-(start node :math:`i`, visited node :math:`q`, hop count :math:`l`) of the *whole* graph. PyG's
-subgraph tools renumber the nodes but copy these entries unchanged (they are neither node- nor
-edge-level attributes), so a layer would meet node ids outside the subgraph. The restriction here
-keeps the entries whose two ends both survive and renumbers them, with one node-id map tensor:
+``RandomNodeLoader``, ``ClusterLoader``, ``NeighborLoader``), which renumber the nodes but copy
+the loads of :class:`~pyg_grf.transforms.AddGraphRandomFeatures` unchanged. The restriction
+keeps the entries whose two ends both survive, renumbered:
 
 .. math::
     \mathrm{load}'(\pi(i), \pi(q), l) = \mathrm{load}(i, q, l)
     \quad \text{for } i, q \in S,
 
-where :math:`S` is the kept node set and :math:`\pi(v)` the position of :math:`v` in it. The hop
-count and the load of a kept entry never change: the walks stay those drawn on the full graph.
-With :math:`\widehat\Phi_{SS}` the rows *and* columns of the full graph's features in :math:`S`:
-
-* the asymmetric mask :math:`M = \widehat\Phi` (``mode='asymmetric'``, ``'sparse_softmax'``)
-  becomes exactly the principal submatrix :math:`\widehat\Phi_{SS}` of the full graph's mask;
-* the symmetric mask becomes :math:`\widehat\Phi_{SS}\widehat\Phi_{SS}^\top`, i.e.
-  :math:`M'_{ij} = \sum_{q \in S} \widehat\Phi_{iq}\widehat\Phi_{jq}`: two walks that meet only
-  at nodes outside :math:`S` no longer contribute, so entries shrink (never grow, for
-  nonnegative :math:`f`) compared with :math:`M_{SS}`. Keeping the visited nodes outside
-  :math:`S` would need columns for nodes that are not in the subgraph.
+with :math:`S` the kept nodes and :math:`\pi(v)` the position of :math:`v` in :math:`S`; the
+walks stay those drawn on the full graph. The asymmetric mask :math:`M = \widehat\Phi` becomes
+exactly the principal submatrix :math:`\widehat\Phi_{SS}`; the symmetric one becomes
+:math:`\widehat\Phi_{SS}\widehat\Phi_{SS}^\top`: walks that meet only outside :math:`S` no
+longer contribute, so entries shrink (for nonnegative :math:`f`) compared with :math:`M_{SS}`.
 """
 from __future__ import annotations
 
@@ -71,18 +61,21 @@ def _node_map(subset: Tensor, num_nodes: int, device: torch.device) -> Tuple[Ten
                         f"{subset.dtype}")
     subset = subset.long()
     n = subset.numel()
+    _check_range(subset, num_nodes, "'subset' must hold node ids")
     node_map = torch.full((num_nodes, ), -1, dtype=torch.long, device=device)
-    if n == 0:
-        return subset, node_map
-    lo, hi = torch.aminmax(subset)
-    if int(lo) < 0 or int(hi) >= num_nodes:
-        raise ValueError(f"'subset' must hold node ids in [0, {num_nodes}), got ids in "
-                         f"[{int(lo)}, {int(hi)}]")
     node_map[subset] = torch.arange(n, device=device)
     # A repeated id would map two new nodes onto one old node; refuse it.
     if int((node_map >= 0).sum()) != n:
         raise ValueError("'subset' must not repeat a node id")
     return subset, node_map
+
+
+def _check_range(ids: Tensor, num_nodes: int, what: str, hint: str = '') -> None:
+    r"""Raises unless the ids lie in ``[0, num_nodes)``; the error starts with ``what``."""
+    if ids.numel() > 0:
+        lo, hi = (int(t) for t in torch.aminmax(ids))
+        if lo < 0 or hi >= num_nodes:
+            raise ValueError(f"{what} in [0, {num_nodes}), got ids in [{lo}, {hi}]{hint}")
 
 
 def _check_load_shapes(index: Tensor, hop: Tensor, load: Tensor) -> None:
@@ -111,13 +104,8 @@ def _restrict(index: Tensor, hop: Tensor, load: Tensor, node_map: Tensor, num_ne
     r"""The entries whose two ends survive, renumbered through :obj:`node_map` and sorted by
     (start, visited, hop) as the transform stores them."""
     _check_load_shapes(index, hop, load)
-    num_nodes = node_map.numel()
-    if index.numel() > 0:
-        lo, hi = torch.aminmax(index)
-        if int(lo) < 0 or int(hi) >= num_nodes:
-            raise ValueError(f"the GRF index must hold node ids of the full graph in [0, "
-                             f"{num_nodes}), got ids in [{int(lo)}, {int(hi)}]: are these loads "
-                             f"already restricted, or from another graph?")
+    _check_range(index, node_map.numel(), "the GRF index must hold node ids of the full graph",
+                 ": are these loads already restricted, or from another graph?")
     new = node_map[index.long()]
     keep = (new >= 0).all(dim=0)
     new = new[:, keep]
@@ -131,36 +119,22 @@ def subgraph_grf(
     num_nodes: Optional[int] = None,
     attr_prefixes: Optional[Sequence[str]] = None,
 ) -> Union[Data, GRFLoads]:
-    r"""The induced subgraph on :obj:`subset` of a graph that carries precomputed graph random
-    features, with the loads restricted to the entries whose start *and* visited node survive
-    and renumbered to the new node ids (see the module docstring).
-
-    * For a :class:`~torch_geometric.data.Data`, returns :obj:`data.subgraph(subset)` in which the
-      loads of every prefix (:obj:`grf`, :obj:`grf_key`, ... or those in :obj:`attr_prefixes`)
-      are restricted. :meth:`Data.subgraph` decides per attribute from its shape and offers no
-      per-attribute hook (short of subclassing :class:`Data`): it copies the loads unchanged
-      (or, when their number of entries happens to equal the number of nodes or edges, slices
-      them as node or edge attributes). Call this function in place of
-      :meth:`Data.subgraph`; the loads are kept out of PyG's slicing.
-    * For many batches of one graph, :class:`RestrictGraphRandomFeatures` is faster: it indexes
-      the entries by start node once, while this function scans all of them.
-    * For a :class:`~pyg_grf.features.GRFLoads`, returns the restricted :class:`GRFLoads`
-      (its key-side loads and batch vector too).
-    * A plan (:class:`~pyg_grf.nn.attention.grf.GRFPlan`) is never restricted: it belongs to
-      the graph it was built from. Restrict the data (or the plan's ``loads``) and build the
-      part's own plan, ``attn.payload(part)`` or
-      :func:`~pyg_grf.nn.attention.base.model_payload`.
+    r"""The induced subgraph on :obj:`subset` with the loads restricted and renumbered (see
+    the module docstring). Call it in place of :meth:`Data.subgraph`, which copies the loads
+    unchanged (or slices them when their length happens to equal the number of nodes or
+    edges); for a :class:`~pyg_grf.features.GRFLoads` it returns the restricted loads (key side
+    and batch vector too). For many batches of one graph :class:`RestrictGraphRandomFeatures`
+    is faster. A :class:`~pyg_grf.nn.attention.grf.GRFPlan` is never restricted: build the
+    part's own plan.
 
     Args:
         data (Data or GRFLoads): The full graph and its loads.
         subset (torch.Tensor): The nodes to keep: ids (the :math:`k`-th id becomes node
-            :math:`k`, as in :meth:`Data.subgraph`, e.g. a loader's :obj:`n_id`) or a boolean
-            mask over the nodes.
-        num_nodes (int, optional): Number of nodes of the full graph; read from :obj:`data`
-            when :obj:`None`. (default: :obj:`None`)
-        attr_prefixes (list of str, optional): The prefixes of the loads to restrict;
-            :obj:`None` restricts every set of loads found on the :obj:`Data`.
-            (default: :obj:`None`)
+            :math:`k`, as in :meth:`Data.subgraph`) or a boolean mask over the nodes.
+        num_nodes (int, optional): Number of nodes of the full graph. (default: from
+            :obj:`data`)
+        attr_prefixes (list of str, optional): The prefixes of the loads to restrict.
+            (default: every set found on the :obj:`Data`)
     """
     if isinstance(data, GRFLoads):
         N = data.num_nodes if num_nodes is None else int(num_nodes)
@@ -230,11 +204,7 @@ def _check_ids(ids: Tensor, num_nodes: int, name: str) -> Tensor:
     if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
         raise TypeError(f"'{name}' must hold integer node ids, got {ids.dtype}")
     ids = ids.long()
-    if ids.numel() > 0:
-        lo, hi = torch.aminmax(ids)
-        if int(lo) < 0 or int(hi) >= num_nodes:
-            raise ValueError(f"'{name}' must hold node ids of the full graph in [0, {num_nodes}), "
-                             f"got ids in [{int(lo)}, {int(hi)}]")
+    _check_range(ids, num_nodes, f"'{name}' must hold node ids of the full graph")
     return ids
 
 
@@ -243,12 +213,9 @@ def _by_start(index: Tensor, hop: Tensor, load: Tensor,
     r"""Validates full-graph loads, sorts them by (start, visited, hop) if they are not, and
     returns them with the CSR row pointer of the starts."""
     _check_load_shapes(index, hop, load)
+    _check_range(index, num_nodes, "the GRF index must hold node ids")
     start = index[0].long()
     if index.numel() > 0:
-        lo, hi = torch.aminmax(index)
-        if int(lo) < 0 or int(hi) >= num_nodes:
-            raise ValueError(f"the GRF index must hold node ids in [0, {num_nodes}), got ids in "
-                             f"[{int(lo)}, {int(hi)}]")
         # sorted by (start, visited, hop), as the transform stores them? otherwise sort once
         pair = start * num_nodes + index[1].long()
         step = pair[1:] - pair[:-1]
@@ -283,41 +250,26 @@ def _restrict_rows(index: Tensor, hop: Tensor, load: Tensor, rowptr: Tensor, ids
 
 @functional_transform('restrict_graph_random_features')
 class RestrictGraphRandomFeatures(BaseTransform):
-    r"""Restricts the graph random features of a full graph to the nodes of a sampled subgraph
-    (a mini-batch of a PyG subgraph loader), by the subgraph's record of the original node ids
-    (functional name: :obj:`restrict_graph_random_features`).
+    r"""Restricts the graph random features of a full graph to the nodes of a sampled subgraph,
+    by the subgraph's record of the original node ids :obj:`node_id_attr` (functional name:
+    :obj:`restrict_graph_random_features`), as :func:`subgraph_grf` but indexing the entries by
+    start node once. The walks stay those drawn once on the full graph.
 
-    It holds the loads of the full graph (all prefixes, e.g. :obj:`grf` and :obj:`grf_key`) and,
-    for every batch, writes :obj:`{prefix}_index`, :obj:`{prefix}_length` and
-    :obj:`{prefix}_load` holding the entries whose start and visited node are both in the batch,
-    renumbered to the batch's node ids (see :func:`subgraph_grf`); copies of the full loads that
-    the loader put on the batch are replaced. The walks stay those drawn once on the full graph,
-    so walks are not cut at the subgraph boundary and no walk is drawn per batch.
-
-    Where each loader keeps the original node ids (attribute :obj:`node_id_attr`):
-
-    * :class:`~torch_geometric.loader.NeighborLoader` stores :obj:`n_id` on every batch: pass
-      this transform as :obj:`transform=`;
-    * :class:`~torch_geometric.loader.RandomNodeLoader` (through :meth:`Data.subgraph`) and
-      :class:`~torch_geometric.loader.ClusterData` / :class:`~torch_geometric.loader.ClusterLoader`
-      do not, but they slice every node-level attribute: set
-      :obj:`data.n_id = torch.arange(data.num_nodes)` before building the loader, and apply the
-      transform to each batch (these loaders take no :obj:`transform=`).
+    :class:`~torch_geometric.loader.NeighborLoader` stores :obj:`n_id` on every batch (pass
+    this transform as :obj:`transform=`); for :class:`~torch_geometric.loader.RandomNodeLoader`
+    and :class:`~torch_geometric.loader.ClusterLoader` set
+    :obj:`data.n_id = torch.arange(data.num_nodes)` first and apply the transform to each batch.
 
     Args:
-        data (Data or GRFLoads): The full graph with its loads (from
-            :class:`~pyg_grf.transforms.AddGraphRandomFeatures`), or its
-            :class:`~pyg_grf.features.GRFLoads` (stored under :obj:`attr_prefix`, with its key
-            side, if any, under :obj:`f'{attr_prefix}_key'`, in the loads' own compact dtypes:
-            ``int32`` ids, ``uint8`` hop counts). Each batch then gets its own plan, built from
-            the restricted loads (``attn.payload(batch)``, or a
-            :class:`pyg_grf.loader.DataLoader` with ``model=``).
+        data (Data or GRFLoads): The full graph with its loads, or its
+            :class:`~pyg_grf.features.GRFLoads` (written under :obj:`attr_prefix`, its key side
+            under :obj:`f'{attr_prefix}_key'`).
         attr_prefixes (list of str, optional): The prefixes of the loads to take from
-            :obj:`data`; :obj:`None` takes every set found. (default: :obj:`None`)
+            :obj:`data`. (default: every set found)
         node_id_attr (str, optional): The batch attribute holding the original node ids.
             (default: :obj:`"n_id"`)
-        attr_prefix (str, optional): The prefix under which the loads of a :obj:`GRFLoads`
-            are written. (default: :obj:`"grf"`)
+        attr_prefix (str, optional): The prefix of the loads of a :obj:`GRFLoads`.
+            (default: :obj:`"grf"`)
     """
     def __init__(self, data: Union[Data, GRFLoads], attr_prefixes: Optional[Sequence[str]] = None,
                  node_id_attr: str = 'n_id', attr_prefix: str = 'grf') -> None:
