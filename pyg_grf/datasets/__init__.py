@@ -1,11 +1,6 @@
-r"""Datasets on PyG's :class:`~torch_geometric.data.InMemoryDataset` machinery: the synthetic
-GKAT tasks, digits as patch grids, a mass-spring point-cloud task and a 2-hop node task (no data
-needed); TU, Planetoid and LRGB (Peptides-func from the original CSV) with an offline-mirror
-``download()`` and a verified cache (:mod:`.cache`); Errica et al. cross-validation splits.
-
-The data root is ``$PYG_GRF_DATA`` (else ``./datasets``); ``$PYG_GRF_MIRROR`` names a read-only
-offline mirror to copy raw files from; ``$PYG_GRF_OFFLINE=1`` forbids downloads.
-"""
+r"""Datasets on PyG's :class:`~torch_geometric.data.InMemoryDataset` machinery: generated tasks
+(no data needed); TU, Planetoid and LRGB with an offline-mirror ``download()`` and a verified cache
+(:mod:`.cache`, :mod:`.mirror`); Errica et al. cross-validation splits."""
 from pyg_grf.datasets.cache import DatasetCacheError
 from pyg_grf.datasets.images import DigitsGridDataset, grid_edge_index, image_patches
 from pyg_grf.datasets.lrgb import (

@@ -1,19 +1,12 @@
-r"""Lossless compact storage of collated PyG datasets (the file format of the processed caches
-of :mod:`pyg_grf.datasets.cache`).
-
-:func:`compact_collated` rewrites the tensors of a collated dataset (``increment=False``: node
-indices local to their graph) in two lossless ways, and :func:`restore_collated` undoes them on
-load, so the data in memory, every graph and every batch are bit-identical (values and dtypes):
+r"""Lossless compact storage of collated PyG datasets (the format of the processed caches of
+:mod:`pyg_grf.datasets.cache`); :func:`restore_collated` gives back bit-identical tensors.
 
 * **narrow integers**: an integer tensor is stored in the smallest of ``uint8``, ``int8``,
   ``int16``, ``int32`` that holds its values (OGB's categorical features: 1 byte instead of 8);
 * **sorted rows as counts**: an index attribute (a key containing ``index``, concatenated along the
   last dimension) of shape ``[2, nnz]`` whose first row :math:`r` is sorted within every graph is
-  stored as its second row plus, per graph, the counts :math:`c_i = |\{e : r_e = i\}|`; the walk
-  features of :class:`~pyg_grf.transforms.AddGraphRandomFeatures` (``grf_index``, about 13
-  entries per start node in Peptides-func) store one count per start node. Used where smaller.
-
-Both are chosen per tensor from its values; the returned ``spec`` records what was done.
+  stored as its second row plus, per graph, the counts :math:`c_i = |\{e : r_e = i\}|` (the
+  GRF walks' ``grf_index``: one count per start node), where that is smaller.
 """
 from __future__ import annotations
 
@@ -22,7 +15,6 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 from torch import Tensor
 
-#: Marker and version of the compact format (the ``spec`` of :func:`compact_collated`).
 COMPACT_FORMAT = 'pyg_grf.compact'
 COMPACT_VERSION = 1
 
@@ -80,18 +72,11 @@ def _first_row_as_counts(index: Tensor, ptr: Tensor) -> Optional[Tuple[Tensor, T
 
 def compact_collated(data: Any, slices: Optional[Dict[str, Any]]
                      ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
-    r"""The compact form of a collated dataset (see the module docstring).
-
-    Args:
-        data (Data): The collated data (:meth:`InMemoryDataset.collate`, ``increment=False``).
-        slices (dict, optional): Its slices (:obj:`None` for a single graph).
-
-    Returns:
-        ``(mapping, spec)``: :meth:`data.to_dict() <torch_geometric.data.Data.to_dict>` with the
-        compacted tensors, and the description of what :func:`restore_collated` must undo.
-        :class:`~torch_geometric.data.HeteroData` and tensors other than plain dense
-        :class:`torch.Tensor` objects are kept as they are.
-    """
+    r"""The compact form of :obj:`data` collated with :obj:`slices` (:obj:`None` for a single
+    graph; :meth:`InMemoryDataset.collate`, ``increment=False``): ``(mapping, spec)``,
+    :meth:`data.to_dict() <torch_geometric.data.Data.to_dict>` with the compacted tensors and what
+    :func:`restore_collated` must undo. ``HeteroData`` and tensors other than plain dense
+    :class:`torch.Tensor` objects are kept as they are."""
     from torch_geometric.data import Data
 
     if not hasattr(data, 'to_dict'):

@@ -11,7 +11,7 @@ from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
 from pyg_grf._validation import check_int
-from pyg_grf.datasets.synthetic import GeneratedDataset, _check_root
+from pyg_grf.datasets.synthetic import GeneratedDataset
 
 #: Images in scikit-learn's digits dataset.
 NUM_DIGITS = 1797
@@ -80,7 +80,6 @@ class DigitsGridDataset(GeneratedDataset):
                  num_graphs: Optional[int] = None, seed: int = 0,
                  transform: Optional[Callable] = None, pre_transform: Optional[Callable] = None,
                  pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
-        _check_root(root)
         if canvas < 8 or patch < 1 or canvas % patch:
             raise ValueError(f"'canvas' must be >= 8 and divisible by 'patch', got canvas="
                              f"{canvas}, patch={patch}")

@@ -1,18 +1,13 @@
-r"""Data root and offline mirror.
+r"""Data root (``$PYG_GRF_DATA``, laid out like PyG's roots) and the read-only offline mirror
+(``$PYG_GRF_MIRROR``, same layout) that ``download()`` copies raw files from, so that
+``processed_*/`` is written beside the copy, never into the mirror.
 
-:func:`data_root` is ``$PYG_GRF_DATA`` (else ``./datasets``), laid out like PyG's roots
-(``TUDataset/<NAME>/raw``, ``LRGB/<name>/raw``, ...); :func:`mirror_root` is ``$PYG_GRF_MIRROR``,
-a read-only folder with the same layout that a dataset's ``download()`` copies its raw files from
-(:func:`fetch_from_mirror`), so ``processed_*/`` is written beside the copy, never into the mirror;
-``$PYG_GRF_OFFLINE=1`` turns a download into a :class:`DatasetNotFoundError`.
-
-Integrity: every file copied must be listed in the mirror's ``SHA256SUMS`` (``sha256sum`` format)
-with the SHA-256 of the bytes copied, and match the hash pinned in the package
-(:data:`~pyg_grf.datasets.pinned.PINNED_SHA256`) when there is one; a file that its loader
-unpickles is copied only with a pinned hash, so a tampered mirror with a regenerated
-``SHA256SUMS`` cannot run code. A mirror without ``SHA256SUMS`` is refused unless
-``$PYG_GRF_MIRROR_UNVERIFIED=1`` (:func:`write_checksums` makes one for a mirror of your own).
-Folders named ``processed*`` (PyG caches, which PyG may unpickle) are never copied.
+Every file copied must be listed in the mirror's ``SHA256SUMS`` with the SHA-256 of the bytes
+copied, and match the hash pinned in the package (:data:`~.pinned.PINNED_SHA256`) when there is
+one; a file that its loader unpickles is copied only with a pinned hash, so a tampered mirror
+with a regenerated ``SHA256SUMS`` cannot run code. A mirror without ``SHA256SUMS`` is refused
+unless ``$PYG_GRF_MIRROR_UNVERIFIED=1``. ``processed*`` folders (PyG caches, which PyG may
+unpickle) are never copied.
 """
 import hashlib
 import os

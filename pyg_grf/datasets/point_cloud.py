@@ -51,7 +51,7 @@ from torch_geometric.data import Data
 from torch_geometric.utils import to_undirected
 
 from pyg_grf._validation import check_int
-from pyg_grf.datasets.synthetic import GeneratedDataset, _check_root
+from pyg_grf.datasets.synthetic import GeneratedDataset
 
 FEATURE_NAMES = ('ux', 'uy', 'uz', 'jitter_x', 'jitter_y', 'vx', 'vy', 'vz', 'inv_mass',
                  'stiffness', 'prestrain', 'damping', 'gx', 'gy', 'gz')
@@ -168,7 +168,6 @@ class MassSpringDataset(GeneratedDataset):
                  velocity: Tuple[float, float] = (0.05, 0.3), transform: Optional[Callable] = None,
                  pre_transform: Optional[Callable] = None,
                  pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
-        _check_root(root)
         for name, value, lo in (('num_points', num_points, 16), ('seed', seed, 0),
                                 ('num_clouds', num_clouds, 1), ('graph_k', graph_k, 1),
                                 ('spring_k', spring_k, 1), ('substeps', substeps, 1),

@@ -55,8 +55,7 @@ def check_folds(folds, num_graphs: int, path: str = '<splits>') -> None:
     for i, fold in enumerate(folds):
         for split in _SPLITS:
             idx = fold.get(split) if isinstance(fold, dict) else None
-            if not isinstance(idx, list) or not all(
-                    isinstance(j, int) and not isinstance(j, bool) for j in idx):
+            if not isinstance(idx, list) or not all(type(j) is int for j in idx):
                 raise ValueError(f"Fold {i} of '{path}': expected '{split}' to be a list of "
                                  f"integers. {hint}")
             bad = [j for j in idx if not 0 <= j < num_graphs]
@@ -102,22 +101,18 @@ def errica_splits(
     each outer training set, a stratified holdout of :obj:`inner_holdout` for validation (model
     selection / early stopping), the rest for training.
 
-    The splits are saved as JSON and reloaded when the file exists, so that runs (and the models
-    compared) share the same folds. A stored file is checked against the dataset (size and a
-    hash of the labels) and the arguments, its folds against their stored SHA-256 and for
-    consistency (:func:`check_folds`: indices in range, train / val / test disjoint and covering,
-    test sets partitioning the dataset); a mismatch raises an error instead of silently using
-    foreign or edited splits (test graphs leaking into training).
+    The splits are saved as JSON and reloaded when the file exists, so that runs share the same
+    folds; a stored file must match the dataset (size, hash of the labels), the arguments, its
+    folds' stored SHA-256 and :func:`check_folds`, else an error is raised (never foreign or
+    edited splits, test graphs leaking into training).
 
     Args:
         dataset (Dataset or Tensor): A graph-classification dataset whose graphs carry one integer
             label :obj:`y` each, or the labels themselves.
-        num_folds (int, optional): Number of outer folds. (default: :obj:`10`)
-        inner_holdout (float, optional): Fraction of each outer training set held out for
-            validation. (default: :obj:`0.1`)
-        seed (int, optional): Seed of both shuffles. (default: :obj:`0`)
-        path (str, optional): JSON file to read or write. (default: ``<data_root()>/splits/
-            <name>_errica_<num_folds>fold_val<inner_holdout>_seed<seed>.json``)
+        num_folds (int): Number of outer folds.
+        inner_holdout (float): Fraction of each outer training set held out for validation.
+        seed (int): Seed of both shuffles.
+        path (str, optional): JSON file to read or write. (default: :func:`default_splits_path`)
         name (str, optional): Dataset name for the default path. (default: :obj:`dataset.name`)
 
     Returns:

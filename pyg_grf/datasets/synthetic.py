@@ -92,12 +92,6 @@ def _balanced_labels(rng: np.random.Generator, num_graphs: int) -> np.ndarray:
     return labels
 
 
-def _check_root(root) -> None:
-    if root is not None and not isinstance(root, (str, os.PathLike)):
-        raise TypeError(f"Expected 'root' to be a path or None (got {type(root).__name__} "
-                        f"{root!r}); pass the other settings by keyword")
-
-
 def _check_graphs(features: str, num_graphs: int) -> None:
     # The settings of both GKAT tasks: known node features, at least one graph per class.
     if features not in FEATURES:
@@ -118,7 +112,9 @@ class GeneratedDataset(SafeCacheMixin, InMemoryDataset):
     def __init__(self, root: Optional[str] = None, transform: Optional[Callable] = None,
                  pre_transform: Optional[Callable] = None,
                  pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
-        _check_root(root)
+        if root is not None and not isinstance(root, (str, os.PathLike)):
+            raise TypeError(f"Expected 'root' to be a path or None (got {type(root).__name__} "
+                            f"{root!r}); pass the other settings by keyword")
         self._cached = root is not None
         super().__init__(None if root is None else str(root), transform, pre_transform,
                          pre_filter, force_reload=force_reload)
@@ -190,7 +186,6 @@ class MotifDataset(GeneratedDataset):
                  num_join_edges: int = 3, features: str = 'neighbor_degrees',
                  transform: Optional[Callable] = None, pre_transform: Optional[Callable] = None,
                  pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
-        _check_root(root)
         self.motif_graph = motif_graph(motif)  # validates the name
         _check_graphs(features, num_graphs)
         h = self.motif_graph.number_of_nodes()
@@ -296,7 +291,6 @@ class InducedCycleDataset(GeneratedDataset):
                  num_nodes: int = 50, features: str = 'neighbor_degrees',
                  transform: Optional[Callable] = None, pre_transform: Optional[Callable] = None,
                  pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
-        _check_root(root)
         _check_graphs(features, num_graphs)
         if num_nodes < 5:
             # A negative needs a pair at distance in [2, diameter), so diameter >= 3.

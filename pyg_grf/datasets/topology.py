@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from torch_geometric.data import Data
 
-from pyg_grf.datasets.synthetic import GeneratedDataset, _check_root
+from pyg_grf.datasets.synthetic import GeneratedDataset
 
 
 class TwoHopMajorityDataset(GeneratedDataset):
@@ -37,7 +37,6 @@ class TwoHopMajorityDataset(GeneratedDataset):
                  mean_degree: float = 2.0, p_red: float = 0.45, seed: int = 0,
                  transform: Optional[Callable] = None, pre_transform: Optional[Callable] = None,
                  pre_filter: Optional[Callable] = None, force_reload: bool = False) -> None:
-        _check_root(root)
         if num_graphs < 1 or num_nodes < 3:
             raise ValueError(f"Expected num_graphs >= 1 and num_nodes >= 3 (got {num_graphs} and "
                              f"{num_nodes})")

@@ -71,19 +71,12 @@ def max_degree(dataset: InMemoryDataset) -> int:
 def load_tu(name: str, root: Optional[str] = None, transform: Optional[Callable] = None,
             pre_transform: Optional[Callable] = None, use_degree_features: bool = True,
             force_reload: bool = False, **kwargs) -> TUDataset:
-    r"""A `TU dataset <https://chrsmrrs.github.io/datasets/>`_ (:class:`TUDataset`; names of
-    :data:`TU_DATASETS` are case-insensitive). Datasets without node features (IMDB-BINARY, ...)
-    get one-hot degrees as :obj:`x` when :obj:`use_degree_features` is set: a
+    r"""A `TU dataset <https://chrsmrrs.github.io/datasets/>`_ :obj:`name` (:class:`TUDataset`,
+    names of :data:`TU_DATASETS` case-insensitive) under :obj:`root` (default:
+    ``<data_root()>/TUDataset``); :obj:`kwargs` go to :class:`TUDataset`. Datasets without node
+    features (IMDB-BINARY, ...) get one-hot degrees as :obj:`x` if :obj:`use_degree_features`: a
     :class:`~torch_geometric.transforms.OneHotDegree` up to the largest degree of the dataset,
-    applied on access before :obj:`transform`.
-
-    Args:
-        name (str): The dataset name, e.g. :obj:`"MUTAG"`, :obj:`"IMDB-BINARY"`.
-        root (str, optional): The PyG root. (default: ``<data_root()>/TUDataset``)
-        transform, pre_transform, force_reload: As in PyG datasets.
-        use_degree_features (bool, optional): See above. (default: :obj:`True`)
-        **kwargs (optional): More :class:`TUDataset` arguments (:obj:`use_node_attr`, ...).
-    """
+    applied on access before :obj:`transform`."""
     root = osp.abspath(root) if root is not None else osp.join(data_root(), 'TUDataset')
     dataset = TUDataset(root, name, transform=transform, pre_transform=pre_transform,
                         force_reload=force_reload, **kwargs)

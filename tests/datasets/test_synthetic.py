@@ -172,7 +172,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match='num_nodes >= 5'):
         InducedCycleDataset(num_graphs=4, num_nodes=4)
     with pytest.raises(TypeError, match="'root' to be a path or None"):
-        InducedCycleDataset(100, 0)
+        InducedCycleDataset(100, 8)
 
 
 def test_cache_is_keyed_on_the_transforms_full_configuration(tmp_path):
