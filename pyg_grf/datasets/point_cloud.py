@@ -1,10 +1,9 @@
 r"""A generated point-cloud dynamics task: an elastic sheet simulated as a mass-spring system.
 
 The point-cloud experiment of the GRF paper (Reid et al., 2024, Sec. 4 "PCTs" and App. C.3)
-predicts the next-step update of tens of thousands of particles with attention masked by GRFs on a
-kNN graph of the particles; its data is not public. :class:`MassSpringDataset` is a seeded stand-in
-with the same structure: :math:`N` particles, a kNN graph over their *current* positions, and a
-target that depends on the neighbours within a few hops (spring forces), generated in memory.
+masks attention by GRFs on a kNN graph of tens of thousands of particles; its data is not public.
+:class:`MassSpringDataset` is a seeded stand-in with the same structure: a kNN graph over the
+*current* positions, and a target that depends on the neighbours a few hops away.
 
 **The body.** Rest positions :math:`\mathbf{X}_i` on a jittered square lattice of spacing 1 in the
 plane :math:`z = 0`, ``ceil(sqrt(N))`` per row, the outer rows and columns pinned (a drum skin);
@@ -36,8 +35,7 @@ comparable across sizes. Each sample is a :class:`~torch_geometric.data.Data` wi
 (:math:`\mathbf{x}_t`), ``x`` [N, 15] (:data:`FEATURE_NAMES`: displacement from rest, rest jitter,
 velocity, inverse mass, :math:`\kappa_i, s_i, c_i`, :math:`\mathbf{g}_i`; no absolute position),
 ``edge_index`` (the symmetric kNN graph over ``pos``, ``graph_k`` neighbours, not the springs),
-``y`` [N, 3] and ``rest_pos`` [N, 3]. Cloud :math:`g` depends only on ``(seed, g)`` and the
-settings, not on ``num_clouds``.
+``y`` [N, 3] and ``rest_pos`` [N, 3].
 """
 from __future__ import annotations
 
@@ -132,7 +130,8 @@ class MassSpringDataset(GeneratedDataset):
         root (str, optional): Cache folder; :obj:`None` keeps the dataset in memory only.
         num_points (int): Particles per cloud :math:`N` (at least 16).
         num_clouds (int): Number of clouds.
-        seed (int): Cloud :math:`g` depends only on ``(seed, g)`` and the settings.
+        seed (int): Cloud :math:`g` depends only on ``(seed, g)`` and the settings, not on
+            ``num_clouds``.
         graph_k (int): Neighbours per particle of the kNN graph in ``edge_index``.
         spring_k (int): Neighbours per particle at rest joined by springs.
         jitter (float): Rest positions are lattice points plus a uniform offset in
