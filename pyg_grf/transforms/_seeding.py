@@ -1,23 +1,15 @@
 r"""One seeding rule for the random transforms (:class:`~pyg_grf.transforms.AddRWGNKFeatures`,
-:class:`~pyg_grf.transforms.AddGraphRandomFeatures`).
+:class:`~pyg_grf.transforms.AddGraphRandomFeatures`,
+:class:`~pyg_grf.transforms.AddGraphBridgeTokens`).
 
-With ``seed=None`` the walks come from torch's global generator (which PyTorch seeds differently
-in every :class:`~torch.utils.data.DataLoader` worker and every epoch).
-
-With ``seed=s`` a transform owns a private generator:
-
-* in the main process it is seeded with ``s`` once, at the first call, and *advances* over the
-  calls: a ``pre_transform`` gives the same features on every run (for the same graphs in the same
-  order), and a ``transform`` draws fresh walks at every access (a new sample every epoch), in a
-  reproducible sequence;
-* in a DataLoader worker it is re-seeded from ``s`` and the worker's seed
-  (:func:`torch.utils.data.get_worker_info`, ``base_seed + worker_id``, where ``base_seed`` is
-  drawn from the main process's generator at every epoch): workers never repeat each other's
-  walks, every epoch gets new ones, and everything is reproducible under
-  ``seed_everything``.
-
-A transform never re-seeds at every call (that gave the same walks at every access) and never
-shares its stream between workers (that gave every worker the same walks).
+With ``seed=None`` the draws come from torch's global generator (which PyTorch seeds
+differently in every DataLoader worker and epoch). With ``seed=s`` a transform owns a private
+generator: in the main process it is seeded with ``s`` once, at the first call, and *advances*
+over the calls (a ``pre_transform`` gives the same features on every run; a ``transform``
+draws fresh ones at every access, in a reproducible sequence); in a DataLoader worker it is
+re-seeded from ``s`` and the worker's seed (``base_seed + worker_id``, new every epoch), so
+workers never repeat each other's draws and everything is reproducible under
+``seed_everything``.
 """
 from __future__ import annotations
 
@@ -36,11 +28,8 @@ def _mix(seed: int, worker_seed: Optional[int]) -> int:
 
 
 class TransformRNG:
-    r"""The private random source of a seeded transform (see the module docstring).
-
-    Args:
-        seed (int, optional): The transform's seed; :obj:`None` means torch's global generator.
-    """
+    r"""The private random source of a transform with ``seed`` (see the module docstring;
+    :obj:`None`: torch's global generator)."""
 
     def __init__(self, seed: Optional[int]):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):

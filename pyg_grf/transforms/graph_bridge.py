@@ -8,51 +8,37 @@ from torch_geometric.data import Data
 from torch_geometric.data.datapipes import functional_transform
 from torch_geometric.transforms import BaseTransform
 
+from pyg_grf.transforms._seeding import TransformRNG
+
 
 @functional_transform('add_graph_bridge_tokens')
 class AddGraphBridgeTokens(BaseTransform):
-    r"""Stores the Graph-Bridge token layout of a graph (SAMSA paper, Sec. 4.3):
-    its :math:`N` nodes and :math:`E` edges are both tokens, the node tokens first (in node
-    order), then the edge tokens (in edge order)
-    (functional name: :obj:`add_graph_bridge_tokens`).
+    r"""Stores the Graph-Bridge token layout of a graph (SAMSA paper, Sec. 4.3): its :math:`N`
+    nodes and :math:`E` edges are all tokens, the node tokens first (in node order), then the
+    edge tokens (functional name: :obj:`add_graph_bridge_tokens`).
 
-    Adds :obj:`data[attr_name]`, a long tensor of shape :math:`(N + E)` holding :obj:`0` for a
-    node token and :obj:`1` for an edge token, and :obj:`data[num_tokens_attr] = N + E`. PyG
-    concatenates :obj:`token_type` graph by graph when batching, which is exactly the layout of
-    :class:`~pyg_grf.nn.GraphBridge`, so a mini-batch needs neither a Python loop nor a sort:
-    pass :obj:`token_type=batch.token_type` to :meth:`GraphBridge.forward`. Apply it after any
-    transform that changes :obj:`edge_index` (e.g.
-    :class:`~torch_geometric.transforms.ToUndirected`).
+    Adds :obj:`data[attr_name]`, :math:`(N + E)`, :obj:`0` for a node token and :obj:`1` for an
+    edge token, and :obj:`data[num_tokens_attr] = N + E`. PyG batches :obj:`token_type` graph by
+    graph, which is the layout of :class:`~pyg_grf.nn.GraphBridge`, so a mini-batch needs no
+    sort (``token_type=batch.token_type``). Apply it after any transform that changes
+    :obj:`edge_index`.
 
-    Optionally (:obj:`pe_dim`) it also draws the Gaussian noise of the Graph-Bridge positional
-    encoding, :math:`[\boldsymbol{\epsilon}^{(1)} \Vert \boldsymbol{\epsilon}^{(2)}]_i \sim
-    \mathcal{N}(\mathbf{0}, \mathbf{I})` for every node :math:`i`, and stores it as
-    :obj:`data[pe_attr]` of shape :math:`(N, \mathrm{pe\_dim})` (a node-level attribute: PyG
-    batches and slices it with the nodes). :class:`~pyg_grf.nn.GraphBridge` uses it in place of
-    its own draw when it is passed as :obj:`noise=` (set :obj:`pe_dim = 2 * pe_channels`). As a
-    :obj:`pre_transform` the noise is drawn once and cached with the dataset, so every epoch sees
-    the same encoding; as a :obj:`transform` it is drawn again at every access. By default
-    (:obj:`pe_dim=None`) nothing is stored and the module draws fresh noise at every forward
-    pass, as in the paper.
-
-    With a :obj:`seed`, the transform draws from its own generator, seeded once at construction
-    and advanced by every graph it processes: the :math:`k`-th graph it processes gets the same
-    noise on every run (a :obj:`pre_transform` processes the dataset in order), while different
-    graphs get independent noise. Used as a :obj:`transform` with several data-loader workers,
-    every worker advances its own copy of that generator, so the workers repeat each other's
-    draws: there, prefer :obj:`seed=None` (PyTorch's data loader seeds every worker's global
-    generator differently).
+    With :obj:`pe_dim` it also draws the Gaussian noise of the Graph-Bridge positional encoding,
+    :math:`[\boldsymbol{\epsilon}^{(1)} \Vert \boldsymbol{\epsilon}^{(2)}]_i \sim
+    \mathcal{N}(\mathbf{0}, \mathbf{I})`, as :obj:`data[pe_attr]` :math:`(N, \mathrm{pe\_dim})`,
+    which :class:`~pyg_grf.nn.GraphBridge` uses as :obj:`noise=` (:obj:`pe_dim = 2 *
+    pe_channels`): as a :obj:`pre_transform` drawn once and cached, so every epoch sees the same
+    encoding. Without it the module draws fresh noise at every forward pass, as in the paper.
 
     Args:
-        attr_name (str, optional): Attribute name of the token types.
-            (default: :obj:`"token_type"`)
-        num_tokens_attr (str, optional): Attribute name of the token count :math:`N + E`;
+        attr_name (str, optional): Attribute of the token types. (default: :obj:`"token_type"`)
+        num_tokens_attr (str, optional): Attribute of the token count :math:`N + E`;
             :obj:`None` to skip it. (default: :obj:`"num_tokens"`)
-        pe_dim (int, optional): Width of the stored noise (:obj:`2 * pe_channels` of the
-            module); :obj:`None` stores no noise. (default: :obj:`None`)
-        seed (int, optional): Seed of the noise; :obj:`None` uses torch's global random number
-            generator. (default: :obj:`None`)
-        pe_attr (str, optional): Attribute name of the noise. (default: :obj:`"bridge_noise"`)
+        pe_dim (int, optional): Width of the stored noise; :obj:`None` stores none.
+            (default: :obj:`None`)
+        seed (int, optional): Seed of the noise (see :mod:`pyg_grf.transforms._seeding`);
+            :obj:`None` uses torch's global generator. (default: :obj:`None`)
+        pe_attr (str, optional): Attribute of the noise. (default: :obj:`"bridge_noise"`)
     """
     def __init__(self, attr_name: str = 'token_type',
                  num_tokens_attr: Optional[str] = 'num_tokens', pe_dim: Optional[int] = None,
@@ -64,19 +50,12 @@ class AddGraphBridgeTokens(BaseTransform):
         if pe_dim is not None and (isinstance(pe_dim, bool) or not isinstance(pe_dim, int)
                                    or pe_dim < 1):
             raise ValueError(f"'pe_dim' must be a positive integer or None (got {pe_dim!r})")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise ValueError(f"'seed' must be an integer or None (got {seed!r})")
         if pe_attr in (attr_name, num_tokens_attr):
             raise ValueError(f"'pe_attr' must differ from 'attr_name' and 'num_tokens_attr' "
                              f"(got '{pe_attr}')")
-        self.attr_name = attr_name
-        self.num_tokens_attr = num_tokens_attr
-        self.pe_dim = pe_dim
-        self.seed = seed
-        self.pe_attr = pe_attr
-        self.generator = None
-        if seed is not None:
-            self.generator = torch.Generator().manual_seed(seed)
+        self.attr_name, self.num_tokens_attr = attr_name, num_tokens_attr
+        self.pe_dim, self.pe_attr = pe_dim, pe_attr
+        self.seed, self.rng = seed, TransformRNG(seed)
 
     def forward(self, data: Data) -> Data:
         N = data.num_nodes
@@ -92,7 +71,7 @@ class AddGraphBridgeTokens(BaseTransform):
             data[self.num_tokens_attr] = N + E
         if self.pe_dim is not None:
             # drawn on the CPU (the generator's device), so a seed gives the same noise anywhere
-            noise = torch.randn(N, self.pe_dim, generator=self.generator)
+            noise = torch.randn(N, self.pe_dim, generator=self.rng.generator())
             data[self.pe_attr] = noise.to(device) if device is not None else noise
         return data
 

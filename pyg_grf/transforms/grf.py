@@ -26,21 +26,14 @@ class AddGraphRandomFeatures(BaseTransform):
     random features (GRF paper, Eq. 10, Algorithm 1), from which
     :class:`~pyg_grf.nn.GRFAttention` builds :math:`\widehat\Phi` for any learnable :math:`f`:
 
-    * ``grf_index`` ``[2, nnz]``: (start node, visited node), sorted; PyG batching offsets it
-      (``int32``: 8 bytes per entry instead of 16);
-    * ``grf_length`` ``[nnz]``: hop count :math:`l` (``int8``, or ``int16`` if
+    * ``grf_index`` ``[2, nnz]`` (``int32``): (start node, visited node), sorted; PyG batching
+      offsets it;
+    * ``grf_length`` ``[nnz]``: hop count :math:`l` (``int8``; ``int16`` for
       ``max_length >= 128``);
     * ``grf_load`` ``[nnz]``: :math:`\mathrm{load}(i, q, l)`, duplicates summed (``float32``).
 
-    A layer reads them through the batch's plan, built once per batch and shared by the
-    layers: ``attn.payload(batch)`` (``{'grf': GRFPlan}``),
-    :meth:`GRFPlan.build(batch, layers) <pyg_grf.nn.attention.grf.GRFPlan.build>` for several
-    layers, or :func:`pyg_grf.loader.prepare_payload` / :class:`pyg_grf.loader.DataLoader`
-    (``model=``) for every attention layer of a model. The plan validates the three once and
-    owns compact copies of them (:class:`~pyg_grf.features.GRFLoads`).
-
-    As a ``pre_transform`` the walks are drawn once and cached with the dataset; as a
-    ``transform`` fresh walks are drawn at every access (a new mask sample every epoch).
+    Layers read them through the batch's plan (``attn.payload(batch)``, ``{'grf': GRFPlan}``).
+    As a ``pre_transform`` the walks are drawn once; as a ``transform`` at every access.
 
     Args:
         num_walks (int): walks per node :math:`n` (default: :obj:`16`).
@@ -53,21 +46,18 @@ class AddGraphRandomFeatures(BaseTransform):
             (default: :obj:`True`).
         fixed_length (bool): walks of exactly ``max_length`` hops (default: :obj:`False`).
         use_edge_weight (bool): use ``data.edge_weight`` as raw weights (default: :obj:`False`).
-        seed (int, optional): makes the walks reproducible: one private generator per process
-            advances over the calls (so a ``transform`` still draws fresh walks at every access),
-            re-seeded from the seed and the worker seed in every DataLoader worker (workers never
-            repeat each other's walks); see :mod:`pyg_grf.transforms._seeding`. :obj:`None` uses
-            torch's global generator (default: :obj:`None`).
+        seed (int, optional): makes the walks reproducible (see
+            :mod:`pyg_grf.transforms._seeding`); :obj:`None`: torch's global generator
+            (default: :obj:`None`).
         attr_prefix (str): prefix of the stored attributes (default: ``'grf'``). Use e.g.
             ``'grf_key'`` for an independent key-side sample.
         num_draws (int): independent walk sets :math:`D` (default: :obj:`1`). With :math:`D > 1`
             the entries of all draws are stored together with ``grf_draw`` ``[nnz]`` (draw id,
             ``int16``), and head :math:`h` of a layer with ``layer_index`` :math:`l` uses draw
             :math:`l H + h` (:class:`~pyg_grf.nn.GRFAttention`), which must be below :math:`D`
-            (fewer draws are an error, never a silent reuse): :math:`D = H` gives every head of
-            one layer its own walks, :math:`D = H \cdot L_{layers}` every head of every layer,
-            as the GRF paper does for its ViTs (Sec. 4); :math:`D = 1` shares one set of walks.
-            Storage and walk time grow :math:`D`-fold; the attention costs the same per head.
+            (fewer draws are an error): :math:`D = H \cdot L_{layers}` gives every head of every
+            layer its own walks, as the GRF paper does for its ViTs (Sec. 4). Storage and walk
+            time grow :math:`D`-fold.
     """
 
     def __init__(self, num_walks: int = 16, p_halt: Optional[float] = 0.5, max_length: int = 4,
@@ -82,18 +72,11 @@ class AddGraphRandomFeatures(BaseTransform):
                              f"{normalization!r}")
         if 'index' in attr_prefix:
             raise ValueError(f"'attr_prefix' must not contain 'index', got {attr_prefix!r}")
-        self.num_walks = num_walks
-        self.p_halt = p_halt
-        self.max_length = max_length
-        self.walker = walker
-        self.normalization = normalization
-        self.importance = importance
-        self.fixed_length = fixed_length
-        self.use_edge_weight = use_edge_weight
-        self.seed = seed
-        self.rng = TransformRNG(seed)
-        self.attr_prefix = attr_prefix
-        self.num_draws = num_draws
+        self.num_walks, self.p_halt, self.max_length = num_walks, p_halt, max_length
+        self.walker, self.normalization, self.importance = walker, normalization, importance
+        self.fixed_length, self.use_edge_weight = fixed_length, use_edge_weight
+        self.seed, self.rng = seed, TransformRNG(seed)
+        self.attr_prefix, self.num_draws = attr_prefix, num_draws
 
     def forward(self, data: Data) -> Data:
         data = copy.copy(data)  # never mutate the input

@@ -34,11 +34,7 @@ class AddRWGNKFeatures(BaseTransform):
       ``rwgnk_kernel_value`` ``[P]``.
 
     GKAT layers (:class:`~pyg_grf.nn.GKATAttention`) read them. As a ``pre_transform`` the walks
-    are sampled once and cached with the dataset; as a ``transform`` they are re-sampled every time
-    a graph is loaded (fresh walks every epoch). With a ``seed`` the draws are reproducible: one
-    private generator per process advances over the calls, re-seeded from the seed and the worker
-    seed in every DataLoader worker, so workers never repeat each other's walks (see
-    :mod:`pyg_grf.transforms._seeding`).
+    are sampled once; as a ``transform`` at every access.
 
     Args:
         num_walks (int): walks per node :math:`n`.
@@ -49,16 +45,11 @@ class AddRWGNKFeatures(BaseTransform):
         p_halt (float, optional): halting probability; :obj:`None` for walks of fixed length
             ``max_length``, as in the paper's experiments (default: :obj:`None`).
         walker (str): ``'iid'``, ``'antithetic'`` or ``'repelling'`` (default: ``'iid'``).
-        seed (int, optional): seed of the random walks, see above (default: :obj:`None`,
-            torch's global generator).
+        seed (int, optional): makes the walks reproducible (see
+            :mod:`pyg_grf.transforms._seeding`) (default: :obj:`None`, torch's global generator).
         kernel_threshold (float, optional): also store the kernel pairs with
             :math:`|\mathcal{K}_{ij}| >` ``kernel_threshold`` (``0.``: every nonzero); :obj:`None`
             stores none (default: :obj:`None`).
-
-    Example:
-        >>> transform = AddRWGNKFeatures(num_walks=32, lam=0.8, alpha=1.0, max_length=3, seed=0)
-        >>> data = transform(data)
-        >>> data.rwgnk_index.shape, data.rwgnk_value.shape
     """
 
     def __init__(self, num_walks: int, lam: float, alpha: float, max_length: int,
@@ -67,16 +58,11 @@ class AddRWGNKFeatures(BaseTransform):
         check_rwgnk_args(lam, alpha)
         if kernel_threshold is not None and not kernel_threshold >= 0:
             raise ValueError(f"'kernel_threshold' must be None or >= 0, got {kernel_threshold!r}")
-        self.kernel_threshold = kernel_threshold
         check_walk_args(num_walks, p_halt, max_length, walker, p_halt is None)
-        self.num_walks = num_walks
-        self.lam = lam
-        self.alpha = alpha
-        self.max_length = max_length
-        self.p_halt = p_halt
-        self.walker = walker
-        self.seed = seed
-        self.rng = TransformRNG(seed)
+        self.num_walks, self.lam, self.alpha = num_walks, lam, alpha
+        self.max_length, self.p_halt, self.walker = max_length, p_halt, walker
+        self.seed, self.rng = seed, TransformRNG(seed)
+        self.kernel_threshold = kernel_threshold
 
     def forward(self, data: Data) -> Data:
         if data.edge_index is None:
