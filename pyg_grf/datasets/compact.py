@@ -96,14 +96,10 @@ def compact_collated(data: Any, slices: Optional[Dict[str, Any]]
             found = _first_row_as_counts(value, _segments(slices, key, value.size(1)))
             if found is not None:
                 counts, lengths = narrow_integers(found[0]), narrow_integers(found[1])
-                row1 = narrow_integers(value[1])
-                saved = narrow_integers(value[0]).element_size() * value.size(1)
-                stored = (counts.numel() * counts.element_size()
-                          + lengths.numel() * lengths.element_size())
-                if stored < saved:
+                if counts.nbytes + lengths.nbytes < narrow_integers(value[0]).nbytes:
                     field = {'dtype': str(value.dtype)[6:], 'first_row': 'counts',
                              'counts': counts, 'lengths': lengths}
-                    value = row1
+                    value = value[1]
         narrowed = narrow_integers(value)
         if narrowed.dtype != mapping[key].dtype or field:
             field.setdefault('dtype', str(mapping[key].dtype)[6:])
