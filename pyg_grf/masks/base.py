@@ -8,7 +8,7 @@ the rows of :math:`M X` for :math:`X = [\phi(k_j) \otimes v_j,\ \phi(k_j)]_j`.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from torch import Tensor
@@ -68,6 +68,22 @@ class MaskOperator:
     def __repr__(self) -> str:
         heads = '' if self.num_heads is None else f', heads={self.num_heads}'
         return f'{self.__class__.__name__}(num_nodes={self.num_nodes}{heads})'
+
+
+def head_param(v: Union[float, Tensor], name: str, device) -> Tensor:
+    r"""A mask parameter as a floating tensor, a scalar or ``[H]`` (one per head). Python
+    numbers keep their double precision; products run in the input's dtype."""
+    if not isinstance(v, Tensor):
+        v = torch.tensor(float(v), dtype=torch.float64, device=device)
+    if v.dim() > 1:
+        raise ValueError(f"'{name}' must be a scalar or a [H] tensor, got {tuple(v.shape)}")
+    return v if v.is_floating_point() else v.float()
+
+
+def format_param(p: Tensor):
+    r"""A parameter for ``__repr__``: 6 significant digits, a number or a list."""
+    vals = [float(f'{v:.6g}') for v in p.detach().reshape(-1).tolist()]
+    return vals if p.dim() > 0 else vals[0]
 
 
 def _dense_matmul(m: Tensor, x: Tensor) -> Tensor:

@@ -10,7 +10,7 @@ from typing import Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from pyg_grf.masks.base import MaskOperator
+from pyg_grf.masks.base import MaskOperator, format_param, head_param
 from pyg_grf.walks import check_edge_index
 
 # Al-Mohy & Higham (2011), Table 3.1 (as used by scipy.sparse.linalg.expm_multiply): the largest
@@ -103,16 +103,9 @@ class DiffusionKernelMask(MaskOperator):
 
         if isinstance(lam, Tensor) and lam.is_floating_point():
             self.dtype = torch.promote_types(self.dtype, lam.dtype)
-        if not isinstance(lam, Tensor):
-            # Python numbers keep their double precision; products run in the input's dtype.
-            lam = torch.tensor(float(lam), dtype=torch.float64, device=device)
-        if lam.dim() > 1:
-            raise ValueError(f"'lam' must be a scalar or a [H] tensor, got {tuple(lam.shape)}")
+        lam = self.lam = head_param(lam, 'lam', device)
         if not bool(torch.isfinite(lam.detach()).all()):
             raise ValueError(f"'lam' must be finite, got {lam.detach().tolist()}")
-        if not lam.is_floating_point():
-            lam = lam.float()
-        self.lam = lam
         self.num_heads = lam.numel() if lam.dim() == 1 else None
         self.operator = operator
         self.num_edges = E
@@ -198,8 +191,7 @@ class DiffusionKernelMask(MaskOperator):
         return torch.linalg.matrix_exp(-lam * T).to(self.dtype)
 
     def __repr__(self) -> str:
-        lam = [float(f'{v:.6g}') for v in self.lam.detach().reshape(-1).tolist()]
-        lam = lam if self.lam.dim() > 0 else lam[0]
+        lam = format_param(self.lam)
         heads = '' if self.num_heads is None else f', heads={self.num_heads}'
         return (f"DiffusionKernelMask(num_nodes={self.num_nodes}, lam={lam}, "
                 f"operator='{self.operator}'{heads})")

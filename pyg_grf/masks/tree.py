@@ -12,14 +12,8 @@ from scipy.sparse.csgraph import connected_components
 from torch import Tensor
 
 from pyg_grf._validation import is_sorted
-from pyg_grf.masks.base import MaskOperator
+from pyg_grf.masks.base import MaskOperator, format_param, head_param
 from pyg_grf.walks import check_edge_index
-
-
-def _fmt(p: Tensor):
-    r"""A parameter for ``__repr__``: 6 significant digits, a number or a list."""
-    vals = [float(f'{v:.6g}') for v in p.detach().reshape(-1).tolist()]
-    return vals if p.dim() > 0 else vals[0]
 
 
 def _shift(z: Tensor) -> Tensor:
@@ -56,19 +50,13 @@ class TreeMask(MaskOperator):
       :math:`h_i = g_i + \mathrm{shift}(h_p - \mathrm{shift}(g_i))`, and
       :math:`y_i = \sum_k f[k]\, h_i[k]`.
 
-    :math:`M_{ij} = 0` for nodes in different trees, so a PyG batch of trees (one
-    ``edge_index`` for the whole batch) gives the block-diagonal mask directly.
+    :math:`M_{ij} = 0` for nodes in different trees: a PyG batch of trees gives the
+    block-diagonal mask directly.
 
     Every tree is rooted at its smallest node id. The constructor finds the parents and levels
-    (breadth-first, one vectorised step per level) once; :meth:`matmul` runs one vectorised step
-    (``index_add`` / gather over all nodes of a level) per tree level, so its Python overhead is
-    proportional to the largest tree height (a path graph of :math:`N` nodes has :math:`N` levels).
-    The result is differentiable in ``a``, ``b``, ``f`` (and ``edge_weight``). The downward pass
-    of the exponential mask never subtracts a subtree's share from its parent's total: it
-    carries the sum over the nodes *outside* each subtree,
-    :math:`o_i = e^{a w_{ip}}(o_p + e^b x_p + \sum_{j \in \mathrm{sib}(i)} e^{a w_{jp}} s_j)`,
-    with the siblings' sums from segmented scans, so it keeps full relative accuracy for any
-    sign of :math:`a` (``a`` is learnable and may become positive).
+    once (breadth-first, one vectorised step per level); :meth:`matmul` runs one vectorised
+    step per tree level, so its Python overhead grows with the largest tree height. The result
+    is differentiable in ``a``, ``b``, ``f`` (and ``edge_weight``).
 
     Args:
         edge_index (Tensor): ``[2, E]`` edges of a forest, in one or both directions; duplicates
@@ -112,8 +100,8 @@ class TreeMask(MaskOperator):
         self.a = self.b = self.f = None
         heads = set()
         if a is not None:
-            self.a = self._as_param(a, 'a', device)
-            self.b = self._as_param(b, 'b', device)
+            self.a = head_param(a, 'a', device)
+            self.b = head_param(b, 'b', device)
             for p in (self.a, self.b):
                 if p.dim() == 1:
                     heads.add(p.numel())
@@ -138,17 +126,6 @@ class TreeMask(MaskOperator):
 
     # ----------------------------------------------------------------------------------------
     # Construction: validation, rooting, levels.
-    @staticmethod
-    def _as_param(v, name: str, device) -> Tensor:
-        if not isinstance(v, Tensor):
-            # Python numbers keep their double precision; products run in the input's dtype.
-            v = torch.tensor(float(v), dtype=torch.float64, device=device)
-        if v.dim() > 1:
-            raise ValueError(f"'{name}' must be a scalar or a [H] tensor, got {tuple(v.shape)}")
-        if not v.is_floating_point():
-            v = v.float()
-        return v
-
     def _build_forest(self, edge_index: Tensor, N: int, edge_weight: Optional[Tensor]):
         device = edge_index.device
         uu, vv, w = _forest_edges(edge_index, N, edge_weight)
@@ -398,7 +375,7 @@ class TreeMask(MaskOperator):
         if self.f is not None:
             kind = f'f=[{self.f.size(-1)}]'
         else:
-            kind = f'a={_fmt(self.a)}, b={_fmt(self.b)}'
+            kind = f'a={format_param(self.a)}, b={format_param(self.b)}'
         weighted = ', weighted=True' if self.edge_length is not None else ''
         return (f'TreeMask(num_nodes={self.num_nodes}, num_trees={self.num_trees}, {kind}'
                 f'{weighted}{heads})')
