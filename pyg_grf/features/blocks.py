@@ -1,8 +1,6 @@
-r"""The dense-block layout of a PyG batch (graph ``b`` of at most ``n`` nodes owns the cells
-``[b, :n_b, :n_b]`` of a ``[B, n, n]`` array) and the mask statistics coalesced per cell, the
-structures behind the ``'dense'`` and ``'pairs'`` backends of :class:`~pyg_grf.nn.GRFAttention`
-(built once per batch into its plan, :class:`~pyg_grf.nn.attention.grf.GRFPlan`): pure functions
-of the loads."""
+r"""The dense-block layout of a PyG batch (graph ``b`` owns the cells ``[b, :n_b, :n_b]`` of a
+``[B, n, n]`` array) and the mask statistics coalesced per cell, behind the ``'dense'`` and
+``'pairs'`` backends of :class:`~pyg_grf.nn.GRFAttention`: pure functions of the loads."""
 from __future__ import annotations
 
 from typing import NamedTuple, Optional, Tuple
@@ -16,20 +14,12 @@ from pyg_grf.features.join import CompiledJoinError, compiled_join, compiled_joi
 
 class BlockLayout(NamedTuple):
     r"""Dense-block layout of a batch of graphs: graph ``b`` occupies rows ``ptr[b]:ptr[b+1]``
-    and is padded to ``n`` nodes.
-
-    Attributes:
-        num_graphs (int): :math:`B`.
-        n (int): the largest graph size :math:`n_{max}`.
-        pos (Tensor): ``[N]`` position of every node in the padded ``[B * n]`` layout.
-        sizes (Tensor): ``[B]`` graph sizes (CPU).
-        ptr (Tensor): ``[B]`` first node of every graph.
-    """
-    num_graphs: int
-    n: int
-    pos: Tensor
-    sizes: Tensor
-    ptr: Tensor
+    and is padded to ``n`` nodes."""
+    num_graphs: int  # B
+    n: int           # the largest graph size n_max
+    pos: Tensor      # [N] position of every node in the padded [B * n] layout
+    sizes: Tensor    # [B] graph sizes (CPU)
+    ptr: Tensor      # [B] first node of every graph
 
     @property
     def num_cells(self) -> int:
@@ -45,14 +35,12 @@ class BlockTerms(NamedTuple):
 
     Attributes:
         cell (Tensor): ``[P]`` distinct flat cells in ``[B, n, n]`` holding a mask entry.
-        stats (Tensor): ``[P, num_coef]`` summed load products per coefficient id, or, when
-            ``src`` is set, ``[P', num_coef]`` for the distinct cells of a symmetric mask's
-            upper triangle only.
+        stats (Tensor): ``[P, num_coef]`` summed load products per coefficient id, or with
+            ``src`` ``[P', num_coef]`` for the upper triangle of a symmetric mask only.
         src (Tensor, optional): ``[P]`` row of ``stats`` of every cell (a cell below the
-            diagonal reads its mirror): the values of a layer are computed on the
-            :math:`P' \approx P / 2` rows and then gathered (:meth:`values`).
+            diagonal reads its mirror).
         mirror (Tensor, optional): ``[P]`` position of the mirror cell :math:`(j, i)` of every
-            cell :math:`(i, j)` of a symmetric mask (the order of its transpose).
+            cell :math:`(i, j)` of a symmetric mask.
         index (tuple of Tensor, optional): ``(row, col)``, the global node ids of the cells.
     """
     cell: Tensor

@@ -154,14 +154,14 @@ def test_block_terms_take_the_compiled_join_unless_disabled(monkeypatch):
     b = batch_of(3)
     with_numba = _stats(GRFLoads.from_data(b))
     assert with_numba.src is not None
-    from pyg_grf.nn.attention.grf.pairs import PairsStructures
-    pattern = PairsStructures.build(GRFLoads.from_data(b), True, D)
+    from pyg_grf.nn.attention.grf import pairs
+    pattern = pairs.build(GRFLoads.from_data(b), 'symmetric', D)
     monkeypatch.setenv('PYG_GRF_NUMBA', '0')
     assert not compiled_join_available()
     torch_loads = GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes, batch=b.batch)
     torch_terms = _stats(torch_loads)
     assert with_numba.index is not None and torch_terms.index is None
-    torch_pattern = PairsStructures.build(torch_loads, True, D)
+    torch_pattern = pairs.build(torch_loads, 'symmetric', D)
     for name in ('crow', 'col', 'mirror', 'src'):  # the pair backend's CSR and its mirror
         assert torch.equal(getattr(pattern, name), getattr(torch_pattern, name)), name
     # the mirror is the transpose's order, as a sort of the transposed keys gives it

@@ -27,8 +27,6 @@ from pyg_grf.features.loads import GRFLoads
 from pyg_grf.nn import functional as F
 from pyg_grf.nn.attention.grf.pairs import coefficient_pairs
 
-NAME = 'dense'
-
 
 class DenseStructures(NamedTuple):
     r"""Plan structures of the ``'dense'`` backend."""

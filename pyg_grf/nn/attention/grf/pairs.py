@@ -1,29 +1,20 @@
 r"""The ``'pairs'`` backend of :class:`~pyg_grf.nn.GRFAttention`: the mask on its support.
 
 For every pair :math:`(i, j)` with :math:`M_{ij} \neq 0` the layer forms
-:math:`a_{ij} = M_{ij}\,\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` (one sampled product, SDDMM)
-and sums :math:`\sum_j a_{ij} [\mathbf{v}_j, 1]` (one CSR product): :math:`O(\mathrm{nnz}(M)
-(m + d))` per head (GRF paper, Sec. 3.2; the masked sums of Algorithm 1 on the mask's
-support). The mask values of a layer are one small product of f-independent statistics with
-its :math:`f_l f_{l'}` (:func:`~pyg_grf.features.blocks.mask_statistics`):
+:math:`a_{ij} = M_{ij}\,\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` (one sampled product) and
+sums :math:`\sum_j a_{ij} [\mathbf{v}_j, 1]` (one CSR product): :math:`O(\mathrm{nnz}(M)
+(m + d))` per head (GRF paper, Sec. 3.2; the masked sums of Algorithm 1 on the mask's support).
+The mask values are one small product of f-independent statistics, joined once per batch
+(:func:`~pyg_grf.features.blocks.mask_statistics`), with the layer's :math:`f_l f_{l'}`:
 
 .. math::
-    M_{ij} = \sum_{l \le l'} f_l f_{l'}\, S_{ij}^{l l'},
+    M_{ij} = \sum_{l \le l'} f_l f_{l'}\, S_{ij}^{l l'}.
 
-where the statistics come from a join of the walks on their visited nodes, built once per
-batch by the plan (:meth:`PairsStructures.build`).
-
-Plan structures (:class:`PairsStructures`), per mask cell: the column (``int32``), the row of
-its statistics (``int32``, the upper triangle of a symmetric mask stores each statistic once)
-and the position of the mirror cell (``int32``, so that the transposed products of the backward
-reuse the same CSR indices with permuted values); per stored statistic :math:`K (K + 1) / 2`
-values (``float32``; 15 for :math:`L = 4`). That is about ``12 + K (K + 1)`` bytes per cell
-(42 for :math:`L = 4`, :math:`K = 5`) when the mask is symmetric; key-side walks (a
-non-symmetric mask) add a transposed CSR instead of the mirror.
-
-The kernel (:class:`_PairAttention`) runs the heads one after another on the one shared
-pattern, never a block-diagonal copy per head, and keeps for its backward only the sampled
-products :math:`\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` (4 bytes per cell and head).
+Per mask cell the structures hold the column, the row of its statistics and the position of
+the mirror cell (``int32`` each), and per stored statistic row :math:`K (K + 1) / 2` values
+(``float32``; a symmetric mask stores each row once): about ``12 + K (K + 1)`` bytes per cell
+(42 for :math:`K = 5`). The kernel runs the heads one after another on the one pattern and keeps
+for its backward only the sampled products (4 bytes per cell and head).
 """
 from __future__ import annotations
 
@@ -36,18 +27,10 @@ from pyg_grf.features.blocks import block_layout, mask_statistics
 from pyg_grf.features.loads import GRFLoads, narrow_index
 from pyg_grf.ops import csr_tensor
 
-NAME = 'pairs'
-
 
 def csr(crow: Tensor, col: Tensor, values: Tensor, size: int) -> Tensor:
     r"""The square ``[size, size]`` CSR matrix with ``values`` on the support."""
     return csr_tensor(crow, col, values, (size, size))
-
-
-def half_to_float(x: Tensor) -> torch.dtype:
-    r"""The dtype the sparse kernels run in: float32 for half precision (torch's sparse CSR
-    kernels have no half-precision CPU version), else ``x``'s."""
-    return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 
 def coefficient_pairs(f: Tensor, num_coef: int, symmetric: bool) -> Tensor:
@@ -63,79 +46,23 @@ def coefficient_pairs(f: Tensor, num_coef: int, symmetric: bool) -> Tensor:
 
 
 class PairsStructures(NamedTuple):
-    r"""Plan structures of the ``'pairs'`` backend (module docstring).
-
-    Attributes:
-        num_nodes (int): rows (and columns) of the mask.
-        crow (Tensor): ``[N + 1]`` CSR row pointer of the mask's support.
-        col (Tensor): ``[P]`` columns, row-major.
-        src (Tensor, optional): ``[P]`` row of ``stats`` of every cell (symmetric masks).
-        stats (Tensor): ``[P', C]`` statistics (``C`` coefficient ids).
-        mirror (Tensor, optional): ``[P]`` position of the cell :math:`(j, i)`.
-        tperm, tcrow, tcol (Tensor, optional): the transpose's CSR (when there is no mirror).
-        symmetric (bool): whether ``stats`` are the symmetric mask's (ids of hop pairs).
-        group_ptr (tuple of int, optional): on folded loads, the first statistic row of every
-            group (rows are sorted, so each group's rows are contiguous).
-        perm (Tensor, optional): ``[N]`` the node of every row of the structures, when they
-            are built in a locality order (:func:`locality_order`); the layer's inputs are
-            gathered into that order and its sums scattered back.
-    """
+    r"""Plan structures of the ``'pairs'`` backend (module docstring)."""
     num_nodes: int
-    crow: Tensor
-    col: Tensor
-    src: Optional[Tensor]
-    stats: Tensor
-    mirror: Optional[Tensor]
-    tperm: Optional[Tensor]
+    crow: Tensor               # [N + 1] CSR row pointer of the mask's support
+    col: Tensor                # [P] columns, row-major
+    src: Optional[Tensor]      # [P] row of stats of every cell (symmetric masks)
+    stats: Tensor              # [P', C] statistics (C coefficient ids)
+    mirror: Optional[Tensor]   # [P] position of the cell (j, i)
+    tperm: Optional[Tensor]    # the transpose's CSR (when there is no mirror)
     tcrow: Optional[Tensor]
     tcol: Optional[Tensor]
-    symmetric: bool
-    group_ptr: Optional[tuple]
-    perm: Optional[Tensor] = None
+    symmetric: bool            # whether stats are the symmetric mask's (ids of hop pairs)
+    group_ptr: Optional[tuple]  # folded loads: the first statistic row of every group
+    perm: Optional[Tensor] = None  # [N] node of every row, in a locality order
 
     @property
     def nnz(self) -> int:
         return self.col.numel()
-
-    @staticmethod
-    def build(loads: GRFLoads, symmetric: bool, dtype: torch.dtype, groups: int = 1,
-              max_cells: Optional[int] = None) -> 'PairsStructures':
-        r"""The structures of ``loads`` (folded into ``groups`` copies, or not) for the
-        symmetric mask :math:`\widehat\Phi_Q\widehat\Phi_K^\top` or the asymmetric
-        :math:`\widehat\Phi`, statistics in ``dtype``."""
-        N = loads.num_nodes
-        perm = locality_order(loads) if groups == 1 else None
-        if perm is not None:
-            loads = relabel(loads, perm)
-        lay = block_layout(loads.batch, N)
-        terms = mask_statistics(loads, lay, symmetric, dtype, max_cells, cells=False)
-        if terms.index is not None:
-            row, col = terms.index[0].long(), terms.index[1]
-        else:  # global ids of the block cells (graphs are contiguous: row-major order holds)
-            n = lay.n
-            b, rc = terms.cell // (n * n), terms.cell % (n * n)
-            start = lay.ptr[b]
-            row, col = start + rc // n, start + rc % n
-        crow = torch.ops.aten._convert_indices_from_coo_to_csr(row, N)
-        mirror = terms.mirror
-        tperm = tcrow = tcol = None
-        if mirror is None:  # a non-symmetric support: the transpose's own CSR
-            tperm = torch.argsort(col * N + row)
-            tcrow = torch.ops.aten._convert_indices_from_coo_to_csr(col[tperm], N)
-            tcol = narrow_index(row[tperm], N)
-            tperm = narrow_index(tperm, row.numel())
-        group_ptr = None
-        if groups > 1:  # statistic rows of group g: those of rows [g N / G, (g + 1) N / G)
-            stat_row = row if terms.src is None else _stat_rows(row, terms.src, terms.stats)
-            bounds = torch.arange(groups + 1, device=row.device) * (N // groups)
-            group_ptr = tuple(torch.searchsorted(stat_row, bounds).tolist())
-        P = col.numel()
-        return PairsStructures(
-            N, narrow_index(crow, P), narrow_index(col, N),
-            None if terms.src is None else narrow_index(terms.src, terms.stats.size(0)),
-            terms.stats, None if mirror is None else narrow_index(mirror, P),
-            tperm, None if tcrow is None else narrow_index(tcrow, P), tcol, symmetric,
-            group_ptr, None if perm is None else narrow_index(perm, N))
 
     def stat_values(self, f: Tensor) -> Tensor:
         r"""``[h, P']``: the mask value of every stored statistic row (each cell reads row
@@ -188,13 +115,10 @@ REORDER_MIN_NODES = 2 ** 15
 
 
 def locality_order(loads: GRFLoads) -> Optional[Tensor]:
-    r"""A node order in which the mask's neighbours lie close: the reverse Cuthill-McKee order
-    of the walk graph (start and visited node of every entry, symmetrised), for one graph of
-    at least :data:`REORDER_MIN_NODES` nodes on the CPU (:obj:`None` otherwise: batches of
-    small graphs are local already). The sparse products gather rows of the features per mask
-    cell; in the order of a PyG ``Data`` (e.g. points of a cloud in arbitrary order) those
-    rows are scattered over memory, and on a 65k-node kNN graph the pair kernel ran 2x faster
-    in a spatial order (measured on a loaded 2-core machine)."""
+    r"""A node order in which the mask's neighbours lie close (the sparse products gather
+    feature rows per mask cell): the reverse Cuthill-McKee order of the symmetrised walk graph,
+    for one graph of at least :data:`REORDER_MIN_NODES` nodes on the CPU (:obj:`None`
+    otherwise: batches of small graphs are local already)."""
     N = loads.num_nodes
     if loads.num_graphs > 1 or N < REORDER_MIN_NODES or loads.device.type != 'cpu':
         return None
@@ -245,92 +169,85 @@ class _PairAttention(torch.autograd.Function):
     def forward(ctx, phi_q: Tensor, phi_k: Tensor, v1: Tensor, w: Tensor,
                 st: PairsStructures) -> Tensor:
         with torch.autocast(phi_q.device.type, enabled=False):  # the dtype chosen here
-            return _PairAttention._forward(ctx, phi_q, phi_k, v1, w, st)
-
-    @staticmethod
-    def _forward(ctx, phi_q, phi_k, v1, w, st):
-        N, h, _ = phi_q.shape
-        dt = half_to_float(phi_q)
-        # head-major copies, so that every head's operand is contiguous (one copy each)
-        qh, kh, vh = (_head_major(t.to(dt), st.perm) for t in (phi_q, phi_k, v1))
-        out = vh.new_empty(h, N, vh.size(-1))
-        # the scores q_i . k_j are kept for the backward unless they are large: then one
-        # buffer serves every head and the backward computes them again (one more sampled
-        # product per head, 4 bytes per cell and head less at the peak)
-        keep = h * st.nnz * qh.element_size() <= KEEP_SCORES_BYTES
-        scores = qh.new_zeros(h if keep else 1, st.nnz)  # read by sampled_addmm: no NaN
-        for i in range(h):  # one shared pattern; heads are few
-            s = _sddmm(st, qh[i], kh[i], scores[i if keep else 0])
-            torch.mm(csr(st.crow, st.col, s * _cell_values(st, w[i], dt), N), vh[i],
-                     out=out[i])
-        ctx.st, ctx.keep = st, keep
-        # the features as given (autograd keeps them anyway for the feature map's backward):
-        # their head-major copies are made again in the backward instead of kept
-        ctx.save_for_backward(phi_q, phi_k, vh, w, scores if keep else scores[:0])
-        ctx.dtypes = (phi_q.dtype, phi_k.dtype, v1.dtype)
-        return _node_major(out, st.perm).to(v1.dtype)
+            N, h, _ = phi_q.shape
+            # float32 for half precision (torch's sparse CSR kernels have no half CPU version)
+            dt = torch.float32 if phi_q.dtype in (torch.float16, torch.bfloat16) else phi_q.dtype
+            # head-major copies, so that every head's operand is contiguous (one copy each)
+            qh, kh, vh = (_head_major(t.to(dt), st.perm) for t in (phi_q, phi_k, v1))
+            out = vh.new_empty(h, N, vh.size(-1))
+            # the scores q_i . k_j are kept for the backward unless they are large: then one
+            # buffer serves every head and the backward computes them again (one more sampled
+            # product per head, 4 bytes per cell and head less at the peak)
+            keep = h * st.nnz * qh.element_size() <= KEEP_SCORES_BYTES
+            scores = qh.new_zeros(h if keep else 1, st.nnz)  # read by sampled_addmm: no NaN
+            for i in range(h):  # one shared pattern; heads are few
+                s = _sddmm(st, qh[i], kh[i], scores[i if keep else 0])
+                torch.mm(csr(st.crow, st.col, s * _cell_values(st, w[i], dt), N), vh[i],
+                         out=out[i])
+            ctx.st, ctx.keep = st, keep
+            # the features as given (autograd keeps them anyway for the feature map's backward):
+            # their head-major copies are made again in the backward instead of kept
+            ctx.save_for_backward(phi_q, phi_k, vh, w, scores if keep else scores[:0])
+            ctx.dtypes = (phi_q.dtype, phi_k.dtype, v1.dtype)
+            return _node_major(out, st.perm).to(v1.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         with torch.autocast(grad.device.type, enabled=False):
-            return _PairAttention._backward(ctx, grad)
+            phi_q, phi_k, vh, w, scores = ctx.saved_tensors
+            st = ctx.st
+            dt = scores.dtype
+            qh, kh = _head_major(phi_q.to(dt), st.perm), _head_major(phi_k.to(dt), st.perm)
+            h, N, _ = qh.shape
+            need = ctx.needs_input_grad
+            dq, dk, dv = ctx.dtypes
+            # the gradients, every head's rows written whole by its product (no zero fill): in
+            # head-major buffers returned as [N, h, C] views, or, with a locality order, in node
+            # order [N, h, C], scattered from one [N, C] product buffer
+            perm = None if st.perm is None else st.perm.long()
 
-    @staticmethod
-    def _backward(ctx, grad: Tensor):
-        phi_q, phi_k, vh, w, scores = ctx.saved_tensors
-        st = ctx.st
-        dt = scores.dtype
-        qh, kh = _head_major(phi_q.to(dt), st.perm), _head_major(phi_k.to(dt), st.perm)
-        h, N, _ = qh.shape
-        need = ctx.needs_input_grad
-        dq, dk, dv = ctx.dtypes
-        # the gradients, every head's rows written whole by its product (no zero fill): in
-        # head-major buffers returned as [N, h, C] views, or, with a locality order, in node
-        # order [N, h, C], scattered from one [N, C] product buffer
-        perm = None if st.perm is None else st.perm.long()
+            def grad_of(ref: Tensor, dtype: torch.dtype, flag: bool) -> Optional[Tensor]:
+                if not flag:
+                    return None
+                if perm is None:
+                    return ref.new_empty(h, N, ref.size(-1))
+                return ref.new_empty(N, h, ref.size(-1), dtype=dtype)
+            g_q, g_k, g_v = (grad_of(qh, dq, need[0]), grad_of(kh, dk, need[1]),
+                             grad_of(vh, dv, need[2]))
+            tmp = qh.new_empty(N, max(qh.size(-1), vh.size(-1))) if perm is not None else None
 
-        def grad_of(ref: Tensor, dtype: torch.dtype, flag: bool) -> Optional[Tensor]:
-            if not flag:
-                return None
-            if perm is None:
-                return ref.new_empty(h, N, ref.size(-1))
-            return ref.new_empty(N, h, ref.size(-1), dtype=dtype)
-        g_q, g_k, g_v = (grad_of(qh, dq, need[0]), grad_of(kh, dk, need[1]),
-                         grad_of(vh, dv, need[2]))
-        tmp = qh.new_empty(N, max(qh.size(-1), vh.size(-1))) if perm is not None else None
-
-        def product(A: Tensor, x: Tensor, target: Tensor, i: int) -> None:
-            if perm is None:
-                torch.mm(A, x, out=target[i])
-                return
-            out = tmp[:, :x.size(-1)]
-            torch.mm(A, x, out=out)
-            target[:, i].index_copy_(0, perm, out.to(target.dtype))
-        g_w = torch.zeros_like(w, dtype=dt) if need[3] else None
-        src = None if st.src is None else st.src.long()  # for the scatter back to the rows
-        gh = _head_major(grad.to(dt), st.perm)
-        g_e = scores.new_zeros(st.nnz)  # reused by every head (finite values: beta = 0 is safe)
-        buf = None if ctx.keep else scores.new_zeros(st.nnz)
-        for i in range(h):
-            s = scores[i] if ctx.keep else _sddmm(st, qh[i], kh[i], buf)
-            wi = _cell_values(st, w[i], dt)
-            _sddmm(st, gh[i], vh[i], g_e)   # dL/da_ij = <dO_i, v1_j>
-            if g_w is not None:  # to the statistic rows the cells read
-                if src is None:
-                    torch.mul(g_e, s, out=g_w[i])
-                else:
-                    g_w[i].index_add_(0, src, g_e * s)
-            if g_v is not None:
-                product(_transposed(st, s * wi), gh[i], g_v, i)
-            g_s = g_e.mul_(wi)
-            if g_q is not None:
-                product(csr(st.crow, st.col, g_s, N), kh[i], g_q, i)
-            if g_k is not None:
-                product(_transposed(st, g_s), qh[i], g_k, i)
-        if perm is None:  # [h, N, C] -> [N, h, C] views
-            g_q, g_k, g_v = (None if g is None else g.transpose(0, 1).to(d)
-                             for g, d in ((g_q, dq), (g_k, dk), (g_v, dv)))
-        return g_q, g_k, g_v, None if g_w is None else g_w.to(w.dtype), None
+            def product(A: Tensor, x: Tensor, target: Tensor, i: int) -> None:
+                if perm is None:
+                    torch.mm(A, x, out=target[i])
+                    return
+                out = tmp[:, :x.size(-1)]
+                torch.mm(A, x, out=out)
+                target[:, i].index_copy_(0, perm, out.to(target.dtype))
+            g_w = torch.zeros_like(w, dtype=dt) if need[3] else None
+            src = None if st.src is None else st.src.long()  # for the scatter back to the rows
+            gh = _head_major(grad.to(dt), st.perm)
+            g_e = scores.new_zeros(st.nnz)  # reused by every head (finite values: beta = 0 is safe)
+            buf = None if ctx.keep else scores.new_zeros(st.nnz)
+            for i in range(h):
+                s = scores[i] if ctx.keep else _sddmm(st, qh[i], kh[i], buf)
+                wi = _cell_values(st, w[i], dt)
+                _sddmm(st, gh[i], vh[i], g_e)   # dL/da_ij = <dO_i, v1_j>
+                if g_w is not None:  # to the statistic rows the cells read
+                    if src is None:
+                        torch.mul(g_e, s, out=g_w[i])
+                    else:
+                        g_w[i].index_add_(0, src, g_e * s)
+                if g_v is not None:
+                    product(_transposed(st, s * wi), gh[i], g_v, i)
+                g_s = g_e.mul_(wi)
+                if g_q is not None:
+                    product(csr(st.crow, st.col, g_s, N), kh[i], g_q, i)
+                if g_k is not None:
+                    product(_transposed(st, g_s), qh[i], g_k, i)
+            if perm is None:  # [h, N, C] -> [N, h, C] views
+                g_q, g_k, g_v = (None if g is None else g.transpose(0, 1).to(d)
+                                 for g, d in ((g_q, dq), (g_k, dk), (g_v, dv)))
+            return g_q, g_k, g_v, None if g_w is None else g_w.to(w.dtype), None
 
 
 def _head_major(x: Tensor, perm: Optional[Tensor]) -> Tensor:
@@ -354,14 +271,12 @@ def _cell_values(st: PairsStructures, vals: Tensor, dtype: torch.dtype) -> Tenso
     return vals if st.src is None else vals.index_select(0, st.src)
 
 
-def _sddmm(st: PairsStructures, a: Tensor, b: Tensor, out: Optional[Tensor] = None) -> Tensor:
-    # <a_i, b_j> on the support, written into ``out`` (zeros: sampled_addmm multiplies its
-    # input by beta = 0, which keeps a NaN of uninitialised memory), since torch otherwise
-    # copies its holder
-    vals = a.new_zeros(st.nnz) if out is None else out
-    holder = csr(st.crow, st.col, vals, st.num_nodes)
+def _sddmm(st: PairsStructures, a: Tensor, b: Tensor, out: Tensor) -> Tensor:
+    # <a_i, b_j> on the support, written into ``out`` (finite values: sampled_addmm multiplies
+    # its input by beta = 0, which keeps a NaN), since torch otherwise copies its holder
+    holder = csr(st.crow, st.col, out, st.num_nodes)
     torch.sparse.sampled_addmm(holder, a, b.t(), beta=0.0, out=holder)
-    return vals
+    return out
 
 
 def _transposed(st: PairsStructures, vals: Tensor) -> Tensor:
@@ -386,5 +301,40 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v: Tensor,
 
 def build(loads: GRFLoads, mode: str, dtype: torch.dtype, groups: int = 1,
           max_cells: Optional[int] = None) -> PairsStructures:
-    r"""The plan structures of ``mode`` (``'symmetric'`` or ``'asymmetric'``)."""
-    return PairsStructures.build(loads, mode == 'symmetric', dtype, groups, max_cells)
+    r"""The structures of ``loads`` (folded into ``groups`` copies, or not) for the symmetric
+    mask :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (``mode='symmetric'``) or the asymmetric
+    :math:`\widehat\Phi`, statistics in ``dtype``."""
+    symmetric = mode == 'symmetric'
+    N = loads.num_nodes
+    perm = locality_order(loads) if groups == 1 else None
+    if perm is not None:
+        loads = relabel(loads, perm)
+    lay = block_layout(loads.batch, N)
+    terms = mask_statistics(loads, lay, symmetric, dtype, max_cells, cells=False)
+    if terms.index is not None:
+        row, col = terms.index[0].long(), terms.index[1]
+    else:  # global ids of the block cells (graphs are contiguous: row-major order holds)
+        n = lay.n
+        b, rc = terms.cell // (n * n), terms.cell % (n * n)
+        start = lay.ptr[b]
+        row, col = start + rc // n, start + rc % n
+    crow = torch.ops.aten._convert_indices_from_coo_to_csr(row, N)
+    mirror = terms.mirror
+    tperm = tcrow = tcol = None
+    if mirror is None:  # a non-symmetric support: the transpose's own CSR
+        tperm = torch.argsort(col * N + row)
+        tcrow = torch.ops.aten._convert_indices_from_coo_to_csr(col[tperm], N)
+        tcol = narrow_index(row[tperm], N)
+        tperm = narrow_index(tperm, row.numel())
+    group_ptr = None
+    if groups > 1:  # statistic rows of group g: those of rows [g N / G, (g + 1) N / G)
+        stat_row = row if terms.src is None else _stat_rows(row, terms.src, terms.stats)
+        bounds = torch.arange(groups + 1, device=row.device) * (N // groups)
+        group_ptr = tuple(torch.searchsorted(stat_row, bounds).tolist())
+    P = col.numel()
+    return PairsStructures(
+        N, narrow_index(crow, P), narrow_index(col, N),
+        None if terms.src is None else narrow_index(terms.src, terms.stats.size(0)),
+        terms.stats, None if mirror is None else narrow_index(mirror, P),
+        tperm, None if tcrow is None else narrow_index(tcrow, P), tcol, symmetric,
+        group_ptr, None if perm is None else narrow_index(perm, N))

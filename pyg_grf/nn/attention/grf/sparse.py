@@ -1,19 +1,12 @@
 r"""The ``'sparse'`` backend of :class:`~pyg_grf.nn.GRFAttention`: low rank, never forms the
-mask.
-
-With :math:`\mathbf{X}_j = \phi(\mathbf{k}_j) \otimes [\mathbf{v}_j, 1]` (``[N, m (d + 1)]`` per
-head) the masked sums are :math:`\widehat\Phi_Q (\widehat\Phi_K^\top \mathbf{X})` (symmetric
-mask) or :math:`\widehat\Phi\,\mathbf{X}` (asymmetric), contracted with
-:math:`\phi(\mathbf{q}_i)` (GRF paper, Sec. 3.2, Eq. 9): two (one) CSR products over the
-distinct (start, visited) pairs of the walks, :math:`O(N)` for a fixed walk budget, whatever the
-mask's support. This is the backend for graphs whose mask is too dense to form (hub nodes).
-
-Plan structures (:class:`SparseStructures`): the distinct pairs of :math:`\widehat\Phi` as a
-:class:`~pyg_grf.ops.SparsePattern` (and the key side's), and the pair of every walk entry
-(``int64``): about 40 bytes per pair plus 8 per entry.
-
-The ``'sparse_softmax'`` mode runs here too (:func:`softmax`): softmax attention on the
-nonzeros of :math:`\widehat\Phi`, weighted by its values (GRF paper, App. D).
+mask. With :math:`\mathbf{X}_j = \phi(\mathbf{k}_j) \otimes [\mathbf{v}_j, 1]` the masked sums
+are :math:`\widehat\Phi_Q (\widehat\Phi_K^\top \mathbf{X})` (symmetric mask) or
+:math:`\widehat\Phi\,\mathbf{X}` (asymmetric), contracted with :math:`\phi(\mathbf{q}_i)` (GRF
+paper, Sec. 3.2, Eq. 9): two (one) CSR products over the distinct (start, visited) pairs of the
+walks, :math:`O(N)` for a fixed walk budget whatever the mask's support (hub nodes). The
+structures: the pairs as a :class:`~pyg_grf.ops.SparsePattern` and the pair of every walk entry
+(``int64``), about 40 bytes per pair plus 8 per entry. The ``'sparse_softmax'`` mode runs here
+too (:func:`softmax`, GRF paper, App. D).
 """
 from __future__ import annotations
 
@@ -25,8 +18,6 @@ from torch import Tensor
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.nn import functional as F
 from pyg_grf.ops import SparsePattern
-
-NAME = 'sparse'
 
 
 class PhiPairs(NamedTuple):
@@ -91,11 +82,10 @@ class SparseStructures(NamedTuple):
 
 def build(loads: GRFLoads, mode: str, dtype: torch.dtype, groups: int = 1,
           max_cells: Optional[int] = None) -> SparseStructures:
-    r"""The plan structures (``dtype`` and ``max_cells`` are not used: nothing is summed)."""
-    key = None
-    if mode == 'symmetric' and loads.key is not None:
-        key = PhiPairs.build(loads.key, groups)
-    return SparseStructures(PhiPairs.build(loads, groups), key)
+    r"""The plan structures (nothing is summed: ``dtype`` and ``max_cells`` are not used)."""
+    key = loads.key if mode == 'symmetric' else None
+    return SparseStructures(PhiPairs.build(loads, groups),
+                            None if key is None else PhiPairs.build(key, groups))
 
 
 def memory(num_nodes: int, num_pairs: int, heads: int, m: int, d: int,
