@@ -86,7 +86,7 @@ def format_param(p: Tensor):
     return vals if p.dim() > 0 else vals[0]
 
 
-def _dense_matmul(m: Tensor, x: Tensor) -> Tensor:
+def dense_matmul(m: Tensor, x: Tensor) -> Tensor:
     if m.dim() == 2:
         return m.to(x.dtype) @ x
     # m: [H, N, N], x: [N, H, C]
@@ -109,7 +109,7 @@ class DenseMask(MaskOperator):
         self.num_heads = mask.size(0) if mask.dim() == 3 else None
 
     def _matmul(self, x: Tensor) -> Tensor:
-        return _dense_matmul(self.mask, x)
+        return dense_matmul(self.mask, x)
 
     def to_dense(self) -> Tensor:
         return self.mask

@@ -18,10 +18,6 @@ class CausalMask(MaskOperator):
 
     Args:
         num_nodes (int): :math:`N`.
-
-    Shapes:
-        - **input:** ``[N, C]`` or ``[N, H, C]``
-        - **output:** same shape
     """
 
     def __init__(self, num_nodes: int):

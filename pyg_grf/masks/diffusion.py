@@ -56,16 +56,13 @@ class DiffusionKernelMask(MaskOperator):
     node :math:`D^{-1}` is taken as :math:`0`, so the node's row and column of :math:`T` vanish
     and :math:`M_{jj} = 1` for every operator.
 
-    :math:`M` is never formed. :meth:`matmul` computes the action :math:`\exp(-\lambda T) X` by
-    a scaled, truncated Taylor series (Al-Mohy & Higham, 2011): with the shift
+    :math:`M` is never formed: :meth:`matmul` computes :math:`\exp(-\lambda T) X` by a scaled,
+    truncated Taylor series (Al-Mohy & Higham, 2011), with the shift
     :math:`\mu = \mathrm{tr}(T)/N`, :math:`e^{-\lambda T} = (e^{-\lambda\mu/s}
-    e^{-\lambda (T - \mu I)/s})^s`; the number of steps :math:`s` and of terms :math:`m` come from
-    the bound :math:`|\lambda| \lVert T - \mu I \rVert_\infty` (exact row sums of the sparse
-    operator), so that each step's series converges to working precision, and a step stops early
-    once two successive terms are negligible. The cost is :math:`O(m s\, (|E| + N) C)` with
-    :math:`m s` growing linearly in :math:`|\lambda| \lVert T \rVert_\infty`. Because :math:`T` is
-    block-diagonal over the graphs of a PyG batch, so is :math:`M`. The result is differentiable
-    in ``lam``.
+    e^{-\lambda (T - \mu I)/s})^s`, :math:`s` steps and :math:`m` terms from the bound
+    :math:`|\lambda| \lVert T - \mu I \rVert_\infty` (:func:`taylor_parameters`), and an early
+    stop once two successive terms are negligible: :math:`O(m s\, (|E| + N) C)`. :math:`M` is
+    block-diagonal over the graphs of a PyG batch and differentiable in ``lam``.
 
     Args:
         edge_index (Tensor): ``[2, E]`` edges (both directions for an undirected graph).
@@ -75,10 +72,6 @@ class DiffusionKernelMask(MaskOperator):
         operator (str): ``'laplacian'``, ``'normalized_laplacian'`` or ``'adjacency'``
             (default: ``'laplacian'``).
         edge_weight (Tensor, optional): ``[E]`` edge weights (default: :obj:`None`, all ones).
-
-    Shapes:
-        - **input:** ``[N, C]`` or ``[N, H, C]``
-        - **output:** same shape (``[N, H, C]`` for a per-head ``lam``)
     """
 
     def __init__(self, edge_index: Tensor, num_nodes: int, lam: Union[float, Tensor],

@@ -4,16 +4,24 @@ App. A.7)."""
 from __future__ import annotations
 
 import math
-from typing import Sequence, Tuple
+from typing import Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
 
-from pyg_grf.masks.base import MaskOperator
+from pyg_grf.masks.base import MaskOperator, dense_matmul
 from pyg_grf.masks.toeplitz import next_fast_len
 
 #: :class:`GridRPEMask` with ``method='auto'`` multiplies densely up to this many nodes.
 DENSE_MAX_NODES = 1024
+
+
+def grid_shape(shape: Union[int, Sequence[int]]) -> Tuple[int, ...]:
+    r"""``shape`` as a non-empty tuple of positive integers (an int is a 1-D grid)."""
+    shape = (shape, ) if isinstance(shape, int) else tuple(shape)
+    if len(shape) == 0 or any(int(s) != s or s < 1 for s in shape):
+        raise ValueError(f"'shape' must be a non-empty tuple of positive integers, got {shape}")
+    return tuple(int(s) for s in shape)
 
 
 class GridRPEMask(MaskOperator):
@@ -33,31 +41,21 @@ class GridRPEMask(MaskOperator):
     :math:`d`. It is differentiable in ``f``.
 
     Args:
-        shape (tuple of int): grid shape :math:`(s_1, \dots, s_d)`, :math:`d \ge 1`; non-square
-            and singleton sizes are fine. :math:`N = \prod_k s_k`.
+        shape (tuple of int): grid shape :math:`(s_1, \dots, s_d)`, :math:`N = \prod_k s_k`.
         f (Tensor): ``[K]`` (shared by all heads) or ``[H, K]`` (one per head; :obj:`num_heads`
             is then ``H``), with ``f[..., r]`` the weight of grid distance :math:`r`.
             :math:`K \ge \sum_k (s_k - 1) + 1` (the grid diameter plus one); extra entries are
             ignored.
         method (str, optional): ``'fft'`` (:math:`O(N \log N)`), ``'dense'`` (the
             :math:`N \times N` mask times :math:`X`, :math:`O(N^2)`, faster for small grids) or
-            ``'auto'``: dense up to :data:`DENSE_MAX_NODES` nodes (ViT-sized patch grids, where
-            the FFT's constant costs 5-47x), FFT beyond (default: ``'auto'``).
-
-    Shapes:
-        - **input:** ``[N, C]`` or ``[N, H, C]``
-        - **output:** same shape (``[N, H, C]`` for a per-head ``f``)
+            ``'auto'``: dense up to :data:`DENSE_MAX_NODES` nodes, FFT beyond
+            (default: ``'auto'``).
     """
 
     def __init__(self, shape: Sequence[int], f: Tensor, method: str = 'auto'):
         if method not in ('auto', 'fft', 'dense'):
             raise ValueError(f"'method' must be 'auto', 'fft' or 'dense', got {method!r}")
-        if isinstance(shape, int):
-            shape = (shape, )
-        shape = tuple(shape)
-        if len(shape) == 0 or any(int(s) != s or s < 1 for s in shape):
-            raise ValueError(f"'shape' must be a non-empty tuple of positive integers, got {shape}")
-        self.shape: Tuple[int, ...] = tuple(int(s) for s in shape)
+        self.shape = grid_shape(shape)
         self.num_nodes = math.prod(self.shape)
         K = sum(s - 1 for s in self.shape) + 1
         if not isinstance(f, Tensor) or f.dim() not in (1, 2):
@@ -102,10 +100,7 @@ class GridRPEMask(MaskOperator):
 
     def _matmul(self, x: Tensor) -> Tensor:
         if self.method == 'dense':
-            M = self.to_dense().to(x.dtype)
-            if M.dim() == 2:
-                return (M @ x.reshape(self.num_nodes, -1)).view(x.shape)
-            return torch.einsum('hij,jhc->ihc', M, x)
+            return dense_matmul(self.to_dense(), x)
         d, N = len(self.shape), self.num_nodes
         kf = self._kernel_fft(x.dtype)
         rest = tuple(x.shape[1:])  # (C,) or (H, C)
@@ -120,13 +115,9 @@ class GridRPEMask(MaskOperator):
         y = y[tuple(slice(0, s) for s in self.shape)]
         return y.reshape((N, ) + rest)
 
-    def cell_coordinates(self) -> Tensor:
-        r"""``[N, d]`` integer grid cell of every node (row-major order)."""
-        grids = torch.meshgrid(*[torch.arange(s) for s in self.shape], indexing='ij')
-        return torch.stack([g.reshape(-1) for g in grids], dim=-1)
-
     def to_dense(self) -> Tensor:
-        c = self.cell_coordinates().to(self.f.device)
+        grids = torch.meshgrid(*[torch.arange(s) for s in self.shape], indexing='ij')
+        c = torch.stack([g.reshape(-1) for g in grids], dim=-1).to(self.f.device)  # cells [N, d]
         dist = (c.unsqueeze(1) - c.unsqueeze(0)).abs().sum(-1)
         return self.f[..., dist]
 
@@ -154,10 +145,7 @@ class GridRPE(torch.nn.Module):
     def __init__(self, shape: Sequence[int], heads: int = 1, f_init: float = 0.5,
                  method: str = 'auto'):
         super().__init__()
-        self.shape = tuple(int(s) for s in ((shape,) if isinstance(shape, int) else shape))
-        if not self.shape or any(s < 1 for s in self.shape):
-            raise ValueError(f"'shape' must be a non-empty tuple of positive integers, got "
-                             f"{shape}")
+        self.shape = grid_shape(shape)
         self.heads, self.f_init, self.method = heads, f_init, method
         self.f = torch.nn.Parameter(torch.empty(heads, sum(s - 1 for s in self.shape) + 1))
         self.reset_parameters()

@@ -41,10 +41,6 @@ class ToeplitzMask(MaskOperator):
     Args:
         weights (Tensor): ``[2L - 1]`` (one mask shared by all heads) or ``[H, 2L - 1]`` (one mask
             per head; :obj:`num_heads` is then ``H``).
-
-    Shapes:
-        - **input:** ``[N, C]`` or ``[N, H, C]`` with :math:`N = L`
-        - **output:** same shape (``[N, H, C]`` for per-head weights)
     """
 
     def __init__(self, weights: Tensor):

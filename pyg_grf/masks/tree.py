@@ -71,10 +71,6 @@ class TreeMask(MaskOperator):
         f (Tensor, optional): ``[K]`` or ``[H, K]`` weights of the hop distances, ``f[..., k]``
             for distance :math:`k`; :math:`K` must be at least the largest tree diameter plus one
             (default: :obj:`None`). Exactly one of ``a`` and ``f`` must be given.
-
-    Shapes:
-        - **input:** ``[N, C]`` or ``[N, H, C]``
-        - **output:** same shape (``[N, H, C]`` for per-head ``a``, ``b`` or ``f``)
     """
 
     def __init__(self, edge_index: Tensor, num_nodes: int, edge_weight: Optional[Tensor] = None,
