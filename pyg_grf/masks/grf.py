@@ -120,30 +120,19 @@ class GRFMask(MaskOperator):
     @classmethod
     def from_loads(cls, grf_index: Union[Tensor, GRFLoads], grf_length: Optional[Tensor] = None,
                    grf_load: Optional[Tensor] = None, f: Optional[Tensor] = None,
-                   num_nodes: Optional[int] = None, asymmetric: bool = False,
-                   key_loads: Optional[Sequence[Tensor]] = None) -> 'GRFMask':
+                   num_nodes: Optional[int] = None, asymmetric: bool = False) -> 'GRFMask':
         r"""Builds the mask from the loads stored by
         :class:`~pyg_grf.transforms.AddGraphRandomFeatures` (a
-        :class:`~pyg_grf.features.GRFLoads`, or the three tensors and ``num_nodes``) and a
-        (learnable) ``f`` of shape ``[L + 1]`` or ``[H, L + 1]``; the values
-        :math:`\sum_l f_l\,\mathrm{load}(i, q, l)` are differentiable in ``f``.
-
-        Args:
-            key_loads (tuple, optional): ``(index, length, load)`` of independent key-side walks
-                (a :class:`~pyg_grf.features.GRFLoads` carries them as ``key``).
-        """
+        :class:`~pyg_grf.features.GRFLoads`, with its key side if any, or the three tensors and
+        ``num_nodes``) and a (learnable) ``f`` of shape ``[L + 1]`` or ``[H, L + 1]``; the
+        values :math:`\sum_l f_l\,\mathrm{load}(i, q, l)` are differentiable in ``f``."""
         if f is None:
             raise ValueError("'f' (the coefficients, [L + 1] or [H, L + 1]) is required")
-        if isinstance(grf_index, GRFLoads):
-            grf = grf_index
-            if key_loads is not None:
-                raise ValueError("pass the key-side loads as GRFLoads(..., key=...), not "
-                                 "'key_loads'")
-        else:
+        grf = grf_index
+        if not isinstance(grf, GRFLoads):
             if num_nodes is None:
                 raise ValueError("'num_nodes' is required with the three-tensor form")
-            key = None if key_loads is None else GRFLoads(*key_loads, num_nodes)
-            grf = GRFLoads(grf_index, grf_length, grf_load, num_nodes, key=key)
+            grf = GRFLoads(grf_index, grf_length, grf_load, num_nodes)
         q = _loads_features(grf, f)
         k = None if grf.key is None else _loads_features(grf.key, f)
         self = cls.__new__(cls)
