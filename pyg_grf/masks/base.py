@@ -1,10 +1,8 @@
 r"""The :class:`MaskOperator` interface and the simplest masks.
 
 A mask operator stands for an :math:`N \times N` matrix :math:`M` (or one per head,
-:math:`H \times N \times N`) through a fast product :math:`M X`. This is all that masked
-low-rank attention needs (FTFI paper, Sec. 2, Lemma 2.1 "Tractable Mask Lemma" and Algorithm 1):
-the masked sums :math:`\sum_j M_{ij}\phi(k_j) v_j^\top` and :math:`\sum_j M_{ij}\phi(k_j)` are
-the rows of :math:`M X` for :math:`X = [\phi(k_j) \otimes v_j,\ \phi(k_j)]_j`.
+:math:`H \times N \times N`) through a fast product :math:`M X`, all that masked low-rank
+attention needs (FTFI paper, Sec. 2, Lemma 2.1 "Tractable Mask Lemma" and Algorithm 1).
 """
 from __future__ import annotations
 

@@ -13,19 +13,10 @@ from pyg_grf.masks.base import MaskOperator
 
 class PackingLayout(NamedTuple):
     r"""Where the nodes of a batch sit in a zero-padded buffer of per-graph blocks, so that
-    per-graph products run as a few batched dense products (see :func:`packing_layout`).
-
-    Graphs are grouped in *buckets*; bucket ``u`` is ``(offset, num_graphs, n)``: rows
-    ``offset : offset + num_graphs * n`` of the buffer, ``num_graphs`` graphs padded to ``n``
-    rows each. A batch whose graphs have similar sizes is one bucket (padded to the largest
-    graph, PyG's ``to_dense_batch``).
-
-    Attributes:
-        pos (Tensor): ``[N]`` row of every node in the buffer.
-        buckets (tuple): ``(offset, num_graphs, n)`` per bucket, in buffer order.
-        num_rows (int): rows of the buffer: at most ``max_padding * N`` for one bucket, fewer
-            than ``2 * N`` when bucketed (see :func:`packing_layout`).
-    """
+    per-graph products run as a few batched dense products: ``pos`` ``[N]`` is the row of every
+    node, ``buckets`` holds ``(offset, num_graphs, n)`` per bucket (rows
+    ``offset : offset + num_graphs * n``, graphs padded to ``n`` rows each), ``num_rows`` the
+    rows of the buffer (see :func:`packing_layout`)."""
     pos: Tensor
     buckets: Tuple[Tuple[int, int, int], ...]
     num_rows: int
@@ -38,9 +29,8 @@ def packing_layout(batch: Tensor, num_graphs: Optional[int] = None,
     If padding every graph to the largest one costs at most ``max_padding`` times the nodes
     (``B * n_max <= max_padding * N``), all graphs form one bucket. Otherwise graphs are
     bucketed by size, sizes in :math:`(2^{k-1}, 2^k]` together, each bucket padded to its own
-    largest graph: fewer than :math:`2N` rows in all, whatever the size distribution (one
-    65k-node graph batched with many small ones does not pad them all to 65k), at the price of
-    one batched product per bucket (at most :math:`\log_2 n_{max} + 1` of them).
+    largest graph: fewer than :math:`2N` rows in all, in at most :math:`\log_2 n_{max} + 1`
+    buckets.
 
     Args:
         batch (Tensor): ``[N]`` non-negative graph ids (integers; need not be sorted).
