@@ -261,16 +261,10 @@ def sddmm(pattern: SparsePattern, a: Tensor, b: Tensor) -> Tensor:
 
 
 def spmm(pattern: SparsePattern, values: Tensor, x: Tensor, transpose: bool = False) -> Tensor:
-    r"""Computes :math:`A X` (or :math:`A^\top X`) for the sparse matrix ``A`` given by
-    ``pattern`` and ``values`` (``[nnz]``, in the order of the index the pattern was built from),
-    differentiable in ``values`` and ``x``.
-
-    Args:
-        pattern (SparsePattern): the sparsity pattern of ``A`` (``[R, S]``).
-        values (Tensor): ``[nnz]`` values.
-        x (Tensor): ``[S, C]`` (``[R, C]`` if ``transpose``), or 1-D.
-        transpose (bool): multiply by :math:`A^\top` instead.
-    """
+    r""":math:`A X` (or :math:`A^\top X` with ``transpose``) for the ``[R, S]`` sparse matrix
+    :math:`A` of ``pattern`` and ``values`` (``[nnz]``, in the order of the index the pattern was
+    built from) and ``x`` ``[S, C]`` (``[R, C]`` if ``transpose``) or 1-D; differentiable in
+    ``values`` and ``x``."""
     if values.dim() != 1 or values.numel() != pattern.nnz:
         raise ValueError(f"'values' must have shape [{pattern.nnz}], got {tuple(values.shape)}")
     expect = pattern.size[0] if transpose else pattern.size[1]
@@ -296,20 +290,11 @@ def from_head_major(y: Tensor, heads: int) -> Tensor:
 
 def head_spmm(pattern: SparsePattern, values: Tensor, x: Tensor,
               transpose: bool = False) -> Tensor:
-    r"""Per-head sparse products :math:`A^{(h)} X^{(h)}` (or :math:`A^{(h)\top} X^{(h)}`) for
-    matrices that share ``pattern``, as one block-diagonal CSR product over all heads
-    (:meth:`SparsePattern.repeat`), differentiable in ``values`` and ``x``.
-
-    Args:
-        pattern (SparsePattern): the shared pattern of the ``[R, S]`` matrices.
-        values (Tensor): ``[H, nnz]`` values of every head, in the order of the index the
-            pattern was built from.
-        x (Tensor): ``[S, H, C]`` (``[R, H, C]`` if ``transpose``).
-        transpose (bool): multiply by :math:`A^{(h)\top}` instead.
-
-    Returns:
-        Tensor ``[R, H, C]`` (``[S, H, C]`` if ``transpose``).
-    """
+    r"""Per-head sparse products :math:`A^{(h)} X^{(h)}` (or :math:`A^{(h)\top} X^{(h)}`) of
+    ``[R, S]`` matrices that share ``pattern``, as one block-diagonal CSR product over all heads
+    (:meth:`SparsePattern.repeat`): ``values`` ``[H, nnz]`` (in the order of the index the
+    pattern was built from), ``x`` ``[S, H, C]`` (``[R, H, C]`` if ``transpose``), result
+    ``[R, H, C]`` (``[S, H, C]``); differentiable in ``values`` and ``x``."""
     H = values.size(0)
     if x.dim() != 3 or x.size(1) != H:
         raise ValueError(f"'x' must have shape [rows, {H}, C] for {H} heads of values, got "

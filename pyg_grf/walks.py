@@ -35,8 +35,7 @@ from pyg_grf.memory import (  # noqa: F401
 
 WALKERS = ('iid', 'antithetic', 'repelling')
 
-#: Environment variable overriding the memory check of :func:`sample_walks`: a size in bytes
-#: (suffixes K, M, G, T allowed, e.g. ``64G``) or ``off`` to disable the check.
+
 class RandomWalks(NamedTuple):
     r"""A batch of ``W = S * n`` walks, walker ``w`` being walk ``w % n`` out of ``start[w]``.
 
@@ -83,6 +82,7 @@ class RandomWalks(NamedTuple):
         r"""``[R]`` hop number (``1..L``) of every hop record."""
         steps = torch.arange(1, self.step_ptr.numel(), device=self.order.device)
         return steps.repeat_interleave(self.step_ptr.diff())
+
 
 def check_edge_index(edge_index: Tensor, num_nodes: int) -> None:
     r"""Raises a :class:`ValueError` that says what was expected if ``edge_index`` is not a

@@ -1,15 +1,6 @@
-r"""GRF-masked attention (GRF paper, Sec. 3-4), one module per part:
-
-* :mod:`~pyg_grf.nn.attention.grf.layer`: :class:`GRFAttention`, which picks its plan part and
-  calls its backend;
-* :mod:`~pyg_grf.nn.attention.grf.plan`: :class:`GRFPlan`, the per-batch plan (a pure build,
-  then read-only);
-* :mod:`~pyg_grf.nn.attention.grf.choose`: what ``backend='auto'`` picks, a pure function of
-  sizes, with the memory check;
-* :mod:`~pyg_grf.nn.attention.grf.sparse`, :mod:`~pyg_grf.nn.attention.grf.pairs`,
-  :mod:`~pyg_grf.nn.attention.grf.dense`: one backend each (structures, memory estimate,
-  kernel calls).
-"""
+r"""GRF-masked attention (GRF paper, Sec. 3-4): the layer (:mod:`.layer`), the per-batch plan
+(:mod:`.plan`), the pure cost rule of ``backend='auto'`` (:mod:`.choose`) and one module per
+backend (:mod:`.sparse`, :mod:`.pairs`, :mod:`.dense`)."""
 from pyg_grf.nn.attention.grf.choose import (
                                              BackendMemoryError,
                                              PlanSizes,

@@ -1,13 +1,10 @@
 r"""The ``'dense'`` backend of :class:`~pyg_grf.nn.GRFAttention`: padded ``[B, n, n]`` blocks.
-
 :math:`\widehat\Phi` is scattered into one dense block per graph, the symmetric mask is one
 batched product :math:`\widehat\Phi_Q\widehat\Phi_K^\top` per graph (no join of the walks), and
-the attention is formed per graph, :math:`A = (\phi(Q)\phi(K)^\top) \odot M`:
-:math:`O(\sum_b n_{max}^2)` cells. Best for batches of small graphs that the mask fills.
-
-Plan structures (:class:`DenseStructures`): the block layout of the batch and the block cell
-of every walk entry (``int64``, 8 bytes per entry), and for the ``'sparse_softmax'`` mode the
-support of :math:`\widehat\Phi` with its f-independent statistics.
+the attention :math:`A = (\phi(Q)\phi(K)^\top) \odot M` is formed per graph:
+:math:`O(\sum_b n_{max}^2)` cells, best for batches of small graphs that the mask fills. The
+structures: the block layout and the block cell of every walk entry (``int64``, 8 bytes per
+entry), and for ``'sparse_softmax'`` the support of :math:`\widehat\Phi` with its statistics.
 """
 from __future__ import annotations
 

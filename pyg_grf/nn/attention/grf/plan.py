@@ -88,39 +88,33 @@ class GRFPlan:
         return (GRFPlan, (self.loads, dict(self.parts), self.layout))
 
     @classmethod
-    def build(cls, data: Any, layers: Iterable[Any] = (), prefix: Optional[str] = None,
-              key_prefix: Optional[str] = None) -> 'GRFPlan':
+    def build(cls, data: Any, layers: Iterable[Any] = ()) -> 'GRFPlan':
         r"""The plan of ``data`` for ``layers``.
 
         Args:
             data (Data, Batch or GRFLoads): the batch (with the attributes of
-                :class:`~pyg_grf.transforms.AddGraphRandomFeatures`) or its loads.
+                :class:`~pyg_grf.transforms.AddGraphRandomFeatures` under the layers'
+                ``attr_prefix``, else ``'grf'``, and ``{prefix}_key_*`` for independent
+                key-side loads) or its loads.
             layers (iterable of GRFAttention): the layers that will read the plan; their
                 configurations decide which structures are built (``'auto'`` is resolved here,
                 :func:`~pyg_grf.nn.attention.grf.choose.choose_backend`, counting the layers
                 that share a part). Empty: the loads only (every layer builds its part per
                 call).
-            prefix (str, optional): the loads' attribute prefix (default: the layers'
-                ``attr_prefix``, else ``'grf'``).
-            key_prefix (str, optional): prefix of independent key-side loads (default:
-                ``prefix + '_key'`` when the data has them).
         """
         layers = list(layers)
         if isinstance(data, GRFLoads):
             loads = data
         else:
             prefixes = {layer.attr_prefix for layer in layers}
-            if prefix is None:
-                if len(prefixes) > 1:
-                    raise ValueError(f"one plan serves layers of one attr_prefix, got "
-                                     f"{sorted(prefixes)}: build one plan per prefix")
-                prefix = prefixes.pop() if prefixes else 'grf'
-            if key_prefix is None:
-                key = f'{prefix}_key'
-                if all(getattr(data, f'{key}_{s}', None) is not None
-                       for s in ('index', 'length', 'load')):
-                    key_prefix = key
-            loads = GRFLoads.from_data(data, prefix, key_prefix)
+            if len(prefixes) > 1:
+                raise ValueError(f"one plan serves layers of one attr_prefix, got "
+                                 f"{sorted(prefixes)}: build one plan per prefix")
+            prefix = prefixes.pop() if prefixes else 'grf'
+            key = f'{prefix}_key'
+            has_key = all(getattr(data, f'{key}_{s}', None) is not None
+                          for s in ('index', 'length', 'load'))
+            loads = GRFLoads.from_data(data, prefix, key if has_key else None)
         # how many layers share each part (the join is paid once)
         shared = Counter(layer.spec(loads.num_draws) for layer in layers)
         built: Dict[Tuple, PlanPart] = {}
