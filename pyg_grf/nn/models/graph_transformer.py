@@ -135,7 +135,13 @@ class GraphTransformer(torch.nn.Module):
             self.node_emb = torch.nn.Parameter(torch.empty(1, C))
         # Edge encoder (only read by the local message passing and Graph-Bridge).
         self.edge_encoder = encoder(edge_encoder, edge_dim, C)
-        self.pe_encoder = self._make_pe_encoder(pe, pe_dim, C, edge_encoder)
+        self.pe_encoder = None
+        if pe in ('rwpe', 'lappe'):
+            self.pe_encoder = Linear(pe_dim, C)
+        elif pe == 'graph_bridge':
+            from pyg_grf.nn.encoders.graph_bridge import GraphBridge
+            self.pe_encoder = GraphBridge(C, C, edge_channels=C if edge_encoder else None,
+                                          pe_channels=pe_dim)
         self.blocks = torch.nn.ModuleList([self._make_block() for _ in range(num_layers)])
         if 'layer_index' not in self.attn_kwargs:  # walk draws per layer (num_draws > 1)
             from pyg_grf.nn.attention.grf import GRFAttention
@@ -177,17 +183,6 @@ class GraphTransformer(torch.nn.Module):
             raise TypeError(f"attn_type={self.attn_type!r} with attn_kwargs="
                             f"{self.attn_kwargs}: {exc}") from exc
 
-    @staticmethod
-    def _make_pe_encoder(pe: Optional[str], pe_dim: int, C: int,
-                         edge_encoder: Optional[str]) -> Optional[torch.nn.Module]:
-        if pe in ('rwpe', 'lappe'):
-            return Linear(pe_dim, C)
-        if pe == 'graph_bridge':
-            from pyg_grf.nn.encoders.graph_bridge import GraphBridge
-            return GraphBridge(C, C, edge_channels=C if edge_encoder else None,
-                               pe_channels=pe_dim)
-        return None
-
     def _make_conv(self, kind: Union[str, MessagePassing, None], C: int, heads: int):
         if kind is None:
             return None
@@ -207,14 +202,12 @@ class GraphTransformer(torch.nn.Module):
 
     def reset_parameters(self):
         r"""Resets all learnable parameters of the module."""
-        for module in (self.node_encoder, self.edge_encoder, self.pe_encoder, self.final_norm):
-            if module is not None and hasattr(module, 'reset_parameters'):
+        for module in (self.node_encoder, self.edge_encoder, self.pe_encoder, self.final_norm,
+                       *self.blocks, self.head):
+            if hasattr(module, 'reset_parameters'):
                 module.reset_parameters()
         if self.node_emb is not None:
             torch.nn.init.normal_(self.node_emb, std=1.0)
-        for layer in self.blocks:
-            layer.reset_parameters()
-        self.head.reset_parameters()
 
     @property
     def _attn(self) -> Optional[torch.nn.Module]:
@@ -264,15 +257,11 @@ class GraphTransformer(torch.nn.Module):
             if x is None:
                 raise ValueError(f"node_encoder='{self.node_encoder_kind}' needs data.x; for "
                                  f"graphs without node features use node_encoder=None")
-            if self.node_encoder_kind == 'linear':
-                if x.dim() == 1:
-                    x = x.unsqueeze(-1)
-                if x.size(-1) != self.in_channels:
-                    raise ValueError(f"expected data.x with {self.in_channels} features "
-                                     f"(in_channels), got shape {tuple(x.shape)}")
-                h = self.node_encoder(x.to(self.node_encoder.weight.dtype))
-            else:  # embedding, atom
-                h = embed(self.node_encoder, self.node_encoder_kind, x)
+            if self.node_encoder_kind == 'linear' and (x.size(-1) if x.dim() > 1 else 1) != \
+                    self.in_channels:
+                raise ValueError(f"expected data.x with {self.in_channels} features "
+                                 f"(in_channels), got shape {tuple(x.shape)}")
+            h = embed(self.node_encoder, self.node_encoder_kind, x)
 
         if self.pe in ('rwpe', 'lappe'):
             pe = data.random_walk_pe if self.pe == 'rwpe' else data.laplacian_eigenvector_pe
@@ -289,12 +278,7 @@ class GraphTransformer(torch.nn.Module):
     def _edge_features(self, data) -> Optional[Tensor]:
         if not self._uses_edge_attr:
             return None
-        edge_attr = data.edge_attr
-        if self.edge_encoder_kind == 'linear':
-            if edge_attr.dim() == 1:
-                edge_attr = edge_attr.unsqueeze(-1)
-            return self.edge_encoder(edge_attr.to(self.edge_encoder.weight.dtype))
-        return embed(self.edge_encoder, self.edge_encoder_kind, edge_attr)  # embedding, bond
+        return embed(self.edge_encoder, self.edge_encoder_kind, data.edge_attr)
 
     def payload(self, data) -> Dict[str, Any]:
         r"""The payload of every attention layer for ``data`` (e.g. ``{'grf': GRFPlan}``, one

@@ -136,8 +136,11 @@ def encoder(kind: Optional[str], in_channels: Optional[int],
 
 
 def embed(module: torch.nn.Module, kind: Optional[str], x: Tensor) -> Tensor:
-    r"""Categorical features through an ``'embedding'`` (one column of ids, or one-hot rows)
-    or an OGB encoder."""
+    r"""Features through the encoder ``module`` of their ``kind``: ``'linear'`` (dense, a 1-D
+    ``x`` is one column), ``'embedding'`` (one column of ids, or one-hot rows) or OGB's."""
+    if kind == 'linear':
+        x = x.unsqueeze(-1) if x.dim() == 1 else x
+        return module(x.to(module.weight.dtype))
     if kind == 'embedding':
         return module(x.view(-1).long() if x.dim() == 1 or x.size(-1) == 1 else x.argmax(-1))
     return module(x.long())  # atom / bond
