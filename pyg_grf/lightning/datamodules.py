@@ -92,6 +92,19 @@ class EpochSeededRandomSampler(RandomSampler):
         return len(self.data_source)
 
 
+class _TrainLoader(DataLoader):
+    r"""The training loader, whose iterator starts torch's at the first batch, not at ``iter()``.
+
+    Lightning calls ``iter()`` on the training loader before it sets the sampler's epoch, and a
+    run resumed from a checkpoint trains its first epoch on that iterator. With workers, torch's
+    iterator takes its first indices from the sampler as soon as it is made, so that epoch would
+    be shuffled with another epoch's permutation.
+    """
+
+    def __iter__(self):
+        yield from super().__iter__()
+
+
 class _DatasetDataModule(pl.LightningDataModule):
     r"""What every DataModule here shares: the composed :obj:`pre_transform` and
     :obj:`transform`, the root, the loader workers, and the dataset, loaded by
@@ -145,10 +158,10 @@ class GraphDataModule(_DatasetDataModule):
 
     Args:
         batch_size (int, optional): graphs per batch (default: :obj:`32`).
-        num_workers (int, optional): loader workers (default: :obj:`0`). The loader builds
+        num_workers (int, optional): loader workers (default: :obj:`1`). The loader builds
             every batch's attention plans for the model being trained
             (:class:`pyg_grf.loader.DataLoader`); with workers they are built beside the
-            training step, not in it.
+            training step, not in it (:obj:`0`: in the training process).
         pre_transform (BaseTransform or list, optional): applied once, cached
             (default: :obj:`None`).
         transform (BaseTransform or list, optional): applied on access (default: :obj:`None`).
@@ -160,7 +173,7 @@ class GraphDataModule(_DatasetDataModule):
             :attr:`standardizer`), e.g. ``['x', 'y']`` for a regression (default: :obj:`None`).
     """
 
-    def __init__(self, batch_size: int = 32, num_workers: int = 0,
+    def __init__(self, batch_size: int = 32, num_workers: int = 1,
                  pre_transform: TransformArg = None, transform: TransformArg = None,
                  root: Optional[str] = None, seed: int = 0, pin_memory: bool = False,
                  standardize: Optional[List[str]] = None):
@@ -198,9 +211,10 @@ class GraphDataModule(_DatasetDataModule):
         # the loader builds each batch's attention plans for the model being trained
         # (pyg_grf.loader), in its workers when there are any, so that the training step
         # only runs the layers
-        return DataLoader(dataset, batch_size=self.batch_size, sampler=sampler, shuffle=False,
-                          num_workers=self.num_workers, pin_memory=self.pin_memory,
-                          persistent_workers=self.num_workers > 0, model=_trained_model(self))
+        return (_TrainLoader if train else DataLoader)(
+            dataset, batch_size=self.batch_size, sampler=sampler, shuffle=False,
+            num_workers=self.num_workers, pin_memory=self.pin_memory,
+            model=_trained_model(self))
 
     def train_dataloader(self) -> DataLoader:
         return self._loader(self.train_dataset, True)
@@ -274,7 +288,7 @@ class SyntheticDataModule(GraphDataModule):
     def __init__(self, task: str = 'motifs', num_graphs: int = 1024,
                  split: Tuple[float, float, float] = (0.8, 0.1, 0.1), data_seed: int = 0,
                  split_seed: int = 0, dataset_kwargs: Optional[Dict[str, Any]] = None,
-                 cache: bool = True, batch_size: int = 32, num_workers: int = 0,
+                 cache: bool = True, batch_size: int = 32, num_workers: int = 1,
                  pre_transform: TransformArg = None, transform: TransformArg = None,
                  root: Optional[str] = None, seed: int = 0, pin_memory: bool = False,
                  split_by: Optional[str] = None, standardize: Optional[List[str]] = None):
@@ -349,7 +363,7 @@ class TUDataModule(GraphDataModule):
     def __init__(self, name: str, fold: int = 0, num_folds: int = 10,
                  inner_holdout: float = 0.1, split_seed: int = 0,
                  use_degree_features: bool = True, dataset_kwargs: Optional[Dict[str, Any]] = None,
-                 batch_size: int = 32, num_workers: int = 0, pre_transform: TransformArg = None,
+                 batch_size: int = 32, num_workers: int = 1, pre_transform: TransformArg = None,
                  transform: TransformArg = None, root: Optional[str] = None, seed: int = 0,
                  pin_memory: bool = False):
         super().__init__(batch_size, num_workers, pre_transform, transform, root, seed,
@@ -400,7 +414,7 @@ class LRGBDataModule(GraphDataModule):
     def __init__(self, name: str = 'peptides-func', max_graphs: Optional[int] = None,
                  standin: Optional[int] = None,
                  dataset_kwargs: Optional[Dict[str, Any]] = None, batch_size: int = 32,
-                 num_workers: int = 0, pre_transform: TransformArg = None,
+                 num_workers: int = 1, pre_transform: TransformArg = None,
                  transform: TransformArg = None, root: Optional[str] = None, seed: int = 0,
                  pin_memory: bool = False):
         super().__init__(batch_size, num_workers, pre_transform, transform, root, seed,

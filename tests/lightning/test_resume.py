@@ -24,10 +24,11 @@ class StepRecorder(Callback):
                            tuple(batch.y.tolist())))
 
 
-def _run(root, max_epochs, ckpt_path=None):
+def _run(root, max_epochs, ckpt_path=None, num_workers=1):
     from pyg_grf.transforms import AddGraphRandomFeatures
     pl.seed_everything(0)
     dm = SyntheticDataModule(num_graphs=32, split=(0.75, 0.25, 0.0), cache=False, batch_size=8,
+                             num_workers=num_workers,
                              dataset_kwargs={'num_nodes': 8, 'motif': 'grid'},
                              pre_transform=AddGraphRandomFeatures(num_walks=4, p_halt=0.5,
                                                                   max_length=2, seed=0))
@@ -48,11 +49,15 @@ def _run(root, max_epochs, ckpt_path=None):
 
 
 @pytest.mark.slow
-def test_resume_from_last_checkpoint(tmp_path):
-    straight_steps, straight_state, _ = _run(tmp_path / 'straight', 4)
-    first_steps, _, _ = _run(tmp_path / 'resumed', 2)
+@pytest.mark.parametrize('num_workers', [0, 1])
+def test_resume_from_last_checkpoint(tmp_path, num_workers):
+    # num_workers=1: Lightning makes the training iterator before it sets the sampler's epoch,
+    # and a resumed run trains its first epoch on it (the loader starts workers lazily)
+    straight_steps, straight_state, _ = _run(tmp_path / 'straight', 4, num_workers=num_workers)
+    first_steps, _, _ = _run(tmp_path / 'resumed', 2, num_workers=num_workers)
     assert (tmp_path / 'resumed' / 'ckpt' / 'last.ckpt').exists()
-    second_steps, resumed_state, trainer = _run(tmp_path / 'resumed', 4, ckpt_path='last')
+    second_steps, resumed_state, trainer = _run(tmp_path / 'resumed', 4, ckpt_path='last',
+                                                num_workers=num_workers)
     assert trainer.current_epoch == 4
     # No lost or repeated epochs / steps, and the same batches in the same order.
     assert [s[:3] for s in first_steps + second_steps] == [s[:3] for s in straight_steps]
