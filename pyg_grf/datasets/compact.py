@@ -116,13 +116,9 @@ def _expect(cond: bool, message: str) -> None:
 def restore_collated(mapping: Dict[str, Any], slices: Optional[Dict[str, Any]],
                      spec: Any) -> Dict[str, Any]:
     r"""Undoes :func:`compact_collated`: the tensors of :obj:`mapping` with their original
-    values and dtypes.
-
-    Raises:
-        ValueError: if :obj:`spec` is not a compact-format description of :obj:`mapping` (another
-            format or version, an unknown dtype, a missing field, counts that do not add up to
-            the number of entries of every graph).
-    """
+    values and dtypes. Raises :class:`ValueError` if :obj:`spec` is not a compact-format
+    description of :obj:`mapping` (another format or version, an unknown dtype, a missing field,
+    counts that do not add up to the number of entries of every graph)."""
     _expect(isinstance(spec, dict) and spec.get('format') == COMPACT_FORMAT,
             f"Expected a '{COMPACT_FORMAT}' spec (a dict with format={COMPACT_FORMAT!r}), got "
             f"{spec.get('format') if isinstance(spec, dict) else type(spec).__name__!r}")

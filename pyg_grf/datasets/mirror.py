@@ -50,11 +50,8 @@ def data_root() -> str:
 
 
 def mirror_root() -> Optional[str]:
-    r"""``$PYG_GRF_MIRROR`` as an absolute path, or :obj:`None` when unset.
-
-    Raises:
-        DatasetNotFoundError: if it is set but is not a directory.
-    """
+    r"""``$PYG_GRF_MIRROR`` as an absolute path, or :obj:`None` when unset; raises
+    :class:`DatasetNotFoundError` if it is set but is not a directory."""
     path = os.environ.get(MIRROR_ENV)
     if not path:
         return None
@@ -101,11 +98,8 @@ def files_under(folder: str, exclude: str = '', skip_processed: bool = False) ->
 
 
 def read_checksums(mirror: str) -> Optional[Dict[str, str]]:
-    r"""``<mirror>/SHA256SUMS`` as ``{relative path: sha256}`` (:obj:`None` if there is none).
-
-    Raises:
-        MirrorIntegrityError: if a line is not ``<64 hex digits>  <relative path>``.
-    """
+    r"""``<mirror>/SHA256SUMS`` as ``{relative path: sha256}`` (:obj:`None` if there is none);
+    raises :class:`MirrorIntegrityError` if a line is not ``<64 hex digits>  <relative path>``."""
     path = osp.join(mirror, CHECKSUM_FILE)
     if not osp.isfile(path):
         return None
@@ -202,20 +196,11 @@ def _copy_verified(src: str, dst: str, key: str, expected: Optional[str]) -> Non
 
 
 def fetch_from_mirror(rel: str, dest_dir: Optional[str] = None) -> Optional[List[str]]:
-    r"""Copies ``<mirror>/<rel>`` (a file, or a folder recursively) into :obj:`dest_dir`,
-    verifying every file (see the module docstring); existing files are kept, ``processed*``
-    skipped, and a file is renamed into place only once its hash matched.
-
-    Args:
-        rel (str): Path relative to the mirror, e.g. :obj:`"TUDataset/MUTAG"`.
-        dest_dir (str, optional): Where to copy to. (default: ``<data_root()>/<rel>``)
-
-    Returns:
-        The files copied, or :obj:`None` when no mirror is set or it has no :obj:`rel`.
-
-    Raises:
-        MirrorIntegrityError: see the module docstring; also for links that leave the mirror.
-    """
+    r"""Copies ``<mirror>/<rel>`` (e.g. :obj:`"TUDataset/MUTAG"`: a file, or a folder
+    recursively, ``processed*`` skipped) into :obj:`dest_dir` (default: ``<data_root()>/<rel>``),
+    keeping existing files and renaming a copy into place only once its hash matched. Returns the
+    files copied, or :obj:`None` when no mirror is set or it has no :obj:`rel`; raises
+    :class:`MirrorIntegrityError` (module docstring; also for links that leave the mirror)."""
     rel = safe_relpath(rel, 'dataset folder')
     mirror = mirror_root()
     dest_dir = dest_dir or osp.join(data_root(), rel)

@@ -43,11 +43,8 @@ def _folds_digest(folds) -> str:
 def check_folds(folds, num_graphs: int, path: str = '<splits>') -> None:
     r"""Checks cross-validation folds: every index an integer in ``[0, num_graphs)``, no
     duplicates, ``train``, ``val`` and ``test`` pairwise disjoint and covering every graph in each
-    fold, and the test sets of the folds a partition of the graphs.
-
-    Raises:
-        ValueError: naming the first violation (fold, split, index).
-    """
+    fold, and the test sets of the folds a partition of the graphs; else raises
+    :class:`ValueError` naming the first violation (fold, split, index)."""
     hint = f"Delete '{path}' to recompute the splits."
     if not isinstance(folds, list) or not folds:
         raise ValueError(f"Expected a non-empty list of folds in '{path}'. {hint}")
