@@ -11,17 +11,7 @@ from pyg_grf.masks.toeplitz import ToeplitzMask
 from pyg_grf.masks.tree import TreeMask
 
 __all__ = [
-    'MaskOperator',
-    'DenseMask',
-    'LowRankMask',
-    'PackingMask',
-    'GRFMask',
-    'RWGNKMask',
-    'CausalMask',
-    'ToeplitzMask',
-    'GridRPEMask',
-    'GridRPE',
-    'TreeMask',
-    'DiffusionKernelMask',
+    'MaskOperator', 'DenseMask', 'LowRankMask', 'PackingMask', 'GRFMask', 'RWGNKMask',
+    'CausalMask', 'ToeplitzMask', 'GridRPEMask', 'GridRPE', 'TreeMask', 'DiffusionKernelMask',
     'SumMask',
 ]

@@ -11,19 +11,8 @@ from pyg_grf.nn.feature_maps import ELUFeatureMap, FAVORPlus, ReLUFeatureMap, fe
 from pyg_grf.nn.models.graph_transformer import GraphTransformer
 
 __all__ = [
-    'GRFAttention',
-    'GridRPEAttention',
-    'MaskedLinearAttention',
-    'LinearAttention',
-    'PowerSeriesAttention',
-    'SoftmaxAttention',
-    'ReLUFeatureMap',
-    'ELUFeatureMap',
-    'FAVORPlus',
-    'feature_map_resolver',
-    'GKATAttention',
-    'SAMSAAttention',
-    'GraphBridge',
-    'GraphTransformer',
+    'GRFAttention', 'GridRPEAttention', 'MaskedLinearAttention', 'LinearAttention',
+    'PowerSeriesAttention', 'SoftmaxAttention', 'ReLUFeatureMap', 'ELUFeatureMap', 'FAVORPlus',
+    'feature_map_resolver', 'GKATAttention', 'SAMSAAttention', 'GraphBridge', 'GraphTransformer',
     'GRFGPSConv',
 ]

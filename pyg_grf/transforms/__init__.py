@@ -11,11 +11,6 @@ from pyg_grf.transforms.subgraph import (
 )
 
 __all__ = [
-    'AddGraphRandomFeatures',
-    'AddRWGNKFeatures',
-    'AddGraphBridgeTokens',
-    'RestrictGraphRandomFeatures',
-    'Standardize',
-    'subgraph_grf',
-    'grf_prefixes',
+    'AddGraphRandomFeatures', 'AddRWGNKFeatures', 'AddGraphBridgeTokens',
+    'RestrictGraphRandomFeatures', 'Standardize', 'subgraph_grf', 'grf_prefixes',
 ]

@@ -12,18 +12,8 @@ from pyg_grf.nn.attention.registry import ATTENTIONS, attention_class, attention
 from pyg_grf.nn.attention.samsa import SAMSAAttention
 
 __all__ = [
-    'GraphAttention',
-    'GKATAttention',
-    'GRFAttention',
-    'GridRPEAttention',
-    'LinearAttention',
-    'MaskedLinearAttention',
-    'PaddedMultiheadAttention',
-    'PaddedPerformerAttention',
-    'PowerSeriesAttention',
-    'SoftmaxAttention',
-    'SAMSAAttention',
-    'ATTENTIONS',
-    'attention_class',
+    'GraphAttention', 'GKATAttention', 'GRFAttention', 'GridRPEAttention', 'LinearAttention',
+    'MaskedLinearAttention', 'PaddedMultiheadAttention', 'PaddedPerformerAttention',
+    'PowerSeriesAttention', 'SoftmaxAttention', 'SAMSAAttention', 'ATTENTIONS', 'attention_class',
     'attention_resolver',
 ]
