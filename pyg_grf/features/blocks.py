@@ -63,16 +63,19 @@ class BlockTerms(NamedTuple):
         return self.stats.size(1)
 
 
-def coalesce_terms(cell: Tensor, kid: Tensor, value: Tensor, num_coef: int,
-                    num_cells: int) -> BlockTerms:
-    if num_cells <= max(8 * cell.numel(), 1 << 24):
-        # Distinct cells by a mark-and-count over the (bounded) cell range: no sort.
+def _distinct(cell: Tensor, num_cells: int, terms: int) -> Tuple[Tensor, Tensor]:
+    # the distinct cells, sorted, and the slot of every given one: by a mark-and-count over the
+    # (bounded) cell range, no sort; for one big graph (the cell range is N^2) by a sort
+    if num_cells <= max(8 * terms, 1 << 24):
         mark = torch.zeros(num_cells, dtype=torch.bool, device=cell.device)
         mark[cell] = True
-        cells = mark.nonzero().view(-1)
-        slot = (torch.cumsum(mark, 0) - 1).index_select(0, cell)
-    else:  # one big graph: the cell range is N^2
-        cells, slot = torch.unique(cell, sorted=True, return_inverse=True)
+        return mark.nonzero().view(-1), (torch.cumsum(mark, 0) - 1).index_select(0, cell)
+    return torch.unique(cell, sorted=True, return_inverse=True)
+
+
+def coalesce_terms(cell: Tensor, kid: Tensor, value: Tensor, num_coef: int,
+                    num_cells: int) -> BlockTerms:
+    cells, slot = _distinct(cell, num_cells, cell.numel())
     flat = slot * num_coef + kid
     stats = value.new_zeros(cells.numel() * num_coef).index_add_(0, flat, value)
     return BlockTerms(cells, stats.view(-1, num_coef))
@@ -190,16 +193,8 @@ def self_join_terms(lay: BlockLayout, prow: Tensor, col: Tensor, hop: Tensor, lo
     strict = (r_ < c_).nonzero().view(-1)
     mirrored = ((c.index_select(0, strict) // (n * n)) * n + c_.index_select(0, strict)) * n \
         + r_.index_select(0, strict)
-    if lay.num_cells <= max(8 * T, 1 << 24):
-        mark = torch.zeros(lay.num_cells, dtype=torch.bool, device=dev)
-        mark[c] = True
-        mark[mirrored] = True
-        cells = mark.nonzero().view(-1)
-        rank = torch.cumsum(mark, 0) - 1
-        slot_u, slot_m = rank.index_select(0, c), rank.index_select(0, mirrored)
-    else:  # one big graph: the cell range is N^2
-        cells, inv = torch.unique(torch.cat([c, mirrored]), sorted=True, return_inverse=True)
-        slot_u, slot_m = inv[:c.numel()], inv[c.numel():]
+    cells, slot = _distinct(torch.cat([c, mirrored]), lay.num_cells, T)
+    slot_u, slot_m = slot[:c.numel()], slot[c.numel():]
     src = torch.empty_like(cells)
     src.index_copy_(0, slot_u, torch.arange(c.numel(), device=dev))
     src.index_copy_(0, slot_m, strict)

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from pyg_grf._validation import check_index_range, check_int
+from pyg_grf.features.exact import dense_adjacency
 from pyg_grf.memory import check_walk_memory
 from pyg_grf.walks import check_edge_index, sample_walks
 
@@ -135,10 +136,7 @@ def rwgnk_expected_features(edge_index: Tensor, num_nodes: int, *, lam: float,
         raise ValueError(f"'p_halt' must lie in the open interval (0, 1), got {p_halt!r}")
     check_int('max_length', max_length, 0)
     survival = 1.0 if fixed else 1.0 - float(p_halt)
-    adj = torch.zeros(num_nodes, num_nodes, dtype=dtype, device=edge_index.device)
-    adj.index_put_((edge_index[0].long(), edge_index[1].long()),
-                   torch.ones(edge_index.size(1), dtype=dtype, device=edge_index.device),
-                   accumulate=True)
+    adj = dense_adjacency(edge_index, num_nodes, normalization=None, dtype=dtype)
     deg = adj.sum(1, keepdim=True)
     trans = adj / deg.clamp_min(1.0) * (float(lam) * survival)
     out = torch.eye(num_nodes, dtype=dtype, device=edge_index.device)
