@@ -22,8 +22,13 @@ from pyg_grf.datasets.mirror import (
 from pyg_grf.datasets.planetoid import PLANETOID_DATASETS, Planetoid, load_planetoid
 from pyg_grf.datasets.point_cloud import MassSpringDataset, knn_edges, spring_forces
 from pyg_grf.datasets.splits import errica_splits
-from pyg_grf.datasets.synthetic import MOTIFS, InducedCycleDataset, MotifDataset, motif_graph
-from pyg_grf.datasets.topology import TwoHopMajorityDataset
+from pyg_grf.datasets.synthetic import (
+    MOTIFS,
+    InducedCycleDataset,
+    MotifDataset,
+    TwoHopMajorityDataset,
+    motif_graph,
+)
 from pyg_grf.datasets.tu import TU_DATASETS, TUDataset, load_tu
 
 __all__ = [
