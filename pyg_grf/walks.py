@@ -160,7 +160,6 @@ def sample_walks(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Opt
     Args:
         edge_index (Tensor): ``[2, E]`` edges (see module docstring for direction, multi-edges,
             self-loops and isolated nodes).
-        num_nodes (int): :math:`N`.
         num_walks (int): walks per start node :math:`n \ge 1`.
         p_halt (float): halting probability in :math:`(0, 1)`; ignored (may be :obj:`None`) if
             ``fixed_length``.

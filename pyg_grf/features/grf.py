@@ -67,24 +67,17 @@ def warn_if_directed(edge_index: Tensor, num_nodes: int,
 
 def normalized_adjacency(edge_index: Tensor, num_nodes: int, edge_weight: Optional[Tensor] = None,
                          normalization: Optional[str] = 'sym') -> Tensor:
-    r"""The weights :math:`W_{uv}` of the edges of ``edge_index`` (``[E]``).
+    r"""The weights :math:`W_{uv}` (``[E]``) of the edges of ``edge_index`` from the finite
+    ``edge_weight`` :math:`a_{uv}` (default 1; positive for ``'sym'`` and ``'rw'``):
 
-    * ``'sym'``: :math:`W_{uv} = a_{uv} / \sqrt{d^{out}_u d^{in}_v}` (GRF paper, Sec. 3.1), with
-      :math:`a` the edge weights (default 1) and :math:`d^{out}`, :math:`d^{in}` the weighted out-
-      and in-degrees, i.e. :math:`D_{out}^{-1/2} A D_{in}^{-1/2}`. For an undirected graph (both
-      directions stored with the same weight) both degrees are the degree, as in the paper; for a
-      directed graph an edge into a sink keeps its weight (it got 0 with the out-degree at both
-      ends).
-    * ``'rw'``: :math:`W_{uv} = a_{uv} / d_u` (row-stochastic).
+    * ``'sym'`` (default): :math:`W_{uv} = a_{uv} / \sqrt{d^{out}_u d^{in}_v}` (GRF paper,
+      Sec. 3.1), i.e. :math:`D_{out}^{-1/2} A D_{in}^{-1/2}` with the weighted out- and
+      in-degrees: both the degree for an undirected graph, as in the paper; an edge into a sink
+      of a directed graph keeps its weight;
+    * ``'rw'``: :math:`W_{uv} = a_{uv} / d_u` (row-stochastic);
     * :obj:`None`: :math:`W_{uv} = a_{uv}`.
 
     Multi-edges add up (:math:`W` is their sum), self-loops count once in the degree.
-
-    Args:
-        edge_index (Tensor): ``[2, E]``.
-        num_nodes (int): :math:`N`.
-        edge_weight (Tensor, optional): ``[E]`` finite weights (positive for ``'sym'``/``'rw'``).
-        normalization (str, optional): ``'sym'``, ``'rw'`` or :obj:`None` (default: ``'sym'``).
     """
     check_edge_index(edge_index, num_nodes)
     if normalization not in NORMALIZATIONS:
@@ -126,8 +119,6 @@ def grf_loads(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Option
     itself, with load 1.
 
     Args:
-        edge_index (Tensor): ``[2, E]``.
-        num_nodes (int): :math:`N`.
         num_walks (int): walks per node :math:`n`.
         p_halt (float): halting probability in :math:`(0, 1)` (ignored if ``fixed_length``).
         max_length (int): hops after which walks are truncated (:math:`f_l = 0` for
@@ -140,7 +131,6 @@ def grf_loads(edge_index: Tensor, num_nodes: int, num_walks: int, p_halt: Option
             Eq. 21 (every visit counts 1; not an estimate of a function of :math:`W`; for
             ablations) (default: :obj:`True`).
         fixed_length (bool): walks that never halt (default: :obj:`False`).
-        generator (torch.Generator, optional): random source.
         walks (RandomWalks, optional): use these walks instead of sampling.
         dtype (torch.dtype): dtype of the loads (default: ``torch.float32``).
 

@@ -62,9 +62,6 @@ def rwgnk_features(edge_index: Tensor, num_nodes: int, num_walks: int, *, lam: f
     :math:`\alpha = 1`: unit rows, so :math:`K_{kl} \in [0, 1]`).
 
     Args:
-        edge_index (Tensor): ``[2, E]`` edges (walked along their direction; store both
-            directions for an undirected graph).
-        num_nodes (int): :math:`N`.
         num_walks (int): walks per node :math:`n`.
         lam (float): discount :math:`\lambda \in (0, 1]`.
         alpha (float): normalisation exponent :math:`\alpha \ge 0` (default: ``1.0``).
@@ -74,7 +71,6 @@ def rwgnk_features(edge_index: Tensor, num_nodes: int, num_walks: int, *, lam: f
         fixed_length (bool, optional): walks never halt and take ``max_length`` hops (unless they
             reach a node without out-edges). Default: ``p_halt is None``.
         walker (str): ``'iid'``, ``'antithetic'`` or ``'repelling'`` (default: ``'iid'``).
-        generator (torch.Generator, optional): random source.
         dtype (torch.dtype): dtype of the values (default: ``torch.float32``).
     """
     check_rwgnk_args(lam, alpha)
