@@ -28,7 +28,6 @@ from pyg_grf.memory import (  # noqa: F401
     CHECK_ABOVE,
     MEMORY_LIMIT_ENV,
     WalkMemoryError,
-    available_memory,
     check_walk_memory,
     estimate_walk_memory,
 )
@@ -44,26 +43,15 @@ class RandomWalks(NamedTuple):
     ``order[:step_ptr[t] - step_ptr[t - 1]]`` in that order. So the walkers that take hop ``t``
     are a prefix of those that took hop ``t - 1`` and record ``j`` of step ``t`` continues record
     ``j`` of step ``t - 1``: a per-walk running product (importance weights) is a slice per step.
-
-    Attributes:
-        start (Tensor): ``[W]`` start node of every walker.
-        length (Tensor): ``[W]`` number of hops taken.
-        order (Tensor): ``[W]`` walkers sorted by decreasing number of *scheduled* hops.
-        step_ptr (Tensor): ``[L + 1]`` offsets of each step's records (``step_ptr[0] == 0``).
-        node (Tensor): ``[R]`` node reached by each hop, ``-1`` if the walker had already stopped
-            at a node without out-edges (such records carry no hop).
-        edge (Tensor): ``[R]`` id (column of ``edge_index``) of the edge taken, ``-1`` likewise.
-        num_walks (int): walks per start node :math:`n`.
-        max_length (int): :math:`L`.
     """
-    start: Tensor
-    length: Tensor
-    order: Tensor
-    step_ptr: Tensor
-    node: Tensor
-    edge: Tensor
-    num_walks: int
-    max_length: int
+    start: Tensor     # [W] start node of every walker
+    length: Tensor    # [W] number of hops taken
+    order: Tensor     # [W] walkers sorted by decreasing number of *scheduled* hops
+    step_ptr: Tensor  # [L + 1] offsets of each step's records (step_ptr[0] == 0)
+    node: Tensor      # [R] node reached by each hop, -1 if the walker had already stopped
+    edge: Tensor      # [R] id (column of edge_index) of the edge taken, -1 likewise
+    num_walks: int    # walks per start node n
+    max_length: int   # L
 
     @property
     def num_walkers(self) -> int:
