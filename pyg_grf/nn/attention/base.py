@@ -94,8 +94,9 @@ class GraphAttention(nn.Module):
         layer's :meth:`payload`)."""
         return layers[0].payload(data) if layers else {}
 
-def samples_as_graphs(layer: nn.Module, x: Tensor,
-                      batch: Optional[Tensor]) -> Tuple[Tensor, Optional[Tensor], Optional[int]]:
+
+def samples_as_graphs(x: Tensor, batch: Optional[Tensor]
+                      ) -> Tuple[Tensor, Optional[Tensor], Optional[int]]:
     r"""``x`` ``[B, n, C]`` (``B`` samples on one shared graph of ``n`` nodes) as ``B`` graphs
     of a batch: ``([B n, C], batch, B)``; ``[N, C]`` unchanged: ``(x, batch, None)``."""
     if x.dim() != 3:
@@ -193,7 +194,7 @@ class QKVAttention(GraphAttention):
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         r"""``x``: ``[N, channels]`` (graphs given by ``batch``) or ``[B, n, channels]``
         (``B`` samples, attention inside each): :meth:`attend` on the graphs of the batch."""
-        x, batch, samples = samples_as_graphs(self, x, batch)
+        x, batch, samples = samples_as_graphs(x, batch)
         if x.size(0) == 0:  # an empty batch
             self.project(x)  # shape checks
             out = self.empty_output(x)

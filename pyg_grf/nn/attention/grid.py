@@ -45,11 +45,8 @@ class GridRPEAttention(MaskedLinearAttention):
         self.grid_nodes = math.prod(rpe.shape)
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
-        if x.dim() == 3:
-            if batch is not None:
-                raise ValueError("'batch' is not used with x of shape [B, n, channels] (every "
-                                 "sample is one copy of the shared graph)")
-            return super().forward(x)
+        if x.dim() == 3:  # MaskedLinearAttention refuses a batch vector here
+            return super().forward(x, batch)
         n, N = self.grid_nodes, x.size(0)
         B = N // n
         if N % n != 0 or (batch is not None and B > 0 and bool(

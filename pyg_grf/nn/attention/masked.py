@@ -5,13 +5,12 @@ from __future__ import annotations
 
 from typing import Any, Dict, Optional
 
-import torch
 from torch import Tensor, nn
 
 from pyg_grf._validation import batch_or_zeros
 from pyg_grf.masks.base import MaskOperator
 from pyg_grf.masks.packing import PackingMask
-from pyg_grf.nn.attention.base import QKVAttention
+from pyg_grf.nn.attention.base import QKVAttention, samples_as_graphs
 from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.nn.functional import masked_linear_attention
 
@@ -75,11 +74,7 @@ class MaskedLinearAttention(QKVAttention):
         one mask over ``n`` nodes, in one mask product. ``batch`` is used only without any
         mask (per-graph unmasked attention). ``mask`` overrides the mask module, which gets
         ``**mask_kwargs``."""
-        samples = None
-        if x.dim() == 3:  # samples on one shared mask
-            if batch is not None:
-                raise ValueError("'batch' is not used with x of shape [B, n, channels]")
-            samples, x = x.size(0), x.reshape(-1, x.size(-1))
+        x, batch, samples = samples_as_graphs(x, batch)  # samples on one shared mask
         N = x.size(0) if x.dim() == 2 else -1
         if samples is not None:
             N = N // samples
@@ -103,12 +98,10 @@ class MaskedLinearAttention(QKVAttention):
         if mask is not None and mask.num_heads is not None and mask.num_heads != self.heads:
             raise ValueError(f"the mask has {mask.num_heads} heads but the layer has "
                              f"{self.heads}")
+        phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph (sample)
         if samples is None:
-            phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
             out = masked_linear_attention(phi_q, phi_k, self.drop_keys(v), mask, eps=self.eps)
             return self.finish(out)
-        sample = torch.arange(samples, device=x.device).repeat_interleave(N)
-        phi_q, phi_k = qk_features(self.feature_map, q, k, sample)  # keys per sample
         H = self.heads
         out = masked_linear_attention(*(t.view(samples, N, H, -1) for t in (
             phi_q, phi_k, self.drop_keys(v))), mask, eps=self.eps)

@@ -22,7 +22,7 @@ class _PaddedAttention(GraphAttention):
         self._reset_parameters()
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
-        x, batch, samples = samples_as_graphs(self, x, batch)  # [B, n, C]: B graphs
+        x, batch, samples = samples_as_graphs(x, batch)  # [B, n, C]: B graphs
         if samples is not None:
             return self.forward(x, batch).view(samples, -1, x.size(-1))
         if x.size(0) == 0:  # an empty batch: nothing to pad

@@ -14,7 +14,7 @@ from pyg_grf._validation import batch_or_zeros, check_sorted_batch
 from pyg_grf.features.blocks import block_layout
 from pyg_grf.features.grf import normalized_adjacency, self_convolution
 from pyg_grf.memory import check_walk_memory
-from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients
+from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, samples_as_graphs
 from pyg_grf.nn.feature_maps import qk_features
 from pyg_grf.nn.functional import (
     block_masked_linear_attention,
@@ -116,16 +116,13 @@ class PowerSeriesAttention(QKVAttention):
                              f"{type(edge_index).__name__})")
         if x.dim() == 3:
             B, n, _ = x.shape
-            if batch is not None:
-                raise ValueError("'batch' is not used with x of shape [B, n, channels] (every "
-                                 "sample is one copy of the shared graph)")
             if edge_index.numel() > 0 and int(edge_index.max()) >= n:
                 raise ValueError(f"x of shape {tuple(x.shape)} holds {B} samples of {n} nodes, "
                                  f"but 'edge_index' has node ids up to {int(edge_index.max())}")
-            q, k, v = self.project(x.reshape(B * n, -1))
+            x, sample, _ = samples_as_graphs(x, batch)
+            q, k, v = self.project(x)
             H, C = self.heads, self.head_channels
-            phi_q, phi_k = qk_features(self.feature_map, q, k,
-                                       torch.arange(B, device=x.device).repeat_interleave(n))
+            phi_q, phi_k = qk_features(self.feature_map, q, k, sample)
             blocks = [t.view(B, n, H, -1).transpose(1, 2) for t in (phi_q, phi_k,
                                                                      self.drop_keys(v))]
             graph = torch.zeros(n, dtype=torch.long, device=x.device)

@@ -145,7 +145,7 @@ class SAMSAAttention(GraphAttention):
                 :math:`(B, k, H)` (support token :math:`s` as :math:`N + s`, an empty slot as
                 :math:`-1`). (default: :obj:`False`)
         """
-        x, batch, samples = samples_as_graphs(self, x, batch)  # [B, n, F]: B graphs
+        x, batch, samples = samples_as_graphs(x, batch)  # [B, n, F]: B graphs
         if samples is not None:
             out = self.forward(x, batch, return_index=return_index)
             if return_index:
