@@ -125,14 +125,8 @@ class GraphBridge(torch.nn.Module):
         seed (int, optional): Seed of the evaluation noise. (default: :obj:`0`)
         hash_rounds (int, optional): Colour-refinement rounds of :obj:`"structural"` noise.
             (default: :obj:`3`)
-
-    Shapes:
-        - **input:** node features :math:`(N, F)`, edge indices :math:`(2, E)`, and optional
-          edge features :math:`(E, G)`, batch :math:`(N)`, token types :math:`(N + E)`, noise
-          :math:`(N, 2 \cdot \mathrm{pe\_channels})`
-        - **output:** tokens :math:`(N + E, C)`, token batch vector :math:`(N + E)`,
-          token types :math:`(N + E)` (:obj:`0` node, :obj:`1` edge)
     """
+
     def __init__(self, in_channels: int, out_channels: int, edge_channels: Optional[int] = None,
                  pe_channels: int = 16, hidden_channels: Optional[int] = None,
                  num_layers: int = 2, act: Union[str, Callable, None] = 'gelu',
@@ -225,7 +219,8 @@ class GraphBridge(torch.nn.Module):
     def forward(self, x: Tensor, edge_index: Tensor, edge_attr: OptTensor = None,
                 batch: OptTensor = None, token_type: OptTensor = None,
                 noise: OptTensor = None) -> Tuple[Tensor, Tensor, Tensor]:
-        r"""Returns :obj:`(tokens, token_batch, token_type)`. :obj:`edge_attr` is required if and
+        r"""Returns :obj:`(tokens, token_batch, token_type)`, :math:`(N + E, C)`, :math:`(N + E)`
+        and :math:`(N + E)` (:obj:`0` node, :obj:`1` edge). :obj:`edge_attr` is required if and
         only if :obj:`edge_channels` is set; :obj:`batch` must be sorted; :obj:`token_type` (from
         :class:`~pyg_grf.transforms.AddGraphBridgeTokens`) skips a sort; :obj:`noise` is the
         unscaled :math:`[\boldsymbol{\epsilon}^{(1)} \Vert \boldsymbol{\epsilon}^{(2)}]` to

@@ -284,8 +284,6 @@ class GraphTransformer(torch.nn.Module):
         r"""The payload of every attention layer for ``data`` (e.g. ``{'grf': GRFPlan}``, one
         plan for all GRF layers), or the one :class:`pyg_grf.loader.DataLoader` built for it
         in its workers (:func:`~pyg_grf.nn.attention.base.model_payload`)."""
-        if not isinstance(self._attn, GraphAttention):
-            return {}
         # the graph itself goes to the blocks as edge_index, not as a payload keyword
         return {k: v for k, v in model_payload(self, data).items() if k != 'edge_index'}
 
