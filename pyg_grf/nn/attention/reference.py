@@ -85,11 +85,8 @@ class PowerSeriesAttention(QKVAttention):
         if f_mode not in ('abs', 'signed', 'free'):
             raise ValueError(f"'f_mode' must be one of ('abs', 'signed', 'free'), got "
                              f"{f_mode!r}")
-        self.max_length = max_length
-        self.f_mode = f_mode
-        self.f_init = f_init
-        self.normalization = normalization
-        self.eps = eps
+        self.max_length, self.f_mode, self.f_init = max_length, f_mode, f_init
+        self.normalization, self.eps = normalization, eps
         self.f = nn.Parameter(torch.empty(heads, max_length + 1))
         self.reset_parameters()
 
