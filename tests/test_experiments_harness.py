@@ -120,7 +120,7 @@ def test_paper_configs_build_the_networks_of_the_earlier_tables(config, override
              + (v if isinstance(v, str) else json.dumps(v)) for k, v in overrides.items()]
     cli = GRFLightningCLI(args=args, run=False)
     assert sum(p.numel() for p in cli.model.model.parameters()) == params
-    assert cli.model.optimizer_name == 'adam'
+    assert cli.model.hparams.optimizer == 'adam'
 
 
 def test_paper_models_reject_bad_options():

@@ -12,27 +12,10 @@ from pyg_grf.lightning.datamodules import (
     TUDataModule,
 )
 from pyg_grf.lightning.link import LinkLevelTask
-from pyg_grf.lightning.link_metrics import (
-    LinkRankingMetrics,
-    filtered_link_ranks,
-    link_ranking_metrics,
-)
-from pyg_grf.lightning.metrics import MultilabelAveragePrecision, multilabel_average_precision
+from pyg_grf.lightning.link_metrics import LinkRankingMetrics
+from pyg_grf.lightning.metrics import MultilabelAveragePrecision
 from pyg_grf.lightning.tasks import GraphLevelTask, NodeLevelTask
 
-__all__ = [
-    'GraphLevelTask',
-    'NodeLevelTask',
-    'GraphDataModule',
-    'SyntheticDataModule',
-    'TUDataModule',
-    'PlanetoidDataModule',
-    'LRGBDataModule',
-    'EpochSeededRandomSampler',
-    'MultilabelAveragePrecision',
-    'multilabel_average_precision',
-    'LinkLevelTask',
-    'LinkRankingMetrics',
-    'filtered_link_ranks',
-    'link_ranking_metrics',
-]
+__all__ = ['GraphLevelTask', 'NodeLevelTask', 'GraphDataModule', 'SyntheticDataModule',
+           'TUDataModule', 'PlanetoidDataModule', 'LRGBDataModule', 'EpochSeededRandomSampler',
+           'MultilabelAveragePrecision', 'LinkLevelTask', 'LinkRankingMetrics']

@@ -1,9 +1,7 @@
 r"""The base of the tasks: :class:`Task`, a thin :class:`~lightning.pytorch.LightningModule`
-around a plain :class:`torch.nn.Module` model (built from a spec by
-:func:`~pyg_grf.lightning.specs.build_model`) that adds AdamW with linear warm-up + cosine decay
-(:func:`~pyg_grf.lightning.schedule.warmup_cosine_schedule`), checkpoint loading that builds
-only allow-listed classes, resumable random state (:mod:`pyg_grf.lightning.rng`), and the
-training / validation / test / predict steps, written once over :meth:`Task.shared_step`.
+around a plain :class:`torch.nn.Module` model that adds the optimiser and its schedule,
+checkpoint loading that builds only allow-listed classes, resumable random state and the step
+methods, written once over :meth:`Task.shared_step`.
 
 Gradient clipping is a :class:`~lightning.pytorch.Trainer` option (``gradient_clip_val``).
 """
@@ -14,6 +12,7 @@ from typing import Any, Dict, Optional
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 from torch import Tensor
 
 from pyg_grf.lightning.rng import rng_states, set_rng_states
@@ -21,24 +20,6 @@ from pyg_grf.lightning.schedule import check_schedule, schedule_steps, warmup_co
 from pyg_grf.lightning.specs import build_model, check_hparams_class_paths
 
 SPLITS = ('train', 'val', 'test')
-
-
-def _from_cli() -> bool:
-    try:  # set while LightningCLI instantiates the module
-        from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
-    except ImportError:  # pragma: no cover
-        return False
-    return _given_hyperparameters.get() is not None
-
-
-def _hparams_ignore(model: Any) -> Optional[list]:
-    # A module passed as an object is saved in the state dict, not as a hyperparameter; under
-    # LightningCLI the hyperparameters are the parsed config, model spec included, so that
-    # `load_from_checkpoint` can rebuild the model.
-    if isinstance(model, torch.nn.Module) and not _from_cli():
-        return ['model']
-    return None
-
 
 #: The task's optimisers by name: ``'adamw'`` decays weights apart from the gradient step
 #: (Loshchilov & Hutter, 2019), ``'adam'`` adds ``weight_decay * w`` to the gradient (an L2
@@ -50,23 +31,29 @@ OPTIMIZERS = {'adamw': torch.optim.AdamW, 'adam': torch.optim.Adam}
 class Task(pl.LightningModule):
     r"""The shared parts of :class:`~pyg_grf.lightning.tasks.GraphLevelTask`,
     :class:`~pyg_grf.lightning.tasks.NodeLevelTask` and
-    :class:`~pyg_grf.lightning.link.LinkLevelTask`: the model, the optimiser and its schedule,
-    checkpoint loading and resumable random state, and the four step methods.
+    :class:`~pyg_grf.lightning.link.LinkLevelTask`.
 
     A task supplies :meth:`shared_step` (the loss on one batch of a split, with the split's
     metric updated and logged) and one metric object per split in :obj:`self.metrics` (keys
-    ``'{split}_metric'``), named by :obj:`self.metric_name`. Its constructor checks its own
-    arguments, then calls this one, which saves the concrete task's constructor arguments as
-    the hyperparameters.
+    ``'{split}_metric'``), named by :obj:`self.metric_name`. The hyperparameters are the
+    arguments of the concrete task's constructor.
 
     Args:
         model (torch.nn.Module): the model; a dict of
             :class:`~pyg_grf.nn.models.graph_transformer.GraphTransformer` arguments or a
             ``{'class_path': ..., 'init_args': ...}`` spec works too and is saved as a
             hyperparameter (:func:`~pyg_grf.lightning.specs.build_model`).
-        lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas, optimizer: AdamW
-            (or Adam) with linear warm-up and cosine decay, as in
-            :class:`~pyg_grf.lightning.tasks.GraphLevelTask`.
+        lr (float, optional): peak learning rate (default: :obj:`1e-3`).
+        weight_decay (float, optional): weight decay on matrices (default: :obj:`0.01`).
+        warmup_epochs (float, optional): linear warm-up length in epochs (default: :obj:`0.`).
+        max_epochs (int, optional): horizon of the cosine decay in epochs; after it the
+            learning rate stays at ``min_lr_ratio * lr`` (default: the trainer's
+            ``max_epochs``).
+        min_lr_ratio (float, optional): final learning rate / ``lr`` (default: :obj:`0.`).
+        betas (tuple, optional): Adam(W) betas (default: :obj:`(0.9, 0.999)`).
+        optimizer (str, optional): ``'adamw'`` or ``'adam'`` (:data:`OPTIMIZERS`); with
+            ``min_lr_ratio=1`` and no warm-up the learning rate is constant
+            (default: :obj:`'adamw'`).
     """
 
     def __init__(
@@ -85,21 +72,23 @@ class Task(pl.LightningModule):
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {tuple(OPTIMIZERS)}, got '{optimizer}'")
         # The hyperparameters are the arguments of the concrete task's constructor (the caller,
-        # and its callers up a user's subclasses), in their order: ours repeat some of them.
+        # and its callers up a user's subclasses): a subclass may fix some of ours. One that
+        # passes **kwargs on takes all of ours, so they count too (from this frame up).
         frame = inspect.currentframe()
         caller = frame.f_back
-        if caller.f_code.co_name == '__init__' and caller.f_locals.get('self') is self:
+        if caller.f_code.co_name == '__init__' and caller.f_locals.get('self') is self \
+                and not caller.f_code.co_flags & inspect.CO_VARKEYWORDS:
             frame = caller
-        self.save_hyperparameters(ignore=_hparams_ignore(model), frame=frame)
+        # A module passed as an object is saved in the state dict, not as a hyperparameter;
+        # under LightningCLI the hyperparameters are the parsed config, model spec included.
+        from_cli = _given_hyperparameters.get() is not None
+        ignore = ['model'] if isinstance(model, torch.nn.Module) and not from_cli else None
+        self.save_hyperparameters(ignore=ignore, frame=frame)
         del frame, caller
         self.model = build_model(model)
-        self.lr = lr
-        self.weight_decay = weight_decay
-        self.warmup_epochs = warmup_epochs
-        self.max_epochs = max_epochs
-        self.min_lr_ratio = min_lr_ratio
-        self.betas = tuple(betas)
-        self.optimizer_name = optimizer
+        self.optim = dict(optimizer=optimizer, lr=lr, weight_decay=weight_decay,
+                          betas=tuple(betas), warmup_epochs=warmup_epochs,
+                          max_epochs=max_epochs, min_lr_ratio=min_lr_ratio)
 
     def forward(self, data) -> Tensor:
         return self.model(data)
@@ -120,9 +109,6 @@ class Task(pl.LightningModule):
 
     def test_step(self, batch, batch_idx: int) -> None:
         self.shared_step(batch, 'test')
-
-    def predict_step(self, batch, batch_idx: int) -> Tensor:
-        return self(batch)
 
     def log_loss(self, split: str, loss: Tensor, batch_size: int) -> None:
         r"""Logs ``'{split}/loss'``: per step and per epoch in training, per epoch (averaged
@@ -145,13 +131,14 @@ class Task(pl.LightningModule):
                 continue
             # No weight decay on biases, norms and embeddings' scalar parameters.
             (no_decay if param.dim() <= 1 or name in exempt else decay).append(param)
-        optimizer = OPTIMIZERS[self.optimizer_name](
-            [{'params': decay, 'weight_decay': self.weight_decay},
-             {'params': no_decay, 'weight_decay': 0.}], lr=self.lr, betas=self.betas)
+        o = self.optim
+        optimizer = OPTIMIZERS[o['optimizer']](
+            [{'params': decay, 'weight_decay': o['weight_decay']},
+             {'params': no_decay, 'weight_decay': 0.}], lr=o['lr'], betas=o['betas'])
         warmup, total = schedule_steps(self.trainer.estimated_stepping_batches,
-                                       self.trainer.max_epochs, self.warmup_epochs,
-                                       self.max_epochs)
-        scheduler = warmup_cosine_schedule(optimizer, warmup, total, self.min_lr_ratio)
+                                       self.trainer.max_epochs, o['warmup_epochs'],
+                                       o['max_epochs'])
+        scheduler = warmup_cosine_schedule(optimizer, warmup, total, o['min_lr_ratio'])
         return {'optimizer': optimizer,
                 'lr_scheduler': {'scheduler': scheduler, 'interval': 'step'}}
 

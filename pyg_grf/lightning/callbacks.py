@@ -1,19 +1,5 @@
-r"""Callbacks that make ``pyg-grf fit`` resumable without lost or repeated work.
-
-* :class:`AtomicModelCheckpoint`: Lightning's :class:`~lightning.pytorch.callbacks.ModelCheckpoint`
-  whose files are written to a temporary name and renamed into place, so a process killed while
-  saving never leaves a truncated checkpoint.
-  With ``save_last=True`` it writes ``last.ckpt`` after *every* training epoch: Lightning's own
-  ``save_last=True`` only refreshes it when a top-k checkpoint was saved in that step, so with
-  ``monitor: val/acc`` it went stale as soon as the metric stopped improving and a resumed run
-  repeated epochs.
-* :class:`EpochMetricsLog`: one JSON line per finished training epoch (epoch, step and every
-  logged metric) in ``<log_dir>/epoch_metrics.jsonl``. The rows are part of the checkpoint, so
-  after a resume the file holds exactly the epochs of the checkpoint plus those run since: a
-  killed, unsaved epoch is dropped and run again, never listed twice.
-* :class:`LearningCurvePlot`: at the end of ``fit``, ``<log_dir>/learning_curves.png`` (loss and
-  the monitored metric, train and val, per epoch) from those rows.
-"""
+r"""Callbacks that make ``pyg-grf fit`` resumable without lost or repeated work, and that plot
+its learning curves."""
 from __future__ import annotations
 
 import json
@@ -31,24 +17,14 @@ from pyg_grf._validation import check_int
 from pyg_grf.lightning.files import atomic_write
 
 
-def _atomic_trainer_save(trainer: 'pl.Trainer', filepath: str, weights_only: bool) -> None:
-    tmp = f'{filepath}.{uuid.uuid4().hex[:8]}.part'
-    tmp = trainer.strategy.broadcast(tmp)
-    trainer.save_checkpoint(tmp, weights_only)
-    trainer.strategy.barrier('atomic_checkpoint')
-    if trainer.is_global_zero:
-        os.replace(tmp, filepath)
-    trainer.strategy.barrier('atomic_checkpoint_done')
-
-
 class AtomicModelCheckpoint(ModelCheckpoint):
     r""":class:`~lightning.pytorch.callbacks.ModelCheckpoint` that
 
     * writes every file to a temporary name and renames it into place (atomic on POSIX file
       systems): a process killed while saving leaves the previous file intact;
     * with ``save_last=True``, refreshes ``last.ckpt`` at the end of *every* training epoch
-      (Lightning only does when a top-k checkpoint was saved in that step, so with a monitored
-      metric that stopped improving ``last.ckpt`` went stale and a resumed run repeated epochs).
+      (Lightning only does when a top-k checkpoint was saved in that step: with a monitored
+      metric that stops improving, ``last.ckpt`` would go stale and a resumed run repeat epochs).
     """
 
     def on_train_epoch_end(self, trainer: 'pl.Trainer', pl_module: 'pl.LightningModule') -> None:
@@ -58,7 +34,12 @@ class AtomicModelCheckpoint(ModelCheckpoint):
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def _save_checkpoint(self, trainer: 'pl.Trainer', filepath: str) -> None:
-        _atomic_trainer_save(trainer, filepath, self.save_weights_only)
+        tmp = trainer.strategy.broadcast(f'{filepath}.{uuid.uuid4().hex[:8]}.part')
+        trainer.save_checkpoint(tmp, self.save_weights_only)
+        trainer.strategy.barrier('atomic_checkpoint')
+        if trainer.is_global_zero:
+            os.replace(tmp, filepath)
+        trainer.strategy.barrier('atomic_checkpoint_done')
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath
         if trainer.is_global_zero:
@@ -77,7 +58,8 @@ class EpochMetricsLog(Callback):
     r"""Writes ``<trainer.log_dir>/epoch_metrics.jsonl``: one line per finished training epoch
     with ``epoch``, ``step`` and every metric in ``trainer.callback_metrics`` at the end of the
     epoch (validation included). The rows are stored in the checkpoint and the file is rewritten
-    atomically from them, so it always matches the training state it resumes from.
+    atomically from them, so after a resume it holds exactly the epochs of the checkpoint plus
+    those run since (a killed, unsaved epoch is run again, never listed twice).
 
     Args:
         filename (str, optional): The file name inside the log folder.
@@ -88,14 +70,10 @@ class EpochMetricsLog(Callback):
         self.filename = filename
         self.rows: List[Dict[str, Any]] = []
 
-    def _path(self, trainer: 'pl.Trainer') -> str:
-        root = trainer.log_dir or trainer.default_root_dir
-        return osp.join(root, self.filename)
-
     def _write(self, trainer: 'pl.Trainer') -> None:
         if not trainer.is_global_zero:
             return
-        path = self._path(trainer)
+        path = osp.join(trainer.log_dir or trainer.default_root_dir, self.filename)
         os.makedirs(osp.dirname(path), exist_ok=True)
         with atomic_write(path) as f:  # never through a link planted at `path`
             for row in self.rows:
@@ -125,7 +103,7 @@ class LearningCurvePlot(Callback):
     monitored metric (the checkpoint callback's ``monitor``, else the logged validation metric),
     train and val, per epoch (:func:`pyg_grf.lightning.plot.plot_learning_curves`). Reads the
     rows of :class:`EpochMetricsLog` (or a CSVLogger's ``metrics.csv``). Does nothing in a
-    ``fast_dev_run`` and says so in one line when matplotlib is not installed.
+    ``fast_dev_run``; says in one line why there is no plot (e.g. matplotlib is not installed).
 
     Args:
         filename (str, optional): The file name inside the log folder.
@@ -138,23 +116,15 @@ class LearningCurvePlot(Callback):
     def on_fit_end(self, trainer: 'pl.Trainer', pl_module: 'pl.LightningModule') -> None:
         if not trainer.is_global_zero or trainer.fast_dev_run:
             return
-        from pyg_grf.lightning.plot import has_matplotlib, plot_learning_curves
-        if not has_matplotlib():
-            rank_zero_info("No learning-curve plot: matplotlib is not installed "
-                           "(pip install matplotlib)")
-            return
+        from pyg_grf.lightning.plot import plot_learning_curves
         run_dir = trainer.log_dir or trainer.default_root_dir
-        ckpt = trainer.checkpoint_callback
-        monitor = getattr(ckpt, 'monitor', None)
+        monitor = getattr(trainer.checkpoint_callback, 'monitor', None)
         try:
             path, _ = plot_learning_curves(run_dir, osp.join(run_dir, self.filename), monitor)
-        except (FileNotFoundError, ValueError) as exc:  # e.g. no finished epoch
+        except (FileNotFoundError, ValueError, ImportError) as exc:  # e.g. no finished epoch
             rank_zero_info(f"No learning-curve plot: {exc}")
             return
         rank_zero_info(f"Learning curves: {path}")
-
-
-__all__ = ['AtomicModelCheckpoint', 'EpochMetricsLog', 'LearningCurvePlot']
 
 
 class MallocTrim(Callback):
@@ -187,3 +157,5 @@ class MallocTrim(Callback):
                                 pl_module: 'pl.LightningModule') -> None:
         self._trim()
 
+
+__all__ = ['AtomicModelCheckpoint', 'EpochMetricsLog', 'LearningCurvePlot', 'MallocTrim']

@@ -8,14 +8,18 @@ import glob
 import math
 import os
 import os.path as osp
-import re
 from typing import Any, Optional
 
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 
-from pyg_grf.lightning.files import atomic_write, check_run_folder, read_text_nofollow
+from pyg_grf.lightning.files import (
+    atomic_write,
+    check_run_folder,
+    read_text_nofollow,
+    version_number,
+)
 
 
 def _log_root(trainer: pl.Trainer) -> str:
@@ -26,11 +30,6 @@ def _log_root(trainer: pl.Trainer) -> str:
     return osp.join(trainer.default_root_dir, 'lightning_logs')
 
 
-def _version_number(path: str) -> int:
-    match = re.search(r'version_(\d+)', path)
-    return int(match.group(1)) if match else -1
-
-
 def find_last_checkpoint(trainer: pl.Trainer) -> Optional[str]:
     r"""The ``last.ckpt`` of the newest run (highest ``version_<N>``) under the trainer's log
     folder, or of the checkpoint callback's fixed ``dirpath``; :obj:`None` if there is none."""
@@ -39,7 +38,7 @@ def find_last_checkpoint(trainer: pl.Trainer) -> Optional[str]:
         path = osp.join(ckpt.dirpath, 'last.ckpt')
         return path if osp.isfile(path) else None
     found = glob.glob(osp.join(_log_root(trainer), 'version_*', 'checkpoints', 'last.ckpt'))
-    return max(found, key=_version_number) if found else None
+    return max(found, key=lambda p: version_number(osp.dirname(osp.dirname(p))), default=None)
 
 
 def best_checkpoint_of(last: str) -> Optional[str]:
@@ -140,13 +139,9 @@ def check_local_ckpt_path(ckpt_path: Any) -> None:
     if not isinstance(ckpt_path, (str, os.PathLike)):
         raise ValueError(f"--ckpt_path must be the path of a local checkpoint file, got "
                          f"{type(ckpt_path).__name__} {ckpt_path!r}")
-    text = os.fspath(ckpt_path)
-    if isinstance(text, bytes):
-        text = os.fsdecode(text)
-    stripped = text.strip()
-    remote = _is_remote(stripped) or stripped.lower() == 'registry' \
-        or stripped.lower().startswith('registry:')
-    if remote:
+    text = os.fsdecode(os.fspath(ckpt_path))
+    stripped = text.strip().lower()
+    if _is_remote(stripped) or stripped == 'registry' or stripped.startswith('registry:'):
         raise ValueError(f"--ckpt_path {text!r}: remote checkpoints are refused (a URL, a "
                          f"chained fsspec URL with '::', a 'data:' URL or Lightning's model "
                          f"registry: Lightning unpickles downloads without weights_only, which "
@@ -165,14 +160,11 @@ PATH_KEYS = ('save_dir', 'dirpath', 'root_dir', 'log_dir', 'default_root_dir', '
 
 
 def check_local_dirs(config: Any) -> None:
-    r"""Refuses a remote folder wherever a config names one: the run folder
-    (``trainer.default_root_dir``, ``checkpoint.dirpath``), the folders of the loggers
-    (``trainer.logger``: ``save_dir``, ``root_dir``, ...) and of the callbacks
-    (``trainer.callbacks``: ``dirpath``, ...). ``--ckpt_path last`` / ``best`` look for
-    checkpoints there, and Lightning reads and writes through fsspec: a URL (``memory://``,
-    ``file://``, ``s3://``, a chained ``simplecache::...``) would list and fetch files from
-    elsewhere, or write the run outside its folder (our own files would land in a local folder
-    named ``memory:``). Checked before anything is built.
+    r"""Refuses a remote folder wherever a config names one: ``trainer.default_root_dir``,
+    ``checkpoint.dirpath`` and the :data:`PATH_KEYS` of the loggers and callbacks. Lightning
+    reads and writes through fsspec: a URL (``memory://``, ``s3://``, a chained
+    ``simplecache::...``) would have ``--ckpt_path last`` / ``best`` list and fetch files from
+    elsewhere, or the run written outside its folder.
 
     Raises:
         ValueError: naming the option and its value.
@@ -239,12 +231,8 @@ def resolve_ckpt_path(trainer: pl.Trainer, ckpt_path: str, subcommand: str) -> O
 def reuse_log_version(trainer: pl.Trainer, ckpt_path: Optional[str]) -> None:
     r"""When resuming from ``<log root>/version_<N>/checkpoints/*.ckpt``, makes the loggers write
     to ``version_<N>`` again, so the checkpoints (and the best-model tracking restored from the
-    checkpoint) stay in one folder instead of restarting in a new version.
-
-    A resumed CSVLogger deletes the folder's ``metrics.csv`` when it opens it: the file is first
-    copied to ``.metrics_before_resume.csv`` (written beside it with
-    :func:`~pyg_grf.lightning.files.atomic_write`, never through a link), then the rows of the
-    epochs up to the checkpoint are written back (:func:`_keep_csv_rows`) and the copy removed.
+    checkpoint) stay in one folder instead of restarting in a new version. The rows of
+    ``metrics.csv`` up to the checkpoint are kept (:func:`_keep_csv_rows`).
 
     Raises:
         RunFolderError: the version folder holds a symbolic link, or is reached through one.
@@ -257,7 +245,7 @@ def reuse_log_version(trainer: pl.Trainer, ckpt_path: Optional[str]) -> None:
     log_root = _log_root(trainer)
     if osp.realpath(osp.dirname(run_dir)) != osp.realpath(log_root):
         return
-    version = _version_number(osp.basename(run_dir))
+    version = version_number(run_dir)
     if version < 0:
         return
     check_run_folder(run_dir, osp.dirname(log_root), names=None)
@@ -285,8 +273,8 @@ METRICS_BACKUP = '.metrics_before_resume.csv'
 
 def _keep_csv_rows(logger: Any, saved_epoch: Optional[int]) -> None:
     r"""A resumed CSVLogger deletes its ``metrics.csv`` when it opens the version folder again:
-    reopen it here and write back the rows of the epochs up to the checkpoint (later ones are
-    logged again by the resumed run), so the file keeps the whole run.
+    write back the rows of the epochs up to the checkpoint from the copy
+    :data:`METRICS_BACKUP` (later ones are logged again by the resumed run).
 
     Damaged rows (a field count other than the header's, an epoch that is not a number, text
     the CSV reader refuses) are skipped and reported in one warning; the other rows are written
@@ -337,5 +325,3 @@ def _keep_csv_rows(logger: Any, saved_epoch: Optional[int]) -> None:
                        f"comma-separated fields with a numeric epoch); the other rows are kept")
     os.remove(old)
 
-
-# Cross-validation ---------------------------------------------------------------------------

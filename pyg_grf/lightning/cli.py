@@ -1,44 +1,23 @@
 r"""The ``pyg-grf`` command line: :class:`~lightning.pytorch.cli.LightningCLI` with the
-subcommands ``fit``, ``validate``, ``test``, ``predict`` and a ``cv`` subcommand for k-fold
-cross-validation.
+subcommands ``fit``, ``validate``, ``test``, ``predict``, ``cv`` (k-fold cross-validation) and
+``plot`` (:mod:`pyg_grf.lightning.plot`).
 
 .. code-block:: bash
 
-    pyg-grf fit --config experiments/configs/motifs_grf.yaml    # test_after_fit: true inside
+    pyg-grf fit --config experiments/configs/motifs_grf.yaml
     pyg-grf test --config experiments/configs/motifs_grf.yaml --ckpt_path PATH/last.ckpt
     pyg-grf cv --config experiments/configs/mutag_grf_cv.yaml [--folds 0,1,2] [--out DIR]
-    pyg-grf plot runs/motifs_grf    # learning curves PNG of the newest run (fit writes it too)
+    pyg-grf plot runs/motifs_grf
 
-Configs name the task and the data module by ``class_path`` (e.g.
-:class:`~pyg_grf.lightning.tasks.GraphLevelTask` and
-:class:`~pyg_grf.lightning.datamodules.SyntheticDataModule`), and the model inside the task by
-``class_path`` too, so every key is checked against the signatures before anything runs: a wrong
-key or a value of the wrong type stops with an error that names it.
+A config may name only the classes of the allow-lists in :mod:`pyg_grf.lightning.specs` (or
+those named in ``$PYG_GRF_TRUSTED_CLASSES``): jsonargparse imports no other dotted name
+(:func:`config_import_policy`) and the parsed config is checked again before anything is built.
+``--ckpt_path`` takes local files (and ``last``, ``best``, ``hpc``) only.
 
-A config may name only the classes of the allow-lists in :mod:`pyg_grf.lightning.specs`
-(``MODEL_CLASS_PATHS``, ``CONFIG_CLASS_PATHS``, and those registered with
-``register_model_class`` / ``register_config_class``, or named in
-``$PYG_GRF_TRUSTED_CLASSES``): building any class a config names would let a config run code
-(``torch_geometric.nn.Sequential`` evaluates strings). jsonargparse imports no other dotted name
-from a config or the command line (:func:`config_import_policy`), and the parsed config is
-checked again before anything is built (:func:`~pyg_grf.lightning.specs.check_config_class_paths`).
-``--ckpt_path`` takes local files (and ``last``, ``best``, ``hpc``) only
-(:func:`check_local_ckpt_path`).
-
-Defaults: seed 0, the logger Lightning picks (TensorBoard if installed, else CSV), a
-:class:`~pyg_grf.lightning.callbacks.AtomicModelCheckpoint` that rewrites ``last.ckpt`` after every
-epoch, atomically (configure it under
-``checkpoint:``, e.g. ``monitor: val/acc``, ``mode: max`` to also keep the best), the progress
-bar, gradient clipping at norm 2.0 (SAMSA paper, App. B), ``test_after_fit: false`` (set it to
-test the best checkpoint right after ``fit``, in the same process) and ``plot: true`` (write
-``learning_curves.png`` into the run's log folder at the end of ``fit``, see
-:mod:`pyg_grf.lightning.plot`).
-
-The command keeps its output to what concerns the run: Lightning's tips and notices about other
-packages (the litlogger tip, the tensorboardX notice, the stepping-batches notice), a
-deprecation warning that Lightning triggers inside torch and torch's "sparse CSR is in beta"
-notice are dropped (:func:`quiet_logs`), and
-``cv`` prints each repeated Lightning message (device lines, model summary) once.
+Defaults: seed 0, an :class:`~pyg_grf.lightning.callbacks.AtomicModelCheckpoint` that rewrites
+``last.ckpt`` after every epoch (configure it under ``checkpoint:``), gradient clipping at norm
+2.0 (SAMSA paper, App. B), ``test_after_fit: false`` and ``plot: true``. Other packages' tips
+and notices are dropped from the output (:func:`quiet_logs`).
 """
 from __future__ import annotations
 
@@ -68,28 +47,26 @@ from pyg_grf.lightning.callbacks import (
     LearningCurvePlot,
     MallocTrim,
 )
-from pyg_grf.lightning.checkpoints import (  # noqa: F401 (public names of this module)
+from pyg_grf.lightning.checkpoints import (
     CheckpointError,
     CheckpointNotFoundError,
     CommandLineError,
-    best_checkpoint_of,
     check_checkpoint_file,
     check_local_ckpt_path,
     check_local_dirs,
-    find_last_checkpoint,
     resolve_ckpt_path,
     reuse_log_version,
 )
 from pyg_grf.lightning.files import RunFolderError, atomic_write, check_run_folder
-from pyg_grf.lightning.specs import allowed_config_class_paths, check_config_class_paths
+from pyg_grf.lightning.plot import mean_std
+from pyg_grf.lightning.specs import (
+    allowed_config_class_paths,
+    check_config_class_paths,
+    is_dotted_name,
+)
 from pyg_grf.utils import malloc_tuned, tune_malloc
 
-TRAINER_DEFAULTS: Dict[str, Any] = {
-    'gradient_clip_val': 2.0,
-    'gradient_clip_algorithm': 'norm',
-}
-
-
+TRAINER_DEFAULTS: Dict[str, Any] = {'gradient_clip_val': 2.0, 'gradient_clip_algorithm': 'norm'}
 CV_EPILOG = ('`pyg-grf cv` and `pyg-grf plot` are run by pyg-grf itself, with options of their '
              'own: `pyg-grf cv --help`, `pyg-grf plot --help`.')
 
@@ -134,14 +111,9 @@ class _DropMessages(logging.Filter):
 
 
 def _lightning_handlers() -> List[logging.Handler]:
-    names = [name for name in list(logging.root.manager.loggerDict)
-             if name.split('.')[0] in ('lightning', 'lightning_fabric', 'pytorch_lightning')]
-    handlers = []
-    for name in names:
-        for handler in getattr(logging.getLogger(name), 'handlers', []):
-            if handler not in handlers:
-                handlers.append(handler)
-    return handlers
+    loggers = [logging.getLogger(name) for name in list(logging.root.manager.loggerDict)
+               if name.split('.')[0] in ('lightning', 'lightning_fabric', 'pytorch_lightning')]
+    return list(dict.fromkeys(handler for logger in loggers for handler in logger.handlers))
 
 
 @contextlib.contextmanager
@@ -149,8 +121,7 @@ def quiet_logs(once: bool = False) -> Iterator[None]:
     r"""Inside the block, Lightning's log messages in :data:`FOREIGN_MESSAGES` and the
     warnings in :data:`FOREIGN_WARNINGS` are dropped; with :obj:`once`, every other Lightning
     message below WARNING is printed only the first time (for ``cv``: one model summary, one
-    set of device lines). Used by the ``pyg-grf`` command only; importing this module changes
-    nothing."""
+    set of device lines)."""
     handlers = _lightning_handlers()
     drop = _DropMessages(FOREIGN_MESSAGES, once=once)
     for handler in handlers:
@@ -168,8 +139,7 @@ def quiet_logs(once: bool = False) -> Iterator[None]:
 @contextlib.contextmanager
 def package_log_lines() -> Iterator[None]:
     r"""Inside the block, this package's INFO log lines (e.g. that the GRF join is being
-    compiled, :mod:`pyg_grf.features.join`) are printed to stderr, unless the program has
-    configured logging itself. Used by the ``pyg-grf`` command only."""
+    compiled) are printed to stderr, unless the program has configured logging itself."""
     logger = logging.getLogger('pyg_grf')
     if logger.handlers or logging.getLogger().handlers:
         yield
@@ -204,8 +174,7 @@ def trusted_classes_from_env() -> Tuple[str, ...]:
     r"""The dotted names in ``$PYG_GRF_TRUSTED_CLASSES`` (comma-separated)."""
     raw = os.environ.get(TRUSTED_CLASSES_ENV, '')
     entries = tuple(entry.strip() for entry in raw.split(',') if entry.strip())
-    bad = [entry for entry in entries if not all(part.isidentifier()
-                                                 for part in entry.split('.'))]
+    bad = [entry for entry in entries if not is_dotted_name(entry)]
     if bad:
         raise ValueError(f"${TRUSTED_CLASSES_ENV} must hold comma-separated dotted names such as "
                          f"'mypackage.MyDataModule', got {', '.join(map(repr, bad))}")
@@ -215,12 +184,10 @@ def trusted_classes_from_env() -> Tuple[str, ...]:
 @contextlib.contextmanager
 def config_import_policy(allowed: Iterable[str]) -> Iterator[None]:
     r"""Inside the block, jsonargparse imports a dotted name that a config or the command line
-    gives (a ``class_path``, a function for a ``Callable`` argument) only if it is in
-    :obj:`allowed` or under an entry of it; anything else is refused *before* it is imported,
-    with a parser error that names it. jsonargparse's own denials (``os``, ``subprocess``, ...)
-    stay. Uses jsonargparse's import path policy (4.5x); with older versions this does nothing,
-    and :func:`~pyg_grf.lightning.specs.check_config_class_paths` (run on the parsed config
-    before anything is built) is the only check."""
+    gives (a ``class_path``, a ``Callable``) only if it is in :obj:`allowed` or under an entry
+    of it; anything else is refused *before* it is imported. Uses jsonargparse's import path
+    policy (4.5x); with older versions only
+    :func:`~pyg_grf.lightning.specs.check_config_class_paths` checks."""
     try:
         from jsonargparse import _common
         settings = _common.parsing_settings
@@ -240,10 +207,8 @@ def config_import_policy(allowed: Iterable[str]) -> Iterator[None]:
         settings['import_path_verdicts'], settings['import_paths_enforced'] = saved
 
 
-#: The most nodes a YAML document may expand to through its aliases (``*name``). A config of
-#: this package has a few hundred; ten nested aliases of ten items each expand a 2 KB file to
-#: 10^10 leaves, which jsonargparse would walk for hours. Documents without aliases are not
-#: limited.
+#: The most nodes a YAML document may expand to through its aliases (``*name``); a config of
+#: this package has a few hundred. Documents without aliases are not limited.
 MAX_YAML_NODES = 100_000
 
 
@@ -281,11 +246,9 @@ def _expanded_yaml_nodes(text: str, limit: int) -> Tuple[int, int]:
 
 @contextlib.contextmanager
 def bounded_yaml_loader(max_nodes: int = MAX_YAML_NODES) -> Iterator[None]:
-    r"""Inside the block, jsonargparse's YAML loader (configs and command-line values) first
-    counts what the document expands to through its aliases and refuses one beyond
-    :obj:`max_nodes` nodes (:class:`ConfigTooLargeError`, reported by the parser as one line)
-    before jsonargparse sees it: an "alias bomb" of 2 KB otherwise keeps the parser busy for
-    hours."""
+    r"""Inside the block, jsonargparse's YAML loader refuses a document whose aliases expand it
+    beyond :obj:`max_nodes` nodes (:class:`ConfigTooLargeError`) before jsonargparse walks it:
+    ten nested aliases of ten items each expand a 2 KB file to 10^10 leaves (hours)."""
     from jsonargparse import _loaders_dumpers as loaders
     mode = 'yaml'
     saved = (loaders.loaders[mode], loaders.loader_exceptions.get(mode, ()))
@@ -507,16 +470,9 @@ class GRFLightningCLI(LightningCLI):
                           ckpt_path='best' if best else None)
 
 
-# Resuming and testing from saved runs ------------------------------------------------------
-
-
 def _fmt(values: List[float]) -> str:
     values = [v for v in values if v is not None and not math.isnan(v)]
-    if not values:
-        return 'n/a'
-    mean = sum(values) / len(values)
-    std = (sum((v - mean) * (v - mean) for v in values) / len(values))**0.5  # inf, no raise
-    return f'{mean:.4f} ± {std:.4f}'
+    return '{:.4f} ± {:.4f}'.format(*mean_std(values)) if values else 'n/a'
 
 
 def cv_table(results: List[Dict[str, Any]], title: str = '') -> str:
@@ -614,8 +570,8 @@ def _run_folds(opts: argparse.Namespace, rest: List[str]) -> List[Dict[str, Any]
     print(table)
     print(f'written to {osp.join(out, "cv_results.md")}')
     if opts.plot == 'true':
-        from pyg_grf.lightning.plot import has_matplotlib, plot_cv_results
-        if has_matplotlib():
+        from pyg_grf.lightning.plot import plot_cv_results
+        with contextlib.suppress(ImportError):  # no matplotlib: the table only
             print(f'per-fold results plotted in {plot_cv_results(out)[0]}')
     return results
 

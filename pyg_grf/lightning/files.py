@@ -1,25 +1,14 @@
 r"""How ``pyg-grf`` writes the files of a run: never through a symbolic link, and only into the
-run's folder.
-
-Every file the package writes itself (``epoch_metrics.jsonl``, ``learning_curves.png``,
-``cv_results.*``, the rows of a resumed ``metrics.csv`` and its backup) goes through
-:func:`atomic_write`: the content is written to a new temporary file in the same folder, opened
-with ``O_CREAT | O_EXCL | O_NOFOLLOW`` (a link planted under that name is refused, not followed),
-and renamed over the destination. A rename replaces a symbolic link itself, never its target,
-so a link planted at the destination cannot redirect the write elsewhere on disk, and a reader
-sees the old or the new file, never half of one.
-
-The files Lightning writes into a run folder (``metrics.csv``, ``hparams.yaml``, ``config.yaml``,
-checkpoints) are opened by Lightning, which follows links; :func:`check_run_folder` refuses a run
-folder that holds a link, or that is itself reached through a link below its root, before
-anything is written there.
-"""
+run's folder. The files the package writes itself go through :func:`atomic_write`; those that
+Lightning writes (``metrics.csv``, ``hparams.yaml``, ``config.yaml``, checkpoints) following
+links are guarded by :func:`check_run_folder` before anything is written."""
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
 import os.path as osp
+import re
 import uuid
 from typing import IO, Iterable, Iterator, Optional, Union
 
@@ -31,10 +20,11 @@ class RunFolderError(ValueError):
 
 @contextlib.contextmanager
 def atomic_write(path: str, mode: str = 'w', **open_kwargs) -> Iterator[IO]:
-    r"""Opens a new temporary file beside :obj:`path` (``O_EXCL | O_NOFOLLOW``, mode ``0o644``
-    before the umask) and, when the block ends without an error, syncs it and renames it over
-    :obj:`path` (atomic on POSIX file systems; a link at :obj:`path` is replaced, not followed).
-    On an error the temporary file is removed and :obj:`path` is left as it was.
+    r"""Opens a new temporary file beside :obj:`path` (``O_EXCL | O_NOFOLLOW``: a link planted
+    under that name is refused, mode ``0o644`` before the umask) and, when the block ends
+    without an error, syncs it and renames it over :obj:`path`: atomic on POSIX file systems,
+    and a link at :obj:`path` is replaced, never written through. On an error the temporary
+    file is removed and :obj:`path` is left as it was.
 
     Args:
         path (str): the file to write.
@@ -88,6 +78,12 @@ def read_text_nofollow(path: str) -> Optional[str]:
         return f.read()
 
 
+def version_number(path: str) -> int:
+    r"""``N`` of a ``version_<N>`` log folder :obj:`path`; ``-1`` for another path."""
+    match = re.search(r'version_(\d+)$', osp.normpath(path))
+    return int(match.group(1)) if match else -1
+
+
 def check_run_folder(folder: str, root: Optional[str] = None,
                      names: Optional[Iterable[str]] = ()) -> None:
     r"""Refuses to write into :obj:`folder` when a component of it below :obj:`root` (e.g. the
@@ -122,4 +118,4 @@ def check_run_folder(folder: str, root: Optional[str] = None,
 
 
 __all__ = ['RunFolderError', 'atomic_write', 'write_bytes', 'read_text_nofollow',
-           'check_run_folder']
+           'version_number', 'check_run_folder']

@@ -1,13 +1,4 @@
-r"""Link prediction on mini-batches of graphs (LRGB PCQM-Contact): :class:`LinkLevelTask`.
-
-Each graph carries labelled node pairs, ``edge_label_index [2, L]`` and ``edge_label [L]``
-(1 = link, 0 = no link), as PyG's :class:`~torch_geometric.datasets.LRGBDataset` stores
-PCQM-Contact. A node encoder (:class:`~pyg_grf.nn.models.GraphTransformer` with
-``pooling=None``) embeds the nodes, a :class:`~pyg_grf.nn.models.link_decoder.LinkDecoder`
-scores pairs, training minimises binary cross-entropy on the labelled pairs, and evaluation ranks
-every positive pair against all nodes of its graph (filtered MRR and Hits@1/3/10,
-:mod:`pyg_grf.lightning.link_metrics`).
-"""
+r"""Link prediction on mini-batches of graphs (LRGB PCQM-Contact): :class:`LinkLevelTask`."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -21,6 +12,7 @@ from pyg_grf.lightning.base import SPLITS, Task
 from pyg_grf.lightning.link_metrics import (
     LINK_HITS_KS,
     LinkRankingMetrics,
+    check_edge_labels,
     check_pairs_in_graphs,
     filtered_link_candidates,
     link_ranks,
@@ -67,22 +59,19 @@ class LinkLevelTask(Task):
     r"""Link prediction on mini-batches of graphs with labelled node pairs
     (``edge_label_index``, ``edge_label``), e.g. LRGB PCQM-Contact.
 
-    The model embeds the nodes (``[N, C]``: a
-    :class:`~pyg_grf.nn.models.GraphTransformer` with ``pooling=None`` and
-    ``out_channels=C``), a :class:`~pyg_grf.nn.models.link_decoder.LinkDecoder` scores pairs
-    (``'dot'``, as the LRGB baselines, or ``'hadamard_mlp'``). Training: binary cross-entropy on
-    the labelled pairs (or on the positives plus :obj:`num_negatives` fresh negatives per positive,
-    :func:`structured_negatives`). Validation and test: the same loss, and every positive pair
-    ranked against all nodes of its graph with the other positives of its source filtered out
-    (:func:`~pyg_grf.lightning.link_metrics.filtered_link_candidates`), reported as MRR and
-    Hits@k.
+    A :class:`~pyg_grf.nn.models.link_decoder.LinkDecoder` scores pairs of node embeddings.
+    Training: binary cross-entropy on the labelled pairs (or on the positives plus
+    :obj:`num_negatives` fresh negatives per positive, :func:`structured_negatives`). Validation
+    and test: the same loss, and every positive pair ranked against all nodes of its graph with
+    the other positives of its source filtered out
+    (:func:`~pyg_grf.lightning.link_metrics.filtered_link_candidates`), as MRR and Hits@k.
 
     Args:
-        model (torch.nn.Module): the node encoder, mapping a batch to ``[N, C]``; as in
-            :class:`~pyg_grf.lightning.tasks.GraphLevelTask`, a dict of
-            :class:`~pyg_grf.nn.models.GraphTransformer` arguments or a ``class_path`` spec
-            works too.
-        decoder (str, optional): ``'dot'`` or ``'hadamard_mlp'`` (default: :obj:`'dot'`).
+        model (torch.nn.Module): the node encoder, mapping a batch to ``[N, C]`` (a
+            :class:`~pyg_grf.nn.models.GraphTransformer` with ``pooling=None`` and
+            ``out_channels=C``; a dict of its arguments or a ``class_path`` spec works too).
+        decoder (str, optional): ``'dot'`` (the LRGB baselines) or ``'hadamard_mlp'``
+            (default: :obj:`'dot'`).
         decoder_kwargs (dict, optional): more :class:`LinkDecoder` options, e.g.
             ``{'num_layers': 2, 'dropout': 0.1}`` (default: :obj:`None`).
         num_negatives (int, optional): draw this many fresh negatives per positive pair at every
@@ -94,9 +83,8 @@ class LinkLevelTask(Task):
         ks (sequence of int, optional): the k of Hits@k (default: :obj:`(1, 3, 10)`).
         reduction (str, optional): ``'graph'``: MRR / Hits@k averaged per graph, then over the
             graphs (LRGB); ``'edge'``: over all positive pairs (default: :obj:`'graph'`).
-        lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas, optimizer: the
-            optimiser (AdamW or Adam) with linear warm-up and cosine decay, as in
-            :class:`~pyg_grf.lightning.tasks.GraphLevelTask`.
+        **kwargs: the optimiser and its schedule (``lr``, ``weight_decay``, ...), as in
+            :class:`~pyg_grf.lightning.base.Task`.
 
     Logs ``{train,val,test}/loss`` and ``{val,test}/{mrr,hits@1,hits@3,hits@10}``
     (``metric_name`` is ``'mrr'``: monitor ``val/mrr`` with ``mode: max``).
@@ -111,21 +99,12 @@ class LinkLevelTask(Task):
         exclude_self: bool = False,
         ks: Sequence[int] = LINK_HITS_KS,
         reduction: str = 'graph',
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_epochs: float = 0.,
-        max_epochs: Optional[int] = None,
-        min_lr_ratio: float = 0.,
-        betas: tuple = (0.9, 0.999),
-        optimizer: str = 'adamw',
+        **kwargs,
     ):
         if num_negatives is not None and num_negatives < 1:
             raise ValueError(f"num_negatives must be None or >= 1, got {num_negatives}")
-        super().__init__(model, lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas,
-                         optimizer)
+        super().__init__(model, **kwargs)
         self.task = 'link'
-        self.decoder_kind = decoder
-        self.decoder_kwargs = dict(decoder_kwargs or {})
         self.num_negatives = num_negatives
         self.exclude_self = exclude_self
         channels = getattr(self.model, 'out_channels', None)
@@ -136,7 +115,7 @@ class LinkLevelTask(Task):
         if getattr(self.model, 'pooling', None) is not None:
             raise ValueError(f"LinkLevelTask needs node embeddings: build the model with "
                              f"pooling=None (got pooling={self.model.pooling!r})")
-        self.decoder = LinkDecoder(channels, decoder, **self.decoder_kwargs)
+        self.decoder = LinkDecoder(channels, decoder, **(decoder_kwargs or {}))
         self.metric_name = 'mrr'
         self.metrics = torch.nn.ModuleDict({
             f'{split}_metric': LinkRankingMetrics(ks, reduction) for split in SPLITS})
@@ -157,10 +136,7 @@ class LinkLevelTask(Task):
                 label.numel() != index.size(1):
             raise ValueError(f"expected edge_label_index [2, L] and edge_label [L], got "
                              f"{tuple(index.shape)} and {tuple(label.shape)}")
-        if bool(((label != 0) & (label != 1)).any()):
-            bad = label[(label != 0) & (label != 1)][:3].tolist()
-            raise ValueError(f"expected edge_label in {{0, 1}} (1 = link), got values such as "
-                             f"{bad}")
+        check_edge_labels(label)
         if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
             # .long() would truncate: 0.6 -> 0, -0.5 -> 0 (another node, in range)
             shown = [round(v, 4) if isinstance(v, float) else v

@@ -4,16 +4,9 @@ Every positive pair :math:`(s, t)` of a graph is ranked against the nodes of the
 candidate targets of :math:`s`, with the other positive targets of :math:`s` filtered out: the
 *filtered* MRR and Hits@k that the LRGB code reports for PCQM-Contact (Dwivedi et al., 2022;
 the filtered variant follows Toenshoff et al., 2023, who pointed out that the original, raw ranking
-counts the other true contacts of a source as negatives). Ties count half: the rank is the mean
-of the optimistic and the pessimistic rank, as in OGB's link-prediction evaluator (the LRGB code
-breaks ties by the order ``torch.argsort`` happens to return). Everything is vectorised over the
-pairs of a batch.
-
-* :func:`filtered_link_candidates`: the positive pairs and the candidate mask of each.
-* :func:`filtered_link_ranks`: ranks from per-graph score matrices.
-* :func:`link_ranks`: ranks of positives among given candidate scores.
-* :func:`link_ranking_metrics`, :class:`LinkRankingMetrics`: MRR and Hits@k, per graph
-  (LRGB) or per pair.
+counts the other true contacts of a source as negatives). Ties count half, as in OGB's
+link-prediction evaluator (the LRGB code breaks ties by the order ``torch.argsort`` happens to
+return).
 """
 from __future__ import annotations
 
@@ -71,16 +64,11 @@ def link_ranks(pos_score: Tensor, cand_score: Tensor,
 
 @dataclass
 class LinkCandidates:
-    r"""The positive pairs of a batch of graphs and, for each, the candidate targets it is ranked
-    against (see :func:`filtered_link_candidates`). Node ids are global (batch) ids in
-    :obj:`src` / :obj:`dst` and ids inside their graph in :obj:`src_local` / :obj:`dst_local`.
-
-    Attributes:
-        src, dst, graph, src_local, dst_local: ``[P]`` each.
-        mask: ``[P, N_max]`` boolean; ``mask[p, j]``: node ``j`` of the graph of pair ``p`` is
-            a candidate (a negative) for it.
-        num_nodes: ``[B]`` nodes per graph.
-    """
+    r"""The positive pairs of a batch of graphs (``[P]`` each: batch node ids :obj:`src` /
+    :obj:`dst`, ids inside their :obj:`graph` :obj:`src_local` / :obj:`dst_local`), the
+    candidate :obj:`mask` ``[P, N_max]`` (``mask[p, j]``: node ``j`` of the graph of pair ``p``
+    is a negative for it) and :obj:`num_nodes` ``[B]`` per graph
+    (:func:`filtered_link_candidates`)."""
     src: Tensor
     dst: Tensor
     graph: Tensor
@@ -114,6 +102,14 @@ def check_pairs_in_graphs(index: Tensor, batch: Tensor) -> None:
                          f"{int(batch[index[1, k]])}")
 
 
+def check_edge_labels(edge_label: Tensor) -> None:
+    r"""Raises a :class:`ValueError` unless every label is 0 or 1 (1 = link)."""
+    bad = (edge_label != 0) & (edge_label != 1)
+    if bool(bad.any()):
+        raise ValueError(f"expected edge_label in {{0, 1}} (1 = link), got values such as "
+                         f"{edge_label[bad][:3].tolist()}")
+
+
 def filtered_link_candidates(edge_label_index: Tensor, edge_label: Tensor,
                              batch: Optional[Tensor] = None, num_nodes: Optional[int] = None,
                              *, exclude_self: bool = False) -> LinkCandidates:
@@ -140,9 +136,7 @@ def filtered_link_candidates(edge_label_index: Tensor, edge_label: Tensor,
     if edge_label.dim() != 1 or edge_label.numel() != L:
         raise ValueError(f"expected edge_label of shape [L={L}] (one label per column of "
                          f"edge_label_index), got {tuple(edge_label.shape)}")
-    if bool(((edge_label != 0) & (edge_label != 1)).any()):
-        bad = edge_label[(edge_label != 0) & (edge_label != 1)][:3].tolist()
-        raise ValueError(f"expected edge_label in {{0, 1}}, got values such as {bad}")
+    check_edge_labels(edge_label)
     edge_label_index = edge_label_index.long()
     device = edge_label_index.device
     if batch is None:
@@ -177,48 +171,6 @@ def filtered_link_candidates(edge_label_index: Tensor, edge_label: Tensor,
     if exclude_self:
         mask &= cols.unsqueeze(0) != src_local.unsqueeze(1)
     return LinkCandidates(src, dst, graph, src_local, dst_local, mask, counts)
-
-
-def filtered_link_ranks(scores: Tensor, edge_label_index: Tensor, edge_label: Tensor,
-                        batch: Optional[Tensor] = None, *,
-                        exclude_self: bool = False) -> Tuple[Tensor, Tensor]:
-    r"""Filtered ranks of the positive pairs of a batch of graphs, LRGB PCQM-Contact style
-    (see :func:`filtered_link_candidates` for the candidate sets and :func:`link_ranks` for the
-    tie rule).
-
-    Args:
-        scores (Tensor): ``[B, N_max, N_max]``: ``scores[g, i, j]`` is the score of the pair
-            (node :math:`i`, node :math:`j`) of graph :math:`g`, in the order of its nodes,
-            padded to the largest graph (the layout of
-            :func:`torch_geometric.utils.to_dense_batch`); ``[N, N]`` for one graph.
-        edge_label_index (Tensor): ``[2, L]`` labelled pairs, batch node ids.
-        edge_label (Tensor): ``[L]`` labels in :math:`\{0, 1\}`.
-        batch (Tensor, optional): ``[N]`` graph id of every node (default: one graph).
-        exclude_self (bool, optional): do not rank the source itself as a candidate
-            (default: :obj:`False`).
-
-    Returns:
-        ``(ranks, graph)``: ``[P]`` float ranks of the positive pairs (in the order of
-        ``edge_label_index[:, edge_label == 1]``) and the graph of each.
-    """
-    if batch is None and scores.dim() == 2:
-        if scores.size(0) != scores.size(1):
-            raise ValueError(f"expected the scores of one graph as a square [N, N] matrix, got "
-                             f"{tuple(scores.shape)}")
-        scores = scores.unsqueeze(0)
-        num_nodes = scores.size(1)
-    else:
-        num_nodes = None
-    cand = filtered_link_candidates(edge_label_index, edge_label, batch, num_nodes,
-                                    exclude_self=exclude_self)
-    B, n = cand.num_graphs, cand.max_num_nodes
-    if scores.dim() != 3 or tuple(scores.shape) != (B, n, n):
-        raise ValueError(f"expected scores of shape [num_graphs={B}, N_max={n}, N_max={n}] (one "
-                         f"score matrix per graph, padded to the largest graph), got "
-                         f"{tuple(scores.shape)}")
-    rows = scores[cand.graph, cand.src_local]  # [P, N_max]
-    pos = rows.gather(1, cand.dst_local.unsqueeze(1)).squeeze(1)
-    return link_ranks(pos, rows, cand.mask), cand.graph
 
 
 def _link_stats(ranks: Tensor, ks: Sequence[int]) -> Tensor:
@@ -257,40 +209,17 @@ def _check_link_options(ks: Sequence[int], reduction: str) -> Tuple[int, ...]:
     return ks
 
 
-def link_ranking_metrics(ranks: Tensor, graph: Optional[Tensor] = None, *,
-                         ks: Sequence[int] = LINK_HITS_KS,
-                         reduction: str = 'graph') -> Dict[str, Tensor]:
-    r"""Mean reciprocal rank and Hits@k of link ranks (from :func:`filtered_link_ranks`).
+class LinkRankingMetrics(Metric):
+    r"""Mean reciprocal rank and Hits@k of link ranks (from :func:`link_ranks`), accumulated
+    over batches (sums are reduced across processes in DDP). :meth:`compute` returns
+    ``{'mrr': ..., 'hits@1': ..., 'hits@3': ..., 'hits@10': ...}`` (``NaN`` without a positive
+    pair).
 
     Args:
-        ranks (Tensor): ``[P]`` ranks of the positive pairs.
-        graph (Tensor, optional): ``[P]`` graph of each pair (needed for
-            ``reduction='graph'``).
         ks (sequence of int, optional): the k of Hits@k (default: :obj:`(1, 3, 10)`).
         reduction (str, optional): ``'graph'``: mean over graphs of the mean over each graph's
             positive pairs (LRGB; graphs without positive pairs are left out); ``'edge'``: mean
             over all positive pairs (default: :obj:`'graph'`).
-
-    Returns:
-        ``{'mrr': ..., 'hits@1': ..., 'hits@3': ..., 'hits@10': ...}`` (``NaN`` when there is no
-        positive pair).
-    """
-    ks = _check_link_options(ks, reduction)
-    total, count = _reduce_link_stats(ranks, graph, ks, reduction)
-    values = total / count if count > 0 else torch.full_like(total, float('nan'))
-    names = ['mrr'] + [f'hits@{k}' for k in ks]
-    return {name: values[i].float() for i, name in enumerate(names)}
-
-
-class LinkRankingMetrics(Metric):
-    r"""Accumulating :class:`~torchmetrics.Metric` for :func:`link_ranking_metrics` (MRR and
-    Hits@k of filtered link ranks; sums are reduced across processes in DDP). :meth:`compute`
-    returns a dict ``{'mrr': ..., 'hits@1': ..., ...}``.
-
-    Args:
-        ks (sequence of int, optional): the k of Hits@k (default: :obj:`(1, 3, 10)`).
-        reduction (str, optional): ``'graph'`` or ``'edge'`` (see :func:`link_ranking_metrics`)
-            (default: :obj:`'graph'`).
     """
 
     is_differentiable = False
@@ -322,12 +251,5 @@ class LinkRankingMetrics(Metric):
         return {name: values[i].float() for i, name in enumerate(names)}
 
 
-__all__ = [
-    'LINK_HITS_KS',
-    'LinkCandidates',
-    'LinkRankingMetrics',
-    'filtered_link_candidates',
-    'filtered_link_ranks',
-    'link_ranking_metrics',
-    'link_ranks',
-]
+__all__ = ['LINK_HITS_KS', 'LinkCandidates', 'LinkRankingMetrics', 'check_edge_labels',
+           'check_pairs_in_graphs', 'filtered_link_candidates', 'link_ranks']

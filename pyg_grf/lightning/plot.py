@@ -1,17 +1,7 @@
-r"""Plots of training runs: learning curves of a ``pyg-grf fit`` run and the per-fold results of
-a ``pyg-grf cv`` run, as PNG files (matplotlib's Agg canvas; the global matplotlib backend is
-left alone).
-
-.. code-block:: bash
-
-    pyg-grf plot runs/motifs_grf                 # newest run under it -> learning_curves.png
-    pyg-grf plot runs/motifs_grf/lightning_logs/version_0
-    pyg-grf plot runs/mutag_grf_cv/cv/mutag_grf_cv   # a cv run -> cv_results.png
-
-``pyg-grf fit`` and ``pyg-grf cv`` write these plots by themselves at the end (``--plot false``
-turns that off). The numbers come from the per-epoch rows of ``epoch_metrics.jsonl``
-(:class:`~pyg_grf.lightning.callbacks.EpochMetricsLog`), else from a
-:class:`~lightning.pytorch.loggers.CSVLogger`'s ``metrics.csv``, and from ``cv_results.json``.
+r"""Plots of training runs as PNG files (matplotlib's Agg canvas; the global backend is left
+alone): the learning curves of a ``pyg-grf fit`` run, from ``epoch_metrics.jsonl``
+(:class:`~pyg_grf.lightning.callbacks.EpochMetricsLog`) or a CSVLogger's ``metrics.csv``, and the
+per-fold results of a ``pyg-grf cv`` run, from ``cv_results.json``.
 """
 from __future__ import annotations
 
@@ -22,10 +12,9 @@ import io
 import json
 import math
 import os.path as osp
-import re
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
-from pyg_grf.lightning.files import atomic_write, check_run_folder
+from pyg_grf.lightning.files import atomic_write, check_run_folder, version_number
 
 #: A series: ``(epoch, value)`` pairs in epoch order.
 Series = List[Tuple[int, float]]
@@ -63,33 +52,16 @@ def _drawing(source: str, values: List[float]) -> Iterator[None]:
 
 
 def _save_png(fig: Any, out: str) -> None:
-    r"""Saves :obj:`fig` as a PNG at :obj:`out` through
-    :func:`~pyg_grf.lightning.files.atomic_write`: a new file beside it, renamed into place, so
-    a symbolic link planted at :obj:`out` is replaced, never written through."""
+    # a new file beside `out`, renamed into place: a link planted at `out` is replaced
     with atomic_write(out, 'wb') as f:
         fig.savefig(f, format='png', dpi=100)
 
 
-def _check_inside(out: str, folder: str) -> None:
-    # the default PNG goes into the run folder the user named, reached through real folders
-    check_run_folder(osp.dirname(osp.abspath(out)), folder)
-
-
-def has_matplotlib() -> bool:
-    r"""Whether matplotlib can be imported."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-# Reading runs ---------------------------------------------------------------------------------
-
-
-def _version_number(path: str) -> int:
-    match = re.search(r'version_(\d+)$', osp.normpath(path))
-    return int(match.group(1)) if match else -1
+def mean_std(values: List[float]) -> Tuple[float, float]:
+    r"""The mean and the population standard deviation of :obj:`values`."""
+    mean = sum(values) / len(values)
+    # (x * x, not x ** 2: a float power raises OverflowError where a product gives inf)
+    return mean, (sum((v - mean) * (v - mean) for v in values) / len(values))**0.5
 
 
 def _has_metrics(path: str) -> bool:
@@ -131,7 +103,7 @@ def find_run_dir(path: str) -> str:
             f"`pyg-grf fit`) or a CSVLogger's 'metrics.csv' in it or in a 'version_<N>' folder "
             f"below it")
     curves = [d for d in found if _has_curves(d)]
-    return max(curves or found, key=lambda d: (_version_number(d), osp.getmtime(d)))
+    return max(curves or found, key=lambda d: (version_number(d), osp.getmtime(d)))
 
 
 def _float(value: Any) -> Optional[float]:
@@ -274,9 +246,9 @@ def plot_learning_curves(run_dir: str, out: Optional[str] = None,
     if not panels:
         raise ValueError(f"no epoch-level loss or metric in '{run_dir}' (expected rows with "
                          f"'train/loss' or 'val/loss'; the run has {len(rows)} finished epochs)")
-    if out is None:
+    if out is None:  # into the run folder the user named, reached through real folders
         out = osp.join(run_dir, LEARNING_CURVES)
-        _check_inside(out, root)
+        check_run_folder(run_dir, root)
     fig, axes = _matplotlib_figure(4.5, 3.4, len(panels))
     with _drawing(run_dir, [v for data in panels.values() for points in data.values()
                             for _, v in points]):
@@ -333,9 +305,7 @@ def plot_cv_results(cv_dir: str, out: Optional[str] = None
     with _drawing(cv_dir, [v for points in results.values() for _, v in points]):
         for ax, (name, points) in zip(axes, results.items()):
             folds, values = zip(*points)
-            mean = sum(values) / len(values)
-            # (x * x, not x ** 2: a float power raises OverflowError where a product gives inf)
-            std = (sum((v - mean) * (v - mean) for v in values) / len(values))**0.5
+            mean, std = mean_std(values)
             ax.bar([str(f) for f in folds], values, color='tab:blue', alpha=0.7)
             ax.axhline(mean, color='tab:red')
             ax.axhspan(mean - std, mean + std, color='tab:red', alpha=0.15)
@@ -361,5 +331,4 @@ def plot_run(path: str, out: Optional[str] = None, monitor: Optional[str] = None
 
 
 __all__ = ['find_run_dir', 'read_epoch_metrics', 'learning_curve_panels',
-           'plot_learning_curves', 'read_cv_results', 'plot_cv_results', 'plot_run',
-           'has_matplotlib']
+           'plot_learning_curves', 'read_cv_results', 'plot_cv_results', 'plot_run', 'mean_std']

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Optional, Tuple
 
 import torch
+from torch.optim.lr_scheduler import ConstantLR, CosineAnnealingLR, LinearLR, SequentialLR
 
 #: Length of the last phase of :func:`warmup_cosine_schedule` (holding the final learning rate):
 #: longer than any run.
@@ -38,12 +39,10 @@ def schedule_steps(stepping_batches: int, trainer_max_epochs: Optional[int],
 
 def warmup_cosine_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int,
                            total_steps: int, min_lr_ratio: float = 0.
-                           ) -> torch.optim.lr_scheduler.SequentialLR:
+                           ) -> SequentialLR:
     r"""Linear warm-up, cosine decay, then a constant learning rate, as torch's
-    :class:`~torch.optim.lr_scheduler.SequentialLR` of
-    :class:`~torch.optim.lr_scheduler.LinearLR`,
-    :class:`~torch.optim.lr_scheduler.CosineAnnealingLR` and
-    :class:`~torch.optim.lr_scheduler.ConstantLR`. With :math:`\eta` the optimizer's
+    :class:`~torch.optim.lr_scheduler.SequentialLR` of ``LinearLR``, ``CosineAnnealingLR`` and
+    ``ConstantLR``. With :math:`\eta` the optimizer's
     learning rate, :math:`w` = :obj:`warmup_steps`, :math:`T` = :obj:`total_steps` and
     :math:`r` = :obj:`min_lr_ratio`, the learning rate after :math:`s` scheduler steps is
 
@@ -66,12 +65,6 @@ def warmup_cosine_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int,
         raise ValueError(f"expected total_steps >= 1, 0 <= warmup_steps <= total_steps and "
                          f"0 <= min_lr_ratio <= 1, got total_steps={total_steps}, "
                          f"warmup_steps={warmup_steps}, min_lr_ratio={min_lr_ratio}")
-    from torch.optim.lr_scheduler import (
-        ConstantLR,
-        CosineAnnealingLR,
-        LinearLR,
-        SequentialLR,
-    )
     schedulers, milestones = [], []
     if warmup_steps > 0:
         schedulers.append(LinearLR(optimizer, start_factor=1. / (warmup_steps + 1),

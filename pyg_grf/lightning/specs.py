@@ -1,18 +1,12 @@
-r"""Model specs: building a task's model from a ``{'class_path': ..., 'init_args': ...}`` spec
-(a config's model, or a checkpoint's hyperparameters), and the allow-lists of the classes such a
-spec, or a ``pyg-grf`` config, may name.
+r"""Model specs and the allow-lists of the classes a spec or a ``pyg-grf`` config may name.
 
-A checkpoint names the classes to build in its hyperparameters; building an arbitrary
-``class_path`` would let a checkpoint run any code (``os.system``, or
-``torch_geometric.nn.Sequential``, which evaluates strings). So every ``class_path`` is checked
-against :data:`MODEL_CLASS_PATHS` (and the classes added with :func:`register_model_class`)
-*before* anything is imported, and :class:`UntrustedClassError` is raised otherwise.
-
-A ``pyg-grf`` config (or command line) names classes in more places: the task, the data
-module, transforms, callbacks, loggers, optimizers. The command builds only the classes of
-:data:`MODEL_CLASS_PATHS` and :data:`CONFIG_CLASS_PATHS` (and those added with
-:func:`register_model_class` / :func:`register_config_class`):
-:func:`check_config_class_paths` refuses anything else before it is built.
+A checkpoint names the classes to build in its hyperparameters, a config names the task, the
+data module, transforms, callbacks, ...: building an arbitrary ``class_path`` would let either
+run any code (``os.system``, or ``torch_geometric.nn.Sequential``, which evaluates strings). So
+every ``class_path`` is checked against :data:`MODEL_CLASS_PATHS` (specs, checkpoints) and
+:data:`CONFIG_CLASS_PATHS` (configs), plus the classes registered with
+:func:`register_model_class` / :func:`register_config_class`, *before* anything is imported;
+:class:`UntrustedClassError` is raised otherwise.
 """
 from __future__ import annotations
 
@@ -20,7 +14,7 @@ import functools
 import importlib
 import sys
 import types
-from typing import Any, Dict, Iterable, Optional, Sequence, Union
+from typing import Any, Dict, Iterable, Sequence, Tuple, Union
 
 import torch
 
@@ -112,8 +106,6 @@ CONFIG_CLASS_PATHS: Dict[str, Sequence[str]] = {
 
 _REGISTERED: Dict[str, type] = {}
 _REGISTERED_CONFIG: Dict[str, type] = {}
-_ALLOWED: Optional[Dict[str, str]] = None
-_ALLOWED_CONFIG: Optional[Dict[str, str]] = None
 
 
 def register_model_class(cls: type) -> type:
@@ -128,16 +120,19 @@ def register_model_class(cls: type) -> type:
 
 def register_config_class(cls: type) -> type:
     r"""Allows a class of your own (a data module, a transform, a callback, ...) in ``pyg-grf``
-    configs and command lines (:class:`~pyg_grf.lightning.cli.GRFLightningCLI`), under its
-    defining-module name and the packages that re-export it. Usable as a class decorator; call
-    it before the CLI parses its arguments (e.g. in a script that then calls
-    :func:`pyg_grf.lightning.cli.main`). Register only code you trust: a config may name any
-    registered class with any arguments. Models go through :func:`register_model_class`, which
-    also allows them in checkpoints."""
+    configs and command lines, under its defining-module name and the packages that re-export
+    it. Usable as a class decorator; call it before the CLI parses its arguments (e.g. in a
+    script that then calls :func:`pyg_grf.lightning.cli.main`). Register only code you trust.
+    Models go through :func:`register_model_class`, which also allows them in checkpoints."""
     if not isinstance(cls, type):
         raise TypeError(f"register_config_class needs a class, got {cls!r}")
     _REGISTERED_CONFIG[f'{cls.__module__}.{cls.__qualname__}'] = cls
     return cls
+
+
+def is_dotted_name(path: Any) -> bool:
+    r"""Whether :obj:`path` is a string of dot-separated Python identifiers."""
+    return isinstance(path, str) and all(part.isidentifier() for part in path.split('.'))
 
 
 def _names(cls: type) -> Dict[str, str]:
@@ -153,7 +148,8 @@ def _names(cls: type) -> Dict[str, str]:
     return names
 
 
-def _resolve(paths: Iterable[str]) -> Dict[str, str]:
+@functools.lru_cache(maxsize=None)
+def _resolve(paths: Tuple[str, ...]) -> Dict[str, str]:
     allowed: Dict[str, str] = {}
     for path in paths:
         module, name = path.rsplit('.', 1)
@@ -169,10 +165,7 @@ def _resolve(paths: Iterable[str]) -> Dict[str, str]:
 def allowed_class_paths() -> Dict[str, str]:
     r"""Every class path a model spec may name (:data:`MODEL_CLASS_PATHS`, their defining-module
     names and re-exports, and :func:`register_model_class`'s), mapped to the canonical one."""
-    global _ALLOWED
-    if _ALLOWED is None:
-        _ALLOWED = _resolve(MODEL_CLASS_PATHS)
-    return {**_ALLOWED, **{path: path for path in _REGISTERED}}
+    return {**_resolve(MODEL_CLASS_PATHS), **{path: path for path in _REGISTERED}}
 
 
 def allowed_config_class_paths() -> Dict[str, str]:
@@ -180,14 +173,11 @@ def allowed_config_class_paths() -> Dict[str, str]:
     :func:`allowed_class_paths`, of :data:`CONFIG_CLASS_PATHS` and of
     :func:`register_config_class` (with their defining-module names and re-exports), mapped to
     the canonical one."""
-    global _ALLOWED_CONFIG
-    if _ALLOWED_CONFIG is None:
-        _ALLOWED_CONFIG = _resolve(path for paths in CONFIG_CLASS_PATHS.values()
-                                   for path in paths)
+    config = _resolve(tuple(path for paths in CONFIG_CLASS_PATHS.values() for path in paths))
     registered: Dict[str, str] = {}
     for cls in [*_REGISTERED.values(), *_REGISTERED_CONFIG.values()]:
         registered.update(_names(cls))
-    return {**allowed_class_paths(), **_ALLOWED_CONFIG, **registered}
+    return {**allowed_class_paths(), **config, **registered}
 
 
 class UntrustedClassError(ValueError):
@@ -201,8 +191,7 @@ def check_class_path(class_path: Any, where: str = 'model') -> str:
     r"""Refuses a ``class_path`` that is not an allowed class *before* importing anything
     (raises :class:`UntrustedClassError`); returns it otherwise. :obj:`where` names the spec in
     the error (``'model.init_args.conv'``)."""
-    if not isinstance(class_path, str) or not all(
-            part.isidentifier() for part in class_path.split('.')) or '.' not in class_path:
+    if not is_dotted_name(class_path) or '.' not in class_path:
         raise UntrustedClassError(f"'{where}.class_path' must be a dotted name such as "
                                   f"'pyg_grf.nn.models.GraphTransformer' (got {class_path!r})")
     if class_path not in allowed_class_paths():
@@ -281,8 +270,7 @@ def check_config_class_paths(config: Any, where: str = '',
                 if name not in value:
                     continue
                 path, field = value[name], f'{key}.{name}' if key else name
-                if not isinstance(path, str) or not all(
-                        part.isidentifier() for part in path.split('.')) or '.' not in path:
+                if not is_dotted_name(path) or '.' not in path:
                     raise UntrustedClassError(
                         f"'{field}' must be a dotted class name such as "
                         f"'pyg_grf.lightning.tasks.GraphLevelTask' (got {path!r})")
@@ -354,18 +342,7 @@ def build_model(model: Union[torch.nn.Module, Dict[str, Any]]) -> torch.nn.Modul
                     f"got {type(model).__name__}")
 
 
-__all__ = [
-    'CONFIG_CLASS_PATHS',
-    'MODEL_CLASS_PATHS',
-    'UntrustedClassError',
-    'allowed_class_paths',
-    'allowed_config_class_paths',
-    'build_model',
-    'build_spec',
-    'check_class_path',
-    'check_config_class_paths',
-    'check_hparams_class_paths',
-    'register_config_class',
-    'register_model_class',
-    'resolve_model_class',
-]
+__all__ = ['CONFIG_CLASS_PATHS', 'MODEL_CLASS_PATHS', 'UntrustedClassError', 'allowed_class_paths',
+           'allowed_config_class_paths', 'build_model', 'build_spec', 'check_class_path',
+           'check_config_class_paths', 'check_hparams_class_paths', 'register_config_class',
+           'register_model_class', 'resolve_model_class']

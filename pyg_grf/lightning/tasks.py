@@ -1,14 +1,7 @@
-r"""LightningModules for graph- and node-level targets: thin wrappers around a plain
-:class:`torch.nn.Module` model (e.g.
-:class:`~pyg_grf.nn.models.graph_transformer.GraphTransformer`) that add the loss and one
-torchmetrics object per split to :class:`~pyg_grf.lightning.base.Task` (AdamW with linear
-warm-up + cosine decay, :func:`~pyg_grf.lightning.schedule.warmup_cosine_schedule`; resumable
-random state; checkpoints that build only allow-listed classes, :mod:`pyg_grf.lightning.specs`).
-
-Graph-level tasks (:class:`GraphLevelTask`) take mini-batches of graphs; node-level tasks
-(:class:`NodeLevelTask`) take one graph with ``train_mask`` / ``val_mask`` / ``test_mask``
-(Planetoid). Gradient clipping is a :class:`~lightning.pytorch.Trainer` option
-(``gradient_clip_val``).
+r"""LightningModules for graph- and node-level targets: :class:`GraphLevelTask` (mini-batches
+of graphs) and :class:`NodeLevelTask` (one graph with ``train_mask`` / ``val_mask`` /
+``test_mask``, e.g. Planetoid), which add the loss and one torchmetrics object per split to
+:class:`~pyg_grf.lightning.base.Task`.
 """
 from __future__ import annotations
 
@@ -24,20 +17,12 @@ from pyg_grf.lightning.metrics import MultilabelAveragePrecision
 
 TASKS = ('binary', 'multiclass', 'multilabel', 'regression')
 LOSSES = ('cross_entropy', 'bce', 'l1', 'mse', 'smooth_l1')
-_DEFAULT_LOSS = {
-    'binary': 'bce',
-    'multiclass': 'cross_entropy',
-    'multilabel': 'bce',
-    'regression': 'l1',
-}
+_DEFAULT_LOSS = {'binary': 'bce', 'multiclass': 'cross_entropy', 'multilabel': 'bce',
+                 'regression': 'l1'}
 #: Metrics per task (the first is the default): accuracy, LRGB macro average precision, mean
 #: absolute or squared error, macro F1 (LRGB PascalVOC-SP / COCO-SP).
-METRICS = {
-    'binary': ('acc',),
-    'multiclass': ('acc', 'macro_f1'),
-    'multilabel': ('ap',),
-    'regression': ('mae', 'mse'),
-}
+METRICS = {'binary': ('acc',), 'multiclass': ('acc', 'macro_f1'), 'multilabel': ('ap',),
+           'regression': ('mae', 'mse')}
 
 
 class _TargetTask(Task):
@@ -52,14 +37,8 @@ class _TargetTask(Task):
         num_classes: Optional[int] = None,
         num_labels: Optional[int] = None,
         loss: Optional[str] = None,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_epochs: float = 0.,
-        max_epochs: Optional[int] = None,
-        min_lr_ratio: float = 0.,
-        betas: tuple = (0.9, 0.999),
         metric: Optional[str] = None,
-        optimizer: str = 'adamw',
+        **kwargs,
     ):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got '{task}'")
@@ -73,13 +52,11 @@ class _TargetTask(Task):
         loss = loss or _DEFAULT_LOSS[task]  # saved as a hyperparameter resolved
         if loss not in LOSSES:
             raise ValueError(f"loss must be one of {LOSSES}, got '{loss}'")
-        super().__init__(model, lr, weight_decay, warmup_epochs, max_epochs, min_lr_ratio, betas,
-                         optimizer)
+        super().__init__(model, **kwargs)
         self.task = task
         self.num_classes = num_classes
         self.num_labels = num_labels
         self.loss_name = loss
-        # One metric object per split.
         self.metric_name = metric or METRICS[task][0]
         # (ModuleDict keys must not shadow nn.Module attributes such as `train`.)
         self.metrics = torch.nn.ModuleDict({f'{split}_metric': self._make_metric()
@@ -170,22 +147,12 @@ class GraphLevelTask(_TargetTask):
         num_labels (int, optional): labels for ``'multilabel'``.
         loss (str, optional): ``'cross_entropy'``, ``'bce'``, ``'l1'``, ``'mse'`` or
             ``'smooth_l1'`` (default: by task: cross-entropy, BCE, BCE, L1).
-        lr (float, optional): peak learning rate of AdamW (default: :obj:`1e-3`).
-        weight_decay (float, optional): AdamW weight decay on matrices (default: :obj:`0.01`).
-        warmup_epochs (float, optional): linear warm-up length in epochs (default: :obj:`0.`).
-        max_epochs (int, optional): horizon of the cosine decay in epochs; after it the
-            learning rate stays at ``min_lr_ratio * lr`` (default: the trainer's
-            ``max_epochs``).
-        min_lr_ratio (float, optional): final learning rate / ``lr`` (default: :obj:`0.`).
-        betas (tuple, optional): AdamW betas (default: :obj:`(0.9, 0.999)`).
         metric (str, optional): the metric, one of :data:`METRICS` for the task: ``'acc'``
             (binary, multiclass), ``'macro_f1'`` (multiclass; LRGB PascalVOC-SP / COCO-SP),
             ``'ap'`` (multilabel), ``'mae'`` or ``'mse'`` (regression) (default: the first for
             the task).
-        optimizer (str, optional): ``'adamw'`` or ``'adam'`` (weight decay as an L2 penalty
-            in the gradient, the recipe of PyG's GAT example and the GKAT paper); with
-            ``min_lr_ratio=1`` and no warm-up the learning rate is constant
-            (default: :obj:`'adamw'`).
+        **kwargs: the optimiser and its schedule (``lr``, ``weight_decay``, ...), as in
+            :class:`~pyg_grf.lightning.base.Task`.
 
     Node-level targets on mini-batches of graphs (LRGB PascalVOC-SP / COCO-SP: ``y [N]``, one
     class per node) work the same way with a model that does not pool
@@ -210,11 +177,4 @@ class NodeLevelTask(_TargetTask):
         return self(batch)[mask], batch.y[mask], int(mask.sum())
 
 
-__all__ = [
-    'GraphLevelTask',
-    'NodeLevelTask',
-    'TASKS',
-    'LOSSES',
-    'METRICS',
-    'SPLITS',
-]
+__all__ = ['GraphLevelTask', 'NodeLevelTask', 'TASKS', 'LOSSES', 'METRICS', 'SPLITS']

@@ -7,6 +7,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 from pyg_grf.lightning.datamodules import SyntheticDataModule
+from pyg_grf.lightning.link_metrics import LinkRankingMetrics, filtered_link_candidates, link_ranks
 
 
 def tiny_config(root_dir, attn_type='grf', num_graphs=48, max_epochs=1, **trainer):
@@ -92,3 +93,23 @@ def monitored_config(tmp_path, max_epochs, **trainer):
                       limit_val_batches=2, log_every_n_steps=1, **trainer)
     cfg['checkpoint'] = {'monitor': 'val/acc', 'mode': 'max', 'save_last': True}
     return write_config(tmp_path / 'c.yaml', cfg), cfg
+
+
+def filtered_link_ranks(scores, edge_label_index, edge_label, batch=None, exclude_self=False):
+    r"""Filtered ranks ``[P]`` of the positive pairs and their graphs from dense per-graph scores
+    ``[B, N_max, N_max]`` (``[N, N]`` for one graph), through the package's pieces."""
+    if scores.dim() == 2:
+        scores = scores.unsqueeze(0)
+    cand = filtered_link_candidates(edge_label_index, edge_label, batch,
+                                    scores.size(1) if batch is None else None,
+                                    exclude_self=exclude_self)
+    rows = scores[cand.graph, cand.src_local]  # [P, N_max]
+    pos = rows.gather(1, cand.dst_local.unsqueeze(1)).squeeze(1)
+    return link_ranks(pos, rows, cand.mask), cand.graph
+
+
+def link_ranking_metrics(ranks, graph=None, ks=(1, 3, 10), reduction='graph'):
+    r"""MRR and Hits@k of one set of ranks (:class:`LinkRankingMetrics` on one update)."""
+    metric = LinkRankingMetrics(ks, reduction)
+    metric.update(ranks, graph)
+    return metric.compute()

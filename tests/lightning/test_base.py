@@ -76,7 +76,7 @@ def test_subclass_supplies_the_step_and_gets_its_hyperparameters():
     task = Mean(dict(MODEL, out_channels=1), scale=2.)
     # The hyperparameters are the concrete task's constructor arguments, in their order.
     assert list(task.hparams) == ['model', 'scale', 'lr']
-    assert task.hparams.scale == 2. and task.warmup_epochs == 1.
+    assert task.hparams.scale == 2. and task.optim['warmup_epochs'] == 1.
     task.log = lambda *args, **kw: None
     assert task.training_step(_batch(), 0).dim() == 0
     assert task.predict_step(_batch(), 0).shape == (3, 1)

@@ -220,7 +220,7 @@ def test_remote_and_chained_checkpoint_paths_are_refused(subcommand, tmp_path, m
 
 
 def test_check_local_ckpt_path():
-    from pyg_grf.lightning.cli import check_local_ckpt_path
+    from pyg_grf.lightning.checkpoints import check_local_ckpt_path
     for ok in (None, 'last', 'best', 'hpc', 'runs/v0/checkpoints/last.ckpt', '/abs/x.ckpt',
                'dir:with:colons/x.ckpt'):
         check_local_ckpt_path(ok)

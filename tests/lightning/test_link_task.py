@@ -10,9 +10,9 @@ from torch_geometric.loader import DataLoader
 from pyg_grf.datasets import lrgb_standin
 from pyg_grf.datasets.lrgb import write_lrgb_raw_standin
 from pyg_grf.lightning.link import LinkLevelTask, structured_negatives
-from pyg_grf.lightning.link_metrics import filtered_link_ranks, link_ranking_metrics
 from pyg_grf.nn.models.link_decoder import LinkDecoder
 from tests.conftest import REPO
+from tests.lightning.helpers import filtered_link_ranks, link_ranking_metrics
 
 pytestmark = pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
 

@@ -2,9 +2,15 @@ import numpy as np
 import pytest
 import torch
 
-from pyg_grf.lightning.metrics import MultilabelAveragePrecision, multilabel_average_precision
+from pyg_grf.lightning.metrics import MultilabelAveragePrecision
 
 sklearn_metrics = pytest.importorskip('sklearn.metrics')
+
+
+def multilabel_average_precision(preds, target):
+    metric = MultilabelAveragePrecision(num_labels=preds.size(-1))
+    metric.update(preds, target)
+    return metric.compute()
 
 
 @pytest.mark.parametrize('seed', range(4))
@@ -87,9 +93,9 @@ def test_large_logits_keep_their_order():
 def test_no_informative_column_and_bad_input():
     target = torch.tensor([[1., float('nan')], [1., 0.]])
     assert torch.isnan(multilabel_average_precision(torch.randn(2, 2), target))
-    with pytest.raises(ValueError, match=r'same shape \[N, L\], got \(4,\) and \(4,\)'):
+    with pytest.raises(ValueError, match=r'same shape \[N, 4\], got \(4,\) and \(4,\)'):
         multilabel_average_precision(torch.randn(4), torch.ones(4))
-    with pytest.raises(ValueError, match=r'got \(4, 2\) and \(4, 3\)'):
+    with pytest.raises(ValueError, match=r'\[N, 2\], got \(4, 2\) and \(4, 3\)'):
         multilabel_average_precision(torch.randn(4, 2), torch.ones(4, 3))
     with pytest.raises(ValueError, match=r'targets in \{0, 1\} \(NaN for missing labels\), '
                                          r'got the value 2'):

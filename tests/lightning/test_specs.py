@@ -9,6 +9,7 @@ import torch
 from torch_geometric.data import Batch, Data
 from torch_geometric.loader import DataLoader
 
+from pyg_grf.lightning.base import Task
 from pyg_grf.lightning.link import LinkLevelTask
 from pyg_grf.lightning.specs import (
     UntrustedClassError,
@@ -132,7 +133,7 @@ def _link_case():
 def test_checkpoint_round_trip_and_refusal(case, tmp_path):
     # A checkpoint written by each task loads back (no arguments: the model spec is a
     # hyperparameter) to the same weights, hyperparameters and predictions; the hyperparameters
-    # are the task's constructor arguments in their order; a checkpoint whose model spec names
+    # are the task's constructor arguments and Task's; a checkpoint whose model spec names
     # a class outside the allow-list is refused before anything is built.
     task, graphs = case()
     cls = type(task)
@@ -144,7 +145,11 @@ def test_checkpoint_round_trip_and_refusal(case, tmp_path):
     path = tmp_path / 'task.ckpt'
     trainer.save_checkpoint(path)
     ckpt = torch.load(path, weights_only=True)
-    assert list(ckpt['hyper_parameters']) == list(inspect.signature(cls.__init__).parameters)[1:]
+    # (the optimiser's arguments, which the task passes on to Task as **kwargs, come first)
+    names = [*inspect.signature(Task.__init__).parameters,
+             *inspect.signature(cls.__init__).parameters]
+    assert list(ckpt['hyper_parameters']) == [n for n in dict.fromkeys(names)
+                                              if n not in ('self', 'kwargs')]
     assert 'pyg_grf_rng_states' in ckpt
 
     loaded = cls.load_from_checkpoint(path)
