@@ -1,4 +1,4 @@
 r"""PyG-shaped layers that host this package's attentions."""
-from pyg_grf.nn.conv.grf_gps_conv import ATTN_TYPES, GRFGPSConv
+from pyg_grf.nn.conv.grf_gps_conv import GRFGPSConv
 
-__all__ = ['GRFGPSConv', 'ATTN_TYPES']
+__all__ = ['GRFGPSConv']

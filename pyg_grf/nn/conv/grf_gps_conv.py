@@ -17,8 +17,6 @@ from torch_geometric.typing import Adj
 from pyg_grf.nn.attention.base import GraphAttention
 from pyg_grf.nn.attention.registry import ATTENTIONS, attention_resolver
 
-#: The attention types of :class:`GRFGPSConv` (the names of the one registry).
-ATTN_TYPES = tuple(ATTENTIONS)
 #: The layouts of :class:`GRFGPSConv`.
 LAYOUTS = ('post_norm', 'pre_norm')
 

@@ -13,7 +13,6 @@ from torch_geometric.nn.conv import MessagePassing
 
 from pyg_grf._validation import batch_or_zeros
 from pyg_grf.nn.attention.base import GraphAttention, model_payload
-from pyg_grf.nn.attention.registry import ATTENTIONS
 from pyg_grf.nn.conv.grf_gps_conv import GRFGPSConv, norm_resolver
 from pyg_grf.nn.models.options import (
     POOLINGS,
@@ -23,8 +22,6 @@ from pyg_grf.nn.models.options import (
     encoder,
     two_layer_mlp,
 )
-
-__all__ = ['GraphTransformer', 'ATTENTIONS']
 
 
 class GraphTransformer(torch.nn.Module):

@@ -6,7 +6,8 @@ from torch_geometric.utils import erdos_renyi_graph, to_undirected
 
 from pyg_grf.nn import GRFAttention
 from pyg_grf.nn.attention.grf import GRFPlan
-from pyg_grf.nn.models.graph_transformer import ATTENTIONS, GraphTransformer
+from pyg_grf.nn.attention.registry import ATTENTIONS
+from pyg_grf.nn.models.graph_transformer import GraphTransformer
 from pyg_grf.transforms import AddGraphRandomFeatures
 from tests.nn.attention.grf.helpers import batch_with_draws, make_batch, make_layer
 
