@@ -48,40 +48,27 @@ def _sddmm_heads(pattern, a: Tensor, b: Tensor) -> Tensor:
     return out
 
 
-class _HeadSpMM(torch.autograd.Function):
-    # out[h] = A_h x[h] for head-major w [H, P] (values of A_h on the pattern), x [H, N, D]
+class _HeadProduct(torch.autograd.Function):
+    # per head on the pairs, head-major: out[h] = A_h b[h] with the values a [H, P] of A_h
+    # (b [H, N, D]), or, ``sampled``, out[h] = <a[h]_i, b[h]_j> ([H, P], a and b [H, N, m])
     @staticmethod
-    def forward(ctx, w: Tensor, x: Tensor, pattern) -> Tensor:
-        ctx.pattern = pattern
-        ctx.save_for_backward(w, x)
-        return _spmm_heads(pattern, w, x)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor):
-        w, x = ctx.saved_tensors
-        grad = grad.contiguous()
-        need_w, need_x = ctx.needs_input_grad[:2]
-        g_x = _spmm_heads(ctx.pattern, w, grad, transpose=True) if need_x else None
-        g_w = _sddmm_heads(ctx.pattern, grad, x) if need_w else None  # dL/dA_ij = <g_i, x_j>
-        return g_w, g_x, None
-
-
-class _HeadSDDMM(torch.autograd.Function):
-    # out[h] = <a[h]_i, b[h]_j> at the pairs, [H, P], for head-major a, b [H, N, m]
-    @staticmethod
-    def forward(ctx, a: Tensor, b: Tensor, pattern) -> Tensor:
-        ctx.pattern = pattern
+    def forward(ctx, a: Tensor, b: Tensor, pattern, sampled: bool) -> Tensor:
+        ctx.pattern, ctx.sampled = pattern, sampled
         ctx.save_for_backward(a, b)
-        return _sddmm_heads(pattern, a, b)
+        return _sddmm_heads(pattern, a, b) if sampled else _spmm_heads(pattern, a, b)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         a, b = ctx.saved_tensors
-        grad = grad.contiguous()
+        pattern, grad = ctx.pattern, grad.contiguous()
         need_a, need_b = ctx.needs_input_grad[:2]
-        g_a = _spmm_heads(ctx.pattern, grad, b) if need_a else None
-        g_b = _spmm_heads(ctx.pattern, grad, a, transpose=True) if need_b else None
-        return g_a, g_b, None
+        if ctx.sampled:  # G the gradient on the pairs: G b and G^T a
+            g_a = _spmm_heads(pattern, grad, b) if need_a else None
+            g_b = _spmm_heads(pattern, grad, a, transpose=True) if need_b else None
+        else:  # dL/dA_ij = <g_i, b_j>, and A^T g
+            g_a = _sddmm_heads(pattern, grad, b) if need_a else None
+            g_b = _spmm_heads(pattern, a, grad, transpose=True) if need_b else None
+        return g_a, g_b, None, None
 
 
 def head_spmm(pattern, w: Tensor, x: Tensor) -> Tensor:
@@ -93,7 +80,7 @@ def head_spmm(pattern, w: Tensor, x: Tensor) -> Tensor:
     if pattern.nnz == 0:
         return x.new_zeros(x.size(0), pattern.size[0], x.size(2)) + 0 * (w.sum() + x.sum())
     with torch.autocast(x.device.type, enabled=False):
-        out = _HeadSpMM.apply(w.to(dt).contiguous(), x.to(dt).contiguous(), pattern)
+        out = _HeadProduct.apply(w.to(dt).contiguous(), x.to(dt).contiguous(), pattern, False)
     return out.to(x.dtype)
 
 
@@ -104,7 +91,7 @@ def head_sddmm(pattern, a: Tensor, b: Tensor) -> Tensor:
     if pattern.nnz == 0:
         return a.new_zeros(a.size(0), 0) + 0 * (a.sum() + b.sum())
     with torch.autocast(a.device.type, enabled=False):
-        out = _HeadSDDMM.apply(a.to(dt).contiguous(), b.to(dt).contiguous(), pattern)
+        out = _HeadProduct.apply(a.to(dt).contiguous(), b.to(dt).contiguous(), pattern, True)
     return out.to(a.dtype)
 
 

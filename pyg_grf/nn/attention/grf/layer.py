@@ -9,6 +9,7 @@ from typing import Any, Dict, Optional, Tuple, Union
 import torch
 from torch import Tensor, nn
 
+from pyg_grf._validation import check_int
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.grf import GRFMask
 from pyg_grf.masks.packing import packing_layout
@@ -127,8 +128,7 @@ class GRFAttention(QKVAttention):
                                  f"{global_beta!r}")
         if backend not in BACKENDS:
             raise ValueError(f"'backend' must be one of {BACKENDS}, got {backend!r}")
-        if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < 0:
-            raise ValueError(f"'max_length' must be an integer >= 0, got {max_length!r}")
+        max_length = check_int('max_length', max_length, 0)
         super().__init__(channels, heads, head_channels,
                          None if mode == 'sparse_softmax' else feature_map, feature_map_kwargs,
                          dropout, bias)
@@ -143,14 +143,12 @@ class GRFAttention(QKVAttention):
         if f_mode == 'signed' and mode == 'sparse_softmax':
             raise ValueError("f_mode='signed' needs a linear mode ('symmetric' or "
                              "'asymmetric'), got mode='sparse_softmax'")
-        if isinstance(layer_index, bool) or not isinstance(layer_index, int) or layer_index < 0:
-            raise ValueError(f"'layer_index' must be an integer >= 0, got {layer_index!r}")
+        layer_index = check_int('layer_index', layer_index, 0)
         self.max_length = max_length
         self.f_mode = f_mode
         self.layer_index = layer_index
         self.mode = mode
         self.f_init = f_init
-        self.learn_f = learn_f
         self.eps = eps
         self.backend = backend
         self.attr_prefix = attr_prefix

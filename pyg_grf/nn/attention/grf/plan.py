@@ -32,16 +32,10 @@ class LayerSpec(NamedTuple):
 
 
 class PlanPart(NamedTuple):
-    r"""The structures one layer configuration runs on.
-
-    Attributes:
-        backend (str): the backend (``'auto'`` resolved).
-        groups (int): heads folded into the nodes (walks per head), else 1.
-        structures: the backend module's structures (``build``'s result).
-    """
-    backend: str
-    groups: int
-    structures: Any
+    r"""The structures one layer configuration runs on."""
+    backend: str     # 'auto' resolved
+    groups: int      # heads folded into the nodes (walks per head), else 1
+    structures: Any  # the backend module's build()
 
     def to(self, device) -> 'PlanPart':
         return self._replace(structures=self.structures.to(device))
@@ -189,9 +183,7 @@ def _build_part(loads: GRFLoads, spec: LayerSpec, num_layers: int,
     key = (spec.mode, backend, spec.draws, spec.dtype)
     if built is not None and key in built:
         return built[key]
-    max_cells = None
-    if backend == 'pairs':
-        max_cells = choose.max_join_cells(loads.device, sizes.num_coef)
+    max_cells = choose.max_join_cells(loads.device, sizes.num_coef) if backend == 'pairs' else None
     stats_dtype = torch.float64 if spec.dtype == torch.float64 else torch.float32
     structures = BACKEND_MODULES[backend].build(run, spec.mode, stats_dtype, groups, max_cells)
     part = PlanPart(backend, groups, structures)
