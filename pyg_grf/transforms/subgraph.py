@@ -44,24 +44,8 @@ def grf_prefixes(data: Any) -> List[str]:
 def _node_map(subset: Tensor, num_nodes: int, device: torch.device) -> Tuple[Tensor, Tensor]:
     r"""Validates :obj:`subset` (node ids or a boolean mask over :obj:`num_nodes` nodes) and
     returns it as ids together with the map ``old id -> new id`` (``-1`` for dropped nodes)."""
-    if not isinstance(subset, Tensor):
-        raise TypeError(f"'subset' must be a tensor of node ids or a boolean mask, got "
-                        f"{type(subset).__name__}")
-    if subset.dim() != 1:
-        raise ValueError(f"'subset' must be 1-D (node ids or a boolean mask), got shape "
-                         f"{tuple(subset.shape)}")
-    subset = subset.to(device)
-    if subset.dtype == torch.bool:
-        if subset.numel() != num_nodes:
-            raise ValueError(f"a boolean 'subset' must have one entry per node ({num_nodes}), "
-                             f"got {subset.numel()}")
-        subset = subset.nonzero().view(-1)
-    elif subset.is_floating_point() or subset.is_complex():
-        raise TypeError(f"'subset' must hold integer node ids or be a boolean mask, got "
-                        f"{subset.dtype}")
-    subset = subset.long()
+    subset = _check_ids(subset, num_nodes, 'subset', masks=True).to(device)
     n = subset.numel()
-    _check_range(subset, num_nodes, "'subset' must hold node ids")
     node_map = torch.full((num_nodes, ), -1, dtype=torch.long, device=device)
     node_map[subset] = torch.arange(n, device=device)
     # A repeated id would map two new nodes onto one old node; refuse it.
@@ -197,12 +181,22 @@ def _restrict_loads(grf: GRFLoads, subset: Tensor, node_map: Tensor) -> GRFLoads
                     key=key)
 
 
-def _check_ids(ids: Tensor, num_nodes: int, name: str) -> Tensor:
-    if not isinstance(ids, Tensor) or ids.dim() != 1:
-        raise ValueError(f"'{name}' must be a 1-D tensor of node ids, got "
-                         f"{tuple(ids.shape) if isinstance(ids, Tensor) else type(ids).__name__}")
-    if ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
-        raise TypeError(f"'{name}' must hold integer node ids, got {ids.dtype}")
+def _check_ids(ids: Tensor, num_nodes: int, name: str, masks: bool = False) -> Tensor:
+    r"""Validates node ids of the full graph (or, with :obj:`masks`, a boolean mask over its
+    nodes) and returns them as int64 ids."""
+    what = 'node ids or a boolean mask' if masks else 'node ids'
+    if not isinstance(ids, Tensor):
+        raise TypeError(f"'{name}' must be a tensor of {what}, got {type(ids).__name__}")
+    if ids.dim() != 1:
+        raise ValueError(f"'{name}' must be 1-D ({what}), got shape {tuple(ids.shape)}")
+    if masks and ids.dtype == torch.bool:
+        if ids.numel() != num_nodes:
+            raise ValueError(f"a boolean '{name}' must have one entry per node ({num_nodes}), "
+                             f"got {ids.numel()}")
+        ids = ids.nonzero().view(-1)
+    elif ids.dtype == torch.bool or ids.is_floating_point() or ids.is_complex():
+        raise TypeError(f"'{name}' must hold integer node ids"
+                        f"{' or be a boolean mask' if masks else ''}, got {ids.dtype}")
     ids = ids.long()
     _check_range(ids, num_nodes, f"'{name}' must hold node ids of the full graph")
     return ids

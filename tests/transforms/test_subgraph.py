@@ -295,7 +295,8 @@ def test_bad_input():
     data = full_graph()
     with pytest.raises(ValueError, match="must not repeat a node id"):
         subgraph_grf(data, torch.tensor([1, 2, 1]))
-    with pytest.raises(ValueError, match=r"node ids in \[0, 24\), got ids in \[0, 30\]"):
+    with pytest.raises(ValueError,
+                       match=r"node ids of the full graph in \[0, 24\), got ids in \[0, 30\]"):
         subgraph_grf(data, torch.tensor([0, 30]))
     with pytest.raises(ValueError, match=r"one entry per node \(24\), got 5"):
         subgraph_grf(data, torch.ones(5, dtype=torch.bool))
