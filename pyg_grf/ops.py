@@ -54,7 +54,6 @@ class SparsePattern:
                                  f"[{int(index[1].min())}, {int(index[1].max())}]")
         self.size = (R, S)
         self.nnz = index.size(1)
-        self.device = index.device
         key = index[0] * S + index[1]
         if _trusted or is_sorted(key):
             self.perm = None  # already in row-major order: no sort

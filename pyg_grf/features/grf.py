@@ -251,18 +251,11 @@ def graph_random_features(edge_index: Tensor, num_nodes: int, f: Union[Tensor, S
 
 
 def deconvolve(alpha: Union[Tensor, Sequence[float]]) -> Tensor:
-    r"""The sequence :math:`f` with :math:`\sum_{p=0}^{k} f_p f_{k-p} = \alpha_k` for every
-    :math:`k` < ``len(alpha)`` (GRF paper, Remark 3.1): :math:`f_0 = \sqrt{\alpha_0}`,
-    :math:`f_k = (\alpha_k - \sum_{p=1}^{k-1} f_p f_{k-p}) / (2 f_0)`.
-
-    Args:
-        alpha (Tensor or list): ``[K]`` power-series coefficients, :math:`\alpha_0 > 0`.
-            Differentiable.
-
-    Returns:
-        ``[K]`` tensor. Truncating :math:`f` after ``K`` terms leaves
-        :math:`(f * f)_k = \alpha_k` for :math:`k < K` plus a tail at :math:`K \le k \le 2K - 2`.
-    """
+    r"""The ``[K]`` sequence :math:`f` with :math:`\sum_{p=0}^{k} f_p f_{k-p} = \alpha_k` for the
+    ``[K]`` power-series coefficients ``alpha`` (:math:`\alpha_0 > 0`; differentiable) (GRF
+    paper, Remark 3.1): :math:`f_0 = \sqrt{\alpha_0}`, :math:`f_k = (\alpha_k - \sum_{p=1}^{k-1}
+    f_p f_{k-p}) / (2 f_0)`. Truncated after ``K`` terms, :math:`(f * f)_k = \alpha_k` for
+    :math:`k < K` plus a tail at :math:`K \le k \le 2K - 2`."""
     alpha = torch.as_tensor(alpha, dtype=torch.get_default_dtype()) \
         if not isinstance(alpha, Tensor) else alpha
     if alpha.dim() != 1 or alpha.numel() == 0:
@@ -306,14 +299,9 @@ def grf_tail_bound(t: float, num_walks: int, c: float) -> float:
 
 def required_walks(t: float, delta: float, c: float) -> int:
     r"""The smallest :math:`n` for which Thm 3.1 guarantees
-    :math:`|\widehat\phi(v_i)^\top\widehat\phi(v_j) - M_{\alpha,ij}| \le t` with probability at
-    least :math:`1 - \delta` (GRF paper, Thm 3.1 and Corollary 3.3).
-
-    Args:
-        t (float): error tolerance :math:`> 0`.
-        delta (float): failure probability in :math:`(0, 1)`.
-        c (float): the constant of Thm 3.1 (see :func:`grf_constant`).
-    """
+    :math:`|\widehat\phi(v_i)^\top\widehat\phi(v_j) - M_{\alpha,ij}| \le t` (``t > 0``) with
+    probability at least :math:`1 - \delta` (``delta`` in :math:`(0, 1)`), ``c`` the constant of
+    Thm 3.1 (:func:`grf_constant`) (GRF paper, Thm 3.1 and Corollary 3.3)."""
     if not t > 0:
         raise ValueError(f"'t' must be positive, got {t}")
     if not 0 < delta < 1:

@@ -55,9 +55,8 @@ class KernelPairs:
                    pattern)
 
     def to(self, device) -> 'KernelPairs':
-        index = self.index.to(device)
-        pattern = SparsePattern(index, self.pattern.size, _trusted=True)
-        return replace(self, index=index, value=self.value.to(device), pattern=pattern)
+        return _unpickle_pairs(self.index.to(device), self.value.to(device), self.threshold,
+                               self.pattern.size)
 
     def __reduce__(self):  # the pattern is rebuilt from the index: nothing heads-sized pickled
         return (_unpickle_pairs, (self.index, self.value, self.threshold, self.pattern.size))
@@ -161,7 +160,6 @@ class RWGNKPlan:
         index, value = rwgnk_kernel(self.psi_index, self.psi_value, self.num_nodes, threshold)
         return KernelPairs.make(index, value, self.num_nodes, threshold)
 
-
     @property
     def psi_nnz(self) -> int:
         return self.psi_index.size(1)
@@ -180,17 +178,14 @@ class RWGNKPlan:
         been cut at a threshold): only then can the low-rank ``'sparse'`` backend run."""
         return self.stored_pairs is None
 
-
     def to(self, device) -> 'RWGNKPlan':
         r"""The plan on ``device``."""
-        index = self.psi_index.to(device)
-        psi = SparsePattern(index, self.psi.size, _trusted=True)
-        psi._transpose()
         stored = None if self.stored_pairs is None else tuple(t.to(device)
                                                              for t in self.stored_pairs)
-        return replace(self, psi_index=index, psi_value=self.psi_value.to(device), psi=psi,
-                       ptr=self.ptr.to(device), stored_pairs=stored,
-                       pairs=None if self.pairs is None else self.pairs.to(device))
+        return _unpickle_plan(self.num_nodes, self.psi_index.to(device),
+                              self.psi_value.to(device), self.ptr.to(device),
+                              self.kernel_products,
+                              None if self.pairs is None else self.pairs.to(device), stored)
 
     def repeat(self, copies: int, layers: Iterable[Any] = ()) -> 'RWGNKPlan':
         r"""The plan of ``copies`` disjoint copies of this graph (copy ``c`` on nodes
