@@ -9,7 +9,7 @@ from torch import Tensor
 
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.base import MaskOperator
-from pyg_grf.ops import SparsePattern, head_spmm, spmm
+from pyg_grf.ops import SparsePattern, spmm
 
 
 class _Features:
@@ -23,13 +23,8 @@ class _Features:
         return self.values.size(0) if self.values.dim() == 2 else None
 
     def mm(self, x: Tensor, transpose: bool) -> Tensor:
-        # x: [N, C] (shared) or [N, H, C] (per-head values)
-        if self.values.dim() == 1:
-            if x.dim() == 2:
-                return spmm(self.pattern, self.values, x, transpose)
-            N, H, C = x.shape
-            return spmm(self.pattern, self.values, x.reshape(N, H * C), transpose).view(N, H, C)
-        return head_spmm(self.pattern, self.values, x, transpose)
+        # x: [N, C], values [nnz] (a shared mask: MaskOperator.matmul folds the heads into C)
+        return spmm(self.pattern, self.values, x, transpose)
 
     def mm_heads(self, x: Tensor, transpose: bool) -> Tensor:
         # x: [H * N, C] head-major; one block-diagonal product for all heads.
@@ -145,7 +140,7 @@ class GRFMask(MaskOperator):
 
     def _matmul(self, x: Tensor) -> Tensor:
         k = None if self.asymmetric else (self.key if self.key is not None else self.query)
-        if self.num_heads is None or x.dim() == 2:
+        if self.num_heads is None:
             y = x if k is None else k.mm(x, transpose=True)
             return self.query.mm(y, transpose=False)
         # Per-head values: all heads in one block-diagonal product on the head-major input.
