@@ -55,29 +55,22 @@ def contract_repr(layer: nn.Module, extra: str = '') -> str:
 
 class GraphAttention(nn.Module):
     r"""The call contract of every attention layer of the package:
-    ``forward(x, batch=None, *, <payload>)``.
-
-    ``x`` is ``[N, channels]`` (the nodes of a PyG batch, graphs given by ``batch``; attention
-    never crosses graphs) or, where the layer supports it, ``[B, n, channels]`` (``B`` samples
-    on one shared graph). What a layer needs besides the nodes is one typed *payload* passed by
-    keyword, built from the batch by :meth:`payload` (e.g. ``grf=`` the batch's
-    :class:`~pyg_grf.nn.attention.grf.GRFPlan` for :class:`~pyg_grf.nn.GRFAttention`), so
-    that a model or a block can drive any attention with the same two lines::
+    ``forward(x, batch=None, *, <payload>)``, ``x`` ``[N, channels]`` (the nodes of a PyG batch;
+    attention never crosses graphs) or, where supported, ``[B, n, channels]`` (``B`` samples on
+    one shared graph). What a layer needs besides the nodes is one typed *payload* passed by
+    keyword and built from the batch by :meth:`payload` (e.g. ``grf=`` the batch's
+    :class:`~pyg_grf.nn.attention.grf.GRFPlan`)::
 
         payload = attn.payload(data)          # once per batch, shared by all layers
         out = attn(x, data.batch, **payload)
 
-    A layer whose payload holds per-batch structures (a plan) also gives
-    :meth:`plan_payload`, which builds one payload for several layers of its class;
-    :func:`model_payload` does this for every attention of a model, and
-    :class:`pyg_grf.loader.DataLoader` in its worker processes, leaving the result on the
-    batch (:func:`prepared_payload`).
+    :meth:`plan_payload` builds one payload for several layers of a class;
+    :func:`model_payload` does so for every attention of a model, as
+    :class:`pyg_grf.loader.DataLoader` does in its workers (:func:`prepared_payload`).
     """
 
     #: ``Data`` attributes the payload reads.
     requires: Tuple[str, ...] = ()
-    #: ``Data`` attributes the payload reads when they are there.
-    optional: Tuple[str, ...] = ()
     #: How to provide :attr:`requires` (shown when they are missing).
     hint: str = ''
     #: Keyword names of the payload (what :meth:`payload` returns).
@@ -143,16 +136,10 @@ def model_payload(model: Union[nn.Module, Sequence[nn.Module]], data: Any) -> Di
 
 class QKVAttention(GraphAttention):
     r"""Base of the attention layers, and the contract every attention layer follows:
-
-    * constructor vocabulary ``(channels, heads=1, head_channels=None, dropout=0.0, bias=True,
-      ...)``, with ``head_channels`` defaulting to ``channels // heads``;
-    * ``to_q``, ``to_k``, ``to_v`` project ``[N, channels]`` to ``heads`` heads of
-      ``head_channels`` (``bias`` sets their biases), and ``to_out`` projects the concatenated
-      heads back to ``[N, channels]``;
-    * ``dropout``: see :func:`key_dropout`, on the attention coefficients only, never on the
-      output;
-    * ``reset_parameters()`` re-initialises every parameter, ``repr`` is
-      :func:`contract_repr`.
+    constructor ``(channels, heads=1, head_channels=channels // heads, dropout=0.0, bias=True,
+    ...)``; ``to_q``, ``to_k``, ``to_v`` project ``[N, channels]`` to ``heads`` heads of
+    ``head_channels`` and ``to_out`` projects the concatenated heads back; ``dropout`` acts on
+    the attention coefficients only (:func:`key_dropout`); ``repr`` is :func:`contract_repr`.
     """
 
     def __init__(self, channels: int, heads: int = 1, head_channels: Optional[int] = None,
