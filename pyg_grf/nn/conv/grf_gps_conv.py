@@ -66,17 +66,9 @@ class GRFGPSConv(torch.nn.Module):
     graphs of a mini-batch.
 
     Args:
-        channels (int): size of each input and output sample.
-        conv (MessagePassing, optional): the local message passing layer, or :obj:`None` for
-            attention only.
-        heads (int, optional): attention heads (default: :obj:`1`).
-        dropout (float, optional): dropout of the residual branches and the MLP
-            (default: :obj:`0.`).
-        act (str or Callable, optional): activation of the MLP (default: :obj:`"relu"`).
-        act_kwargs (dict, optional): its arguments (default: :obj:`None`).
-        norm (str or Callable, optional): a PyG normalization or ``'rms_norm'``
-            (default: :obj:`"batch_norm"`).
-        norm_kwargs (dict, optional): its arguments (default: :obj:`None`).
+        channels, conv, heads, dropout, act, act_kwargs, norm, norm_kwargs: as in
+            :class:`~torch_geometric.nn.conv.GPSConv` (``conv=None``: attention only; ``norm``
+            may also be ``'rms_norm'``).
         attn_type (str or torch.nn.Module, optional): a name of
             :data:`~pyg_grf.nn.attention.registry.ATTENTIONS` (``'multihead'`` and
             ``'performer'`` are padded per graph exactly as in
