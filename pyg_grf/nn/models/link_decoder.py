@@ -27,16 +27,10 @@ class LinkDecoder(torch.nn.Module):
     Args:
         channels (int): embedding size.
         decoder (str, optional): ``'dot'`` or ``'hadamard_mlp'`` (default: :obj:`'dot'`).
-        hidden_channels (int, optional): hidden size of the MLP (default: :obj:`channels`).
-        num_layers (int, optional): layers of the MLP, :math:`\ge 1` (default: :obj:`2`).
-        act (str, optional): activation of the MLP (default: :obj:`'relu'`).
-        dropout (float, optional): dropout of the MLP (default: :obj:`0.`).
+        hidden_channels, num_layers, act, dropout: of the MLP (default: :obj:`channels`,
+            :obj:`2`, :obj:`'relu'`, :obj:`0.`).
         chunk_size (int, optional): most elements of the :math:`[P, K, C]` product that
             :meth:`score_candidates` forms at once for the MLP (default: :obj:`2**24`).
-
-    Shapes:
-        - **forward:** :math:`(*, C), (*, C) \to (*)` (broadcasting).
-        - **score_candidates:** :math:`(P, C), (P, K, C) \to (P, K)`.
     """
 
     def __init__(self, channels: int, decoder: str = 'dot',
@@ -66,7 +60,8 @@ class LinkDecoder(torch.nn.Module):
                              f"dimension, got shape {tuple(z.shape)}")
 
     def forward(self, z_src: Tensor, z_dst: Tensor) -> Tensor:
-        r"""Scores of the pairs ``(z_src[...], z_dst[...])``."""
+        r"""Scores :math:`(*)` of the pairs ``(z_src[...], z_dst[...])``, :math:`(*, C)` each
+        (broadcasting)."""
         self._check(z_src, 'z_src')
         self._check(z_dst, 'z_dst')
         h = z_src * z_dst
@@ -75,7 +70,8 @@ class LinkDecoder(torch.nn.Module):
         return self.mlp(h.reshape(-1, self.channels)).view(h.shape[:-1])
 
     def score_candidates(self, z_src: Tensor, z_cand: Tensor) -> Tensor:
-        r"""Scores of every source ``z_src[p]`` with each of its candidates ``z_cand[p, k]``."""
+        r"""Scores :math:`(P, K)` of every source ``z_src[p]`` :math:`(P, C)` with each of its
+        candidates ``z_cand[p, k]`` :math:`(P, K, C)`."""
         if z_src.dim() != 2 or z_cand.dim() != 3 or z_cand.size(0) != z_src.size(0):
             raise ValueError(f"expected z_src [P, C] and z_cand [P, K, C], got "
                              f"{tuple(z_src.shape)} and {tuple(z_cand.shape)}")
