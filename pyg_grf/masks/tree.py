@@ -3,6 +3,7 @@ Lemma 3.5 and App. A.8 for :math:`f = \exp(a\,\cdot + b)`; Sec. 6, Lemma 6.2 and
 an arbitrary :math:`f` of the hop distance)."""
 from __future__ import annotations
 
+import itertools
 from typing import List, Optional, Tuple, Union
 
 import numpy as np
@@ -139,13 +140,8 @@ class TreeMask(MaskOperator):
             0, labels, torch.arange(N, device=device), 'amin')
         parent, parent_edge, levels = _bfs_levels(uu, vv, roots, N)
         self._set_levels(levels, parent, parent_edge)
-        self.parent = parent
-        self.parent_edge = parent_edge
+        self.parent, self.parent_edge, self.roots = parent, parent_edge, roots
         self.edge_length = w  # [M] or None (unit lengths)
-        self.depth = torch.empty(N, dtype=torch.long, device=device)
-        for d, lv in enumerate(levels):
-            self.depth[lv] = d
-        self.roots = roots
 
     def _set_levels(self, levels: List[Tensor], parent: Tensor, parent_edge: Tensor):
         # Node order by level; per level the parent's position inside the previous level.
@@ -154,10 +150,7 @@ class TreeMask(MaskOperator):
         self.inv_perm = torch.empty_like(self.perm)
         self.inv_perm[self.perm] = torch.arange(N, device=device)
         self.level_sizes = [lv.numel() for lv in levels]
-        offsets = [0]
-        for n in self.level_sizes:
-            offsets.append(offsets[-1] + n)
-        self.level_offsets = offsets
+        self.level_offsets = offsets = [0, *itertools.accumulate(self.level_sizes)]
         self.parent_local: List[Optional[Tensor]] = [None]
         self.parent_edge_level: List[Optional[Tensor]] = [None]
         # Per level: position of every node among its siblings, counted from the first and from
