@@ -346,18 +346,14 @@ class TreeMask(MaskOperator):
         return dist.masked_fill(~same, float('inf'))
 
     def to_dense(self) -> Tensor:
-        if self.f is not None:
-            dist = self.distances(weighted=False)
-            same = torch.isfinite(dist)
-            idx = torch.where(same, dist, torch.zeros_like(dist)).round().long()
-            return self.f[..., idx] * same.to(self.f.dtype)
-        dist = self.distances(weighted=True)
+        dist = self.distances(weighted=self.f is None)  # hop distances index f
         same = torch.isfinite(dist)
-        dtype = self._dense_dtype
         dist = torch.where(same, dist, torch.zeros_like(dist))
+        if self.f is not None:
+            return self.f[..., dist.round().long()] * same.to(self.f.dtype)
         a = self.a.double().view(-1, 1, 1) if self.a.dim() == 1 else self.a.double()
         b = self.b.double().view(-1, 1, 1) if self.b.dim() == 1 else self.b.double()
-        return (torch.exp(a * dist + b) * same.double()).to(dtype)
+        return (torch.exp(a * dist + b) * same.double()).to(self._dense_dtype)
 
     def __repr__(self) -> str:
         heads = '' if self.num_heads is None else f', heads={self.num_heads}'
