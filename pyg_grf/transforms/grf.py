@@ -15,11 +15,6 @@ from pyg_grf.transforms._seeding import TransformRNG
 from pyg_grf.walks import check_walk_args
 
 
-def _index_dtype(num_nodes: int) -> torch.dtype:
-    # int32 leaves room for PyG batches of up to 2^31 - 1 nodes
-    return torch.int32 if num_nodes < 2 ** 30 else torch.int64
-
-
 @functional_transform('add_graph_random_features')
 class AddGraphRandomFeatures(BaseTransform):
     r"""Samples random walks on a graph and stores the importance-weighted loads of its graph
@@ -105,8 +100,9 @@ class AddGraphRandomFeatures(BaseTransform):
         if D > 1:  # walks never leave their copy: the copy of the start node is the draw
             data[f'{self.attr_prefix}_draw'] = (index[0] // N).to(torch.int16)
             index = index % N
-        # Compact storage (cached with the dataset): node ids in int32, hop counts in int8.
-        data[f'{self.attr_prefix}_index'] = index.to(_index_dtype(N))
+        # Compact storage (cached with the dataset): node ids in int32 (room for PyG batches of
+        # up to 2^31 - 1 nodes), hop counts in int8.
+        data[f'{self.attr_prefix}_index'] = index.to(torch.int32 if N < 2 ** 30 else torch.int64)
         data[f'{self.attr_prefix}_length'] = length.to(
             torch.int8 if self.max_length < 128 else torch.int16)
         data[f'{self.attr_prefix}_load'] = load

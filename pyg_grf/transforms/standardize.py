@@ -16,9 +16,8 @@ class Standardize(BaseTransform):
     (:meth:`fit`), so that validation and test data are scaled by training statistics only.
     Predictions of a model trained on standardised targets map back with :meth:`inverse`.
 
-    :class:`~pyg_grf.lightning.datamodules.GraphDataModule` fits one on its training split when
-    given ``standardize=[...]``. The statistics are plain lists, so the transform can also be
-    written in a config with the values of an earlier fit.
+    :class:`~pyg_grf.lightning.datamodules.GraphDataModule` fits one on its training split
+    (``standardize=[...]``); the statistics are plain lists, so a config can also give them.
 
     Args:
         attrs (list of str): the attributes, each ``[rows, columns]`` (or ``[rows]``) and
