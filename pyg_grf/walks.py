@@ -14,6 +14,7 @@ walk that reaches it.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import os
 from typing import List, NamedTuple, Optional, Tuple
@@ -327,12 +328,9 @@ def _take_steps(csr: _GhostCSR, cur: Tensor, order: Tensor, counts: List[int], w
     reached and extended CSR position of the edge taken), written in place: the step loop
     allocates nothing."""
     device = cur.device
-    R = int(sum(counts))
-    node = torch.empty(R, dtype=torch.long, device=device)
-    pos = torch.empty(R, dtype=torch.long, device=device)
-    ptr = [0]
-    for A in counts:
-        ptr.append(ptr[-1] + A)
+    ptr = [0, *itertools.accumulate(counts)]
+    node = torch.empty(ptr[-1], dtype=torch.long, device=device)
+    pos = torch.empty(ptr[-1], dtype=torch.long, device=device)
     step_ptr = torch.tensor(ptr, dtype=torch.long, device=device)
     A0 = counts[0] if counts else 0
     rd_buf = torch.empty(A0, 3, dtype=torch.long, device=device)
@@ -374,8 +372,7 @@ def _stratified_uniforms(key: Tensor, generator: Optional[torch.Generator]) -> T
     key_sorted, order = torch.sort(key, stable=True)
     uniq, inv_sorted, counts = torch.unique_consecutive(key_sorted, return_inverse=True,
                                                         return_counts=True)
-    first = torch.zeros_like(counts)
-    torch.cumsum(counts[:-1], 0, out=first[1:])
+    first = torch.cumsum(counts, 0) - counts
     rank_sorted = torch.arange(key.numel(), device=key.device) - first[inv_sorted]
     # float64: an exact-enough neighbour index at any degree (see sample_walks)
     u = torch.rand(uniq.numel(), generator=generator, device=key.device, dtype=torch.float64)

@@ -1,18 +1,12 @@
 r"""GKAT backend ``'pairs'``: attention over the support of the kernel, the pairs
 :math:`(i, j)` with :math:`|\mathcal{K}_{ij}| > t` (:class:`~.plan.KernelPairs`), as PyG message
 passing over those pairs (``edge_index`` = the support, as :class:`GATConv`'s over the edges):
-
-* ``mode='softmax'`` (FTFI paper, App. A.5.2: GAT with the adjacency replaced by the RWGNK
-  kernel): :math:`\alpha_{ij} = \mathrm{softmax}_j(e_{ij} + \log\mathcal{K}_{ij})`, then
-  :math:`\sum_j \alpha_{ij}\mathbf{v}_j`, with the normaliser in the same product;
-* ``mode='linear'`` (Sec. 4.2 on the kernel's nonzeros):
-  :math:`a_{ij} = \mathcal{K}_{ij}\,\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` (one sampled
-  product), then :math:`\sum_j a_{ij}[\mathbf{v}_j, 1]` for numerator and normaliser.
-
-The aggregation is a fused CSR product per head on the one CSR of the pairs
-(:func:`head_spmm`, :func:`head_sddmm`), never a block-diagonal repeat of the pattern, each
-product writing into a zeroed output with ``out=`` (torch's ``csr @ x`` computes into a
-temporary and copies it, ``sampled_addmm`` without ``out=`` copies its whole input first).
+the softmax of :math:`e_{ij} + \log\mathcal{K}_{ij}` (FTFI paper, App. A.5.2) or the linear
+:math:`\mathcal{K}_{ij}\,\phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)` (Sec. 4.2). The products
+run per head on the one CSR of the pairs (:func:`head_spmm`, :func:`head_sddmm`), never a
+block-diagonal repeat of the pattern, each into a zeroed output with ``out=`` (torch's
+``csr @ x`` computes into a temporary and copies it, ``sampled_addmm`` without ``out=`` copies
+its whole input first).
 """
 from __future__ import annotations
 
