@@ -272,11 +272,6 @@ class GraphTransformer(torch.nn.Module):
             h = h + self.pe_encoder(pe.to(self.pe_encoder.weight.dtype))
         return h
 
-    def _edge_features(self, data) -> Optional[Tensor]:
-        if not self._uses_edge_attr:
-            return None
-        return embed(self.edge_encoder, self.edge_encoder_kind, data.edge_attr)
-
     def payload(self, data) -> Dict[str, Any]:
         r"""The payload of every attention layer for ``data`` (e.g. ``{'grf': GRFPlan}``, one
         plan for all GRF layers), or the one :class:`pyg_grf.loader.DataLoader` built for it
@@ -296,7 +291,8 @@ class GraphTransformer(torch.nn.Module):
         num_graphs = int(getattr(data, 'num_graphs', 1) or 1)
 
         x = self.encode(data)
-        edge_attr = self._edge_features(data)
+        edge_attr = (embed(self.edge_encoder, self.edge_encoder_kind, data.edge_attr)
+                     if self._uses_edge_attr else None)
         token_type = None
         if self.pe == 'graph_bridge':  # nodes and edges become tokens (SAMSA paper, Sec. 4.3)
             # noise precomputed by AddGraphBridgeTokens(pe_dim=...) when present, else fresh
