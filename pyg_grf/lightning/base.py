@@ -1,10 +1,6 @@
 r"""The base of the tasks: :class:`Task`, a thin :class:`~lightning.pytorch.LightningModule`
-around a plain :class:`torch.nn.Module` model that adds the optimiser and its schedule,
-checkpoint loading that builds only allow-listed classes, resumable random state and the step
-methods, written once over :meth:`Task.shared_step`.
-
-Gradient clipping is a :class:`~lightning.pytorch.Trainer` option (``gradient_clip_val``).
-"""
+around a plain :class:`torch.nn.Module` model. Gradient clipping is a
+:class:`~lightning.pytorch.Trainer` option (``gradient_clip_val``)."""
 from __future__ import annotations
 
 import inspect
@@ -29,9 +25,8 @@ OPTIMIZERS = {'adamw': torch.optim.AdamW, 'adam': torch.optim.Adam}
 
 
 class Task(pl.LightningModule):
-    r"""The shared parts of :class:`~pyg_grf.lightning.tasks.GraphLevelTask`,
-    :class:`~pyg_grf.lightning.tasks.NodeLevelTask` and
-    :class:`~pyg_grf.lightning.link.LinkLevelTask`.
+    r"""The optimiser and its schedule, checkpoint loading that builds only allow-listed
+    classes, resumable random state and the step methods of the tasks.
 
     A task supplies :meth:`shared_step` (the loss on one batch of a split, with the split's
     metric updated and logged) and one metric object per split in :obj:`self.metrics` (keys

@@ -62,8 +62,7 @@ class EpochMetricsLog(Callback):
     those run since (a killed, unsaved epoch is run again, never listed twice).
 
     Args:
-        filename (str, optional): The file name inside the log folder.
-            (default: :obj:`"epoch_metrics.jsonl"`)
+        filename (str, optional): the file name in the log folder (default: as above).
     """
 
     def __init__(self, filename: str = 'epoch_metrics.jsonl'):
@@ -106,8 +105,7 @@ class LearningCurvePlot(Callback):
     ``fast_dev_run``; says in one line why there is no plot (e.g. matplotlib is not installed).
 
     Args:
-        filename (str, optional): The file name inside the log folder.
-            (default: :obj:`"learning_curves.png"`)
+        filename (str, optional): the file name in the log folder (default: as above).
     """
 
     def __init__(self, filename: str = 'learning_curves.png'):
@@ -131,8 +129,7 @@ class MallocTrim(Callback):
     r"""Returns the process's free heap memory to the system every ``every_n_steps`` training
     steps and after every validation (:func:`pyg_grf.utils.trim_malloc`), so that the resident
     memory of a run with :func:`~pyg_grf.utils.tune_malloc`'s settings stays bounded when the
-    batches change shape at every step (0.1 s per trim, about 0.5 % of the steps it covers).
-    ``pyg-grf`` adds it whenever it tunes the allocator.
+    batches change shape at every step. ``pyg-grf`` adds it whenever it tunes the allocator.
 
     Args:
         every_n_steps (int, optional): training steps between trims (default: :obj:`50`).

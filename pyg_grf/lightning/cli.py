@@ -461,13 +461,17 @@ class GRFLightningCLI(LightningCLI):
             check_run_folder(trainer.default_root_dir, names=('config.yaml', ))
 
     def after_fit(self) -> None:
-        if not self.config[self.subcommand].get('test_after_fit'):
-            return
+        if self.config[self.subcommand].get('test_after_fit'):
+            self.test_best()
+
+    def test_best(self, **kwargs: Any) -> List[Dict[str, float]]:
+        r"""``trainer.test`` with the best checkpoint when ``checkpoint.monitor`` is set, else
+        with the last weights."""
         ckpt = self.trainer.checkpoint_callback
         best = (ckpt is not None and ckpt.monitor and ckpt.best_model_path
                 and not self.trainer.fast_dev_run)
-        self.trainer.test(self.model, datamodule=self.datamodule,
-                          ckpt_path='best' if best else None)
+        return self.trainer.test(self.model, datamodule=self.datamodule,
+                                 ckpt_path='best' if best else None, **kwargs)
 
 
 def _fmt(values: List[float]) -> str:
@@ -535,12 +539,9 @@ def _run_folds(opts: argparse.Namespace, rest: List[str]) -> List[Dict[str, Any]
         raise ValueError(f"--folds must lie in [0, {num_folds}), got {bad}")
     out = opts.out
     if out is None:
-        config_name = 'run'
-        for i, arg in enumerate(rest):
-            if arg.startswith('--config'):
-                path = arg.split('=', 1)[1] if '=' in arg else rest[i + 1]
-                config_name = osp.splitext(osp.basename(path))[0]
-        out = osp.join(probe.trainer.default_root_dir, 'cv', config_name)
+        configs = probe.config.get('config') or []
+        name = osp.splitext(osp.basename(str(configs[-1])))[0] if configs else 'run'
+        out = osp.join(probe.trainer.default_root_dir, 'cv', name)
     del probe
     os.makedirs(out, exist_ok=True)
 
@@ -550,12 +551,9 @@ def _run_folds(opts: argparse.Namespace, rest: List[str]) -> List[Dict[str, Any]
                                     f'--trainer.default_root_dir={osp.join(out, f"fold{fold}")}'],
                               run=False)
         cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+        metrics = cli.test_best(verbose=False)[0]
+        row: Dict[str, Any] = {'fold': fold, **{k: float(v) for k, v in metrics.items()}}
         ckpt = cli.trainer.checkpoint_callback
-        ckpt_path = 'best' if ckpt is not None and ckpt.monitor and ckpt.best_model_path else None
-        metrics = cli.trainer.test(cli.model, datamodule=cli.datamodule, ckpt_path=ckpt_path,
-                                   verbose=False)[0]
-        row: Dict[str, Any] = {'fold': fold}
-        row.update({k: float(v) for k, v in metrics.items()})
         if ckpt is not None and ckpt.monitor and ckpt.best_model_score is not None:
             row[f'best {ckpt.monitor}'] = float(ckpt.best_model_score)
         results.append(row)

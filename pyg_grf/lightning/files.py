@@ -24,13 +24,8 @@ def atomic_write(path: str, mode: str = 'w', **open_kwargs) -> Iterator[IO]:
     under that name is refused, mode ``0o644`` before the umask) and, when the block ends
     without an error, syncs it and renames it over :obj:`path`: atomic on POSIX file systems,
     and a link at :obj:`path` is replaced, never written through. On an error the temporary
-    file is removed and :obj:`path` is left as it was.
-
-    Args:
-        path (str): the file to write.
-        mode (str, optional): ``'w'`` (text, ``open_kwargs`` such as ``newline`` or
-            ``encoding`` apply) or ``'wb'`` (default: :obj:`'w'`).
-    """
+    file is removed and :obj:`path` is left as it was. :obj:`mode` is ``'w'`` (text, with
+    :obj:`open_kwargs`) or ``'wb'``."""
     if mode not in ('w', 'wb'):
         raise ValueError(f"atomic_write writes whole files: mode must be 'w' or 'wb', got "
                          f"{mode!r}")

@@ -12,7 +12,7 @@ from pyg_grf.lightning.base import SPLITS, Task
 from pyg_grf.lightning.link_metrics import (
     LINK_HITS_KS,
     LinkRankingMetrics,
-    check_edge_labels,
+    check_labelled_pairs,
     check_pairs_in_graphs,
     filtered_link_candidates,
     link_ranks,
@@ -132,18 +132,7 @@ class LinkLevelTask(Task):
                              f"'edge_label_index' [2, L] and 'edge_label' [L] (as in LRGB "
                              f"PCQM-Contact), got a batch with attributes {keys}. For graph or "
                              f"node targets use GraphLevelTask or NodeLevelTask.")
-        if index.dim() != 2 or index.size(0) != 2 or label.dim() != 1 or \
-                label.numel() != index.size(1):
-            raise ValueError(f"expected edge_label_index [2, L] and edge_label [L], got "
-                             f"{tuple(index.shape)} and {tuple(label.shape)}")
-        check_edge_labels(label)
-        if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
-            # .long() would truncate: 0.6 -> 0, -0.5 -> 0 (another node, in range)
-            shown = [round(v, 4) if isinstance(v, float) else v
-                     for v in index.flatten()[:4].tolist()]
-            raise TypeError(f"expected an integer edge_label_index (node ids, torch.long), got "
-                            f"{index.dtype} with values such as {shown}")
-        index = index.long()
+        index = check_labelled_pairs(index, label)
         # every step checks the pairs (training and predict too): ids in range, one graph each
         check_pairs_in_graphs(index, LinkLevelTask._batch_vector(batch))
         return index, label

@@ -102,12 +102,26 @@ def check_pairs_in_graphs(index: Tensor, batch: Tensor) -> None:
                          f"{int(batch[index[1, k]])}")
 
 
-def check_edge_labels(edge_label: Tensor) -> None:
-    r"""Raises a :class:`ValueError` unless every label is 0 or 1 (1 = link)."""
-    bad = (edge_label != 0) & (edge_label != 1)
+def check_labelled_pairs(edge_label_index: Tensor, edge_label: Tensor) -> Tensor:
+    r"""Checks labelled node pairs: ``edge_label_index [2, L]`` of integer node ids and
+    ``edge_label [L]`` in :math:`\{0, 1\}` (1 = link, any numeric or bool dtype). Returns the
+    index as ``torch.long``."""
+    index, label = edge_label_index, edge_label
+    if index.dim() != 2 or index.size(0) != 2 or label.dim() != 1 or \
+            label.numel() != index.size(1):
+        raise ValueError(f"expected edge_label_index [2, L] and edge_label [L], got "
+                         f"{tuple(index.shape)} and {tuple(label.shape)}")
+    if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
+        # .long() would truncate: 0.6 -> 0, -0.5 -> 0 (another node, in range)
+        shown = [round(v, 4) if isinstance(v, float) else v
+                 for v in index.flatten()[:4].tolist()]
+        raise TypeError(f"expected an integer edge_label_index (node ids, torch.long), got "
+                        f"{index.dtype} with values such as {shown}")
+    bad = (label != 0) & (label != 1)
     if bool(bad.any()):
         raise ValueError(f"expected edge_label in {{0, 1}} (1 = link), got values such as "
-                         f"{edge_label[bad][:3].tolist()}")
+                         f"{label[bad][:3].tolist()}")
+    return index.long()
 
 
 def filtered_link_candidates(edge_label_index: Tensor, edge_label: Tensor,
@@ -121,23 +135,15 @@ def filtered_link_candidates(edge_label_index: Tensor, edge_label: Tensor,
     Negative pairs in :obj:`edge_label_index` play no part: every non-positive node counts.
 
     Args:
-        edge_label_index (Tensor): ``[2, L]`` labelled pairs, batch node ids.
-        edge_label (Tensor): ``[L]`` labels in :math:`\{0, 1\}` (any numeric or bool dtype).
+        edge_label_index (Tensor), edge_label (Tensor): the labelled pairs, batch node ids
+            (:func:`check_labelled_pairs`).
         batch (Tensor, optional): ``[N]`` sorted graph id of every node (default: one graph).
         num_nodes (int, optional): :math:`N` when :obj:`batch` is :obj:`None`
             (default: the largest index + 1).
         exclude_self (bool, optional): also remove the source itself (default: :obj:`False`).
     """
-    if edge_label_index.dim() != 2 or edge_label_index.size(0) != 2 or \
-            edge_label_index.is_floating_point() or edge_label_index.dtype == torch.bool:
-        raise ValueError(f"expected edge_label_index of shape [2, L] with integer node ids, got "
-                         f"shape {tuple(edge_label_index.shape)} ({edge_label_index.dtype})")
+    edge_label_index = check_labelled_pairs(edge_label_index, edge_label)
     L = edge_label_index.size(1)
-    if edge_label.dim() != 1 or edge_label.numel() != L:
-        raise ValueError(f"expected edge_label of shape [L={L}] (one label per column of "
-                         f"edge_label_index), got {tuple(edge_label.shape)}")
-    check_edge_labels(edge_label)
-    edge_label_index = edge_label_index.long()
     device = edge_label_index.device
     if batch is None:
         if num_nodes is None:
@@ -251,5 +257,5 @@ class LinkRankingMetrics(Metric):
         return {name: values[i].float() for i, name in enumerate(names)}
 
 
-__all__ = ['LINK_HITS_KS', 'LinkCandidates', 'LinkRankingMetrics', 'check_edge_labels',
+__all__ = ['LINK_HITS_KS', 'LinkCandidates', 'LinkRankingMetrics', 'check_labelled_pairs',
            'check_pairs_in_graphs', 'filtered_link_candidates', 'link_ranks']

@@ -231,9 +231,7 @@ def plot_learning_curves(run_dir: str, out: Optional[str] = None,
         monitor (str, optional): the metric to plot (default: ``checkpoint.monitor`` of the
             run's ``config.yaml``, else the logged validation metric).
 
-    Returns:
-        ``(path, panels)``: the file written and the data of its panels
-        (:func:`learning_curve_panels`).
+    Returns ``(path, panels)``: the file written and :func:`learning_curve_panels`.
 
     Raises:
         FileNotFoundError: no metrics under :obj:`run_dir`.
@@ -293,9 +291,8 @@ def plot_cv_results(cv_dir: str, out: Optional[str] = None
     ``cv_results.json``, a bar per fold and the mean ± std (population std, as in
     ``cv_results.md``) as a line and a band.
 
-    Returns:
-        ``(path, results)``: the file written (default ``<cv_dir>/cv_results.png``) and
-        :func:`read_cv_results`.
+    Returns ``(path, results)``: the file written (default ``<cv_dir>/cv_results.png``) and
+    :func:`read_cv_results`.
     """
     results = {k: v for k, v in read_cv_results(cv_dir).items() if v}
     if not results:
@@ -318,11 +315,8 @@ def plot_cv_results(cv_dir: str, out: Optional[str] = None
 def plot_run(path: str, out: Optional[str] = None, monitor: Optional[str] = None
              ) -> Dict[str, Any]:
     r"""``pyg-grf plot PATH``: the per-fold results for a cv run folder (one with
-    ``cv_results.json``), else the learning curves of the newest run under :obj:`path`.
-
-    Returns:
-        ``{'kind': 'cv' | 'fit', 'path': PNG file, 'data': what was plotted}``.
-    """
+    ``cv_results.json``), else the learning curves of the newest run under :obj:`path`; returns
+    ``{'kind': 'cv' | 'fit', 'path': PNG file, 'data': what was plotted}``."""
     if osp.isfile(osp.join(path, 'cv_results.json')):
         png, data = plot_cv_results(path, out)
         return {'kind': 'cv', 'path': png, 'data': data}

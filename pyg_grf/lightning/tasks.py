@@ -134,12 +134,9 @@ class GraphLevelTask(_TargetTask):
     r"""Graph classification / regression on mini-batches of graphs.
 
     Args:
-        model (torch.nn.Module): the model, mapping a batch to ``[B, out]``. From Python, a
-            dict of :class:`~pyg_grf.nn.models.graph_transformer.GraphTransformer` arguments
-            (or a ``{'class_path': ..., 'init_args': ...}`` spec) works too and is saved as a
-            hyperparameter, so :meth:`load_from_checkpoint` needs no arguments. (The annotation
-            is the module alone so that configs are checked key by key against the model's
-            signature before anything runs.)
+        model (torch.nn.Module): the model, mapping a batch to ``[B, out]``; from Python, a
+            dict or spec as in :class:`~pyg_grf.lightning.base.Task` (the annotation is the
+            module alone so that configs are checked key by key against its signature).
         task (str, optional): ``'binary'`` (one logit, accuracy), ``'multiclass'`` (logits,
             accuracy), ``'multilabel'`` (one logit per label, LRGB macro AP, ``NaN`` targets
             ignored) or ``'regression'`` (MAE) (default: :obj:`'multiclass'`).

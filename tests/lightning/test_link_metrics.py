@@ -201,13 +201,13 @@ def test_bad_input():
     label = torch.tensor([1, 1])
     batch = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
     filtered_link_ranks(S, index, label, batch)  # fine
-    with pytest.raises(ValueError, match=r"expected edge_label of shape \[L=2\].*got \(3,\)"):
+    with pytest.raises(ValueError, match=r"expected edge_label_index \[2, L\] and edge_label "
+                                         r"\[L\], got \(2, 2\) and \(3,\)"):
         filtered_link_ranks(S, index, torch.tensor([1, 0, 1]), batch)
     with pytest.raises(ValueError, match=r"expected edge_label in \{0, 1\} \(1 = link\), got "
                                          r"values such as \[2\]"):
         filtered_link_ranks(S, index, torch.tensor([1, 2]), batch)
-    with pytest.raises(ValueError, match=r"shape \[2, L\] with integer node ids, got shape "
-                                         r"\(3, 2\)"):
+    with pytest.raises(ValueError, match=r"\[2, L\] and edge_label \[L\], got \(3, 2\)"):
         filtered_link_ranks(S, torch.zeros(3, 2, dtype=torch.long), label, batch)
     with pytest.raises(ValueError, match="pair 1 joins graphs 0 and 1"):
         filtered_link_ranks(S, torch.tensor([[0, 1], [1, 5]]), label, batch)
