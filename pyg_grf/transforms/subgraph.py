@@ -274,7 +274,6 @@ class RestrictGraphRandomFeatures(BaseTransform):
             loads = {attr_prefix: (data.index, data.hop, data.load)}
             if data.key is not None:
                 loads[f'{attr_prefix}_key'] = (data.key.index, data.key.hop, data.key.load)
-            num_nodes = data.num_nodes
         elif isinstance(data, Data):
             prefixes = _check_prefixes(data, attr_prefixes)
             if not prefixes:
@@ -282,18 +281,14 @@ class RestrictGraphRandomFeatures(BaseTransform):
                                  "'<prefix>_length' and '<prefix>_load', e.g. from "
                                  "AddGraphRandomFeatures)")
             loads = {p: tuple(data[f'{p}_{s}'] for s in _SUFFIXES) for p in prefixes}
-            num_nodes = data.num_nodes
         else:
             raise TypeError(f"'data' must be a torch_geometric.data.Data or a GRFLoads, got "
                             f"{type(data).__name__}")
-        N = int(num_nodes)
+        N = self.num_nodes = int(data.num_nodes)
         # Validate the full graph's loads once, and index them by start node (CSR), so that a
         # batch only touches the entries of its own nodes: O(entries of the batch), not O(nnz).
         self.loads = {p: _by_start(*t, N) for p, t in loads.items()}
-        self.num_nodes = N
-        self.attr_prefixes = sorted(loads)
-        self.node_id_attr = node_id_attr
-        self.attr_prefix = attr_prefix
+        self.attr_prefixes, self.node_id_attr = sorted(loads), node_id_attr
         self._node_map: Optional[Tensor] = None  # old id -> new id, -1 outside the batch
 
     def forward(self, data: Data) -> Data:
