@@ -116,11 +116,8 @@ class GraphBridge(torch.nn.Module):
         edge_channels (int, optional): Size of each edge feature; :obj:`None` for none.
             (default: :obj:`None`)
         pe_channels (int, optional): Width of each of the two noise sets. (default: :obj:`16`)
-        hidden_channels (int, optional): Hidden size of the MLPs :math:`\phi, \phi_V, \phi_E`.
-            (default: :obj:`out_channels`)
-        num_layers (int, optional): Number of layers of each MLP. (default: :obj:`2`)
-        act (str or Callable, optional): Activation of the MLPs. (default: :obj:`"gelu"`)
-        dropout (float, optional): Dropout of the MLPs. (default: :obj:`0.`)
+        hidden_channels, num_layers, act, dropout: of the MLPs :math:`\phi, \phi_V, \phi_E`.
+            (default: :obj:`out_channels`, :obj:`2`, :obj:`"gelu"`, :obj:`0.`)
         eval_noise (str, optional): See above. (default: :obj:`"structural"`)
         seed (int, optional): Seed of the evaluation noise. (default: :obj:`0`)
         hash_rounds (int, optional): Colour-refinement rounds of :obj:`"structural"` noise.
