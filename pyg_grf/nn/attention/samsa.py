@@ -77,10 +77,8 @@ class SAMSAAttention(GraphAttention):
             (Sec. 4.4). (default: :obj:`None`)
         dropout (float, optional): Dropout of the attention weights. (default: :obj:`0.`)
         tau (float, optional): Temperature :math:`\tau`. (default: :obj:`1.`)
-        score_channels (int, optional): Hidden size of the importance-score MLP; :obj:`None`:
-            :obj:`channels`. (default: :obj:`None`)
-        act (str or Callable, optional): Activation of that MLP. (default: :obj:`"gelu"`)
-        act_kwargs (Dict[str, Any], optional): Its arguments. (default: :obj:`None`)
+        score_channels, act, act_kwargs: hidden size, activation and its arguments of the
+            importance-score MLP. (default: :obj:`channels`, :obj:`"gelu"`, :obj:`None`)
         bias (bool, optional): Biases of the projections. (default: :obj:`True`)
         head_channels (int, optional): Size per head. (default: :obj:`channels // heads`)
     """
