@@ -123,7 +123,7 @@ def join_terms(lay: BlockLayout, prow: Tensor, col: Tensor, hop: Tensor, load: T
                kprow: Tensor, kcol: Tensor, khop: Tensor, kload: Tensor, K: int,
                num_nodes: int) -> BlockTerms:
     r"""The statistics of :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (module docstring of
-    :mod:`~pyg_grf.features.loads`): every query entry (padded row ``prow``, visited node
+    :mod:`~pyg_grf.features.join`): every query entry (padded row ``prow``, visited node
     ``col``, hop ``hop``, ``load``) joined with every key entry of the same visited node, one
     term per pair on cell (query start, key start) with id :func:`symmetric_ids` of the hops."""
     n = lay.n
@@ -208,15 +208,14 @@ def self_join_terms(lay: BlockLayout, prow: Tensor, col: Tensor, hop: Tensor, lo
 def mask_statistics(loads, lay: BlockLayout, symmetric: bool, dtype: torch.dtype,
                     max_cells: Optional[int] = None, cells: bool = True) -> BlockTerms:
     r"""The f-independent mask statistics of ``loads`` (a :class:`~pyg_grf.features.GRFLoads`)
-    in the dense-block layout ``lay`` (module docstring of :mod:`~pyg_grf.features.loads`):
-    ``symmetric`` for :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (a join of the query and key
-    entries on their visited node), else :math:`\widehat\Phi`. Terms that fall on the same cell
-    are summed per coefficient id, so that the mask values of a layer are one small matrix
-    product ``stats @ coef``. Summed in float64 for ``dtype=float64``, else float32, and
-    returned in ``dtype``. ``max_cells`` bounds the cells of the compiled join
-    (:class:`~pyg_grf.features.join.JoinMemoryError` beyond it). With ``cells=False`` the
-    compiled join's result keeps its global ``(row, col)`` ids (``index``) and skips the block
-    cells (``cell`` is :obj:`None`): what the pair backend needs, at 8 fewer bytes per cell."""
+    in the layout ``lay`` (module docstring of :mod:`~pyg_grf.features.join`), summed per cell
+    and coefficient id so that a layer's mask values are ``stats @ coef``: ``symmetric`` for
+    :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (a join of the entries on their visited node),
+    else :math:`\widehat\Phi`. Summed in float64 for ``dtype=float64``, else float32, returned in
+    ``dtype``; ``max_cells`` bounds the cells of the compiled join
+    (:class:`~pyg_grf.features.join.JoinMemoryError`). With ``cells=False`` the compiled join's
+    result keeps its global ``(row, col)`` ids (``index``) instead of the block cells (8 bytes
+    per cell less), as the pair backend needs."""
     n = lay.n
     K = loads.max_hop + 1
     acc = torch.float64 if dtype == torch.float64 else torch.float32
