@@ -31,14 +31,22 @@ def key_dropout(v: Tensor, p: float, training: bool) -> Tensor:
     return v * (keep / (1.0 - p))
 
 
-def resolve_head_channels(channels: int, heads: int, head_channels: Optional[int]) -> int:
-    r"""The size per head of the contract (:class:`QKVAttention`): :obj:`head_channels` if
-    given, else ``channels // heads``, which must then divide evenly."""
+def resolve_head_channels(channels: int, heads: int, head_channels: Optional[int],
+                          dropout: float = 0.0) -> int:
+    r"""Checks the sizes and the dropout of the contract (:class:`QKVAttention`) and returns
+    the size per head: :obj:`head_channels` if given, else ``channels // heads``, which must
+    then divide evenly."""
+    if channels < 1 or heads < 1:
+        raise ValueError(f"'channels' and 'heads' must be positive, got {channels} and {heads}")
+    if not 0.0 <= dropout < 1.0:
+        raise ValueError(f"'dropout' must lie in [0, 1), got {dropout}")
     if head_channels is None:
         if channels % heads != 0:
             raise ValueError(f"'channels' ({channels}) must be divisible by 'heads' ({heads}) "
                              f"unless 'head_channels' is given")
         head_channels = channels // heads
+    if head_channels < 1:
+        raise ValueError(f"'head_channels' must be positive, got {head_channels}")
     return head_channels
 
 
@@ -146,11 +154,7 @@ class QKVAttention(GraphAttention):
                  feature_map: Any = None, feature_map_kwargs: Optional[Dict[str, Any]] = None,
                  dropout: float = 0.0, bias: bool = True):
         super().__init__()
-        if channels < 1 or heads < 1:
-            raise ValueError(f"'channels' and 'heads' must be positive, got {channels} and {heads}")
-        head_channels = resolve_head_channels(channels, heads, head_channels)
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"'dropout' must lie in [0, 1), got {dropout}")
+        head_channels = resolve_head_channels(channels, heads, head_channels, dropout)
         self.channels, self.heads, self.head_channels = channels, heads, head_channels
         self.dropout = dropout
         inner = heads * head_channels

@@ -88,19 +88,13 @@ class SAMSAAttention(GraphAttention):
                  act: Union[str, Callable, None] = 'gelu', act_kwargs: Optional[dict] = None,
                  bias: bool = True, head_channels: Optional[int] = None):
         super().__init__()
-        if channels < 1 or heads < 1:
-            raise ValueError(f"'channels' and 'heads' must be positive (got {channels}, {heads})")
-        head_channels = resolve_head_channels(channels, heads, head_channels)
-        if head_channels < 1:
-            raise ValueError(f"'head_channels' must be positive (got {head_channels})")
+        head_channels = resolve_head_channels(channels, heads, head_channels, dropout)
         if num_samples < 1:
             raise ValueError(f"'num_samples' must be at least 1 (got {num_samples})")
         if mode not in MODES:
             raise ValueError(f"Unknown mode '{mode}' (expected one of {MODES})")
         if num_support is not None and num_support < 0:
             raise ValueError(f"'num_support' must be non-negative (got {num_support})")
-        if not 0. <= dropout < 1.:
-            raise ValueError(f"'dropout' must be in [0, 1) (got {dropout})")
         if tau <= 0.:
             raise ValueError(f"'tau' must be positive (got {tau})")
         self.channels, self.heads, self.head_channels = channels, heads, head_channels
