@@ -195,7 +195,6 @@ class GKATAttention(GraphAttention):
         return self.feature_map.output_dim(self.head_channels)
 
     requires = ('rwgnk_index', 'rwgnk_value')
-    optional = ('rwgnk_kernel_index', 'rwgnk_kernel_value')
     hint = "add the transform pyg_grf.transforms.AddRWGNKFeatures (best as pre_transform)"
     payload_keys = ('rwgnk',)
 

@@ -183,12 +183,6 @@ class GRFAttention(QKVAttention):
     def requires(self) -> Tuple[str, ...]:
         return tuple(f'{self.attr_prefix}_{s}' for s in ('index', 'length', 'load'))
 
-    @property
-    def optional(self) -> Tuple[str, ...]:
-        p = self.attr_prefix
-        return (f'{p}_key_index', f'{p}_key_length', f'{p}_key_load', f'{p}_draw',
-                f'{p}_key_draw')
-
     hint = ("add the transform pyg_grf.transforms.AddGraphRandomFeatures (best as the dataset's "
             "pre_transform, so the walks are sampled once and cached); a second one with "
             "attr_prefix='grf_key' gives independent key-side walks (unbiased diagonal)")
