@@ -149,8 +149,6 @@ class GraphTransformer(torch.nn.Module):
         self.final_norm = torch.nn.Identity()
         if block == 'pre_norm' and norm is not None:
             self.final_norm = norm_resolver(norm, C, **self._norm_kwargs)
-
-        # Head.
         if head_layers == 1:
             self.head = Linear(C, out_channels)
         elif head_layers == 2:
@@ -307,8 +305,6 @@ class GraphTransformer(torch.nn.Module):
         for layer in self.blocks:
             x = layer(x, edge_index, layer_batch, **kwargs)
         x = self.final_norm(x)
-
-        # Readout.
         if self.pooling is None and token_type is not None:
             x = x[token_type == 0]  # node tokens, in node order
         if self.pooling is not None:
