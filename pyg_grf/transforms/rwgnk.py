@@ -19,22 +19,14 @@ class AddRWGNKFeatures(BaseTransform):
     graph (FTFI paper, Sec. 4.2, Eq. 5; see :func:`pyg_grf.features.rwgnk_features`) as a sparse
     matrix in COO form (functional name: :obj:`add_rwgnk_features`):
 
-    * ``rwgnk_index`` ``[2, nnz]``: (start node :math:`h`, visited node :math:`i`). The name
-      contains ``index``, so PyG's batching offsets it and the features of a mini-batch are the
-      block-diagonal stack of the per-graph features.
-    * ``rwgnk_value`` ``[nnz]``: :math:`\Psi_{hi}`.
-
-    With ``kernel_threshold`` set, it also stores the pairs of the kernel
-    :math:`\mathcal{K} = \Psi\Psi^\top` above that threshold (see
-    :func:`~pyg_grf.features.rwgnk_kernel`), so that the plan of a batch
-    (:class:`~pyg_grf.nn.attention.gkat.RWGNKPlan`) does not recompute the sparse product; these
-    pairs then *are* the mask of the GKAT layers (a positive threshold approximates it):
-
-    * ``rwgnk_kernel_index`` ``[2, P]`` (batched like ``rwgnk_index``) and
-      ``rwgnk_kernel_value`` ``[P]``.
-
-    GKAT layers (:class:`~pyg_grf.nn.GKATAttention`) read them. As a ``pre_transform`` the walks
-    are sampled once; as a ``transform`` at every access.
+    ``rwgnk_index`` ``[2, nnz]`` (start node :math:`h`, visited node :math:`i`; PyG's batching
+    offsets it, so a mini-batch holds the block-diagonal stack) and ``rwgnk_value`` ``[nnz]``
+    (:math:`\Psi_{hi}`). With ``kernel_threshold`` it also stores the pairs of the kernel
+    :math:`\mathcal{K} = \Psi\Psi^\top` above that threshold
+    (:func:`~pyg_grf.features.rwgnk_kernel`), ``rwgnk_kernel_index`` ``[2, P]`` and
+    ``rwgnk_kernel_value`` ``[P]``, which then *are* the mask of the GKAT layers
+    (:class:`~pyg_grf.nn.GKATAttention`) and spare the plan of a batch the sparse product.
+    As a ``pre_transform`` the walks are sampled once; as a ``transform`` at every access.
 
     Args:
         num_walks (int): walks per node :math:`n`.
