@@ -101,17 +101,15 @@ class DiffusionKernelMask(MaskOperator):
             raise ValueError(f"'lam' must be finite, got {lam.detach().tolist()}")
         self.num_heads = lam.numel() if lam.dim() == 1 else None
         self.operator = operator
-        self.num_edges = E
 
         # T as coalesced COO: off-diagonal part from A, diagonal from D (and self-loops).
         ar = torch.arange(N, device=device)
         deg = edge_weight.new_zeros(N).index_add_(0, ei[0], edge_weight)
+        idx = torch.cat([ei, torch.stack([ar, ar])], dim=1)
         if operator == 'laplacian':
-            idx = torch.cat([ei, torch.stack([ar, ar])], dim=1)
             val = torch.cat([-edge_weight, deg])
         elif operator == 'normalized_laplacian':
             dinv = torch.where(deg != 0, 1.0 / deg, torch.zeros_like(deg))
-            idx = torch.cat([ei, torch.stack([ar, ar])], dim=1)
             val = torch.cat([-edge_weight * dinv[ei[1]], deg * dinv])
         else:
             idx, val = ei, -edge_weight
@@ -179,8 +177,7 @@ class DiffusionKernelMask(MaskOperator):
                         device=self._val.device)
         T[self._row, self._col] = self._val
         lam = self.lam.double()
-        if lam.dim() == 1:
-            return torch.linalg.matrix_exp(-lam.view(-1, 1, 1) * T.unsqueeze(0)).to(self.dtype)
+        lam = lam.view(-1, 1, 1) if lam.dim() == 1 else lam  # one [N, N] matrix per head
         return torch.linalg.matrix_exp(-lam * T).to(self.dtype)
 
     def __repr__(self) -> str:
