@@ -13,7 +13,12 @@ from torch_geometric.nn.inits import glorot, zeros
 from torch_geometric.typing import OptTensor
 
 from pyg_grf.memory import check_walk_memory, memory_budget
-from pyg_grf.nn.attention.base import GraphAttention, contract_repr, key_dropout
+from pyg_grf.nn.attention.base import (
+    GraphAttention,
+    contract_repr,
+    key_dropout,
+    samples_as_graphs,
+)
 from pyg_grf.nn.attention.gkat import dense, pairs, sparse
 from pyg_grf.nn.attention.gkat.choose import BACKENDS, choose_backend, costs, plan_sizes
 from pyg_grf.nn.attention.gkat.plan import RWGNKPlan
@@ -237,17 +242,12 @@ class GKATAttention(GraphAttention):
                 f"AddRWGNKFeatures), got {type(rwgnk).__name__}")
         plan = rwgnk
         if x.dim() == 3:  # B samples on one shared graph: the plan of B copies, for this call
-            if batch is not None:
-                raise ValueError("'batch' is not used with x of shape [B, n, channels] (every "
-                                 "sample is one copy of the shared graph)")
-            B, n = x.size(0), x.size(1)
-            if n != plan.num_nodes:
-                raise ValueError(f"x of shape {tuple(x.shape)} holds samples of {n} nodes, but "
-                                 f"the plan is of a graph of {plan.num_nodes} nodes")
-            out = self(x.reshape(B * n, -1),
-                       torch.arange(B, device=x.device).repeat_interleave(n),
-                       rwgnk=plan.repeat(B, [self]))
-            return out.view(B, n, -1)
+            shape = tuple(x.shape)
+            x, batch, B = samples_as_graphs(x, batch)
+            if shape[1] != plan.num_nodes:
+                raise ValueError(f"x of shape {shape} holds samples of {shape[1]} nodes, but the "
+                                 f"plan is of a graph of {plan.num_nodes} nodes")
+            return self(x, batch, rwgnk=plan.repeat(B, [self])).view(B, shape[1], -1)
         if x.dim() != 2 or x.size(-1) != self.channels:
             raise ValueError(f"'x' must have shape [N, {self.channels}], got {tuple(x.shape)}")
         if x.size(0) != plan.num_nodes:

@@ -14,7 +14,12 @@ from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.grf import GRFMask
 from pyg_grf.masks.packing import packing_layout
 from pyg_grf.nn import functional as F
-from pyg_grf.nn.attention.base import QKVAttention, prepared_payload, reset_hop_coefficients
+from pyg_grf.nn.attention.base import (
+    QKVAttention,
+    prepared_payload,
+    reset_hop_coefficients,
+    samples_as_graphs,
+)
 from pyg_grf.nn.attention.grf.plan import BACKEND_MODULES, GRFPlan, LayerSpec, PlanPart
 
 MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
@@ -251,26 +256,20 @@ class GRFAttention(QKVAttention):
             raise TypeError(f"'grf' must be a GRFPlan (attn.payload(data), or "
                             f"pyg_grf.nn.attention.grf.GRFPlan.build(data, layers)), got "
                             f"{type(grf).__name__}")
-        samples = None
-        if x.dim() == 3:  # samples on one shared graph
-            if batch is not None:
-                raise ValueError("'batch' is not used with x of shape [B, n, channels] (every "
-                                 "sample is one copy of the shared graph)")
-            samples, n = x.size(0), x.size(1)
-            if grf.loads.num_graphs > 1:
-                raise ValueError(f"x of shape {tuple(x.shape)} holds samples on one shared "
-                                 f"graph, but the plan covers a batch of "
-                                 f"{grf.loads.num_graphs} graphs")
-            if n != grf.num_nodes:
-                raise ValueError(f"x of shape {tuple(x.shape)} holds {samples} samples of {n} "
-                                 f"nodes, but the GRF plan covers {grf.num_nodes} nodes (pass "
-                                 f"the plan of the one shared graph)")
-            x = x.reshape(samples * n, -1)
-        elif x.dim() != 2:
+        shape = tuple(x.shape)
+        x, _, samples = samples_as_graphs(x, batch)  # samples on one shared graph
+        if samples is not None and grf.loads.num_graphs > 1:
+            raise ValueError(f"x of shape {shape} holds samples on one shared graph, but the "
+                             f"plan covers a batch of {grf.loads.num_graphs} graphs")
+        if samples is not None and shape[1] != grf.num_nodes:
+            raise ValueError(f"x of shape {shape} holds {samples} samples of {shape[1]} nodes, "
+                             f"but the GRF plan covers {grf.num_nodes} nodes (pass the plan of "
+                             f"the one shared graph)")
+        if x.dim() != 2:
             raise ValueError(f"{self.__class__.__name__} expects x of shape [N, {self.channels}] "
                              f"(nodes) or [B, n, {self.channels}] (samples on one shared graph), "
-                             f"got {tuple(x.shape)}")
-        elif x.size(0) != grf.num_nodes:
+                             f"got {shape}")
+        if x.size(0) != grf.num_nodes * (samples or 1):
             raise ValueError(f"the GRF plan covers {grf.num_nodes} nodes but 'x' has "
                              f"{x.size(0)} rows")
         if batch is not None and grf.batch is not None and batch is not grf.batch and not (
