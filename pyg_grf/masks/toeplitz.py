@@ -2,6 +2,7 @@ r"""1-D relative-position (Toeplitz) mask applied by FFT (FTFI paper, Sec. 3.2: 
 :math:`M_{ij} = f(i - j)` is Toeplitz, so :math:`MX` costs :math:`O(N \log N)`)."""
 from __future__ import annotations
 
+import scipy.fft
 import torch
 from torch import Tensor
 
@@ -11,19 +12,7 @@ from pyg_grf.masks.base import MaskOperator
 def next_fast_len(n: int) -> int:
     r"""The smallest integer :math:`\ge n` whose only prime factors are 2, 3 and 5 (fast FFT
     sizes)."""
-    n = max(int(n), 1)
-    best = 1 << (n - 1).bit_length()
-    p5 = 1
-    while p5 < best:
-        p35 = p5
-        while p35 < best:
-            m = p35
-            while m < n:
-                m *= 2
-            best = min(best, m)
-            p35 *= 3
-        p5 *= 5
-    return best
+    return scipy.fft.next_fast_len(max(int(n), 1), real=True)
 
 
 class ToeplitzMask(MaskOperator):
