@@ -17,6 +17,7 @@ from pyg_grf.nn.attention.base import (
     GraphAttention,
     contract_repr,
     key_dropout,
+    resolve_head_channels,
     samples_as_graphs,
 )
 from pyg_grf.nn.attention.gkat import dense, pairs, sparse
@@ -117,16 +118,9 @@ class GKATAttention(GraphAttention):
             raise ValueError(f"'score' must be one of {SCORES}, got {score!r}")
         if threshold < 0:
             raise ValueError(f"'threshold' must be >= 0, got {threshold}")
-        if channels < 1 or heads < 1:
-            raise ValueError(f"'channels' and 'heads' must be positive, got {channels} and "
-                             f"{heads}")
-        if not 0.0 <= dropout < 1.0:
-            raise ValueError(f"'dropout' must lie in [0, 1), got {dropout}")
-        if head_channels is None:
-            if concat and channels % heads != 0:
-                raise ValueError(f"'channels' ({channels}) must be divisible by 'heads' "
-                                 f"({heads}) when concat=True and head_channels is not given")
-            head_channels = channels // heads if concat else channels
+        if head_channels is None and not concat:  # averaged heads, each of the output size
+            head_channels = channels
+        head_channels = resolve_head_channels(channels, heads, head_channels, dropout)
         self.channels = channels
         self.heads = heads
         self.mode = mode
