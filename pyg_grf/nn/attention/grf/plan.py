@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
+from pyg_grf._validation import batch_or_zeros
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.packing import PackingLayout, packing_layout
 from pyg_grf.nn.attention.grf import choose, dense, pairs, sparse
@@ -68,9 +69,7 @@ class GRFPlan:
         object.__setattr__(self, 'loads', loads)
         object.__setattr__(self, 'parts', MappingProxyType(dict(parts)))
         if layout is None:
-            N = loads.num_nodes
-            batch = loads.batch if loads.batch is not None else torch.zeros(
-                N, dtype=torch.long, device=loads.device)
+            batch = batch_or_zeros(loads.batch, loads.num_nodes, loads.device)
             with torch.inference_mode(False):
                 layout = packing_layout(batch, loads.num_graphs)
         object.__setattr__(self, 'layout', layout)
