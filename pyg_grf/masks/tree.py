@@ -220,11 +220,8 @@ class TreeMask(MaskOperator):
         return self._matmul_exp(x)
 
     def _matmul_exp(self, x: Tensor) -> Tensor:
-        per_head = x.dim() == 3
-        a = self._head_view(self.a, x.dtype)
+        a = self._head_view(self.a, x.dtype)  # a per-head mask always gets [N, H, C]
         eb = self._head_view(self.b, x.dtype).exp()
-        if not per_head:
-            a, eb = a.view(1, 1), eb.view(1, 1)
         xs = self._levels(x)
         extra = (1, ) * (x.dim() - 1)
         # c_l = exp(a * w(i, parent(i))) for the nodes of level l: [n_l, 1] or [n_l, H, 1].
