@@ -8,12 +8,16 @@ from typing import Any, Dict, Optional
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
 from torch import Tensor
 
 from pyg_grf.lightning.rng import rng_states, set_rng_states
-from pyg_grf.lightning.schedule import check_schedule, schedule_steps, warmup_cosine_schedule
+from pyg_grf.lightning.schedule import schedule_steps, warmup_cosine_schedule
 from pyg_grf.lightning.specs import build_model, check_hparams_class_paths
+
+try:  # set while LightningCLI instantiates the module
+    from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
+except ImportError:  # pragma: no cover - older Lightning
+    _given_hyperparameters = None
 
 SPLITS = ('train', 'val', 'test')
 
@@ -63,7 +67,10 @@ class Task(pl.LightningModule):
         optimizer: str = 'adamw',
     ):
         super().__init__()
-        check_schedule(warmup_epochs, min_lr_ratio)
+        # (the schedule's steps are known only once a trainer is attached)
+        if warmup_epochs < 0 or not 0 <= min_lr_ratio <= 1:
+            raise ValueError(f"expected warmup_epochs >= 0 and 0 <= min_lr_ratio <= 1, got "
+                             f"{warmup_epochs} and {min_lr_ratio}")
         if optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {tuple(OPTIMIZERS)}, got '{optimizer}'")
         # The hyperparameters are the arguments of the concrete task's constructor (the caller,
@@ -76,7 +83,7 @@ class Task(pl.LightningModule):
             frame = caller
         # A module passed as an object is saved in the state dict, not as a hyperparameter;
         # under LightningCLI the hyperparameters are the parsed config, model spec included.
-        from_cli = _given_hyperparameters.get() is not None
+        from_cli = _given_hyperparameters is not None and _given_hyperparameters.get() is not None
         ignore = ['model'] if isinstance(model, torch.nn.Module) and not from_cli else None
         self.save_hyperparameters(ignore=ignore, frame=frame)
         del frame, caller

@@ -46,11 +46,9 @@ def best_checkpoint_of(last: str) -> Optional[str]:
     :class:`ModelCheckpoint` (read with ``weights_only=True``), or :obj:`None`."""
     state = torch.load(last, map_location='cpu', weights_only=True)
     callbacks = state.get('callbacks') if isinstance(state, dict) else None
-    for key, value in (callbacks if isinstance(callbacks, dict) else {}).items():
-        if not isinstance(value, dict):
-            continue
-        path = value.get('best_model_path')
-        if value.get('monitor') and isinstance(path, str) and path and osp.isfile(path):
+    for value in callbacks.values() if isinstance(callbacks, dict) else ():
+        path = value.get('best_model_path') if isinstance(value, dict) else None
+        if path and isinstance(path, str) and value.get('monitor') and osp.isfile(path):
             return path
     return None
 
@@ -239,14 +237,11 @@ def reuse_log_version(trainer: pl.Trainer, ckpt_path: Optional[str]) -> None:
     """
     if not ckpt_path or ckpt_path in ('last', 'best', 'hpc') or not osp.isfile(ckpt_path):
         return
-    run_dir = osp.dirname(osp.dirname(osp.abspath(ckpt_path)))
-    if osp.basename(osp.dirname(osp.abspath(ckpt_path))) != 'checkpoints':
-        return
-    log_root = _log_root(trainer)
-    if osp.realpath(osp.dirname(run_dir)) != osp.realpath(log_root):
-        return
+    ckpt_dir = osp.dirname(osp.abspath(ckpt_path))
+    run_dir, log_root = osp.dirname(ckpt_dir), _log_root(trainer)
     version = version_number(run_dir)
-    if version < 0:
+    if osp.basename(ckpt_dir) != 'checkpoints' or version < 0 \
+            or osp.realpath(osp.dirname(run_dir)) != osp.realpath(log_root):
         return
     check_run_folder(run_dir, osp.dirname(log_root), names=None)
     text = read_text_nofollow(osp.join(run_dir, 'metrics.csv'))

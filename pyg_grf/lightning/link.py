@@ -42,9 +42,7 @@ def structured_negatives(edge_label_index: Tensor, edge_label: Tensor,
     k = min(num_negatives, n)
     keys = torch.rand(P, n, generator=generator, device=device)
     keys = keys.masked_fill(~cand.mask, -1.)  # keys of candidates lie in [0, 1)
-    top, local = keys.topk(k, dim=1) if P > 0 else (keys.new_zeros(0, k),
-                                                     torch.zeros(0, k, dtype=torch.long,
-                                                                 device=device))
+    top, local = keys.topk(k, dim=1)
     valid = top >= 0
     ptr = cand.num_nodes.cumsum(0) - cand.num_nodes
     neg_src = cand.src.unsqueeze(1).expand(-1, k)[valid]

@@ -14,14 +14,6 @@ from torch.optim.lr_scheduler import ConstantLR, CosineAnnealingLR, LinearLR, Se
 _HOLD_STEPS = 2**62
 
 
-def check_schedule(warmup_epochs: float, min_lr_ratio: float) -> None:
-    r"""Checks a task's schedule arguments when it is built (the steps are known only once a
-    trainer is attached): ``warmup_epochs >= 0`` and ``0 <= min_lr_ratio <= 1``."""
-    if warmup_epochs < 0 or min_lr_ratio < 0 or min_lr_ratio > 1:
-        raise ValueError(f"expected warmup_epochs >= 0 and 0 <= min_lr_ratio <= 1, got "
-                         f"{warmup_epochs} and {min_lr_ratio}")
-
-
 def schedule_steps(stepping_batches: int, trainer_max_epochs: Optional[int],
                    warmup_epochs: float, max_epochs: Optional[int] = None) -> Tuple[int, int]:
     r"""``(warmup_steps, total_steps)`` of :func:`warmup_cosine_schedule` for a run of
@@ -82,4 +74,4 @@ def warmup_cosine_schedule(optimizer: torch.optim.Optimizer, warmup_steps: int,
     return SequentialLR(optimizer, schedulers, milestones)
 
 
-__all__ = ['check_schedule', 'schedule_steps', 'warmup_cosine_schedule']
+__all__ = ['schedule_steps', 'warmup_cosine_schedule']

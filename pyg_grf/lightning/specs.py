@@ -189,8 +189,7 @@ class UntrustedClassError(ValueError):
 
 def check_class_path(class_path: Any, where: str = 'model') -> str:
     r"""Refuses a ``class_path`` that is not an allowed class *before* importing anything
-    (raises :class:`UntrustedClassError`); returns it otherwise. :obj:`where` names the spec in
-    the error (``'model.init_args.conv'``)."""
+    (raises :class:`UntrustedClassError`, naming the spec :obj:`where`); returns it otherwise."""
     if not is_dotted_name(class_path) or '.' not in class_path:
         raise UntrustedClassError(f"'{where}.class_path' must be a dotted name such as "
                                   f"'pyg_grf.nn.models.GraphTransformer' (got {class_path!r})")
@@ -237,16 +236,12 @@ def _suggest(class_path: str, allowed: Iterable[str]) -> str:
 def check_config_class_paths(config: Any, where: str = '',
                              trusted: Iterable[str] = ()) -> None:
     r"""Walks a parsed ``pyg-grf`` config (nested dicts and lists, as
-    ``jsonargparse.Namespace.as_dict()`` gives) and raises :class:`UntrustedClassError` for
-    every ``class_path`` (or ``_class_path``) outside :func:`allowed_config_class_paths`, and
-    for every class, function or module that a dotted name in the config was resolved to
-    (a ``Callable`` argument given as ``'package.function'``) unless it is an allowed class.
-    :obj:`trusted` holds extra dotted names, each trusting itself and everything under it (the
-    ``pyg-grf`` command takes them from ``$PYG_GRF_TRUSTED_CLASSES``). :obj:`where` is the
-    key of :obj:`config` in the errors (none: the keys of the config itself).
-
-    Call it on the parsed config *before* instantiating anything: a class may run code from
-    its arguments (``torch_geometric.nn.Sequential`` evaluates its ``input_args``)."""
+    ``jsonargparse.Namespace.as_dict()`` gives) *before* anything is instantiated and raises
+    :class:`UntrustedClassError` for every ``class_path`` (or ``_class_path``) outside
+    :func:`allowed_config_class_paths`, and for every class, function or module a dotted name
+    was resolved to (a ``Callable`` argument) unless it is an allowed class. :obj:`trusted`
+    holds extra dotted names, each trusting itself and everything under it. :obj:`where` is
+    the key of :obj:`config` in the errors."""
     allowed = allowed_config_class_paths()
     trusted = tuple(trusted)
 
