@@ -263,7 +263,7 @@ class GKATAttention(GraphAttention):
         q, k, v = self._project(x)
         if self.mode == 'linear':
             phi_q = self.feature_map(q, is_query=True)
-            phi_k = apply_feature_map(self.feature_map, k, batch=batch)
+            phi_k = apply_feature_map(self.feature_map, k, batch=batch)  # stabilised per graph
             v = key_dropout(v, self.dropout, self.training)
             if backend == 'sparse':
                 out = sparse.forward(plan, phi_q, phi_k, v, self.eps)

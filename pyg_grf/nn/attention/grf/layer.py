@@ -77,7 +77,8 @@ class GRFAttention(QKVAttention):
             * ``'abs'`` (default): the mask uses :math:`|f|` (:meth:`coefficients`), so
               :math:`M \ge 0` entrywise for non-negative edge weights and, with a non-negative
               feature map, every output is a convex combination of the values (or 0 where all
-              of a row's terms vanish; ``eps`` keeps that finite);
+              of a row's terms vanish; ``eps`` keeps that finite), though the normaliser is not
+              bounded away from 0;
             * ``'signed'``: the numerator uses the signed mask of :math:`f` (any real power
               series, as in the paper, Eq. 4), the normaliser the mask of :math:`|f|`, which
               bounds it entrywise, so :math:`\lVert\mathbf{o}_i\rVert_\infty \le \max_j
@@ -88,7 +89,8 @@ class GRFAttention(QKVAttention):
             (``AddGraphRandomFeatures(num_draws=D)``), head :math:`h` uses draw
             :math:`\mathrm{layer\_index} \cdot H + h` (GRF paper, Sec. 4: walks frozen per
             head and layer; fewer draws are an error, :meth:`draws`); :math:`D = 1` shares one
-            set of walks between all heads (default: :obj:`0`).
+            set of walks between all heads. :class:`~pyg_grf.nn.GraphTransformer` sets it per
+            layer (default: :obj:`0`).
         dropout (float, optional): dropout on the attention coefficients: each pair's in
             ``'sparse_softmax'`` mode, whole key columns per head in the linear modes
             (numerator only, unbiased: :func:`~pyg_grf.nn.attention.base.key_dropout`)
@@ -103,7 +105,8 @@ class GRFAttention(QKVAttention):
         global_beta (float, optional): if set, the mask gains a global term,
             :math:`M = \beta_h \mathbf{1}\mathbf{1}^\top + \widehat\Phi\widehat\Phi^\top`
             inside each graph, with a learnable :math:`\beta_h = \mathrm{softplus}(\cdot) \ge 0`
-            per head initialised to ``global_beta`` (linear modes only) (default: :obj:`None`).
+            per head initialised to ``global_beta``: every node also attends to its whole graph
+            (linear modes only) (default: :obj:`None`).
         attr_prefix (str, optional): the ``attr_prefix`` of the transform whose loads
             :meth:`payload` reads (default: ``'grf'``).
 
