@@ -87,10 +87,9 @@ class TreeMask(MaskOperator):
         self.num_nodes = N = int(num_nodes)
         device = edge_index.device
         # dtype of to_dense(): that of the tensor arguments (default dtype if none).
-        tensors = [t for t in (edge_weight, a, b, f) if isinstance(t, Tensor)]
         self._dense_dtype = torch.get_default_dtype()
-        for t in tensors:
-            if t.is_floating_point():
+        for t in (edge_weight, a, b, f):
+            if isinstance(t, Tensor) and t.is_floating_point():
                 self._dense_dtype = torch.promote_types(self._dense_dtype, t.dtype)
         self._build_forest(edge_index, N, edge_weight)
 
