@@ -1,51 +1,21 @@
-r"""Index-range validation that costs one check per tensor, not one per layer.
-
-Layers that take node indices from a batch (``rwgnk_index``, ``grf_index``, ...) must reject ids
-outside ``[0, N)``: a negative id silently wraps around in dense indexing and corrupts memory in
-sparse kernels built without invariant checks. Checking costs a reduction and a host read (a GPU
-sync), so :func:`check_index_range` remembers the tensors it has validated: every layer of a
-model receives the *same* ``batch.rwgnk_index`` tensor, and only the first layer of each batch
-pays (PyG's "validate once per batch" pattern, without changing the model's signature). A tensor
-modified in place (its version counter moves) or a different bound is checked again. Inference
-tensors (made under :func:`torch.inference_mode`, as Lightning's test loop does) have no version
-counter and are checked every time.
-"""
+r"""Input checks shared by the layers: index ranges, batch vectors, shapes and integer
+arguments, each raising a :class:`ValueError` that says what was expected and what came."""
 from __future__ import annotations
 
-import weakref
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
 from torch import Tensor
 
-_MAX_REMEMBERED = 256
-_validated: Dict[int, Tuple['weakref.ref', int, int]] = {}
 
-
-def _remembered(index: Tensor, num_nodes: int) -> bool:
-    entry = _validated.get(id(index))
-    return (entry is not None and entry[0]() is index and entry[1] == index._version
-            and entry[2] == num_nodes)
-
-
-def check_index_range(index: Tensor, num_nodes: int, name: str, bound_name: str = 'x',
-                      remember: bool = True) -> None:
+def check_index_range(index: Tensor, num_nodes: int, name: str, bound_name: str = 'x') -> None:
     r"""Raises :class:`ValueError` unless every entry of :obj:`index` lies in
-    ``[0, num_nodes)``; a tensor already validated against the same bound (and not modified
-    since) is not checked again.
-
-    Args:
-        index (Tensor): integer indices of any shape.
-        num_nodes (int): the exclusive upper bound :math:`N`.
-        name (str): the argument's name, for the message.
-        bound_name (str, optional): what :math:`N` counts, for the message (default: ``'x'``,
-            "the rows of 'x'").
-        remember (bool, optional): skip tensors validated before (by identity and version
-            counter). Pass :obj:`False` right before a kernel without bounds checks: a write
-            through ``.data`` moves no version counter (default: :obj:`True`).
-    """
-    if index.numel() == 0 or (remember and _remembered(index, num_nodes)):
+    ``[0, num_nodes)``: a negative id silently wraps around in dense indexing and corrupts memory
+    in sparse kernels built without invariant checks. ``name`` is the argument's name and
+    ``bound_name`` what :math:`N` counts, for the message (default: ``'x'``, "the rows of
+    'x'")."""
+    if index.numel() == 0:
         return
     lo, hi = (int(v) for v in torch_aminmax(index))
     if lo < 0 or hi >= num_nodes:
@@ -53,19 +23,11 @@ def check_index_range(index: Tensor, num_nodes: int, name: str, bound_name: str 
         raise ValueError(f"{name} must hold node ids in [0, {num_nodes}) ('{bound_name}' has "
                          f"{num_nodes} rows), but it refers to node {bad} (values range over "
                          f"[{lo}, {hi}])")
-    if index.is_inference():  # no version counter: an in-place change could not be seen
-        return
-    if len(_validated) >= _MAX_REMEMBERED:
-        _validated.clear()
-    try:
-        _validated[id(index)] = (weakref.ref(index), index._version, num_nodes)
-    except TypeError:  # pragma: no cover (tensor subclasses without weakref support)
-        pass
 
 
 def torch_aminmax(index: Tensor):
     out = torch.aminmax(index.reshape(-1))
-    return torch.stack([out.min, out.max]).tolist()  # one host read
+    return torch.stack([out.min, out.max]).tolist()  # one host read (a GPU sync)
 
 
 def is_sorted(x: Tensor) -> bool:

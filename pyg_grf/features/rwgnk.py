@@ -166,7 +166,7 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
     if rwgnk_index.dim() != 2 or rwgnk_index.size(0) != 2:
         raise ValueError(f"'rwgnk_index' must have shape [2, nnz], got "
                          f"{tuple(rwgnk_index.shape)}")
-    check_index_range(rwgnk_index, num_nodes, "'rwgnk_index'", 'num_nodes', remember=False)
+    check_index_range(rwgnk_index, num_nodes, "'rwgnk_index'", 'num_nodes')
     products = kernel_products(rwgnk_index, num_nodes)
     check_walk_memory(KERNEL_BYTES_PER_PRODUCT * products, rwgnk_value.device, None,
                       f"the GKAT kernel Psi Psi^T of {num_nodes} nodes ({products} products)",

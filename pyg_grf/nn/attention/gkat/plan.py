@@ -131,10 +131,9 @@ class RWGNKPlan:
         if num_nodes is None:
             num_nodes = int(index.max()) + 1 if index.numel() > 0 else 0
         N = int(num_nodes)
-        check_index_range(index, N, "'rwgnk_index'", 'num_nodes', remember=False)
+        check_index_range(index, N, "'rwgnk_index'", 'num_nodes')
         if kernel_index is not None:
-            check_index_range(kernel_index, N, "'rwgnk_kernel_index'", 'num_nodes',
-                              remember=False)
+            check_index_range(kernel_index, N, "'rwgnk_kernel_index'", 'num_nodes')
         index, value, psi = _row_major(index, value, N)
         psi._transpose()  # the CSR view of Psi^T, prepared once
         if ptr is None:
