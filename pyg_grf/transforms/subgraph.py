@@ -62,13 +62,16 @@ def _check_range(ids: Tensor, num_nodes: int, what: str, hint: str = '') -> None
             raise ValueError(f"{what} in [0, {num_nodes}), got ids in [{lo}, {hi}]{hint}")
 
 
-def _check_load_shapes(index: Tensor, hop: Tensor, load: Tensor) -> None:
-    r"""The GRF loads are an index ``[2, nnz]`` with one hop count and one load per entry."""
+def _check_loads(index: Tensor, hop: Tensor, load: Tensor, num_nodes: int, what: str,
+                 hint: str = '') -> None:
+    r"""The GRF loads are an index ``[2, nnz]`` of nodes in ``[0, num_nodes)`` with one hop count
+    and one load per entry (see :func:`_check_range` for ``what`` and ``hint``)."""
     if index.dim() != 2 or index.size(0) != 2:
         raise ValueError(f"the GRF index must have shape [2, nnz], got {tuple(index.shape)}")
     if hop.shape != index.shape[1:] or load.shape != index.shape[1:]:
         raise ValueError(f"the GRF hop counts and loads must have shape [{index.size(1)}], got "
                          f"{tuple(hop.shape)} and {tuple(load.shape)}")
+    _check_range(index, num_nodes, what, hint)
 
 
 def _pair_sorted(new: Tensor, hop: Tensor, load: Tensor, num_new: int, monotone: bool,
@@ -87,13 +90,12 @@ def _restrict(index: Tensor, hop: Tensor, load: Tensor, node_map: Tensor, num_ne
               monotone: bool) -> Tuple[Tensor, Tensor, Tensor]:
     r"""The entries whose two ends survive, renumbered through :obj:`node_map` and sorted by
     (start, visited, hop) as the transform stores them."""
-    _check_load_shapes(index, hop, load)
-    _check_range(index, node_map.numel(), "the GRF index must hold node ids of the full graph",
+    _check_loads(index, hop, load, node_map.numel(),
+                 "the GRF index must hold node ids of the full graph",
                  ": are these loads already restricted, or from another graph?")
     new = node_map[index.long()]
     keep = (new >= 0).all(dim=0)
-    new = new[:, keep]
-    hop, load = hop[keep], load[keep]
+    new, hop, load = new[:, keep], hop[keep], load[keep]
     return _pair_sorted(new, hop, load, num_new, monotone, index.dtype)
 
 
@@ -206,8 +208,7 @@ def _by_start(index: Tensor, hop: Tensor, load: Tensor,
               num_nodes: int) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""Validates full-graph loads, sorts them by (start, visited, hop) if they are not, and
     returns them with the CSR row pointer of the starts."""
-    _check_load_shapes(index, hop, load)
-    _check_range(index, num_nodes, "the GRF index must hold node ids")
+    _check_loads(index, hop, load, num_nodes, "the GRF index must hold node ids")
     start = index[0].long()
     if index.numel() > 0:
         # sorted by (start, visited, hop), as the transform stores them? otherwise sort once
