@@ -1,7 +1,6 @@
-r"""Memory estimates and checks before large allocations (walk sampling, the GRF pair join, GKAT's
-kernel): how much memory is available (cgroup limits, ``RLIMIT_AS``, CUDA), and a
-:class:`WalkMemoryError` that says what would fit, before anything large is allocated. Shared
-by :mod:`pyg_grf.walks`, :mod:`pyg_grf.nn.attention.grf.choose` and GKAT."""
+r"""Memory checks before large allocations (walk sampling, the GRF pair join, GKAT's kernel):
+the memory available (cgroup limits, ``RLIMIT_AS``, CUDA) and a :class:`WalkMemoryError` that
+says what would fit, raised before anything large is allocated."""
 from __future__ import annotations
 
 import os
@@ -12,6 +11,7 @@ import torch
 
 MEMORY_LIMIT_ENV = 'PYG_GRF_MEMORY_LIMIT'
 CHECK_ABOVE = 256 * 2**20  # estimates below 256 MiB are never checked
+CGROUP = '/sys/fs/cgroup'
 
 
 class WalkMemoryError(MemoryError):
@@ -26,9 +26,8 @@ def estimate_walk_memory(num_starts: int, num_walks: int, max_length: int,
     allocates: per walker about 90 bytes (start node, length, sort, order, step buffers), per
     expected hop record 72 bytes (node, CSR position, edge id and the temporaries that map them
     back to edge ids and trim walks at sinks), plus the CSR of the graph; measured peaks were
-    0.7 to 0.9 times the estimate. The
-    expected number of hops of a walker is :math:`\sum_{k=1}^{L}(1 - p_{halt})^k` (``L`` for
-    fixed-length walks)."""
+    0.7 to 0.9 times the estimate. The expected number of hops of a walker is
+    :math:`\sum_{k=1}^{L}(1 - p_{halt})^k` (``L`` for fixed-length walks)."""
     W = int(num_starts) * int(num_walks)
     L = int(max_length)
     if fixed_length or p_halt is None:
@@ -64,33 +63,25 @@ def available_memory(device: Union[torch.device, str, None] = None) -> Optional[
             return int(torch.cuda.mem_get_info(device)[0])
         except Exception:  # pragma: no cover
             return None
-    avail = None
+    rooms = [_address_space_room()]  # ulimit -v: allocations fail beyond it whatever the RAM
     try:
         with open('/proc/meminfo') as f:
-            for line in f:
-                if line.startswith('MemAvailable:'):
-                    avail = int(line.split()[1]) * 1024
-                    break
+            rooms += [int(line.split()[1]) * 1024 for line in f
+                      if line.startswith('MemAvailable:')]
     except OSError:  # pragma: no cover (not Linux)
         return None
-    for path in ('/sys/fs/cgroup/memory.max', '/sys/fs/cgroup/memory/memory.limit_in_bytes'):
+    for limit_file, used_file in (('memory.max', 'memory.current'),  # cgroup v2, then v1
+                                  ('memory/memory.limit_in_bytes', 'memory/memory.usage_in_bytes')):
         try:
-            with open(path) as f:
-                limit = f.read().strip()
-            used_path = path.replace('memory.max', 'memory.current').replace(
-                'memory.limit_in_bytes', 'memory.usage_in_bytes')
-            with open(used_path) as f:
-                used = int(f.read().strip())
+            with open(f'{CGROUP}/{limit_file}') as f, open(f'{CGROUP}/{used_file}') as g:
+                limit, used = f.read().strip(), int(g.read())
         except (OSError, ValueError):
             continue
         if limit.isdigit() and int(limit) < 2**60:
-            room = max(int(limit) - used, 0)
-            avail = room if avail is None else min(avail, room)
+            rooms.append(max(int(limit) - used, 0))
         break
-    room = _address_space_room()
-    if room is not None:  # ulimit -v: allocations fail beyond it whatever the RAM
-        avail = room if avail is None else min(avail, room)
-    return avail
+    rooms = [room for room in rooms if room is not None]
+    return min(rooms) if rooms else None
 
 
 def _address_space_room() -> Optional[int]:
@@ -130,18 +121,11 @@ def check_walk_memory(estimate: int, device, memory_limit: Optional[float], what
     when the check fails."""
     source = 'memory_limit'
     if memory_limit is None:
-        env = os.environ.get(MEMORY_LIMIT_ENV, '').strip()
-        if env.lower() in ('off', 'none', 'inf', 'unlimited'):
+        if estimate < CHECK_ABOVE and not os.environ.get(MEMORY_LIMIT_ENV, '').strip():
             return
-        if env:
-            memory_limit, source = _parse_bytes(env), f'${MEMORY_LIMIT_ENV}'
-        else:
-            if estimate < CHECK_ABOVE:
-                return
-            avail = available_memory(device)
-            if avail is None:
-                return
-            memory_limit, source = 0.9 * avail, f'90% of the available memory of {device}'
+        memory_limit, source = memory_budget(device)
+        if memory_limit is None:
+            return
     if estimate <= memory_limit:
         return
     gib = 2**30
