@@ -1,37 +1,18 @@
 r"""Mini-batches that arrive with their attention plans built.
 
-A GRF (or GKAT) layer reads, for every new batch, structures that depend only on the batch's
-walks: the pairs of :math:`\widehat\Phi`, the statistics of the symmetric mask (a join of the
-walks on their visited nodes), CSR indices, the block layout. They cannot be stored per graph
-with the dataset at a reasonable size (the mask statistics of one 150-node molecule take tens of
-KB), so they are built per batch, once, into an immutable plan
-(:class:`~pyg_grf.nn.attention.grf.GRFPlan`), *beside* the training step:
-
-* :func:`prepare_payload` builds the payload of every attention layer of a model on one batch
-  (:func:`~pyg_grf.nn.attention.base.model_payload`: one plan per attention class, shared by
-  its layers) and leaves it on the batch, where the layers' ``payload(data)`` and
-  :class:`~pyg_grf.nn.GraphTransformer` find it;
-* :class:`DataLoader` is PyG's ``DataLoader`` that does this in its collate function, so that
-  with ``num_workers >= 1`` the work runs in the worker processes while the main process
-  trains. What crosses the process boundary is the plan (``int32`` indices, ``float32``
-  statistics).
-
-The plan is a snapshot of the batch it was built from (PyG's ``cached=True`` contract): edit
-the batch afterwards and the plan still holds the old walks. For datasets of a few large graphs
-(one graph per batch, seen at every epoch) :class:`DataLoader` keeps the plans of the graphs it
-has seen, up to ``plan_cache_bytes``, keyed by a digest of the graph's walk entries, so that a
-graph is planned once rather than at every step, and redrawn walks get a fresh plan.
-
-:class:`NodePartLoader` trains on one large graph part by part (PyG's ``RandomNodeLoader``),
-each part with the GRF loads of its nodes: the full graph's walks restricted to the part, or
-walks drawn afresh on it.
+The structures a GRF (or GKAT) layer reads depend only on the batch's walks and are too large to
+store per graph, so they are built per batch, once, into an immutable plan
+(:class:`~pyg_grf.nn.attention.grf.GRFPlan`, a snapshot of the batch as in PyG's ``cached=True``
+contract): by :func:`prepare_payload`, or by :class:`DataLoader` in its collate function, so that
+with ``num_workers >= 1`` the work runs in the worker processes beside the training step.
+:class:`NodePartLoader` trains on one large graph part by part.
 """
 from __future__ import annotations
 
 import copy
 import hashlib
 from collections import OrderedDict
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -73,19 +54,15 @@ def prepare_payload(model: Union[nn.Module, Sequence[nn.Module]], data: Any) -> 
 class PayloadCollater:
     r"""A collate function: ``collate(data_list)``, then :func:`prepare_payload` for the
     attention layers of ``model`` (copied to the CPU when the collater is built; only their
-    configuration is read: mode, backend, heads, widths, walk draws, dtype).
-
-    With ``plan_cache_bytes > 0``, a batch of one graph whose walk entries were planned before
-    gets the plan built then (kept while their bytes stay under the bound, least recently used
-    first out)."""
+    configuration is read). With ``plan_cache_bytes > 0``, a batch of one graph whose walk
+    entries were planned before gets that plan (least recently used plans out first)."""
 
     def __init__(self, collate: Any, model: Union[nn.Module, Sequence[nn.Module]],
                  plan_cache_bytes: int = 0):
         self.collate = collate
         self.layers = [copy.deepcopy(m).cpu() for m in attention_layers(model)]
         self.plan_cache_bytes = int(plan_cache_bytes)
-        self._plans: 'OrderedDict[bytes, Dict[str, Any]]' = OrderedDict()
-        self._bytes: Dict[bytes, int] = {}
+        self._plans: 'OrderedDict[bytes, Tuple[Dict[str, Any], int]]' = OrderedDict()
 
     def __call__(self, data_list: Any) -> Any:
         try:
@@ -103,20 +80,18 @@ class PayloadCollater:
         key = None
         if self.plan_cache_bytes > 0 and getattr(batch, 'num_graphs', 1) == 1:
             key = _digest(batch)
-            payload = self._plans.get(key)
-            if payload is not None:
+            if key in self._plans:
                 self._plans.move_to_end(key)
-                batch.__dict__[PAYLOAD_ATTR] = payload
+                batch.__dict__[PAYLOAD_ATTR] = self._plans[key][0]
                 return batch
         prepare_payload(self.layers, batch)
         payload = batch.__dict__.get(PAYLOAD_ATTR)
         if key is not None and payload:
             size = sum(_nbytes(v) for v in payload.values())
             if size <= self.plan_cache_bytes:
-                self._plans[key], self._bytes[key] = payload, size
-                while sum(self._bytes.values()) > self.plan_cache_bytes:
-                    old, _ = self._plans.popitem(last=False)
-                    del self._bytes[old]
+                self._plans[key] = (payload, size)
+                while sum(size for _, size in self._plans.values()) > self.plan_cache_bytes:
+                    self._plans.popitem(last=False)
         return batch
 
 
@@ -156,11 +131,12 @@ class DataLoader(PyGDataLoader):
             ``DataLoader``.
         model (nn.Module or sequence of attention layers, optional): the model whose
             attention layers read the batches. Their configuration is copied when the loader
-            is built; a layer changed later (e.g. cast to float64) still runs correctly,
-            building the part that differs in the step. :obj:`None`: PyG's loader unchanged.
+            is built; a layer changed later (e.g. cast to float64) builds the part that
+            differs in the step. :obj:`None`: PyG's loader unchanged.
         plan_cache_bytes (int, optional): keep the plans of single-graph batches up to this
-            many bytes (full-graph training on a dataset of a few large graphs: each graph
-            is planned once) (default: ``2 ** 30``).
+            many bytes, keyed by a digest of the graph's walk entries, so that each graph of a
+            full-graph dataset is planned once and redrawn walks get a fresh plan (default:
+            ``2 ** 30``).
     """
 
     def __init__(self, dataset: Any, batch_size: int = 1, shuffle: bool = False,
@@ -179,8 +155,7 @@ PART_WALKS = ('restrict', 'recompute')
 
 
 def check_part_args(num_parts: Any, walks: Any, transform: Optional[Callable]) -> None:
-    r"""Checks the arguments of :class:`NodePartLoader` (a clear error at construction, not at
-    the first epoch)."""
+    r"""Checks the arguments of :class:`NodePartLoader`."""
     check_int('num_parts', num_parts, 1)
     if walks not in PART_WALKS:
         raise ValueError(f"'walks' must be one of {PART_WALKS}, got {walks!r}")
@@ -232,12 +207,10 @@ class NodePartLoader:
         if not isinstance(full, Data):
             raise TypeError(f"NodePartLoader expects a torch_geometric.data.Data, got "
                             f"{type(full).__name__}")
-        restrict = None
-        if self.walks == 'restrict':
-            restrict = RestrictGraphRandomFeatures(full, self.attr_prefixes)
-        # the parts are cut from the graph without its loads (PyG's subgraph would slice any
-        # entry tensor whose length happens to equal the node count); each part gets its own.
-        # A shallow copy: the keys are dropped from the copy only, no tensor is copied.
+        walks = (RestrictGraphRandomFeatures(full, self.attr_prefixes)
+                 if self.walks == 'restrict' else self.transform)
+        # the parts are cut from a shallow copy without the loads (PyG's subgraph would slice
+        # any entry tensor whose length happens to equal the node count); each part gets its own
         base = copy.copy(full)
         for prefix in grf_prefixes(full):
             for name in ('index', 'length', 'load', 'draw'):
@@ -246,4 +219,4 @@ class NodePartLoader:
         base.n_id = torch.arange(full.num_nodes, device=full.x.device if full.x is not None
                                  else None)
         for part in RandomNodeLoader(base, num_parts=self.num_parts, shuffle=self.shuffle):
-            yield restrict(part) if restrict is not None else self.transform(part)
+            yield walks(part)
