@@ -63,12 +63,17 @@ def available_memory(device: Union[torch.device, str, None] = None) -> Optional[
             return int(torch.cuda.mem_get_info(device)[0])
         except Exception:  # pragma: no cover
             return None
-    rooms = [_address_space_room()]  # ulimit -v: allocations fail beyond it whatever the RAM
+    rooms = []
     try:
+        import resource
         with open('/proc/meminfo') as f:
             rooms += [int(line.split()[1]) * 1024 for line in f
                       if line.startswith('MemAvailable:')]
-    except OSError:  # pragma: no cover (not Linux)
+        soft = resource.getrlimit(resource.RLIMIT_AS)[0]  # ulimit -v, whatever the RAM
+        if soft != resource.RLIM_INFINITY and soft > 0:
+            with open('/proc/self/statm') as f:
+                rooms.append(max(soft - int(f.read().split()[0]) * resource.getpagesize(), 0))
+    except (ImportError, OSError, ValueError):  # pragma: no cover (not Linux)
         return None
     for limit_file, used_file in (('memory.max', 'memory.current'),  # cgroup v2, then v1
                                   ('memory/memory.limit_in_bytes', 'memory/memory.usage_in_bytes')):
@@ -80,23 +85,7 @@ def available_memory(device: Union[torch.device, str, None] = None) -> Optional[
         if limit.isdigit() and int(limit) < 2**60:
             rooms.append(max(int(limit) - used, 0))
         break
-    rooms = [room for room in rooms if room is not None]
     return min(rooms) if rooms else None
-
-
-def _address_space_room() -> Optional[int]:
-    r"""Bytes left under ``RLIMIT_AS`` (``ulimit -v``): the soft limit minus this process's
-    virtual size; :obj:`None` without a limit."""
-    try:
-        import resource
-        soft, _ = resource.getrlimit(resource.RLIMIT_AS)
-        if soft == resource.RLIM_INFINITY or soft <= 0:
-            return None
-        with open('/proc/self/statm') as f:
-            virtual = int(f.read().split()[0]) * resource.getpagesize()
-    except (ImportError, OSError, ValueError):  # pragma: no cover (not Linux)
-        return None
-    return max(soft - virtual, 0)
 
 
 def memory_budget(device=None) -> Tuple[Optional[float], str]:
