@@ -120,11 +120,7 @@ class DataLoader(PyGDataLoader):
 
         loader = DataLoader(dataset, batch_size=64, shuffle=True, num_workers=1, model=model)
         for batch in loader:
-            out = model(batch)  # GraphTransformer: reads the prepared plans
-
-        for batch in loader:  # a loop of your own with GRFGPSConv layers
-            payload = convs[0].payload(batch)  # the prepared plan, shared by the layers
-            ...
+            out = model(batch)  # reads the prepared plans (a layer: layer.payload(batch))
 
     Args:
         dataset, batch_size, shuffle, follow_batch, exclude_keys, **kwargs: as in PyG's
