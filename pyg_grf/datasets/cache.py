@@ -1,15 +1,7 @@
-r"""PyG datasets with an offline-mirror ``download()`` and a crash-safe, verified ``processed/``.
-
-:class:`SafeCacheMixin` (listed before the PyG dataset class) keeps PyG's machinery and changes
-what PyG leaves unsafe: ``download()`` copies the raw files from the verified offline mirror
-first; the processed folder is ``processed_<hash>`` beside PyG's ``processed/``, the hash covering
-PyG's folder and file names, :meth:`~SafeCacheMixin.cache_key` and the full configuration
-(:func:`describe`) of ``pre_transform`` and ``pre_filter`` (PyG only warns when the repr changed,
-and ``AddRandomWalkPE``'s repr hides its ``walk_length``); ``process()`` writes into a temporary
-sibling folder with a ``MANIFEST.json`` (SHA-256 of every file), renamed into place under an
-exclusive lock and checked on every open; caches are read with ``torch.load(weights_only=True)``
-(:func:`safe_load`; PyG falls back to a full unpickle), in the compact form of :mod:`.compact`.
-"""
+r"""PyG datasets with an offline-mirror ``download()`` and a crash-safe, verified ``processed/``
+(``docs/reliability.md``): :class:`SafeCacheMixin` keys the cache folder by the full
+pre-processing state (:func:`describe`), writes it atomically with a ``MANIFEST.json`` of SHA-256
+sums under one writer's lock, verifies it on every open and reads it with :func:`safe_load`."""
 from __future__ import annotations
 
 import contextlib
@@ -160,7 +152,7 @@ def verify_manifest(folder: str, required: Sequence[str] = ()) -> None:
 
 
 class SafeCacheMixin:
-    r"""Mixin for PyG datasets (list it first), see the module docstring. Subclasses set
+    r"""Mixin for PyG datasets (listed before the PyG dataset class). Subclasses set
     :attr:`mirror_folder` (``TUDataset``, ``Planetoid``, ``LRGB``) or :meth:`mirror_sources`,
     and may extend :meth:`cache_key`, :meth:`download_from_source` and :attr:`not_found_hint`."""
 
@@ -216,6 +208,8 @@ class SafeCacheMixin:
 
     @property
     def processed_dir(self) -> str:
+        r"""``processed_<hash>`` beside PyG's folder, the hash covering PyG's folder and file
+        names, :meth:`cache_key` and :func:`describe` of ``pre_transform`` and ``pre_filter``."""
         if self._staging_dir is not None:
             return self._staging_dir
         key = dict(self.cache_key(), cls=f'{type(self).__module__}.{type(self).__qualname__}',

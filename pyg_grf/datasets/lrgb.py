@@ -107,25 +107,18 @@ def smiles_to_graphs(smiles: Sequence[str], num_proc: Optional[int] = None,
     if num_proc < 1:
         raise ValueError(f"num_proc must be >= 1, got {num_proc}")
     num_proc = min(num_proc, max(1, len(smiles)))
-    bar = tqdm(total=len(smiles), desc=desc, disable=not progress)
-    out: List[tuple] = []
+    # fork where available; a few chunks per worker; imap keeps the order
+    ctx = mp.get_context('fork' if 'fork' in mp.get_all_start_methods() else None)
+    pool = ctx.Pool(num_proc, initializer=_quiet_rdkit) if num_proc > 1 else None
     try:
-        if num_proc == 1:
-            _quiet_rdkit()
-            for s in smiles:
-                out.append(_smiles_to_arrays(s))
-                bar.update()
-        else:  # fork where available; a few chunks per worker; imap keeps the order
-            ctx = mp.get_context('fork' if 'fork' in mp.get_all_start_methods() else None)
-            chunksize = max(1, min(256, len(smiles) // (8 * num_proc)))
-            with ctx.Pool(num_proc, initializer=_quiet_rdkit) as pool:
-                for g in pool.imap(_smiles_to_arrays, smiles, chunksize=chunksize):
-                    out.append(g)
-                    bar.update()
+        _quiet_rdkit()
+        graphs = (map(_smiles_to_arrays, smiles) if pool is None else pool.imap(
+            _smiles_to_arrays, smiles, chunksize=max(1, min(256, len(smiles) // (8 * num_proc)))))
+        return list(tqdm(graphs, total=len(smiles), desc=desc, disable=not progress))
     finally:
-        bar.close()
+        if pool is not None:
+            pool.terminate()
         RDLogger.EnableLog('rdApp.*')
-    return out
 
 
 # Datasets --------------------------------------------------------------------------------------
