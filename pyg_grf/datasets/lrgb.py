@@ -25,11 +25,9 @@ SPLITS = ('train', 'val', 'test')
 
 @dataclass(frozen=True)
 class LRGBInfo:
-    r"""The official setting of an LRGB dataset (Dwivedi et al., 2022, Table 1 and Sec. 4):
-    canonical and PyG names, :obj:`level` (``graph``, ``node``, ``link``), :obj:`task`,
-    :obj:`num_outputs`, :obj:`metric` (``ap``, ``mae``, ``macro_f1``, ``mrr``) and whether to
-    :obj:`maximize` it, the baselines' :obj:`loss`, the :obj:`target` attribute, feature widths
-    and dtypes, and the number of graphs."""
+    r"""The official setting of an LRGB dataset (Dwivedi et al., 2022, Table 1 and Sec. 4): its
+    :obj:`level` (``graph``, ``node``, ``link``), :obj:`metric` (``ap``, ``mae``, ``macro_f1``,
+    ``mrr``), the baselines' :obj:`loss` and the :obj:`target` attribute, among others."""
     name: str
     pyg_name: str
     level: str
