@@ -55,17 +55,9 @@ class Task(pl.LightningModule):
             (default: :obj:`'adamw'`).
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        lr: float = 1e-3,
-        weight_decay: float = 0.01,
-        warmup_epochs: float = 0.,
-        max_epochs: Optional[int] = None,
-        min_lr_ratio: float = 0.,
-        betas: tuple = (0.9, 0.999),
-        optimizer: str = 'adamw',
-    ):
+    def __init__(self, model: torch.nn.Module, lr: float = 1e-3, weight_decay: float = 0.01,
+                 warmup_epochs: float = 0., max_epochs: Optional[int] = None,
+                 min_lr_ratio: float = 0., betas: tuple = (0.9, 0.999), optimizer: str = 'adamw'):
         super().__init__()
         # (the schedule's steps are known only once a trainer is attached)
         if warmup_epochs < 0 or not 0 <= min_lr_ratio <= 1:

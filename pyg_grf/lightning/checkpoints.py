@@ -82,15 +82,9 @@ _CKPT_OPTIONAL = {'hyper_parameters': dict, 'callbacks': dict, 'datamodule_hyper
 
 def check_checkpoint_file(path: str, resume: bool = False) -> None:
     r"""Refuses a local ``--ckpt_path`` file that Lightning would fail on deep inside (a
-    ``KeyError`` or ``TypeError`` far from the cause): it must load with
-    ``torch.load(weights_only=True)`` and hold a dict with ``pytorch-lightning_version`` and a
-    ``state_dict`` dict, optional ``hyper_parameters`` / ``callbacks`` dicts and, to resume
-    ``fit`` (:obj:`resume`), the training state (``epoch``, ``global_step``,
-    ``optimizer_states``, ``lr_schedulers``, ``loops``), each of its type.
-
-    Raises:
-        CheckpointError: naming the file, what was expected and what came.
-    """
+    ``KeyError`` or ``TypeError`` far from the cause) with a :class:`CheckpointError` that says
+    what was expected and what came: it must load with ``torch.load(weights_only=True)`` and
+    hold the entries above, each of its type (those to resume ``fit`` if :obj:`resume`)."""
     try:
         ckpt = torch.load(path, map_location='cpu', weights_only=True)
     except Exception as exc:  # noqa: BLE001 - whatever a crafted file makes the unpickler say
@@ -122,16 +116,11 @@ def check_checkpoint_file(path: str, resume: bool = False) -> None:
 
 
 def check_local_ckpt_path(ckpt_path: Any) -> None:
-    r"""Refuses a ``--ckpt_path`` that fsspec (through which Lightning reads checkpoints) would
-    not read as a local file: a URL (``scheme://`` anywhere, leading spaces or not), a chained
-    URL (``simplecache::http://...``: ``::`` anywhere), a ``data:`` URL, or Lightning's model
-    ``registry`` (a download). Local paths and the keywords ``last``, ``best`` and ``hpc`` pass.
-
-    Raises:
-        ValueError: naming the path; a downloaded checkpoint is read by Lightning without
-            ``weights_only`` and could run code: download it, check it, and pass the local
-            file.
-    """
+    r"""Refuses (:class:`ValueError`) a ``--ckpt_path`` that fsspec, through which Lightning
+    reads checkpoints, would not read as a local file: a URL (``scheme://`` anywhere), a
+    chained URL (``::`` anywhere), a ``data:`` URL, or Lightning's model ``registry``. Lightning
+    reads a download without ``weights_only``, so it could run code. Local paths and the
+    keywords ``last``, ``best`` and ``hpc`` pass."""
     if ckpt_path is None:
         return
     if not isinstance(ckpt_path, (str, os.PathLike)):

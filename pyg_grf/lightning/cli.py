@@ -328,16 +328,12 @@ DIRPATH_CHANGED = r'The dirpath has changed from'
 
 
 class GRFLightningCLI(LightningCLI):
-    r""":class:`LightningCLI` with this package's defaults (see the module docstring).
-
-    Only the classes of the allow-lists in :mod:`pyg_grf.lightning.specs` (and those in
-    ``$PYG_GRF_TRUSTED_CLASSES``) are imported and built from the config and the command line;
-    anything else stops the command before it is built, with a parser error or an
-    :class:`~pyg_grf.lightning.specs.UntrustedClassError` that names it."""
+    r""":class:`LightningCLI` with this package's defaults and allow-lists (see the module
+    docstring): a class outside them stops the command before it is built, with a parser error
+    or an :class:`~pyg_grf.lightning.specs.UntrustedClassError` that names it."""
 
     def __init__(self, args: Optional[Sequence[str]] = None, run: bool = True, **kwargs: Any):
-        trainer_defaults = dict(TRAINER_DEFAULTS)
-        trainer_defaults.update(kwargs.pop('trainer_defaults', None) or {})
+        trainer_defaults = {**TRAINER_DEFAULTS, **(kwargs.pop('trainer_defaults', None) or {})}
         kwargs.setdefault('seed_everything_default', 0)
         kwargs.setdefault('save_config_kwargs', {'overwrite': True})
         kwargs.setdefault('parser_kwargs', {'epilog': CV_EPILOG, 'prog': 'pyg-grf'})

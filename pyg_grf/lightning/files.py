@@ -54,12 +54,8 @@ def write_bytes(path: str, data: Union[bytes, str]) -> None:
 
 def read_text_nofollow(path: str) -> Optional[str]:
     r"""The text of :obj:`path` (UTF-8, undecodable bytes kept as surrogates, so that writing it
-    back with ``errors='surrogateescape'`` restores them), read without following a link;
-    :obj:`None` when there is no such file.
-
-    Raises:
-        RunFolderError: :obj:`path` is a symbolic link.
-    """
+    back with ``errors='surrogateescape'`` restores them), read without following a link
+    (:class:`RunFolderError` for a link); :obj:`None` when there is no such file."""
     try:
         fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NOFOLLOW', 0))
     except FileNotFoundError:
@@ -84,12 +80,8 @@ def check_run_folder(folder: str, root: Optional[str] = None,
     r"""Refuses to write into :obj:`folder` when a component of it below :obj:`root` (e.g. the
     logger's ``save_dir``) is a symbolic link, so the files would land outside the run, or
     when it holds a link among :obj:`names` (:obj:`None`: any entry; Lightning follows links
-    when it writes ``metrics.csv``, ``hparams.yaml`` or ``config.yaml``). A folder that does not
-    exist yet passes.
-
-    Raises:
-        RunFolderError: naming the link.
-    """
+    when it writes ``metrics.csv``, ``hparams.yaml`` or ``config.yaml``): raises
+    :class:`RunFolderError` naming the link. A folder that does not exist yet passes."""
     folder = osp.abspath(folder)
     if root is not None:
         root = osp.abspath(root)

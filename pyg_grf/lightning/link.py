@@ -88,17 +88,10 @@ class LinkLevelTask(Task):
     (``metric_name`` is ``'mrr'``: monitor ``val/mrr`` with ``mode: max``).
     """
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        decoder: str = 'dot',
-        decoder_kwargs: Optional[Dict[str, Any]] = None,
-        num_negatives: Optional[int] = None,
-        exclude_self: bool = False,
-        ks: Sequence[int] = LINK_HITS_KS,
-        reduction: str = 'graph',
-        **kwargs,
-    ):
+    def __init__(self, model: torch.nn.Module, decoder: str = 'dot',
+                 decoder_kwargs: Optional[Dict[str, Any]] = None,
+                 num_negatives: Optional[int] = None, exclude_self: bool = False,
+                 ks: Sequence[int] = LINK_HITS_KS, reduction: str = 'graph', **kwargs):
         if num_negatives is not None and num_negatives < 1:
             raise ValueError(f"num_negatives must be None or >= 1, got {num_negatives}")
         super().__init__(model, **kwargs)

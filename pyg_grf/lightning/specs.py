@@ -19,10 +19,8 @@ from typing import Any, Dict, Iterable, Sequence, Tuple, Union
 import torch
 
 #: The classes a model spec (``class_path``) may name, in a config's model or a checkpoint's
-#: hyperparameters, by their public dotted names: an explicit list, not whole packages (a
-#: package-wide rule admitted e.g. ``torch_geometric.nn.Sequential``, which evaluates strings).
-#: Their defining-module names (``torch_geometric.nn.conv.gat_conv.GATConv``) are accepted too.
-#: Anything else is refused before it is imported; add your own with
+#: hyperparameters: an explicit list, not whole packages (``torch_geometric.nn.Sequential``
+#: evaluates strings); their defining-module names are accepted too. Add your own with
 #: :func:`register_model_class`.
 MODEL_CLASS_PATHS = (
     # pyg_grf models, blocks and layers

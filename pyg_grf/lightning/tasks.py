@@ -30,16 +30,9 @@ class _TargetTask(Task):
     loss and metric, and :meth:`shared_step`; the two differ in which outputs and targets a batch
     gives (:meth:`select`)."""
 
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        task: str = 'multiclass',
-        num_classes: Optional[int] = None,
-        num_labels: Optional[int] = None,
-        loss: Optional[str] = None,
-        metric: Optional[str] = None,
-        **kwargs,
-    ):
+    def __init__(self, model: torch.nn.Module, task: str = 'multiclass',
+                 num_classes: Optional[int] = None, num_labels: Optional[int] = None,
+                 loss: Optional[str] = None, metric: Optional[str] = None, **kwargs):
         if task not in TASKS:
             raise ValueError(f"task must be one of {TASKS}, got '{task}'")
         if metric is not None and metric not in METRICS[task]:
