@@ -36,10 +36,8 @@ def test_index_range_checked_once_per_plan(monkeypatch):
     calls = []
     orig = _validation.torch_aminmax
     monkeypatch.setattr(_validation, 'torch_aminmax', lambda t: calls.append(1) or orig(t))
-    # With the payload shared by the layers (as GraphTransformer and .payload() do): the layers'
-    # remembered check once, plus once before the kernel product of the first softmax layer (a
-    # product without bounds checks is never trusted to a remembered check, which a write
-    # through .data could fool); the other softmax layer reuses the payload's kernel.
+    # With one plan shared by the layers (as GraphTransformer and .payload() do), the plan's
+    # index is checked when the plan is built; the layers read the plan and check nothing more.
     x, index, value = _rwgnk_inputs()
     layers = [GKATAttention(8, heads=2, mode=m) for m in ('linear', 'softmax', 'softmax')]
     rwgnk = RWGNKPlan.from_tensors(index, value)
@@ -51,8 +49,8 @@ def test_index_range_checked_once_per_plan(monkeypatch):
 
 
 def test_inference_tensors_are_checked_every_time():
-    # Lightning's test loop builds its batches under torch.inference_mode: such tensors have no
-    # version counter (remembering them raised RuntimeError), so they are checked in every call.
+    # Lightning's test loop builds its batches under torch.inference_mode: plans of inference
+    # tensors work and check their index like any other.
     x, index, value = _rwgnk_inputs()
     layer = GKATAttention(8, heads=2, mode='softmax')
     expected = layer(x, rwgnk=RWGNKPlan.from_tensors(index, value))
