@@ -101,11 +101,9 @@ class _DropMessages(logging.Filter):
         if record.levelno >= logging.WARNING:
             return True
         message = record.getMessage()
-        if any(p.search(message) for p in self.patterns):
+        if any(p.search(message) for p in self.patterns) or message in self.seen:
             return False
         if self.once:
-            if message in self.seen:
-                return False
             self.seen.add(message)
         return True
 
@@ -410,11 +408,7 @@ class GRFLightningCLI(LightningCLI):
             # validate / test / predict print their metrics and write nothing: no new empty
             # version_<N> log folder (with a copy of the config) per evaluation
             config = dict(config, logger=False)
-            saved, self.save_config_callback = self.save_config_callback, None
-            try:
-                return super()._instantiate_trainer(config, list(callbacks) + extra)
-            finally:
-                self.save_config_callback = saved
+            self.save_config_callback = None
         return super()._instantiate_trainer(config, list(callbacks) + extra)
 
     def _run_subcommand(self, subcommand: str) -> None:

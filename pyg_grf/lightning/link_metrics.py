@@ -11,7 +11,7 @@ return).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence
 
 import torch
 from torch import Tensor
@@ -179,42 +179,6 @@ def filtered_link_candidates(edge_label_index: Tensor, edge_label: Tensor,
     return LinkCandidates(src, dst, graph, src_local, dst_local, mask, counts)
 
 
-def _link_stats(ranks: Tensor, ks: Sequence[int]) -> Tensor:
-    # [P, 1 + len(ks)]: reciprocal rank, then hit@k for every k.
-    hits = [(ranks <= k).to(torch.float64) for k in ks]
-    return torch.stack([1. / ranks.to(torch.float64), *hits], dim=1)
-
-
-def _reduce_link_stats(ranks: Tensor, graph: Optional[Tensor], ks: Sequence[int],
-                       reduction: str) -> Tuple[Tensor, int]:
-    r"""Sums of the per-unit means (units: graphs or pairs) and the number of units."""
-    if ranks.dim() != 1:
-        raise ValueError(f"expected ranks of shape [P], got {tuple(ranks.shape)}")
-    if bool((ranks < 1).any()) or bool(torch.isnan(ranks).any()):
-        raise ValueError("expected ranks >= 1 (ranks start at 1)")
-    stats = _link_stats(ranks, ks)
-    if reduction == 'edge' or ranks.numel() == 0:
-        return stats.sum(0), ranks.numel()
-    if graph is None or graph.shape != ranks.shape:
-        raise ValueError(f"reduction='graph' needs the graph id of every rank, of shape "
-                         f"{tuple(ranks.shape)} (got "
-                         f"{None if graph is None else tuple(graph.shape)})")
-    _, unit = torch.unique(graph, return_inverse=True)
-    G = int(unit.max()) + 1
-    sums = stats.new_zeros(G, stats.size(1)).index_add_(0, unit, stats)
-    count = torch.bincount(unit, minlength=G).to(stats.dtype)
-    return (sums / count.unsqueeze(1)).sum(0), G
-
-
-def _check_link_options(ks: Sequence[int], reduction: str) -> Tuple[int, ...]:
-    ks = tuple(int(k) for k in ks)
-    if not ks or any(k < 1 for k in ks):
-        raise ValueError(f"expected positive ks for Hits@k, got {ks}")
-    if reduction not in LINK_REDUCTIONS:
-        raise ValueError(f"reduction must be one of {LINK_REDUCTIONS}, got {reduction!r}")
-    return ks
-
-
 class LinkRankingMetrics(Metric):
     r"""Mean reciprocal rank and Hits@k of link ranks (from :func:`link_ranks`), accumulated
     over batches (sums are reduced across processes in DDP). :meth:`compute` returns
@@ -235,7 +199,11 @@ class LinkRankingMetrics(Metric):
     def __init__(self, ks: Sequence[int] = LINK_HITS_KS, reduction: str = 'graph',
                  **kwargs: Any):
         super().__init__(**kwargs)
-        self.ks = _check_link_options(ks, reduction)
+        self.ks = tuple(int(k) for k in ks)
+        if not self.ks or any(k < 1 for k in self.ks):
+            raise ValueError(f"expected positive ks for Hits@k, got {self.ks}")
+        if reduction not in LINK_REDUCTIONS:
+            raise ValueError(f"reduction must be one of {LINK_REDUCTIONS}, got {reduction!r}")
         self.reduction = reduction
         self.add_state('total', default=torch.zeros(1 + len(self.ks), dtype=torch.float64),
                        dist_reduce_fx='sum')
@@ -243,8 +211,27 @@ class LinkRankingMetrics(Metric):
                        dist_reduce_fx='sum')
 
     def update(self, ranks: Tensor, graph: Optional[Tensor] = None) -> None:
-        r"""Adds the ranks of one batch (a graph's pairs must all come in the same update)."""
-        total, count = _reduce_link_stats(ranks.detach(), graph, self.ks, self.reduction)
+        r"""Adds the ranks ``[P]`` of one batch (with ``reduction='graph'``, the graph of each:
+        a graph's pairs must all come in the same update)."""
+        ranks = ranks.detach()
+        if ranks.dim() != 1:
+            raise ValueError(f"expected ranks of shape [P], got {tuple(ranks.shape)}")
+        if bool((ranks < 1).any()) or bool(torch.isnan(ranks).any()):
+            raise ValueError("expected ranks >= 1 (ranks start at 1)")
+        # [P, 1 + len(ks)]: reciprocal rank, then hit@k for every k; summed per unit (a graph or
+        # a pair) as means
+        stats = torch.stack([1. / ranks.double(), *[(ranks <= k).double() for k in self.ks]], 1)
+        if self.reduction == 'edge' or ranks.numel() == 0:
+            total, count = stats.sum(0), ranks.numel()
+        else:
+            if graph is None or graph.shape != ranks.shape:
+                raise ValueError(f"reduction='graph' needs the graph id of every rank, of shape "
+                                 f"{tuple(ranks.shape)} (got "
+                                 f"{None if graph is None else tuple(graph.shape)})")
+            _, unit = torch.unique(graph, return_inverse=True)
+            count = int(unit.max()) + 1
+            sums = stats.new_zeros(count, stats.size(1)).index_add_(0, unit, stats)
+            total = (sums / torch.bincount(unit, minlength=count).unsqueeze(1)).sum(0)
         # Not in place: states reset under inference mode (trainer.validate) are inference
         # tensors, which a later update outside it may not modify.
         self.total = self.total + total.to(self.total.device)

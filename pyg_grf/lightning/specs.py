@@ -225,12 +225,6 @@ def _trusted_by_prefix(path: str, trusted: Iterable[str]) -> bool:
     return any(path == entry or path.startswith(entry + '.') for entry in trusted)
 
 
-def _suggest(class_path: str, allowed: Iterable[str]) -> str:
-    name = class_path.rsplit('.', 1)[-1]
-    same = sorted(path for path in allowed if path.rsplit('.', 1)[-1] == name)
-    return f" (allowed under this name: {', '.join(same)})" if same else ''
-
-
 def check_config_class_paths(config: Any, where: str = '',
                              trusted: Iterable[str] = ()) -> None:
     r"""Walks a parsed ``pyg-grf`` config (nested dicts and lists, as
@@ -244,10 +238,13 @@ def check_config_class_paths(config: Any, where: str = '',
     trusted = tuple(trusted)
 
     def refuse(key: str, path: str, what: str) -> UntrustedClassError:
+        name = path.rsplit('.', 1)[-1]
+        same = sorted(p for p in allowed if p.rsplit('.', 1)[-1] == name)
+        hint = f" (allowed under this name: {', '.join(same)})" if same else ''
         return UntrustedClassError(
             f"Refusing to build '{key}' from {what} {path!r}: a pyg-grf config or command line "
             f"may only name the classes listed in pyg_grf.lightning.specs.MODEL_CLASS_PATHS "
-            f"and CONFIG_CLASS_PATHS{_suggest(path, allowed)}, since building another class "
+            f"and CONFIG_CLASS_PATHS{hint}, since building another class "
             f"can run any code (torch_geometric.nn.Sequential evaluates strings). To use a "
             f"class of your own, register it before the CLI parses (register_model_class for "
             f"models, register_config_class for data modules, transforms, callbacks, ...), or "
