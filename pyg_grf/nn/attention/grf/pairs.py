@@ -172,33 +172,30 @@ class _PairAttention(torch.autograd.Function):
             N, h, _ = phi_q.shape
             # float32 for half precision (torch's sparse CSR kernels have no half CPU version)
             dt = torch.float32 if phi_q.dtype in (torch.float16, torch.bfloat16) else phi_q.dtype
-            # head-major copies, so that every head's operand is contiguous (one copy each)
-            qh, kh, vh = (_head_major(t.to(dt), st.perm) for t in (phi_q, phi_k, v1))
-            out = vh.new_empty(h, N, vh.size(-1))
+            out = v1.new_empty(h, N, v1.size(-1), dtype=dt)
             # the scores q_i . k_j are kept for the backward unless they are large: then one
             # buffer serves every head and the backward computes them again (one more sampled
             # product per head, 4 bytes per cell and head less at the peak)
-            keep = h * st.nnz * qh.element_size() <= KEEP_SCORES_BYTES
-            scores = qh.new_zeros(h if keep else 1, st.nnz)  # read by sampled_addmm: no NaN
+            keep = h * st.nnz * out.element_size() <= KEEP_SCORES_BYTES
+            scores = out.new_zeros(h if keep else 1, st.nnz)  # read by sampled_addmm: no NaN
             for i in range(h):  # one shared pattern; heads are few
-                s = _sddmm(st, qh[i], kh[i], scores[i if keep else 0])
-                torch.mm(csr(st.crow, st.col, s * _cell_values(st, w[i], dt), N), vh[i],
-                         out=out[i])
+                s = _sddmm(st, _head(phi_q, i, st.perm, dt), _head(phi_k, i, st.perm, dt),
+                           scores[i if keep else 0])
+                torch.mm(csr(st.crow, st.col, s * _cell_values(st, w[i], dt), N),
+                         _head(v1, i, st.perm, dt), out=out[i])
             ctx.st, ctx.keep = st, keep
-            # the features as given (autograd keeps them anyway for the feature map's backward):
-            # their head-major copies are made again in the backward instead of kept
-            ctx.save_for_backward(phi_q, phi_k, vh, w, scores if keep else scores[:0])
+            # the operands as given; each head's contiguous copy is made again in the backward
+            ctx.save_for_backward(phi_q, phi_k, v1, w, scores if keep else scores[:0])
             ctx.dtypes = (phi_q.dtype, phi_k.dtype, v1.dtype)
             return _node_major(out, st.perm).to(v1.dtype)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         with torch.autocast(grad.device.type, enabled=False):
-            phi_q, phi_k, vh, w, scores = ctx.saved_tensors
+            phi_q, phi_k, v1, w, scores = ctx.saved_tensors
             st = ctx.st
             dt = scores.dtype
-            qh, kh = _head_major(phi_q.to(dt), st.perm), _head_major(phi_k.to(dt), st.perm)
-            h, N, _ = qh.shape
+            N, h, _ = phi_q.shape
             need = ctx.needs_input_grad
             dq, dk, dv = ctx.dtypes
             # the gradients, every head's rows written whole by its product (no zero fill): in
@@ -206,15 +203,17 @@ class _PairAttention(torch.autograd.Function):
             # order [N, h, C], scattered from one [N, C] product buffer
             perm = None if st.perm is None else st.perm.long()
 
-            def grad_of(ref: Tensor, dtype: torch.dtype, flag: bool) -> Optional[Tensor]:
+            def grad_of(width: int, dtype: torch.dtype, flag: bool) -> Optional[Tensor]:
                 if not flag:
                     return None
                 if perm is None:
-                    return ref.new_empty(h, N, ref.size(-1))
-                return ref.new_empty(N, h, ref.size(-1), dtype=dtype)
-            g_q, g_k, g_v = (grad_of(qh, dq, need[0]), grad_of(kh, dk, need[1]),
-                             grad_of(vh, dv, need[2]))
-            tmp = qh.new_empty(N, max(qh.size(-1), vh.size(-1))) if perm is not None else None
+                    return scores.new_empty(h, N, width)
+                return scores.new_empty(N, h, width, dtype=dtype)
+            g_q, g_k, g_v = (grad_of(phi_q.size(-1), dq, need[0]),
+                             grad_of(phi_k.size(-1), dk, need[1]),
+                             grad_of(v1.size(-1), dv, need[2]))
+            tmp = (scores.new_empty(N, max(phi_q.size(-1), v1.size(-1)))
+                   if perm is not None else None)
 
             def product(A: Tensor, x: Tensor, target: Tensor, i: int) -> None:
                 if perm is None:
@@ -225,35 +224,36 @@ class _PairAttention(torch.autograd.Function):
                 target[:, i].index_copy_(0, perm, out.to(target.dtype))
             g_w = torch.zeros_like(w, dtype=dt) if need[3] else None
             src = None if st.src is None else st.src.long()  # for the scatter back to the rows
-            gh = _head_major(grad.to(dt), st.perm)
             g_e = scores.new_zeros(st.nnz)  # reused by every head (finite values: beta = 0 is safe)
             buf = None if ctx.keep else scores.new_zeros(st.nnz)
-            for i in range(h):
-                s = scores[i] if ctx.keep else _sddmm(st, qh[i], kh[i], buf)
+            for i in range(h):  # each head's operands copied contiguous in turn (not all at once)
+                qi, ki = _head(phi_q, i, st.perm, dt), _head(phi_k, i, st.perm, dt)
+                gi, vi = _head(grad, i, st.perm, dt), _head(v1, i, st.perm, dt)
+                s = scores[i] if ctx.keep else _sddmm(st, qi, ki, buf)
                 wi = _cell_values(st, w[i], dt)
-                _sddmm(st, gh[i], vh[i], g_e)   # dL/da_ij = <dO_i, v1_j>
+                _sddmm(st, gi, vi, g_e)   # dL/da_ij = <dO_i, v1_j>
                 if g_w is not None:  # to the statistic rows the cells read
                     if src is None:
                         torch.mul(g_e, s, out=g_w[i])
                     else:
                         g_w[i].index_add_(0, src, g_e * s)
                 if g_v is not None:
-                    product(_transposed(st, s * wi), gh[i], g_v, i)
+                    product(_transposed(st, s * wi), gi, g_v, i)
                 g_s = g_e.mul_(wi)
                 if g_q is not None:
-                    product(csr(st.crow, st.col, g_s, N), kh[i], g_q, i)
+                    product(csr(st.crow, st.col, g_s, N), ki, g_q, i)
                 if g_k is not None:
-                    product(_transposed(st, g_s), qh[i], g_k, i)
+                    product(_transposed(st, g_s), qi, g_k, i)
             if perm is None:  # [h, N, C] -> [N, h, C] views
                 g_q, g_k, g_v = (None if g is None else g.transpose(0, 1).to(d)
                                  for g, d in ((g_q, dq), (g_k, dk), (g_v, dv)))
             return g_q, g_k, g_v, None if g_w is None else g_w.to(w.dtype), None
 
 
-def _head_major(x: Tensor, perm: Optional[Tensor]) -> Tensor:
-    # [N, h, C] -> contiguous [h, N, C], rows in the structures' order (one copy)
-    x = x.transpose(0, 1)
-    return x.contiguous() if perm is None else x.index_select(1, perm)
+def _head(x: Tensor, i: int, perm: Optional[Tensor], dtype: torch.dtype) -> Tensor:
+    # head i of [N, h, C] as a contiguous [N, C], rows in the structures' order (one copy)
+    x = x[:, i]
+    return (x.contiguous() if perm is None else x.index_select(0, perm)).to(dtype)
 
 
 def _node_major(y: Tensor, perm: Optional[Tensor]) -> Tensor:
