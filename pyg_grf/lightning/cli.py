@@ -67,6 +67,14 @@ from pyg_grf.lightning.specs import (
 from pyg_grf.utils import malloc_tuned, tune_malloc
 
 TRAINER_DEFAULTS: Dict[str, Any] = {'gradient_clip_val': 2.0, 'gradient_clip_algorithm': 'norm'}
+#: The subcommands that :func:`main` runs itself, beside Lightning's four.
+SUBCOMMANDS = {
+    'cv': 'k-fold cross-validation: fit + test every fold of a TUDataModule config with a fresh '
+          'model; prints and saves a mean ± std table.',
+    'plot': 'Plot a run as a PNG: the learning curves (loss and the monitored metric, train and '
+            'val, per epoch) of the newest run under RUN_DIR, or the per-fold results of a '
+            '`pyg-grf cv` run folder.',
+}
 CV_EPILOG = ('`pyg-grf cv` and `pyg-grf plot` are run by pyg-grf itself, with options of their '
              'own: `pyg-grf cv --help`, `pyg-grf plot --help`.')
 
@@ -346,11 +354,7 @@ class GRFLightningCLI(LightningCLI):
 
     def _add_subcommands(self, parser: LightningArgumentParser, **kwargs: Any) -> None:
         super()._add_subcommands(parser, **kwargs)
-        # Listed in `pyg-grf --help` beside Lightning's four; `main` runs them.
-        for name, text in (('cv', 'k-fold cross-validation of a TUDataModule config: fit and '
-                                  'test every fold, then a mean ± std table.'),
-                           ('plot', 'learning curves of a run (or per-fold results of a cv '
-                                    'run) as a PNG: pyg-grf plot RUN_DIR.')):
+        for name, text in SUBCOMMANDS.items():  # listed in `pyg-grf --help`
             parser._subcommands_action.add_subcommand(
                 name, self.init_parser(description=text, prog=f'pyg-grf {name}'), help=text)
 
@@ -490,10 +494,8 @@ def run_cv(argv: Sequence[str]) -> List[Dict[str, Any]]:
     and ``cv_results.json`` (per-fold test metrics and mean ± std) to the run directory and print
     the table. Other arguments (``--config``, ``--trainer.max_epochs=...``) go to the
     :class:`LightningCLI` of every fold."""
-    parser = argparse.ArgumentParser(
-        prog='pyg-grf cv', description='k-fold cross-validation: fit + test every fold with a '
-        'fresh model; prints and saves a mean ± std table. Other options are passed to '
-        '`pyg-grf fit` for every fold.')
+    parser = argparse.ArgumentParser(prog='pyg-grf cv', description=SUBCOMMANDS['cv'] + (
+        ' Other options are passed to `pyg-grf fit` for every fold.'))
     parser.add_argument('--folds', default=None,
                         help='comma-separated folds to run (default: all)')
     parser.add_argument('--out', default=None,
@@ -570,10 +572,7 @@ def run_plot(argv: Sequence[str]) -> Dict[str, Any]:
     results, as a PNG (:func:`pyg_grf.lightning.plot.plot_run`). Errors (no run there, no
     matplotlib) exit with status 2 and one line that says what was expected."""
     from pyg_grf.lightning.plot import plot_run
-    parser = argparse.ArgumentParser(
-        prog='pyg-grf plot', description='Plot a run as a PNG: the learning curves (loss and '
-        'the monitored metric, train and val, per epoch) of the newest run under RUN_DIR, or '
-        'the per-fold results of a `pyg-grf cv` run folder.')
+    parser = argparse.ArgumentParser(prog='pyg-grf plot', description=SUBCOMMANDS['plot'])
     parser.add_argument('run_dir', metavar='RUN_DIR',
                         help="a run's default_root_dir (e.g. runs/motifs_grf), one of its "
                         "version_<N> log folders, or a cv run folder (with cv_results.json)")
