@@ -98,11 +98,10 @@ class EpochMetricsLog(Callback):
 
 
 class LearningCurvePlot(Callback):
-    r"""Writes ``<trainer.log_dir>/learning_curves.png`` at the end of ``fit``: the loss and the
-    monitored metric (the checkpoint callback's ``monitor``, else the logged validation metric),
-    train and val, per epoch (:func:`pyg_grf.lightning.plot.plot_learning_curves`). Reads the
-    rows of :class:`EpochMetricsLog` (or a CSVLogger's ``metrics.csv``). Does nothing in a
-    ``fast_dev_run``; says in one line why there is no plot (e.g. matplotlib is not installed).
+    r"""Writes ``<trainer.log_dir>/learning_curves.png`` at the end of ``fit``
+    (:func:`pyg_grf.lightning.plot.plot_learning_curves`, monitoring the checkpoint callback's
+    ``monitor``). Does nothing in a ``fast_dev_run``; says in one line why there is no plot
+    (e.g. matplotlib is not installed).
 
     Args:
         filename (str, optional): the file name in the log folder (default: as above).

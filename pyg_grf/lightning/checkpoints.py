@@ -258,12 +258,9 @@ METRICS_BACKUP = '.metrics_before_resume.csv'
 def _keep_csv_rows(logger: Any, saved_epoch: Optional[int]) -> None:
     r"""A resumed CSVLogger deletes its ``metrics.csv`` when it opens the version folder again:
     write back the rows of the epochs up to the checkpoint from the copy
-    :data:`METRICS_BACKUP` (later ones are logged again by the resumed run).
-
-    Damaged rows (a field count other than the header's, an epoch that is not a number, text
-    the CSV reader refuses) are skipped and reported in one warning; the other rows are written
-    back byte for byte. Without a usable header nothing is written back and the copy
-    ``.metrics_before_resume.csv`` is kept (and named in the warning)."""
+    :data:`METRICS_BACKUP` (later ones are logged again by the resumed run), byte for byte.
+    Damaged rows are skipped and reported in one warning; without a usable header nothing is
+    written back and the copy is kept."""
     import csv
     experiment = getattr(logger, 'experiment', None)
     path = getattr(experiment, 'metrics_file_path', None)

@@ -28,11 +28,8 @@ def structured_negatives(edge_label_index: Tensor, edge_label: Tensor,
     LRGB's ``resample_negative`` does for PCQM-Contact: for each positive pair :math:`(s, t)`,
     :obj:`num_negatives` distinct nodes :math:`v` of the graph of :math:`s`, uniformly among those
     with :math:`(s, v)` not a positive pair (:math:`v = s` allowed, as in LRGB); fewer where the
-    graph has fewer. Vectorised over all pairs (random keys, top-k per pair).
-
-    Returns:
-        ``(edge_label_index, edge_label)``: the positives, then the negatives; labels of the
-        dtype of the input.
+    graph has fewer. Vectorised over all pairs (random keys, top-k per pair). Returns
+    ``(edge_label_index, edge_label)``: the positives, then the negatives.
     """
     if num_negatives < 1:
         raise ValueError(f"num_negatives must be >= 1, got {num_negatives}")

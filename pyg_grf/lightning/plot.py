@@ -83,13 +83,8 @@ def _has_curves(path: str) -> bool:
 def find_run_dir(path: str) -> str:
     r"""The log folder of a run: :obj:`path` itself when it holds ``epoch_metrics.jsonl`` or
     ``metrics.csv``, else the newest ``version_<N>`` below it (``<path>/version_<N>`` or
-    ``<path>/<logger name>/version_<N>``, e.g. ``runs/motifs_grf/lightning_logs/version_3``)
-    that holds training curves (a later ``pyg-grf test`` writes a version with test metrics
-    only), else the newest one.
-
-    Raises:
-        FileNotFoundError: when there is no such folder.
-    """
+    ``<path>/<logger name>/version_<N>``) that holds training curves (a test run's version has
+    test metrics only), else the newest one; :class:`FileNotFoundError` if there is none."""
     if not osp.isdir(path):
         raise FileNotFoundError(f"expected a run folder (a trainer's default_root_dir or a "
                                 f"'version_<N>' log folder), got '{path}', which does not exist")
