@@ -104,8 +104,13 @@ def safe_load(path: str) -> Any:
     import pickle
 
     from torch_geometric.data import Data, HeteroData
+
+    # only the classes not allowed already: torch's context removes on exit what it was given,
+    # and PyG allows Data for good when imported (its own loaders would fall back to an unsafe
+    # full unpickle after that)
+    allowed = torch.serialization.get_safe_globals()
     try:
-        with torch.serialization.safe_globals([Data, HeteroData]):
+        with torch.serialization.safe_globals([c for c in (Data, HeteroData) if c not in allowed]):
             return torch.load(path, map_location='cpu', weights_only=True)
     except pickle.UnpicklingError as exc:
         raise DatasetCacheError(f"'{path}' holds objects other than tensors and plain data "

@@ -227,3 +227,15 @@ def test_reader_waits_for_the_writer(tmp_path):
         assert reader.poll() is None, 'the reader did not wait for the writer'
     out, _ = reader.communicate(timeout=60)
     assert reader.returncode == 0 and out.decode().strip() == '8'
+
+
+def test_safe_load_leaves_pyg_allowed_classes_allowed(tmp_path):
+    # torch's safe_globals context removes on exit what it was given: PyG allows Data for good
+    # when imported, and its own loaders must not fall back to a full unpickle after ours ran
+    from torch_geometric.data import Data
+
+    from pyg_grf.datasets.cache import safe_load
+    torch.save(Data(x=torch.ones(2, 1)).to_dict(), tmp_path / 'd.pt')
+    assert Data in torch.serialization.get_safe_globals()
+    safe_load(str(tmp_path / 'd.pt'))
+    assert Data in torch.serialization.get_safe_globals()
