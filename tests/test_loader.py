@@ -70,13 +70,22 @@ def test_prepared_plan_with_draws_key_loads_and_global_term(monkeypatch):
     assert calls == []
 
 
-def test_data_loader_workers_prepare_the_plan_for_a_graph_transformer(monkeypatch):
+# the way workers start: Linux's default, macOS' and Windows' default, and Python 3.14's on Linux
+# (the collate function and its plans must pickle for the last two)
+@pytest.mark.parametrize('context', [
+    'fork', pytest.param('spawn', marks=pytest.mark.slow),
+    pytest.param('forkserver', marks=pytest.mark.slow)])
+def test_data_loader_workers_prepare_the_plan_for_a_graph_transformer(monkeypatch, context):
+    import multiprocessing
+    if context not in multiprocessing.get_all_start_methods():
+        pytest.skip(f"no '{context}' start method on this platform")
     data = graphs(channels=8)
     model = GraphTransformer(8, 16, 2, num_layers=2, heads=2,
                              attn_kwargs={'max_length': 3, 'global_beta': 0.1}).double()
     model.eval()
     plain = [model(batch) for batch in PyGDataLoader(data, batch_size=2)]
-    loader = DataLoader(data, batch_size=2, num_workers=1, model=model)
+    loader = DataLoader(data, batch_size=2, num_workers=1, model=model,
+                        multiprocessing_context=context)
     assert isinstance(loader.collate_fn, PayloadCollater)
     calls = count_builds(monkeypatch)  # patched here, in the main process only
     outs = []
