@@ -30,38 +30,17 @@ def make_batch(channels=8, seed=0, key=False):
 
 
 def dense_phi(index, length, load, f, N):
-    return torch.zeros(N, N, dtype=D).index_put((index[0].long(), index[1].long()),
-                                                f[length.long()] * load.to(D),
-                                                accumulate=True)
+    keep = length < f.numel()  # hops beyond f's coefficients contribute nothing
+    return torch.zeros(N, N, dtype=D).index_put(
+        (index[0, keep].long(), index[1, keep].long()), f[length[keep].long()] * load[keep].to(D),
+        accumulate=True)
 
 
 def dense_reference(layer, b, key=False):
     """O(N^2) GRF attention from the layer's weights, every mask formed explicitly."""
-    x = b.x
-    N, H, C = x.size(0), layer.heads, layer.head_channels
-    q = (x @ layer.to_q.weight.T + layer.to_q.bias).view(N, H, C)
-    k = (x @ layer.to_k.weight.T + layer.to_k.bias).view(N, H, C)
-    v = (x @ layer.to_v.weight.T + layer.to_v.bias).view(N, H, C)
-    outs = []
-    for h in range(H):
-        f = layer.f[h]
-        phi = dense_phi(b.grf_index, b.grf_length, b.grf_load, f, N)
-        if layer.mode == 'sparse_softmax':
-            s = q[:, h] @ k[:, h].T / C ** 0.5
-            s = s.masked_fill(phi == 0, float('-inf'))
-            e = torch.exp(s - s.max(1, keepdim=True).values) * phi
-            a = e / e.sum(1, keepdim=True)
-        else:
-            if layer.mode == 'symmetric':
-                phik = phi if not key else dense_phi(b.grf_key_index, b.grf_key_length,
-                                                     b.grf_key_load, f, N)
-                M = phi @ phik.T
-            else:
-                M = phi
-            a = (layer.feature_map(q[:, h]) @ layer.feature_map(k[:, h]).T) * M
-            a = a / a.sum(1, keepdim=True)
-        outs.append(a @ v[:, h])
-    return torch.cat(outs, dim=1) @ layer.to_out.weight.T + layer.to_out.bias
+    key_loads = (b.grf_key_index, b.grf_key_length, b.grf_key_load) if key else None
+    return dense_grf_attention(layer, b.x, b.grf_index, b.grf_length, b.grf_load,
+                               key_loads=key_loads)
 
 
 def make_layer(mode, backend, seed=0):
@@ -82,10 +61,11 @@ def batch_of_three(channels=8, seed=0):
     return Batch.from_data_list([t(g) for g in graphs])
 
 
-def dense_grf_attention(layer, x, index, length, load, key_scale=None):
+def dense_grf_attention(layer, x, index, length, load, key_scale=None, key_loads=None):
     """Independent O(N^2) re-implementation of GRFAttention from its weights; ``key_scale``
     ``[N, H]`` multiplies the coefficients of each key column in the numerator only (the
-    linear modes' dropout)."""
+    linear modes' dropout); ``key_loads`` ``(index, length, load)``: the key side's walks of a
+    symmetric mask (default: the query side's)."""
     N, H, C = x.size(0), layer.heads, layer.head_channels
     q = (x @ layer.to_q.weight.T + layer.to_q.bias).view(N, H, C)
     k = (x @ layer.to_k.weight.T + layer.to_k.bias).view(N, H, C)
@@ -93,14 +73,12 @@ def dense_grf_attention(layer, x, index, length, load, key_scale=None):
     outs = []
     for h in range(H):
         f = layer.f[h]
-        keep = length < f.numel()
-        phi = torch.zeros(N, N, dtype=D).index_put(
-            (index[0, keep], index[1, keep]), f[length[keep].long()] * load[keep].to(D),
-            accumulate=True)
+        phi = dense_phi(index, length, load, f, N)
         if layer.mode == 'sparse_softmax':
             s = torch.exp(q[:, h] @ k[:, h].T / C ** 0.5) * phi
         else:
-            M = phi @ phi.T if layer.mode == 'symmetric' else phi
+            phik = phi if key_loads is None else dense_phi(*key_loads, f, N)
+            M = phi @ phik.T if layer.mode == 'symmetric' else phi
             fq, fk = layer.feature_map(q[:, h]), layer.feature_map(k[:, h])
             s = (fq @ fk.T) * M
         num = s if key_scale is None else s * key_scale[:, h].unsqueeze(0)
