@@ -208,6 +208,9 @@ def compute_dtype(x: Tensor) -> torch.dtype:
 def _sddmm(pattern: SparsePattern, a: Tensor, b: Tensor) -> Tensor:
     # <a_r, b_c> at the nonzeros only, in the order of the pattern's input index, without an
     # [nnz, C] temporary.
+    dtype = a.dtype
+    if dtype in (torch.float16, torch.bfloat16):  # torch's sampled_addmm has no half kernels
+        a, b = a.float(), b.float()
     crow, col = pattern._csr_indices()
     holder = csr_tensor(crow, col, a.new_zeros(pattern.nnz), pattern.size)
     # Written into the holder itself: without ``out`` torch copies the whole input (indices and
@@ -215,7 +218,7 @@ def _sddmm(pattern: SparsePattern, a: Tensor, b: Tensor) -> Tensor:
     g = torch.sparse.sampled_addmm(holder, a.contiguous(), b.t(), beta=0.0, out=holder).values()
     if pattern.perm is not None:
         g = torch.empty_like(g).index_copy_(0, pattern.perm, g)
-    return g
+    return g.to(dtype)
 
 
 class _SDDMM(torch.autograd.Function):

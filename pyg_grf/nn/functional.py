@@ -193,6 +193,12 @@ def packed_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     return o if return_sums else normalize_sums(o, eps)
 
 
+def _eps(dtype: torch.dtype) -> float:
+    # keeps an empty row (all weights zero, or a padded row) at 0 / eps = 0: 1e-16, or the
+    # smallest normal number of a half dtype (float16 flushes 1e-16 to zero: 0 / 0 = nan)
+    return max(1e-16, torch.finfo(dtype).tiny)
+
+
 def block_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor,
                                      support: Tensor, dropout: float = 0.0,
                                      training: bool = False) -> Tensor:
@@ -209,7 +215,7 @@ def block_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, weight: Te
     smax = s.detach().amax(-1, keepdim=True)
     smax = torch.where(torch.isfinite(smax), smax, torch.zeros_like(smax))  # padded rows
     e = torch.exp(s - smax) * weight
-    a = e / (e.sum(-1, keepdim=True) + 1e-16)
+    a = e / (e.sum(-1, keepdim=True) + _eps(e.dtype))
     a = torch.nn.functional.dropout(a, p=dropout, training=training)
     return a @ v
 
@@ -236,7 +242,7 @@ def pair_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, pattern: Sp
     # (w may be negative or zero, so it cannot enter as log w)
     row = pat.row
     e = softmax(s, row, num_nodes=H * N) * pattern.repeat_values(weight)
-    a = e / (scatter(e, row, 0, dim_size=H * N, reduce='sum')[row] + 1e-16)
+    a = e / (scatter(e, row, 0, dim_size=H * N, reduce='sum')[row] + _eps(e.dtype))
     a = torch.nn.functional.dropout(a, p=dropout, training=training)
     return from_head_major(spmm(pat, a, head_major(v)), H)
 
