@@ -212,8 +212,10 @@ def _coalesce_loads(walks: RandomWalks, load: Tensor, num_nodes: int,
 
 def hop_values(f: Tensor, hop: Tensor, load: Tensor) -> Tensor:
     r""":math:`f_{l_e}\,\mathrm{load}_e` for hop counts ``hop`` that all index into ``f``
-    (``[L + 1]`` or ``[H, L + 1]``): ``[nnz]`` or ``[H, nnz]``."""
-    return f[..., hop] * load.to(f.dtype if f.is_floating_point() else load.dtype)
+    (``[L + 1]`` or ``[H, L + 1]``): ``[nnz]`` or ``[H, nnz]``. A gather by ``index_select``:
+    its backward sums into the few coefficients by ``index_add`` (advanced indexing's backward
+    runs a sort of all ``nnz`` hop counts on CUDA: 145 ms of a 177 ms layer at 262k nodes)."""
+    return f.index_select(-1, hop) * load.to(f.dtype if f.is_floating_point() else load.dtype)
 
 
 def graph_random_features(edge_index: Tensor, num_nodes: int, f: Union[Tensor, Sequence[float]],
