@@ -92,10 +92,11 @@ def block_coords(lay: BlockLayout, index: Tensor) -> Tuple[Tensor, Tensor]:
     return prow, pq % n
 
 
-def block_layout(batch: Optional[Tensor], num_nodes: int) -> BlockLayout:
-    r"""Dense-block layout of a batch vector (graphs must be contiguous, as in PyG batches)."""
+def block_layout(batch: Optional[Tensor], num_nodes: int, device=None) -> BlockLayout:
+    r"""Dense-block layout of a batch vector (graphs must be contiguous, as in PyG batches);
+    ``device``: where the layout of one graph (``batch=None``) lives."""
     if batch is None or num_nodes == 0:
-        pos = torch.arange(num_nodes, device=batch.device if batch is not None else None)
+        pos = torch.arange(num_nodes, device=batch.device if batch is not None else device)
         return BlockLayout(1, max(num_nodes, 1), pos, torch.tensor([num_nodes]),
                            torch.zeros(1, dtype=torch.long, device=pos.device))
     batch = batch.long()

@@ -2,9 +2,10 @@ r"""Every GRF backend and mode, GKAT, the unmasked control and the GRF-GPS block
 in a low precision, against the float64 CPU computation of the same weights.
 
 The ``cuda`` cases are marked ``cuda`` and skipped without a GPU (run them with
-``pytest -m cuda`` on a machine with one); the same tests run on the CPU in float32 and bfloat16
-by default, so their logic is exercised everywhere. Tolerances: float32 1e-4 relative to the
-output's scale; bfloat16 / float16 (8 / 11 bits of mantissa, a few products deep) 5e-2 / 1e-2.
+``pytest -m cuda`` on a machine with one); the same tests run on the CPU in float32, bfloat16
+and float16 by default, so their logic is exercised everywhere (float16 flushes small constants
+to zero: a padded row once divided 0 / 0). Tolerances: float32 1e-4 relative to the output's
+scale; bfloat16 / float16 (8 / 11 bits of mantissa, a few products deep) 5e-2 / 1e-2.
 """
 import copy
 
@@ -20,7 +21,7 @@ from tests.utils import er_graph, grid_graph, path_graph
 
 HAS_CUDA = torch.cuda.is_available()
 TOL = {torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
-CASES = [('cpu', torch.float32), ('cpu', torch.bfloat16)] + [
+CASES = [('cpu', torch.float32), ('cpu', torch.bfloat16), ('cpu', torch.float16)] + [
     pytest.param('cuda', dt, marks=[pytest.mark.cuda, pytest.mark.skipif(
         not HAS_CUDA, reason='no CUDA device')])
     for dt in (torch.float32, torch.bfloat16, torch.float16)]
@@ -81,6 +82,28 @@ def test_grf_attention(device, dtype, backend, mode):
     layer = GRFAttention(16, heads=2, max_length=3, mode=mode, backend=backend,
                          global_beta=0.1 if mode != 'sparse_softmax' else None)
     run(WithLoads(layer, 'grf'), grf_args, device, dtype)
+
+
+class OneGraph(torch.nn.Module):
+    # the layer on one graph without a batch vector (full-graph training), its plan built from
+    # a Data on the layer's device (the plan's block layout must follow it there)
+    def __init__(self, layer):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, x, batch):
+        g = make_batch()
+        data = Data(num_nodes=g.num_nodes, **{k: g[k] for k in g.keys() if k.startswith('grf')})
+        data = data.to(str(x.device))
+        return self.layer(x, **self.layer.payload(data))
+
+
+@pytest.mark.parametrize('device,dtype', CASES)
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+def test_grf_attention_one_graph(device, dtype, backend):
+    torch.manual_seed(0)
+    run(OneGraph(GRFAttention(16, heads=2, max_length=3, backend=backend)), grf_args, device,
+        dtype)
 
 
 @pytest.mark.parametrize('device,dtype', CASES)

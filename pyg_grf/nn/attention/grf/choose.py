@@ -66,7 +66,7 @@ def plan_sizes(loads: GRFLoads, mode: str) -> PlanSizes:
     read)."""
     N = loads.num_nodes
     P = loads.pairs()[0].size(1)
-    lay = block_layout(loads.batch, N)
+    lay = block_layout(loads.batch, N, loads.device)
     symmetric = mode == 'symmetric'
     K = loads.max_hop + 1 if loads.key is None else max(loads.max_hop, loads.key.max_hop) + 1
     return PlanSizes(N, loads.nnz, P, num_join_terms(loads) if symmetric else 0,

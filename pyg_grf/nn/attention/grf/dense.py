@@ -97,7 +97,7 @@ class DenseStructures(NamedTuple):
 def build(loads: GRFLoads, mode: str, dtype: torch.dtype, groups: int = 1,
           max_cells: Optional[int] = None) -> DenseStructures:
     r"""The plan structures of ``mode``."""
-    lay = block_layout(loads.batch, loads.num_nodes)
+    lay = block_layout(loads.batch, loads.num_nodes, loads.device)
     n = lay.n
 
     def cells_of(side: GRFLoads) -> Tensor:

@@ -309,7 +309,7 @@ def build(loads: GRFLoads, mode: str, dtype: torch.dtype, groups: int = 1,
     perm = locality_order(loads) if groups == 1 else None
     if perm is not None:
         loads = relabel(loads, perm)
-    lay = block_layout(loads.batch, N)
+    lay = block_layout(loads.batch, N, loads.device)
     terms = mask_statistics(loads, lay, symmetric, dtype, max_cells, cells=False)
     if terms.index is not None:
         row, col = terms.index[0].long(), terms.index[1]
