@@ -7,7 +7,6 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_grf._validation import is_sorted
 from pyg_grf.masks.base import MaskOperator
 
 
@@ -47,16 +46,20 @@ def packing_layout(batch: Tensor, num_graphs: Optional[int] = None,
     if N == 0:
         return PackingLayout(torch.zeros(0, dtype=torch.long, device=device), (), 0)
     batch = batch.long()
-    lo, hi = (int(t) for t in torch.aminmax(batch))  # one host read
+    lo, hi = torch.aminmax(batch)
+    ordered = (batch[1:] >= batch[:-1]).all()
+    lo, hi, ordered = torch.stack([lo, hi, ordered.long()]).tolist()  # one host read
     if lo < 0:
         raise ValueError(f"'batch' must hold non-negative graph ids, got {lo}")
     if num_graphs is not None and hi >= num_graphs:
         raise ValueError(f"'batch' holds graph id {hi} but 'num_graphs' is {num_graphs}")
-    sizes = torch.bincount(batch, minlength=hi + 1)
+    # the sizes by scatter_add: bincount would read the largest id from the device again
+    sizes = torch.zeros(hi + 1, dtype=torch.long, device=device).scatter_add_(
+        0, batch, torch.ones_like(batch))
     B = sizes.numel()
     ptr = torch.cumsum(sizes, 0) - sizes
     # rank of every node inside its graph (in node order)
-    if is_sorted(batch):
+    if ordered:
         local = torch.arange(N, device=device) - ptr[batch]
     else:
         perm = torch.argsort(batch, stable=True)

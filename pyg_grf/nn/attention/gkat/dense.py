@@ -26,7 +26,8 @@ def to_blocks(plan, t: Tensor) -> tuple:
     row."""
     B, n = plan.num_graphs, plan.max_graph_nodes
     ptr = plan.ptr.long()
-    graph = torch.repeat_interleave(torch.arange(B, device=t.device), ptr.diff())
+    graph = torch.repeat_interleave(torch.arange(B, device=t.device), ptr.diff(),
+                                    output_size=t.size(0))
     pos = torch.arange(t.size(0), device=t.device) - ptr[graph]
     out = t.new_zeros((B, n) + t.shape[1:])
     out[graph, pos] = t

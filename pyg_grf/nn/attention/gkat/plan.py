@@ -4,6 +4,7 @@ the data and the layers that will read it (FTFI paper, Sec. 4.2: the RWGNK featu
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Iterable, Optional, Tuple
 
 import torch
@@ -167,8 +168,8 @@ class RWGNKPlan:
     def num_graphs(self) -> int:
         return self.ptr.numel() - 1
 
-    @property
-    def max_graph_nodes(self) -> int:
+    @cached_property
+    def max_graph_nodes(self) -> int:  # one host read per plan, kept by to()
         return int(self.ptr.diff().max()) if self.num_graphs > 0 else 0
 
     @property
@@ -181,10 +182,12 @@ class RWGNKPlan:
         r"""The plan on ``device``."""
         stored = None if self.stored_pairs is None else tuple(t.to(device)
                                                              for t in self.stored_pairs)
-        return _unpickle_plan(self.num_nodes, self.psi_index.to(device),
+        plan = _unpickle_plan(self.num_nodes, self.psi_index.to(device),
                               self.psi_value.to(device), self.ptr.to(device),
                               self.kernel_products,
                               None if self.pairs is None else self.pairs.to(device), stored)
+        plan.__dict__['max_graph_nodes'] = self.max_graph_nodes  # read where ptr is
+        return plan
 
     def repeat(self, copies: int, layers: Iterable[Any] = ()) -> 'RWGNKPlan':
         r"""The plan of ``copies`` disjoint copies of this graph (copy ``c`` on nodes

@@ -243,7 +243,9 @@ class GRFAttention(QKVAttention):
                 (e.g. the patches of ``B`` images) on one shared graph of ``n`` nodes, whose
                 plan covers ``n`` nodes (no PyG ``Batch`` of copies needed).
             batch (Tensor, optional): ``[N]`` graph ids (sorted, as in PyG batches). The plan
-                carries the batch's own; given beside it, it must name the same graphs.
+                carries the batch's own; given beside it, it must name the same graphs (its
+                values are compared on the CPU only: on an accelerator the comparison would
+                make the host wait for the device in every layer, so there only its length is).
             grf (GRFPlan): keyword only: the batch's plan, :meth:`payload` (or
                 ``GRFPlan.build(data, layers)`` once for all layers). Loads alone
                 (:class:`~pyg_grf.features.GRFLoads`) are a plan without parts: every call
@@ -276,8 +278,8 @@ class GRFAttention(QKVAttention):
             raise ValueError(f"the GRF plan covers {grf.num_nodes} nodes but 'x' has "
                              f"{x.size(0)} rows")
         if batch is not None and grf.batch is not None and batch is not grf.batch and not (
-                batch.shape == grf.batch.shape and torch.equal(batch.to(grf.batch.device),
-                                                               grf.batch)):
+                batch.shape == grf.batch.shape and (batch.device.type != 'cpu' or torch.equal(
+                    batch, grf.batch.to(batch.device)))):
             raise ValueError("'batch' differs from the batch vector the GRF plan was built "
                              "with: pass the plan of this batch, or omit 'batch'")
         if grf.loads.device != x.device:
