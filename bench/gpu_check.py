@@ -25,6 +25,9 @@ recorded and the next section runs) and time-boxed:
 * ``gkat``: ``GKATAttention`` (the paper's GAT-shaped layer, 8 heads x 8) against PyG's
   ``GATConv`` on a PubMed-sized random graph (19,717 nodes, ~88.6k directed edges, 500
   features), forward + backward;
+* ``profile``: where the device time goes (``torch.profiler``, the operators with the most
+  self time on the device): GRF forward + backward per backend on the 262,144-node kNN graph,
+  and one GRF-GPS training step on the molecule batch;
 * ``sync``: the host synchronisations inside one layer's forward and backward, counted with
   ``torch.cuda.set_sync_debug_mode('warn')`` after the batch's payload is built: first call
   (the layer builds its per-batch plan) and second call (plan built) separately.
@@ -88,9 +91,10 @@ KNN_WALKS = dict(num_walks=16, p_halt=0.5, max_length=MAX_LENGTH, seed=0)
 RWGNK_WALKS = dict(num_walks=16, lam=0.8, alpha=1.0, max_length=2, seed=0,  # citation_gkat.yaml
                    kernel_threshold=0.05)
 
-SECTIONS = ('nvidia_smi', 'cuda_tests', 'gps_step', 'knn', 'gkat', 'sync')
-# seconds each section may take at most (their sum, 440 s, stays inside the 450 s budget)
-CAPS = {'nvidia_smi': 20, 'cuda_tests': 140, 'gps_step': 85, 'knn': 130, 'gkat': 30, 'sync': 35}
+SECTIONS = ('nvidia_smi', 'cuda_tests', 'gps_step', 'knn', 'gkat', 'sync', 'profile')
+# seconds each section may take at most (their sum, 500 s, is scaled to the budget)
+CAPS = {'nvidia_smi': 20, 'cuda_tests': 140, 'gps_step': 85, 'knn': 130, 'gkat': 30, 'sync': 35,
+        'profile': 60}
 MHA, PERF, GRF = 'GPS multihead', 'GPS performer 4x16', 'GRF-GPS'
 KNN_SIDES = (256, 512, 1024, 2048)          # 65,536 ... 4,194,304 nodes
 OOM_TEXT = ('out of memory', 'CUBLAS_STATUS_ALLOC_FAILED', 'CUSPARSE_STATUS_ALLOC_FAILED',
@@ -491,6 +495,8 @@ def run_knn(S: Section, out: Path):
                     payload = {}  # full-graph training: one payload for every step
                     row['payload_s'] = timed(
                         lambda: payload.update(attn.payload(walked['data'])), dev)
+                    row['backend'] = ','.join(sorted({p.backend for p in
+                                                      payload['grf'].parts.values()}))
                     call = lambda x, attn=attn: attn(x, None, **payload)  # noqa: E731
                 run = fwd_bwd(call, x)
                 with peak_memory(dev, row):  # the first call: GRF builds its plan here
@@ -647,8 +653,6 @@ def run_sync(S: Section, out: Path):
     S.data['status'] = 'ok'
 
 
-RUNNERS = {'nvidia_smi': run_nvidia_smi, 'cuda_tests': run_cuda_tests, 'gps_step': run_gps_step,
-           'knn': run_knn, 'gkat': run_gkat, 'sync': run_sync}
 
 
 def run_section(name: str, out: Path, device: torch.device, quick: bool, deadline: float):
@@ -664,6 +668,72 @@ def run_section(name: str, out: Path, device: torch.device, quick: bool, deadlin
     S.data['seconds'] = time.perf_counter() - t
     S.data.pop('current', None)
     S.save()
+
+
+def top_ops(fn, device: torch.device, calls: int = 3, top: int = 10) -> dict:
+    r"""``fn`` once unprofiled, then ``calls`` times under ``torch.profiler``: the wall time per
+    call and the ``top`` operators by self time on ``device`` (the CPU when it is one)."""
+    from torch.profiler import ProfilerActivity, profile
+    fn()
+    sync(device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
+    t = time.perf_counter()
+    with profile(activities=acts) as prof:
+        for _ in range(calls):
+            fn()
+        sync(device)
+    wall = (time.perf_counter() - t) / calls
+    key = 'self_device_time_total' if device.type == 'cuda' else 'self_cpu_time_total'
+    events = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    total = sum(getattr(e, key) for e in events) or 1.0
+    ops = [{'op': e.key[:80], 'calls': e.count // calls, 'ms': getattr(e, key) / 1e3 / calls,
+            'share': getattr(e, key) / total} for e in events[:top]]
+    res = {'wall_ms': 1e3 * wall, 'device_ms': total / 1e3 / calls, 'ops': ops}
+    if device.type == 'cuda':  # where the host's time goes (launches, plan building)
+        host = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+        res['host_ops'] = [{'op': e.key[:80], 'calls': e.count // calls,
+                            'ms': e.self_cpu_time_total / 1e3 / calls} for e in host[:top]]
+    return res
+
+
+def run_profile(S: Section, out: Path):
+    dev = S.device
+    side = 16 if S.quick else 512
+    data = AddGraphRandomFeatures(**KNN_WALKS)(knn_graph(side, dev))
+    S.data.update(nodes=side * side, calls=3)
+    for backend in ('auto', 'sparse', 'pairs'):
+        if S.left() < 10:
+            S.data.setdefault('skipped', []).append(f'knn {backend}: time budget')
+            continue
+        row = {'workload': f'knn {side * side:,} nodes', 'what': f'GRFAttention {backend!r}'}
+        try:
+            torch.manual_seed(0)
+            attn = GRFAttention(C, heads=H, max_length=MAX_LENGTH, backend=backend).to(dev)
+            payload = attn.payload(data)
+            row['backend'] = ','.join(sorted({p.backend for p in payload['grf'].parts.values()}))
+            x = torch.randn(side * side, C, device=dev, requires_grad=True)
+            row.update(top_ops(fwd_bwd(lambda x: attn(x, None, **payload), x), dev))
+        except Exception as exc:
+            row['error'] = error_text(exc)
+        finally:
+            attn = payload = x = None
+            free(dev)
+        S.add(row)
+    data = None
+    if S.left() > 10:
+        b = molecule_batch(*((4, 120, 180, 0) if S.quick else (128, 120, 180, 0)), device=dev)
+        for column in (MHA, GRF):
+            row = {'workload': 'molecule batch', 'what': f'training step {column}'}
+            try:
+                row.update(top_ops(gps_step(column, b, dev, False), dev))
+            except Exception as exc:
+                row['error'] = error_text(exc)
+            S.add(row)
+    S.data['status'] = 'ok'
+
+
+RUNNERS = {'nvidia_smi': run_nvidia_smi, 'cuda_tests': run_cuda_tests, 'gps_step': run_gps_step,
+           'knn': run_knn, 'gkat': run_gkat, 'sync': run_sync, 'profile': run_profile}
 
 
 # Summary ##########################################################################################
@@ -744,7 +814,8 @@ def to_markdown(R: dict) -> str:
                   '| nodes | method | ms | first ms | peak MiB | / performer | / linear | '
                   'walks s | payload s |', '|---|---|---|---|---|---|---|---|---|']
         for r in k['rows']:
-            lines.append(f"| {r['nodes']:,} | {r['method']} | "
+            lines.append(f"| {r['nodes']:,} | {r['method']}"
+                         f"{' (' + r['backend'] + ')' if r.get('backend') else ''} | "
                          f"{fmt(r.get('ms'), '.2f', r.get('error', '—'))} | "
                          f"{fmt(r.get('first_ms'), '.2f')} | {mib(r.get('peak_bytes'))} | "
                          f"{fmt(r.get('ratio_vs_performer'), '.2f')} | "
@@ -784,6 +855,24 @@ def to_markdown(R: dict) -> str:
                          f"{r['second_backward']['count']} | "
                          f"{', '.join(f'`{k}` x{v}' for k, v in list(where.items())[:4])} |")
         lines.append('')
+    pr = S.get('profile', {})
+    for r in pr.get('rows', []):
+        if 'error' in r:
+            lines += [f"### {r['workload']}: {r['what']}: {r['error']}", '']
+            continue
+        if r is pr['rows'][0]:
+            lines += ['## Where the device time goes (torch.profiler, self time per call)', '']
+        lines += [f"### {r['workload']}: {r['what']}"
+                  f"{' (runs ' + r['backend'] + ')' if r.get('backend') else ''}", '',
+                  f"{r['wall_ms']:.2f} ms wall per call, {r['device_ms']:.2f} ms of operator self "
+                  "time on the device", '', '| operator | calls | ms | share |',
+                  '|---|---|---|---|']
+        lines += [f"| `{o['op']}` | {o['calls']} | {o['ms']:.2f} | {100 * o['share']:.0f}% |"
+                  for o in r['ops']] + ['']
+        if r.get('host_ops'):
+            lines += ['Host (CPU) self time:', '', '| operator | calls | ms |', '|---|---|---|']
+            lines += [f"| `{o['op']}` | {o['calls']} | {o['ms']:.2f} |"
+                      for o in r['host_ops']] + ['']
     return '\n'.join(lines)
 
 

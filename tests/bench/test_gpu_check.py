@@ -15,7 +15,7 @@ spec = importlib.util.spec_from_file_location('gpu_check', REPO / 'bench' / 'gpu
 gpu_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_check)
 
-MEASURED = ('gps_step', 'knn', 'gkat', 'sync')
+MEASURED = ('gps_step', 'knn', 'gkat', 'sync', 'profile')
 
 
 def positive(v) -> bool:
@@ -42,7 +42,8 @@ def test_every_section_ran(quick):
         assert json.loads((out / 'sections' / f'{name}.json').read_text()) == s
     md = (out / 'gpu_check.md').read_text()
     for heading in ('## Whole GPS training step', '## One attention layer on kNN graphs',
-                    '## GKAT against GATConv', '## Host synchronisations inside one layer'):
+                    '## GKAT against GATConv', '## Host synchronisations inside one layer',
+                    '## Where the device time goes'):
         assert heading in md
 
 
@@ -128,3 +129,15 @@ def test_budget_and_bad_arguments(tmp_path):
     assert {s['status'] for s in R['sections'].values()} == {'skipped'}
     with pytest.raises(SystemExit, match="unknown sections \\['gpu'\\]"):
         gpu_check.main(['--out', str(tmp_path), '--device', 'cpu', '--only', 'gpu'])
+
+
+def test_profile_rows(quick):
+    # every GRF backend on the kNN graph and both training steps, each with its top operators
+    rows = quick[1]['sections']['profile']['rows']
+    assert [r['what'] for r in rows] == ["GRFAttention 'auto'", "GRFAttention 'sparse'",
+                                         "GRFAttention 'pairs'", f'training step {gpu_check.MHA}',
+                                         f'training step {gpu_check.GRF}']
+    assert [r.get('backend') for r in rows[:3]][1:] == ['sparse', 'pairs']
+    for r in rows:
+        assert positive(r['wall_ms']) and positive(r['device_ms']), r
+        assert r['ops'] and all(positive(o['ms']) and 0 < o['share'] <= 1 for o in r['ops']), r
