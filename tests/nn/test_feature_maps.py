@@ -5,7 +5,7 @@ from torch_geometric.data import Batch, Data
 from pyg_grf.features import GRFLoads
 from pyg_grf.nn import GRFAttention
 from pyg_grf.nn.attention.gkat import RWGNKPlan
-from pyg_grf.nn.feature_maps import FAVORPlus, feature_map_resolver
+from pyg_grf.nn.feature_maps import ELUFeatureMap, FAVORPlus, feature_map_resolver
 from pyg_grf.transforms import AddGraphRandomFeatures
 
 
@@ -131,3 +131,21 @@ def test_favor_plus_estimates_softmax_kernel():
     fm.stabilize = False
     b = fm(q) @ fm(k).T
     assert torch.allclose(a / a.sum(1, keepdim=True), b / b.sum(1, keepdim=True))
+
+
+def test_elu_feature_map_and_its_gradients_equal_torchs_elu_plus_one():
+    # the map's own backward (from its output) against autograd through F.elu, with a strided
+    # incoming gradient as the head-major kernels give, and its second derivative (off the kink)
+    torch.manual_seed(0)
+    x = torch.randn(40, 3, 5, dtype=torch.float64)
+    x[0, 0, :3] = torch.tensor([0.0, -30.0, 30.0])  # the kink and both tails
+    grad = torch.randn(3, 40, 5, dtype=torch.float64).transpose(0, 1)
+    a, b = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out = ELUFeatureMap()(a)
+    ref = torch.nn.functional.elu(b) + 1.0
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-15)
+    out.backward(grad)
+    ref.backward(grad)
+    torch.testing.assert_close(a.grad, b.grad, rtol=0, atol=1e-15)
+    assert torch.autograd.gradgradcheck(ELUFeatureMap(), (x[1:5].clone().requires_grad_(),))
+
