@@ -28,6 +28,10 @@ recorded and the next section runs) and time-boxed:
 * ``profile``: where the device time goes (``torch.profiler``, the operators with the most
   self time on the device): GRF forward + backward per backend on the 262,144-node kNN graph,
   and one GRF-GPS training step on the molecule batch;
+* ``backends``: what ``'auto'``'s cost model needs on this device: for GRF ``'sparse'`` and
+  ``'pairs'`` on the 262k- and 1M-node kNN graphs, the plan's build time (for ``'pairs'`` the
+  join: seconds per join term), the layer's forward + backward and its peak memory, beside the
+  seconds the CPU-fitted cost model predicts;
 * ``sync``: the host synchronisations inside one layer's forward and backward, counted with
   ``torch.cuda.set_sync_debug_mode('warn')`` after the batch's payload is built: first call
   (the layer builds its per-batch plan) and second call (plan built) separately.
@@ -91,10 +95,10 @@ KNN_WALKS = dict(num_walks=16, p_halt=0.5, max_length=MAX_LENGTH, seed=0)
 RWGNK_WALKS = dict(num_walks=16, lam=0.8, alpha=1.0, max_length=2, seed=0,  # citation_gkat.yaml
                    kernel_threshold=0.05)
 
-SECTIONS = ('nvidia_smi', 'cuda_tests', 'gps_step', 'knn', 'gkat', 'sync', 'profile')
+SECTIONS = ('nvidia_smi', 'cuda_tests', 'gps_step', 'knn', 'gkat', 'sync', 'profile', 'backends')
 # seconds each section may take at most (their sum, 500 s, is scaled to the budget)
 CAPS = {'nvidia_smi': 20, 'cuda_tests': 140, 'gps_step': 85, 'knn': 130, 'gkat': 30, 'sync': 35,
-        'profile': 60}
+        'profile': 60, 'backends': 90}
 MHA, PERF, GRF = 'GPS multihead', 'GPS performer 4x16', 'GRF-GPS'
 KNN_SIDES = (256, 512, 1024, 2048)          # 65,536 ... 4,194,304 nodes
 OOM_TEXT = ('out of memory', 'CUBLAS_STATUS_ALLOC_FAILED', 'CUSPARSE_STATUS_ALLOC_FAILED',
@@ -732,8 +736,53 @@ def run_profile(S: Section, out: Path):
     S.data['status'] = 'ok'
 
 
+def run_backends(S: Section, out: Path):
+    from pyg_grf.nn.attention.grf import choose
+    from pyg_grf.nn.attention.grf.plan import GRFPlan
+    dev = S.device
+    sides = (16, 32) if S.quick else (512, 1024)
+    S.data.update(walks=KNN_WALKS, heads=H, head_channels=C // H)
+    for side in sides:
+        if S.left() < 15:
+            S.data.setdefault('skipped', []).append(f'{side * side} nodes: time budget')
+            break
+        data = AddGraphRandomFeatures(**KNN_WALKS)(knn_graph(side, dev))
+        for backend in ('sparse', 'pairs'):
+            row = {'nodes': side * side, 'backend': backend}
+            S.data['current'] = f'{side * side} nodes, {backend}'
+            S.save()
+            try:
+                torch.manual_seed(0)
+                attn = GRFAttention(C, heads=H, max_length=MAX_LENGTH, backend=backend).to(dev)
+                plan = {}
+                with peak_memory(dev, row):
+                    row['plan_s'] = timed(
+                        lambda: plan.update(grf=GRFPlan.build(data, [attn])), dev)
+                sizes = choose.plan_sizes(plan['grf'].loads, 'symmetric')
+                row['join_terms'] = sizes.join_terms
+                costs = choose.backend_costs(sizes, 'symmetric', H, C // H, C // H)
+                row['model_s'] = costs[backend]
+                x = torch.randn(side * side, C, device=dev, requires_grad=True)
+                run = fwd_bwd(lambda x: attn(x, None, **plan), x)
+                stats = {}
+                with peak_memory(dev, stats):
+                    row['first_ms'] = 1e3 * timed(run, dev)
+                row['call_peak_bytes'] = stats['peak_bytes']
+                row['ms'] = 1e3 * statistics.median(timed(run, dev) for _ in range(3))
+            except Exception as exc:
+                row['error'] = error_text(exc)
+            finally:
+                attn = plan = x = run = None
+                free(dev)
+            S.add(row)
+        data = None
+        free(dev)
+    S.data['status'] = 'ok'
+
+
 RUNNERS = {'nvidia_smi': run_nvidia_smi, 'cuda_tests': run_cuda_tests, 'gps_step': run_gps_step,
-           'knn': run_knn, 'gkat': run_gkat, 'sync': run_sync, 'profile': run_profile}
+           'knn': run_knn, 'gkat': run_gkat, 'sync': run_sync, 'profile': run_profile,
+           'backends': run_backends}
 
 
 # Summary ##########################################################################################
@@ -854,6 +903,24 @@ def to_markdown(R: dict) -> str:
                          f"{r['first_backward']['count']} | {r['second_forward']['count']} | "
                          f"{r['second_backward']['count']} | "
                          f"{', '.join(f'`{k}` x{v}' for k, v in list(where.items())[:4])} |")
+        lines.append('')
+    be = S.get('backends', {})
+    if be.get('rows'):
+        lines += ['## GRF backends for the cost model (kNN graphs, forward + backward)', '',
+                  "`plan s`: `GRFPlan.build` (for 'pairs' the join); `model s`: what the "
+                  "CPU-fitted cost model of 'auto' predicts for the plan and one layer.", '',
+                  '| nodes | backend | plan s | join terms | ns / term | ms | first ms | '
+                  'plan peak MiB | call peak MiB | model s |',
+                  '|---|---|---|---|---|---|---|---|---|---|']
+        for r in be['rows']:
+            per = (1e9 * r['plan_s'] / r['join_terms'] if r.get('join_terms') and
+                   r['backend'] == 'pairs' and 'plan_s' in r else None)
+            plan_s = fmt(r.get('plan_s'), '.3f', r.get('error', '—'))
+            lines.append(f"| {r['nodes']:,} | {r['backend']} | {plan_s} | "
+                         f"{r.get('join_terms', '—')} | {fmt(per, '.2f')} | "
+                         f"{fmt(r.get('ms'), '.2f')} | {fmt(r.get('first_ms'), '.2f')} | "
+                         f"{mib(r.get('peak_bytes'))} | {mib(r.get('call_peak_bytes'))} | "
+                         f"{fmt(r.get('model_s'), '.3f')} |")
         lines.append('')
     pr = S.get('profile', {})
     for r in pr.get('rows', []):

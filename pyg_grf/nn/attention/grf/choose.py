@@ -19,7 +19,15 @@ terms :math:`T`) and :math:`B n_{max}^2` the padded cells of :math:`B` graphs:
   :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (symmetric).
 
 The constants are fitted on one CPU core (``bench/bench_batch.py --calibrate``); only their
-ratios matter. The ``'sparse_softmax'`` mode has two backends: the support of
+ratios matter. On CUDA two of those ratios differ, measured on an H200 (``bench/gpu_check.py``,
+section ``backends``, kNN graphs of 262k and 1M nodes): the torch join costs
+:math:`c_{10} T` (in the CPU's units: the join took 0.95-1.11x one 'pairs' layer there, not the
+sort's 12x), and in the symmetric mode ``'sparse'`` costs 0.19 times its CPU estimate
+relative to ``'pairs'`` (it took 2.2-2.4x a 'pairs' layer, against the CPU's 12x). ``'dense'``
+and the other modes keep their CPU ratios (not measured on a GPU). The memory estimates get the
+same measurement: on CUDA a 'pairs' plan needs at least 80 bytes per join term (the torch
+join's peak was 77), and a 'sparse' layer 1.45 times its CPU estimate (cuSPARSE's buffers:
+1.40-1.41x measured). The ``'sparse_softmax'`` mode has two backends: the support of
 :math:`\widehat\Phi` (``'sparse'``, which ``'pairs'`` names too) and ``'dense'``.
 """
 from __future__ import annotations
@@ -51,6 +59,7 @@ class PlanSizes(NamedTuple):
     num_coef: int         # statistics per mask cell
     compiled_join: bool   # whether the join runs compiled (numba, CPU)
     num_graphs: int = 1
+    device_type: str = 'cpu'  # where the plan is built and the layers run
 
     @property
     def mask_cells(self) -> int:
@@ -71,7 +80,8 @@ def plan_sizes(loads: GRFLoads, mode: str) -> PlanSizes:
     K = loads.max_hop + 1 if loads.key is None else max(loads.max_hop, loads.key.max_hop) + 1
     return PlanSizes(N, loads.nnz, P, num_join_terms(loads) if symmetric else 0,
                      lay.num_cells, lay.n, K * (K + 1) // 2 if symmetric else K,
-                     compiled_join_available(loads.device), lay.num_graphs)
+                     compiled_join_available(loads.device), lay.num_graphs,
+                     loads.device.type)
 
 
 def backend_costs(sizes: PlanSizes, mode: str, heads: int, m: int, d: int,
@@ -96,10 +106,15 @@ def backend_costs(sizes: PlanSizes, mode: str, heads: int, m: int, d: int,
         costs['dense'] = num_layers * (dense_cost + s.num_graphs * _C_GRAPH)
         return costs
     big = s.block_cells > max(8 * s.join_terms, 1 << 24)  # one big graph: a sorted join
+    cuda = s.device_type == 'cuda'
     if s.compiled_join:
         c_join = _C_JOIN_COMPILED_BIG if big else _C_JOIN_COMPILED
+    elif cuda:
+        c_join = _C_JOIN_CUDA
     else:
         c_join = _C_JOIN_SORT if big else _C_JOIN
+    if cuda:
+        costs['sparse'] *= _CUDA_SPARSE
     costs['pairs'] = (s.join_terms * c_join
                       + num_layers * heads * (s.mask_cells * pair_width * _C_PAIR
                                               + _C_PAIR_CALL))
@@ -115,13 +130,18 @@ def backend_memory(sizes: PlanSizes, backend: str, mode: str, heads: int, m: int
     s = sizes
     if backend == 'dense':
         return dense.memory(s.block_cells, heads, itemsize)
+    cuda = s.device_type == 'cuda'
     if backend == 'pairs' and mode != 'sparse_softmax':
         symmetric = mode == 'symmetric'
         cells = s.join_terms // 4 + s.num_nodes if symmetric else s.num_pairs
-        return pairs.memory(cells, s.num_coef, heads, itemsize, symmetric)
+        need = pairs.memory(cells, s.num_coef, heads, itemsize, symmetric)
+        if cuda and symmetric:  # the torch join's keys and partners: 77 B per term on an H200
+            need = max(need, _CUDA_JOIN_BYTES * s.join_terms)
+        return need
     if mode == 'sparse_softmax':
         return s.num_pairs * (48 + 8 * heads * itemsize)
-    return sparse.memory(s.num_nodes, s.num_pairs, heads, m, d, itemsize)
+    need = sparse.memory(s.num_nodes, s.num_pairs, heads, m, d, itemsize)
+    return int(need * _CUDA_SPARSE_MEMORY) if cuda else need  # cuSPARSE's buffers
 
 
 def choose_backend(sizes: PlanSizes, mode: str, heads: int, m: int, d: int,
@@ -189,3 +209,10 @@ _C_JOIN_SORT = 4.0e-7  # 262k grid: 10.7 s for 29M terms, default allocator
 _C_JOIN_COMPILED = 1.0e-8  # LRGB-sized batch 24 ms for 2.49M terms
 _C_JOIN_COMPILED_BIG = 3.6e-8  # 64k grid 1.14 s for 31.6M terms
 _C_BMM = 5.0e-11  # per multiply-add of the batched Phi Phi^T products
+# CUDA, in the CPU's units (H200, kNN 262k / 1M: join 20 / 62 ms, a 'pairs' layer 18 / 65 ms,
+# a 'sparse' layer 39 / 156 ms, T = 45M / 182M)
+_C_JOIN_CUDA = 3.5e-8
+_CUDA_SPARSE = 0.19
+# and their peaks: the 'pairs' plan 3.3 / 12.9 GiB, a 'sparse' layer 1.41x / 1.40x its estimate
+_CUDA_JOIN_BYTES = 80
+_CUDA_SPARSE_MEMORY = 1.45

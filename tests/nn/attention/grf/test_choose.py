@@ -13,7 +13,9 @@ from pyg_grf.nn import (
 from pyg_grf.nn.attention.grf import (
     BackendMemoryError,
     GRFPlan,
+    PlanSizes,
     backend_costs,
+    backend_memory,
     choose_backend,
     plan_sizes,
 )
@@ -35,6 +37,33 @@ def test_auto_cost_model_prefers_dense_blocks_for_small_dense_graphs_and_sparse_
     costs = backend_costs(plan_sizes(GRFLoads.from_data(big), 'symmetric'), 'symmetric', 4, 16,
                           16)
     assert min(costs, key=costs.get) != 'dense'
+
+
+@pytest.mark.parametrize('nodes,pairs,terms', [(262144, 2728159, 45355600),
+                                               (1048576, 10912632, 181528884)])
+def test_auto_on_cuda_follows_the_h200_measurement(nodes, pairs, terms):
+    # kNN graphs (k = 8) with the walks of bench/gpu_check.py, 4 heads x 16: on an H200 the plan
+    # and one layer cost 38 / 127 ms with 'pairs' and 44 / 161 ms with 'sparse' (262k / 1M
+    # nodes; experiments/results/gpu.md); on one CPU core the torch join alone costs seconds
+    # (a sort over the T terms), and the compiled join makes 'pairs' the choice again
+    # (bench_scale.md)
+    sizes = PlanSizes(nodes, 13 * nodes, pairs, terms, nodes * nodes, nodes, 15, False)
+    costs = {dev: backend_costs(sizes._replace(device_type=dev), 'symmetric', 4, 16, 16)
+             for dev in ('cuda', 'cpu')}
+    assert min(costs['cuda'], key=costs['cuda'].get) == 'pairs'
+    assert 0.7 < costs['cuda']['pairs'] / costs['cuda']['sparse'] < 1.0  # measured 0.79-0.86
+    assert min(costs['cpu'], key=costs['cpu'].get) == 'sparse'
+    compiled = backend_costs(sizes._replace(compiled_join=True), 'symmetric', 4, 16, 16)
+    assert min(compiled, key=compiled.get) == 'pairs'
+    # peak memory on the H200: the 'pairs' plan 3.27 / 12.90 GiB, a 'sparse' layer 6.51 /
+    # 25.84 GiB; the estimates must not fall below them
+    gib = 2 ** 30
+    measured = {'pairs': {262144: 3.27, 1048576: 12.90}, 'sparse': {262144: 6.51,
+                                                                      1048576: 25.84}}
+    for backend, peak in measured.items():
+        need = backend_memory(sizes._replace(device_type='cuda'), backend, 'symmetric', 4, 16,
+                              16)
+        assert peak[nodes] <= need / gib < 1.3 * peak[nodes], (backend, need / gib)
 
 
 def test_auto_is_a_pure_function_of_sizes(monkeypatch):
