@@ -15,7 +15,7 @@ spec = importlib.util.spec_from_file_location('gpu_check', REPO / 'bench' / 'gpu
 gpu_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_check)
 
-MEASURED = ('gps_step', 'knn', 'gkat', 'sync', 'profile')
+MEASURED = ('gps_step', 'knn', 'gkat', 'sync', 'profile', 'backends')
 
 
 def positive(v) -> bool:
@@ -141,3 +141,15 @@ def test_profile_rows(quick):
     for r in rows:
         assert positive(r['wall_ms']) and positive(r['device_ms']), r
         assert r['ops'] and all(positive(o['ms']) and 0 < o['share'] <= 1 for o in r['ops']), r
+
+
+def test_backend_rows_give_what_the_cost_model_needs(quick):
+    # both GRF backends at both sizes: plan time, join size, layer time, the model's estimate
+    rows = quick[1]['sections']['backends']['rows']
+    assert [(r['nodes'], r['backend']) for r in rows] == [
+        (n, b) for n in (256, 1024) for b in ('sparse', 'pairs')]
+    for r in rows:
+        assert 'error' not in r, r
+        assert r['join_terms'] > 0 and r['plan_s'] > 0 and positive(r['ms']), r
+        assert positive(r['model_s']), r
+
