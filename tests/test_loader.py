@@ -8,7 +8,7 @@ from torch_geometric.loader import DataLoader as PyGDataLoader
 
 from pyg_grf.loader import DataLoader, PayloadCollater, attention_layers, prepare_payload
 from pyg_grf.nn import GraphTransformer, GRFAttention
-from pyg_grf.nn.attention.base import PAYLOAD_ATTR
+from pyg_grf.nn.attention.base import PAYLOAD_ATTR, prepared_payload
 from pyg_grf.nn.attention.grf import GRFPlan
 from pyg_grf.nn.attention.grf import plan as plan_module
 from pyg_grf.transforms import AddGraphRandomFeatures
@@ -95,6 +95,34 @@ def test_data_loader_workers_prepare_the_plan_for_a_graph_transformer(monkeypatc
     assert calls == []  # the worker built everything
     for a, b in zip(outs, plain):
         assert torch.allclose(a, b, atol=1e-12)
+
+
+def test_a_prepared_payload_follows_its_batch_to_another_device_once():
+    # a worker's plan is built on the CPU and Batch.to() leaves it there: the first read after
+    # the batch moved moves it and keeps it on the batch, so that the layers of a step do not
+    # copy it each (a device stand-in: 'meta' for the plan, the batch's tensors on the CPU)
+    class Plan:
+        moves = 0
+
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+        def to(self, device):
+            Plan.moves += 1
+            return Plan(device)
+    b = Batch.from_data_list(graphs())
+    plan = Plan('meta')
+    b.__dict__[PAYLOAD_ATTR] = {'grf': plan, 'other': 3}
+    first = prepared_payload(b)
+    assert first['grf'].device == torch.device('cpu') and first['other'] == 3
+    assert prepared_payload(b)['grf'] is first['grf'] and Plan.moves == 1
+    b.__dict__[PAYLOAD_ATTR] = {'grf': Plan('cpu')}  # already there: nothing moves
+    assert prepared_payload(b)['grf'].device == torch.device('cpu') and Plan.moves == 1
+    # and a real plan on its batch's device stays the same object
+    del b.__dict__[PAYLOAD_ATTR]
+    prepare_payload(make_layer('symmetric', 'auto'), b)
+    built = b.__dict__[PAYLOAD_ATTR]['grf']
+    assert isinstance(built, GRFPlan) and prepared_payload(b)['grf'] is built
 
 
 def test_data_loader_without_model_is_pygs_loader():

@@ -140,3 +140,27 @@ def test_grf_gps_block(device, dtype, layout):
             return self.conv(x, b.edge_index, batch, **self.conv.payload(b),
                              edge_attr=b.edge_attr.to(x.dtype))
     run(Block(), grf_args, device, dtype)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not HAS_CUDA, reason='no CUDA device')
+def test_a_loader_plan_moves_to_the_device_once_per_batch():
+    # pyg_grf.loader.DataLoader builds the plan on the CPU (as its workers do); after
+    # batch.to('cuda') the first read moves it, the layers then share the moved plan
+    from pyg_grf.loader import DataLoader
+    from pyg_grf.nn.attention.base import prepared_payload
+    torch.manual_seed(0)
+    layer = GRFAttention(16, heads=2, max_length=3)
+    b = make_batch()
+    data = [b.get_example(i) for i in range(b.num_graphs)]
+    batch = next(iter(DataLoader(data, batch_size=len(data), model=layer)))
+    ref = layer.double()(batch.x, batch.batch, **layer.payload(batch)).detach()
+    assert prepared_payload(batch)['grf'].device.type == 'cpu'
+    batch = batch.to('cuda')
+    dev = copy.deepcopy(layer).cuda()
+    payload = dev.payload(batch)
+    assert payload['grf'].device.type == 'cuda'
+    assert dev.payload(batch)['grf'] is payload['grf']  # moved once
+    out = dev(batch.x, batch.batch, **payload)
+    assert float((out.cpu() - ref).abs().max()) <= 1e-10 * float(ref.abs().max())
+

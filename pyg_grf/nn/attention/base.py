@@ -116,8 +116,27 @@ PAYLOAD_ATTR = '_pyg_grf_payload'
 
 
 def prepared_payload(data: Any) -> Dict[str, Any]:
-    r"""The payload a :class:`pyg_grf.loader.DataLoader` built for ``data`` (empty if none)."""
-    return getattr(data, '__dict__', {}).get(PAYLOAD_ATTR) or {}
+    r"""The payload a :class:`pyg_grf.loader.DataLoader` built for ``data`` (empty if none), on
+    the device of ``data``'s tensors. A loader worker builds it on the CPU and ``data.to()``
+    (Lightning's batch transfer) does not move it, so the first read after a move moves it and
+    leaves it on ``data``: once per batch, not once per layer."""
+    payload = getattr(data, '__dict__', {}).get(PAYLOAD_ATTR) or {}
+    device = _tensor_device(data) if payload else None
+    if device is not None and any(getattr(v, 'device', device) != device
+                                  for v in payload.values()):
+        payload = {k: v.to(device) if getattr(v, 'device', device) != device else v
+                   for k, v in payload.items()}
+        data.__dict__[PAYLOAD_ATTR] = payload
+    return payload
+
+
+def _tensor_device(data: Any) -> Optional[torch.device]:
+    # the device of the first tensor of a Data / Batch (HeteroData: of its first store)
+    for store in getattr(data, 'stores', ()):
+        for value in store.values():
+            if isinstance(value, Tensor):
+                return value.device
+    return None
 
 
 def model_payload(model: Union[nn.Module, Sequence[nn.Module]], data: Any) -> Dict[str, Any]:

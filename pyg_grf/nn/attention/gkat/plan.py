@@ -178,6 +178,10 @@ class RWGNKPlan:
         been cut at a threshold): only then can the low-rank ``'sparse'`` backend run."""
         return self.stored_pairs is None
 
+    @property
+    def device(self) -> torch.device:
+        return self.psi_index.device
+
     def to(self, device) -> 'RWGNKPlan':
         r"""The plan on ``device``."""
         stored = None if self.stored_pairs is None else tuple(t.to(device)

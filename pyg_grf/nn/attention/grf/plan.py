@@ -118,6 +118,10 @@ class GRFPlan:
         part = self.parts.get(spec)
         return part if part is not None else build_part(self.loads, spec)
 
+    @property
+    def device(self) -> torch.device:
+        return self.loads.device
+
     def to(self, device: Any) -> 'GRFPlan':
         r"""The same plan on ``device`` (``self`` if already there)."""
         device = torch.device(device)
