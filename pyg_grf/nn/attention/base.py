@@ -122,10 +122,10 @@ def prepared_payload(data: Any) -> Dict[str, Any]:
     leaves it on ``data``: once per batch, not once per layer."""
     payload = getattr(data, '__dict__', {}).get(PAYLOAD_ATTR) or {}
     device = _tensor_device(data) if payload else None
-    if device is not None and any(getattr(v, 'device', device) != device
-                                  for v in payload.values()):
-        payload = {k: v.to(device) if getattr(v, 'device', device) != device else v
-                   for k, v in payload.items()}
+    moved = {k: v.to(device) for k, v in payload.items()
+             if device is not None and getattr(v, 'device', device) != device}
+    if moved:
+        payload = {**payload, **moved}
         data.__dict__[PAYLOAD_ATTR] = payload
     return payload
 

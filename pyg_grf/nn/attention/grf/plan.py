@@ -125,7 +125,7 @@ class GRFPlan:
     def to(self, device: Any) -> 'GRFPlan':
         r"""The same plan on ``device`` (``self`` if already there)."""
         device = torch.device(device)
-        if device == self.loads.device:
+        if device == self.device:
             return self
         return GRFPlan(self.loads.to(device), {s: p.to(device) for s, p in self.parts.items()},
                        self.layout._replace(pos=self.layout.pos.to(device)))
