@@ -15,6 +15,7 @@ from lightning.pytorch.utilities import rank_zero_info
 
 from pyg_grf._validation import check_int
 from pyg_grf.lightning.files import atomic_write
+from pyg_grf.lightning.signals import StopSignal
 
 
 class AtomicModelCheckpoint(ModelCheckpoint):
@@ -24,8 +25,20 @@ class AtomicModelCheckpoint(ModelCheckpoint):
       systems): a process killed while saving leaves the previous file intact;
     * with ``save_last=True``, refreshes ``last.ckpt`` at the end of *every* training epoch
       (Lightning only does when a top-k checkpoint was saved in that step: with a monitored
-      metric that stops improving, ``last.ckpt`` would go stale and a resumed run repeat epochs).
+      metric that stops improving, ``last.ckpt`` would go stale and a resumed run repeat epochs),
+      and writes it once before the first step of a fresh run, so that a run stopped in its
+      first epoch resumes too (from the start);
+    * when stopped by a signal (:class:`~pyg_grf.lightning.signals.StopSignal`), says which
+      ``last.ckpt`` ``--ckpt_path last`` resumes from.
     """
+
+    def on_train_start(self, trainer: 'pl.Trainer', pl_module: 'pl.LightningModule') -> None:
+        super().on_train_start(trainer, pl_module)
+        # Lightning skips step 0 (_should_skip_saving_checkpoint); a resumed run has its file
+        if self.save_last and not self.save_weights_only and trainer.ckpt_path is None \
+                and trainer.global_step == 0 and not trainer.fast_dev_run \
+                and not trainer.sanity_checking:
+            self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
     def on_train_epoch_end(self, trainer: 'pl.Trainer', pl_module: 'pl.LightningModule') -> None:
         super().on_train_epoch_end(trainer, pl_module)
@@ -33,12 +46,26 @@ class AtomicModelCheckpoint(ModelCheckpoint):
                 and self._last_global_step_saved != trainer.global_step:
             self._save_last_checkpoint(trainer, self._monitor_candidates(trainer))
 
+    def on_exception(self, trainer: 'pl.Trainer', pl_module: 'pl.LightningModule',
+                     exception: BaseException) -> None:
+        super().on_exception(trainer, pl_module, exception)
+        if isinstance(exception, StopSignal) and self.last_model_path \
+                and osp.isfile(self.last_model_path):
+            rank_zero_info(f"Stopped by {exception.signal_name} at step {trainer.global_step}: "
+                           f"`--ckpt_path last` resumes from '{self.last_model_path}' (the end "
+                           f"of the last finished epoch; the epoch in progress runs again)")
+
     def _save_checkpoint(self, trainer: 'pl.Trainer', filepath: str) -> None:
         tmp = trainer.strategy.broadcast(f'{filepath}.{uuid.uuid4().hex[:8]}.part')
-        trainer.save_checkpoint(tmp, self.save_weights_only)
-        trainer.strategy.barrier('atomic_checkpoint')
-        if trainer.is_global_zero:
-            os.replace(tmp, filepath)
+        try:
+            trainer.save_checkpoint(tmp, self.save_weights_only)
+            trainer.strategy.barrier('atomic_checkpoint')
+            if trainer.is_global_zero:
+                os.replace(tmp, filepath)
+        except BaseException:  # stopped (a signal) or failed: the previous file stays, no litter
+            if trainer.is_global_zero and osp.lexists(tmp):
+                os.remove(tmp)
+            raise
         trainer.strategy.barrier('atomic_checkpoint_done')
         self._last_global_step_saved = trainer.global_step
         self._last_checkpoint_saved = filepath

@@ -239,8 +239,10 @@ def reuse_log_version(trainer: pl.Trainer, ckpt_path: Optional[str]) -> None:
                           errors='surrogateescape', newline='') as f:
             f.write(text)
     try:  # the epoch the checkpoint was saved at: rows logged after it are redone
-        saved_epoch = int(torch.load(ckpt_path, map_location='cpu',
-                                     weights_only=True).get('epoch', -1))
+        ckpt = torch.load(ckpt_path, map_location='cpu', weights_only=True)
+        # (saved before the first step, AtomicModelCheckpoint's: every epoch is redone)
+        saved_epoch = int(ckpt.get('epoch', -1)) if ckpt.get('global_step', 1) else -1
+        del ckpt
     except Exception:  # noqa: BLE001 - Lightning reports a bad checkpoint itself
         saved_epoch = None
     for logger in trainer.loggers:

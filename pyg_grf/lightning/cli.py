@@ -17,7 +17,9 @@ those named in ``$PYG_GRF_TRUSTED_CLASSES``): jsonargparse imports no other dott
 Defaults: seed 0, an :class:`~pyg_grf.lightning.callbacks.AtomicModelCheckpoint` that rewrites
 ``last.ckpt`` after every epoch (configure it under ``checkpoint:``), gradient clipping at norm
 2.0 (SAMSA paper, App. B), ``test_after_fit: false`` and ``plot: true``. Other packages' tips
-and notices are dropped from the output (:func:`quiet_logs`).
+and notices are dropped from the output (:func:`quiet_logs`). SIGTERM or Ctrl-C stops the
+command within a second, and a stopped ``fit`` resumes with ``--ckpt_path last``
+(:mod:`pyg_grf.lightning.signals`).
 """
 from __future__ import annotations
 
@@ -59,6 +61,7 @@ from pyg_grf.lightning.checkpoints import (
 )
 from pyg_grf.lightning.files import RunFolderError, atomic_write, check_run_folder
 from pyg_grf.lightning.plot import mean_std
+from pyg_grf.lightning.signals import StopSignal, exit_by_signal, stop_on_signals
 from pyg_grf.lightning.specs import (
     allowed_config_class_paths,
     check_config_class_paths,
@@ -608,12 +611,17 @@ def main(args: Optional[Sequence[str]] = None):
 def console_main() -> int:
     r"""The ``pyg-grf`` console script: runs :func:`main` and exits with status 0 on success
     (``main`` returns the CLI object or the CV results, which the console-script wrapper would
-    print and turn into exit status 1)."""
+    print and turn into exit status 1). SIGTERM and SIGINT (Ctrl-C) stop it within a second
+    (:mod:`pyg_grf.lightning.signals`); a stopped ``fit`` resumes with ``--ckpt_path last``."""
     try:
-        main()
+        with stop_on_signals():
+            main()
     except CheckpointNotFoundError as exc:  # `--ckpt_path best` without one: a bad input
         sys.stderr.write(f'error: {exc}\n')
         return 2
+    except StopSignal as exc:  # handled: end as the signal would have, without waiting
+        sys.stderr.write(f'pyg-grf: {exc}\n')
+        exit_by_signal(exc.signum)
     return 0
 
 

@@ -71,6 +71,31 @@ class KillAt(Callback):
         self._kill(f'trainend:{trainer.current_epoch}')
 
 
+class SignalAt(Callback):
+    """Sends its own process `signum` (default SIGTERM) at the start of training batch `batch`
+    of epoch `epoch`."""
+
+    def __init__(self, epoch: int = 0, batch: int = 0, signum: int = int(signal.SIGTERM)):
+        self.epoch, self.batch, self.signum = epoch, batch, signum
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if (trainer.current_epoch, batch_idx) == (self.epoch, self.batch):
+            os.kill(os.getpid(), self.signum)
+
+
+class StepFile(Callback):
+    """Writes 'epoch batch' of the training batch about to run to the file named by
+    $PYG_GRF_TEST_STEP_FILE (rewritten at every batch), so that a test can signal a `pyg-grf fit`
+    subprocess at a known point."""
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        path = os.environ.get('PYG_GRF_TEST_STEP_FILE')
+        if path:
+            with open(path + '.tmp', 'w') as f:
+                f.write(f'{trainer.current_epoch} {batch_idx}')
+            os.replace(path + '.tmp', path)
+
+
 class FoldedSyntheticDataModule(SyntheticDataModule):
     """The synthetic motif task with `fold` / `num_folds`, so that `pyg-grf cv` runs on it
     without data: fold k tests on every num_folds-th graph from k, validates on those of k+1."""
