@@ -17,15 +17,17 @@ in another order, equal up to rounding).
 
 Used on CPU tensors when ``numba`` is installed unless ``PYG_GRF_NUMBA=0``; otherwise the torch
 join runs. The first call compiles the kernels (seconds) and says so in one log line (logger
-``pyg_grf.features.join``, INFO); numba caches the compiled code on disk where it can
-(``$NUMBA_CACHE_DIR``, ``__pycache__``, ``~/.cache/numba``). A numba that cannot compile here
-warns once and leaves the torch join; running out of memory in the join is a
-:class:`JoinMemoryError`, which leaves the compiled join on.
+``pyg_grf.features.join``, INFO); numba caches the compiled code in a user folder
+(:func:`numba_cache_dir`: ``$NUMBA_CACHE_DIR``, else ``~/.cache/pyg_grf/numba``), never in the
+installed package, and compiles in every process where that folder is not writable. A numba
+that cannot compile here warns once and leaves the torch join; running out of memory in the
+join is a :class:`JoinMemoryError`, which leaves the compiled join on.
 """
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import warnings
 from typing import NamedTuple, Optional
 
@@ -45,14 +47,34 @@ except ImportError:  # pragma: no cover - exercised where numba is absent
     numba = None
 
 
+def numba_cache_dir() -> str:
+    r"""The folder of the compiled join's numba cache: ``$NUMBA_CACHE_DIR`` when set, else
+    ``$XDG_CACHE_HOME/pyg_grf/numba`` (``~/.cache/pyg_grf/numba``); never the installed
+    package, which may be read-only or shared."""
+    if numba is not None and numba.config.CACHE_DIR:  # numba reads $NUMBA_CACHE_DIR
+        return numba.config.CACHE_DIR
+    base = os.environ.get('XDG_CACHE_HOME') or os.path.join(os.path.expanduser('~'), '.cache')
+    return os.path.join(base, 'pyg_grf', 'numba')
+
+
 def _jit(f):
     if numba is None:  # pragma: no cover - never called: compiled_join_available is False
         return f
+    folder = numba_cache_dir()
+    try:  # writable? (else numba would fall back to the package's __pycache__)
+        os.makedirs(folder, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as exc:
+        _state['uncached'] = f"'{folder}': {exc}"
+        return numba.njit(nogil=True)(f)
+    saved, numba.config.CACHE_DIR = numba.config.CACHE_DIR, folder  # read when decorating
     try:  # compiles on first call, then cached on disk
         return numba.njit(cache=True, nogil=True)(f)
     except RuntimeError as exc:  # numba: "cannot cache function ...: no locator available"
         _state['uncached'] = str(exc)
         return numba.njit(nogil=True)(f)
+    finally:
+        numba.config.CACHE_DIR = saved
 
 
 def compiled_join_available(device: Optional[torch.device] = None) -> bool:

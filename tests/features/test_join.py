@@ -291,17 +291,53 @@ def test_the_first_compilation_is_announced_once(monkeypatch, caplog):
     assert torch.equal(first.row, torch.tensor([0, 1, 1, 2, 2]))  # pairs sharing a node
 
 
-@needs_numba
-def test_kernels_are_cached_on_disk_where_numba_can_write(monkeypatch, caplog):
-    # a writable cache folder was found at import ($NUMBA_CACHE_DIR, __pycache__ or numba's
-    # user-wide one); where there is none, the kernels compile uncached and the line says so
-    import logging
+def test_the_numba_cache_folder_is_the_users_never_the_package(monkeypatch, tmp_path):
+    import types
 
     from pyg_grf.features import join
+    # $NUMBA_CACHE_DIR (numba reads it into numba.config at import) first
+    numba = types.SimpleNamespace(config=types.SimpleNamespace(CACHE_DIR=str(tmp_path / 'n')))
+    monkeypatch.setattr(join, 'numba', numba)
+    assert join.numba_cache_dir() == str(tmp_path / 'n')
+    # then the XDG user cache, then ~/.cache
+    numba.config.CACHE_DIR = ''
+    monkeypatch.setenv('XDG_CACHE_HOME', str(tmp_path / 'xdg'))
+    assert join.numba_cache_dir() == str(tmp_path / 'xdg' / 'pyg_grf' / 'numba')
+    monkeypatch.delenv('XDG_CACHE_HOME')
+    monkeypatch.setenv('HOME', str(tmp_path / 'home'))
+    assert join.numba_cache_dir() == str(tmp_path / 'home' / '.cache' / 'pyg_grf' / 'numba')
+
+
+@needs_numba
+def test_kernels_are_cached_in_the_user_folder(monkeypatch, caplog, tmp_path):
+    # the folder of numba_cache_dir() at import (this process's $NUMBA_CACHE_DIR or user cache),
+    # not the package's __pycache__; where it is not writable, the kernels compile uncached
+    # (numba would fall back to the package) and the line says so
+    import logging
+
+    import pyg_grf
+    from pyg_grf.features import join
+    package = os.path.dirname(os.path.abspath(pyg_grf.__file__))
     for kernel in (join._counting_sort, join._join, join._gustavson, join._mirror):
-        assert os.access(kernel._cache._cache_path, os.W_OK)
+        path = os.path.abspath(kernel._cache._cache_path)
+        assert path.startswith(os.path.abspath(join.numba_cache_dir()) + os.sep), path
+        assert not path.startswith(package + os.sep), path
+        assert os.access(path, os.W_OK)
+
+    blocked = tmp_path / 'a file'
+    blocked.write_text('')  # a folder below a file cannot be made, even by root
+    monkeypatch.setattr(join, 'numba_cache_dir', lambda: str(blocked / 'numba'))
+    state = {'ran': False, 'broken': None, 'uncached': None}
+    monkeypatch.setattr(join, '_state', state)
+    kernel = join._jit(lambda x: x + 1)
+    assert kernel(1) == 2 and kernel._cache.__class__.__name__ == 'NullCache'
+    assert str(blocked / 'numba') in state['uncached']
+
+    monkeypatch.setattr(join, 'numba_cache_dir', lambda: str(tmp_path / 'writable'))
 
     class NoCacheNumba:
+        config = join.numba.config
+
         @staticmethod
         def njit(cache=False, **kwargs):
             if cache:
