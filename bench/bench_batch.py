@@ -13,7 +13,7 @@ Baselines: PyG ``GINEConv`` and ``GATConv`` (local message passing), PyG ``Perfo
 and ``torch.nn.MultiheadAttention`` padded per graph with ``to_dense_batch`` exactly as
 ``GPSConv`` runs them (``Performer 4x64`` is ``GPSConv``'s default ``head_channels=64``,
 ``Performer 4x16`` the same width as ours). GRF: ``GRFAttention`` in the three modes with every
-backend (``sparse``, ``pairs``, ``dense``, ``auto``); the GRF loads are a ``pre_transform``
+backend (``sparse``, ``pairs``, ``auto``); the GRF loads are a ``pre_transform``
 (``AddGraphRandomFeatures(num_walks=16, p_halt=0.5, max_length=4)``) and the per-batch
 :class:`~pyg_grf.nn.attention.grf.GRFPlan` (validated loads, the backend's patterns and mask
 statistics) is built once per batch and shared by all layers: its cost is reported separately
@@ -24,7 +24,6 @@ Usage::
     python bench/bench_batch.py                       # writes experiments/results/bench_batch.*
     python bench/bench_batch.py --quick               # fewer repeats, no 65k grid
     python bench/bench_batch.py --big                 # adds the 262k grid (slope 16k..262k)
-    python bench/bench_batch.py --calibrate           # prints the cost model's inputs and times
 """
 from __future__ import annotations
 
@@ -48,15 +47,13 @@ from torch_geometric.nn import GATConv, GINEConv  # noqa: E402
 from torch_geometric.nn.attention import PerformerAttention  # noqa: E402
 from torch_geometric.utils import to_dense_batch, to_undirected  # noqa: E402
 
-from pyg_grf.features import GRFLoads  # noqa: E402
-from pyg_grf.features.blocks import block_layout  # noqa: E402
 from pyg_grf.nn import GRFAttention  # noqa: E402
-from pyg_grf.nn.attention.grf import GRFPlan, backend_costs, plan_sizes  # noqa: E402
+from pyg_grf.nn.attention.grf import GRFPlan  # noqa: E402
 from pyg_grf.transforms import AddGraphRandomFeatures  # noqa: E402
 
 C, H = 64, 4
 MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
-BACKENDS = ('sparse', 'pairs', 'dense', 'auto')
+BACKENDS = ('sparse', 'pairs', 'auto')
 TRANSFORM = AddGraphRandomFeatures(num_walks=16, p_halt=0.5, max_length=4, seed=0)
 
 
@@ -151,10 +148,6 @@ def grf_rows(b: Batch, x: torch.Tensor, repeats: int, backends=BACKENDS, modes=M
             if mode == 'sparse_softmax' and backend == 'pairs':
                 continue  # the same computation as 'sparse' in this mode
             layer = GRFAttention(C, heads=H, max_length=4, mode=mode, backend=backend)
-            if backend == 'dense' and block_layout(b.batch, b.num_nodes).num_cells * H > 2 ** 28:
-                rows[(mode, backend)] = {'layer': None, 'prep': None,
-                                         'note': 'padded blocks > 1 GiB'}
-                continue
             plan = GRFPlan.build(b, [layer])  # the per-batch plan, as a model builds it
             run = fwd_bwd(layer, lambda m, x: m(x, grf=plan), x)
             rows[(mode, backend)] = {
@@ -200,23 +193,6 @@ def sparse_products_only(b: Batch, repeats: int) -> float:
         y = spmm(patH, vals, spmm(patH, vals, X, transpose=True))
         y.sum().backward()
     return timeit(run, repeats)
-
-
-def calibrate(b: Batch, x: torch.Tensor, repeats: int, name: str):
-    loads = GRFLoads.from_data(b)
-    m = d = C // H
-    for mode in MODES:
-        costs = backend_costs(plan_sizes(loads, mode), mode, H, m, d)
-        line = [f'{name} {mode}:']
-        for backend, est in sorted(costs.items()):
-            if est > 2.0:
-                line.append(f'{backend} est {est * 1e3:.1f} ms / not run')
-                continue
-            layer = GRFAttention(C, heads=H, max_length=4, mode=mode, backend=backend)
-            plan = GRFPlan.build(loads, [layer])
-            t = timeit(fwd_bwd(layer, lambda mm, xx: mm(xx, grf=plan), x), repeats)
-            line.append(f'{backend} est {est * 1e3:.1f} ms / measured {t * 1e3:.1f} ms')
-        print('  '.join(line), flush=True)
 
 
 # Report ###########################################################################################
@@ -288,7 +264,6 @@ def main(argv=None):
     p.add_argument('--threads', type=int, default=2)
     p.add_argument('--quick', action='store_true')
     p.add_argument('--big', action='store_true', help='add the 262k grid')
-    p.add_argument('--calibrate', action='store_true')
     p.add_argument('--gkat', action='store_true', help='add GKAT rows on the batches')
     p.add_argument('--tuned-malloc', action='store_true',
                    help='pyg_grf.utils.tune_malloc() first (as the pyg-grf CLI does)')
@@ -316,11 +291,6 @@ def main(argv=None):
     if args.only:
         keep = set(args.only.split(','))
         work = [w for w in work if w[0] in keep]
-    if args.calibrate:
-        for name, _, make in work:
-            b = make()
-            calibrate(b, torch.randn(b.num_nodes, C, requires_grad=True), repeats, name)
-        return
     R = {'repeats': repeats, 'threads': args.threads, 'transform': repr(TRANSFORM),
          'machine': f'{platform.processor() or platform.machine()}, torch {torch.__version__}',
          'command': 'python bench/bench_batch.py ' + ' '.join(argv if argv is not None

@@ -21,34 +21,10 @@ from torch_geometric.loader import DataLoader as PyGDataLoader
 from torch_geometric.loader import RandomNodeLoader
 
 from pyg_grf._validation import check_int
-from pyg_grf.nn.attention.base import PAYLOAD_ATTR, GraphAttention, model_payload
+from pyg_grf.nn.attention.base import attention_layers, plan_field, prepare_payload
 
 __all__ = ['DataLoader', 'PayloadCollater', 'prepare_payload', 'attention_layers',
            'NodePartLoader', 'check_part_args', 'PART_WALKS']
-
-
-def attention_layers(model: Union[nn.Module, Sequence[nn.Module]]) -> List[GraphAttention]:
-    r"""The attention layers (:class:`~pyg_grf.nn.attention.base.GraphAttention`) of ``model``
-    (a module or a sequence of layers), in module order."""
-    if isinstance(model, nn.Module):
-        return [m for m in model.modules() if isinstance(m, GraphAttention)]
-    layers = list(model)
-    bad = [type(m).__name__ for m in layers if not isinstance(m, GraphAttention)]
-    if bad:
-        raise TypeError(f"expected an nn.Module or a sequence of attention layers, got a "
-                        f"sequence holding {bad}")
-    return layers
-
-
-def prepare_payload(model: Union[nn.Module, Sequence[nn.Module]], data: Any) -> Any:
-    r"""Builds the payload of every attention layer of ``model`` on ``data`` (a ``Data`` or
-    ``Batch``; :func:`~pyg_grf.nn.attention.base.model_payload`) and leaves it on ``data``
-    (returned), where the layers' ``payload(data)`` find it. A model whose attentions need no
-    payload leaves ``data`` unchanged."""
-    payload = model_payload(attention_layers(model), data)
-    if payload:
-        data.__dict__[PAYLOAD_ATTR] = payload
-    return data
 
 
 class PayloadCollater:
@@ -62,6 +38,8 @@ class PayloadCollater:
         self.collate = collate
         self.layers = [copy.deepcopy(m).cpu() for m in attention_layers(model)]
         self.plan_cache_bytes = int(plan_cache_bytes)
+        self.prefixes = sorted({getattr(m, 'attr_prefix', 'grf') for m in self.layers}
+                               | {'rwgnk'})
         self._plans: 'OrderedDict[bytes, Tuple[Dict[str, Any], int]]' = OrderedDict()
 
     def __call__(self, data_list: Any) -> Any:
@@ -79,13 +57,14 @@ class PayloadCollater:
             return batch
         key = None
         if self.plan_cache_bytes > 0 and getattr(batch, 'num_graphs', 1) == 1:
-            key = _digest(batch)
+            key = _digest(batch, self.prefixes)
             if key in self._plans:
                 self._plans.move_to_end(key)
-                batch.__dict__[PAYLOAD_ATTR] = self._plans[key][0]
+                for name, plan in self._plans[key][0].items():
+                    batch[plan_field(name)] = plan
                 return batch
         prepare_payload(self.layers, batch)
-        payload = batch.__dict__.get(PAYLOAD_ATTR)
+        payload = {name[:-5]: batch[name] for name in batch.keys() if name.endswith('_plan')}
         if key is not None and payload:
             size = sum(_nbytes(v) for v in payload.values())
             if size <= self.plan_cache_bytes:
@@ -95,15 +74,18 @@ class PayloadCollater:
         return batch
 
 
-def _digest(data: Any) -> bytes:
-    # the graph's identity for the plan cache: every tensor of its walk entries (and its size)
+def _digest(data: Any, prefixes: Sequence[str]) -> bytes:
+    # the graph's identity for the plan cache: its size and every tensor a plan of these
+    # layers may read (the fields under their attr_prefix, whatever it is, and the batch)
     h = hashlib.blake2b(digest_size=16)
     h.update(str(data.num_nodes).encode())
     for name in sorted(data.keys()):
         value = data[name]
-        if isinstance(value, torch.Tensor) and name.split('_')[0] in ('grf', 'rwgnk'):
-            h.update(name.encode())
-            h.update(value.detach().cpu().contiguous().numpy().tobytes())
+        if isinstance(value, torch.Tensor) and (name == 'batch' or any(
+                name.startswith(f'{p}_') for p in prefixes)):
+            h.update(f'{name}:{value.dtype}:{tuple(value.shape)}'.encode())
+            h.update(value.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy()
+                     .tobytes())
     return h.digest()
 
 

@@ -44,7 +44,7 @@ def estimate_walk_memory(num_starts: int, num_walks: int, max_length: int,
 
 
 def _parse_bytes(text: str) -> float:
-    match = re.fullmatch(r'\s*([0-9.]+)\s*([KMGT]?)(I?B)?\s*', text.upper())
+    match = re.fullmatch(r'\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([KMGT]?)(I?B)?\s*', text.upper())
     if match is None:
         raise ValueError(f"${MEMORY_LIMIT_ENV} must be a size such as '64G' or '8000000000', or "
                          f"'off' (got {text!r})")

@@ -28,7 +28,8 @@ def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Tuple[int, int])
     is in beta" warning is not passed on to the user's program."""
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
-        return torch.sparse_csr_tensor(crow, col, values, size=size, check_invariants=False)
+        return torch.sparse_compressed_tensor(crow, col, values, size, layout=torch.sparse_csr,
+                                              check_invariants=False)
 
 
 class SparsePattern:

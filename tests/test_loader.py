@@ -8,7 +8,7 @@ from torch_geometric.loader import DataLoader as PyGDataLoader
 
 from pyg_grf.loader import DataLoader, PayloadCollater, attention_layers, prepare_payload
 from pyg_grf.nn import GraphTransformer, GRFAttention
-from pyg_grf.nn.attention.base import PAYLOAD_ATTR, prepared_payload
+from pyg_grf.nn.attention.base import prepared_payload
 from pyg_grf.nn.attention.grf import GRFPlan
 from pyg_grf.nn.attention.grf import plan as plan_module
 from pyg_grf.transforms import AddGraphRandomFeatures
@@ -35,14 +35,14 @@ def graphs(num_draws=1, key=False, channels=8):
 
 def count_builds(monkeypatch):
     calls = []
-    real = plan_module._build_part
-    monkeypatch.setattr(plan_module, '_build_part',
+    real = plan_module.build_part
+    monkeypatch.setattr(plan_module, 'build_part',
                         lambda *a, **k: calls.append(1) or real(*a, **k))
     return calls
 
 
 @pytest.mark.parametrize('mode', ['symmetric', 'asymmetric', 'sparse_softmax'])
-@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense', 'auto'])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'auto'])
 def test_prepared_plan_equals_dense_reference_and_builds_nothing_in_the_step(
         mode, backend, monkeypatch):
     b = Batch.from_data_list(graphs())
@@ -51,7 +51,7 @@ def test_prepared_plan_equals_dense_reference_and_builds_nothing_in_the_step(
     calls = count_builds(monkeypatch)
     for layer in layers:
         payload = layer.payload(b)
-        assert payload['grf'] is b.__dict__[PAYLOAD_ATTR]['grf']
+        assert payload['grf'] is b.grf_plan
         out = layer(b.x, b.batch, **payload)
         out.sum().backward()
         assert torch.allclose(out, dense_reference(layer, b), atol=1e-9, rtol=0)
@@ -90,49 +90,122 @@ def test_data_loader_workers_prepare_the_plan_for_a_graph_transformer(monkeypatc
     calls = count_builds(monkeypatch)  # patched here, in the main process only
     outs = []
     for batch in loader:
-        assert isinstance(batch.__dict__[PAYLOAD_ATTR]['grf'], GRFPlan)
+        assert isinstance(batch.grf_plan, GRFPlan)
         outs.append(model(batch))
     assert calls == []  # the worker built everything
     for a, b in zip(outs, plain):
         assert torch.allclose(a, b, atol=1e-12)
 
 
-def test_a_prepared_payload_follows_its_batch_to_another_device_once():
-    # a worker's plan is built on the CPU and Batch.to() leaves it there: the first read after
-    # the batch moved moves it and keeps it on the batch, so that the layers of a step do not
-    # copy it each (a device stand-in: 'meta' for the plan, the batch's tensors on the CPU)
-    class Plan:
-        moves = 0
-
-        def __init__(self, device):
-            self.device = torch.device(device)
-
-        def to(self, device):
-            Plan.moves += 1
-            return Plan(device)
+def test_a_prepared_plan_is_a_field_that_moves_with_its_batch(monkeypatch):
+    # the plan is an ordinary field: Batch.to() hands it to GRFPlan.to (a device move of the
+    # batch moves its plan once, not once per layer), copies and collation keep it a field
     b = Batch.from_data_list(graphs())
-    plan = Plan('meta')
-    b.__dict__[PAYLOAD_ATTR] = {'grf': plan, 'other': 3}
-    first = prepared_payload(b)
-    assert first['grf'].device == torch.device('cpu') and first['other'] == 3
-    assert prepared_payload(b)['grf'] is first['grf'] and Plan.moves == 1
-    b.__dict__[PAYLOAD_ATTR] = {'grf': Plan('cpu')}  # already there: nothing moves
-    assert prepared_payload(b)['grf'].device == torch.device('cpu') and Plan.moves == 1
-    # and a real plan on its batch's device stays the same object
-    del b.__dict__[PAYLOAD_ATTR]
-    prepare_payload(make_layer('symmetric', 'auto'), b)
-    built = b.__dict__[PAYLOAD_ATTR]['grf']
-    assert isinstance(built, GRFPlan) and prepared_payload(b)['grf'] is built
+    layer = make_layer('symmetric', 'auto')
+    prepare_payload(layer, b)
+    plan = b.grf_plan
+    assert isinstance(plan, GRFPlan) and 'grf_plan' in b.keys()
+    moves = []
+    real = GRFPlan.to
+    monkeypatch.setattr(GRFPlan, 'to', lambda self, *a, **k: moves.append(a) or real(self, *a,
+                                                                                       **k))
+    moved = b.to('cpu')
+    assert len(moves) == 1 and moved.grf_plan is plan  # already there: the same plan
+    assert prepared_payload(moved)['grf'] is plan and layer.payload(moved)['grf'] is plan
+
+
+def test_a_copy_with_redrawn_walks_never_reads_the_old_plan():
+    # issue 39: prepare_payload, then a transform that redraws the walks on a copy: PyG's copy
+    # carries the plan field along, but the plan matches only the walks it was built from
+    data = graphs()[2]
+    layer = make_layer('symmetric', 'pairs')
+    prepare_payload(layer, data)
+    old = data.grf_plan
+    new = AddGraphRandomFeatures(num_walks=5, p_halt=0.4, max_length=3, seed=2)(data.clone())
+    assert new.grf_plan is old  # carried by the copy ...
+    assert not torch.equal(new.grf_load, data.grf_load)
+    plan = layer.payload(new)['grf']
+    assert plan is not old  # ... and not used
+    torch.testing.assert_close(layer(new.x, grf=plan), dense_reference(layer, new), atol=1e-10,
+                               rtol=0)
+    assert layer.payload(data)['grf'] is old  # the original still reads its own
+
+
+@pytest.mark.parametrize('edit', ['in_place', 'subgraph', 'num_nodes'])
+def test_an_edited_graph_never_reads_its_old_plan(edit):
+    data = graphs()[2]
+    layer = make_layer('symmetric', 'pairs')
+    prepare_payload(layer, data)
+    old = data.grf_plan
+    if edit == 'in_place':  # same tensor object, new values: its version counter moved
+        data.grf_load.mul_(2.0)
+    elif edit == 'subgraph':  # PyG keeps the (non node-level) walk tensors and the plan
+        data = data.subgraph(torch.arange(8))
+        assert data.grf_plan is old
+    else:
+        data.num_nodes = data.num_nodes + 1
+    if edit == 'subgraph':  # walks to nodes outside the subgraph: refused, not misread
+        with pytest.raises(ValueError, match='grf_index'):
+            layer.payload(data)
+        return
+    if edit == 'num_nodes':  # a node without walks: a new plan of one more node
+        plan = layer.payload(data)['grf']
+        assert plan is not old and plan.num_nodes == old.num_nodes + 1
+        return
+    plan = layer.payload(data)['grf']
+    assert plan is not old
+    torch.testing.assert_close(layer(data.x, grf=plan), dense_reference(layer, data),
+                               atol=1e-10, rtol=0)
+
+
+def test_a_batch_of_prepared_graphs_gets_its_own_plan():
+    # graphs that carry their own plans collate into a batch whose plan field is a list of
+    # them: the batch's layers build the batch's plan
+    data = graphs()
+    layer = make_layer('symmetric', 'pairs')
+    for d in data:
+        prepare_payload(layer, d)
+    b = Batch.from_data_list(data)
+    plan = layer.payload(b)['grf']
+    assert isinstance(plan, GRFPlan) and plan.num_nodes == b.num_nodes
+    torch.testing.assert_close(layer(b.x, b.batch, grf=plan), dense_reference(layer, b),
+                               atol=1e-10, rtol=0)
+
+
+def test_the_plan_cache_key_covers_any_attr_prefix(monkeypatch):
+    # issue 39: with attr_prefix='walks' two different graphs of the same size shared one plan
+    t = AddGraphRandomFeatures(num_walks=5, max_length=3, seed=0, attr_prefix='walks')
+    gen = torch.Generator().manual_seed(0)
+    a = t(Data(x=torch.randn(9, 8, generator=gen, dtype=D), edge_index=grid_graph(3, 3)))
+    b = t(Data(x=a.x.clone(), edge_index=path_graph(9)))
+    layer = GRFAttention(8, heads=2, max_length=3, attr_prefix='walks').double()
+    loader = DataLoader([a, b], batch_size=1, model=[layer])
+    plans = [batch.grf_plan for batch in loader]
+    assert plans[0] is not plans[1]
+    for batch, plan in zip(DataLoader([a, b], batch_size=1), plans):
+        want = layer(batch.x, grf=GRFPlan.build(batch, [layer]))
+        torch.testing.assert_close(layer(batch.x, grf=plan), want, atol=1e-12, rtol=0)
+
+
+def test_a_plan_built_in_a_loop_over_one_graph_is_built_once(monkeypatch):
+    # the README's loop: attn(x, None, **attn.payload(data)) every epoch on one fixed graph
+    data = graphs()[2]
+    layer = make_layer('symmetric', 'pairs')
+    calls = count_builds(monkeypatch)
+    outs = [layer(data.x, None, **layer.payload(data)) for _ in range(3)]
+    assert len(calls) == 1 and all(torch.equal(o, outs[0]) for o in outs)
+    import copy
+    assert '_plan_cache' not in copy.deepcopy(layer).__dict__  # a copy leaves it behind
 
 
 def test_data_loader_without_model_is_pygs_loader():
     data = graphs()
     a = next(iter(DataLoader(data, batch_size=4)))
-    assert PAYLOAD_ATTR not in a.__dict__
+    assert 'grf_plan' not in a.keys()
     assert torch.equal(a.x, next(iter(PyGDataLoader(data, batch_size=4))).x)
     # a model without attention layers: nothing prepared, nothing fails
     b = next(iter(DataLoader(data, batch_size=4, model=torch.nn.Linear(2, 2))))
-    assert PAYLOAD_ATTR not in b.__dict__
+    assert 'grf_plan' not in b.keys()
 
 
 def test_bad_input():
@@ -172,12 +245,13 @@ def test_one_graph_loader_plans_each_graph_once(fresh_walks, monkeypatch):
         out = layer(batch.x, batch.batch, **layer.payload(batch))
         torch.testing.assert_close(out, dense_reference(layer, batch), atol=1e-10, rtol=0)
     assert len(calls) == (3 if fresh_walks else 1)
-    # no room in the cache: planned every epoch
+    # no room in the loader's cache: the collater's layers keep the one plan they built last
+    # while it matches (the same graph every epoch)
     calls.clear()
     loader = DataLoader(dataset, batch_size=1, model=[layer], plan_cache_bytes=0)
     for _ in range(2):
         (batch,) = list(loader)
-    assert len(calls) == 2
+    assert len(calls) == (2 if fresh_walks else 1)
 
 
 def _entries(index, hop, load, ids=None):

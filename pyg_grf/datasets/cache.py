@@ -249,11 +249,14 @@ class SafeCacheMixin:
                                     f"(mapping, slices, class, spec), got {got}); {hint}")
         try:
             data = restore_collated(out[0], out[1], out[3])
-        except ValueError as exc:
-            raise DatasetCacheError(f"'{path}' is not a readable compact cache: {exc}; "
-                                    f"{hint}") from None
+            if not hasattr(out[2], 'from_dict'):
+                raise TypeError(f"the class entry is a {type(out[2]).__name__}, not a Data class")
+            self.data = out[2].from_dict(data)
+        except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+            # what loads with weights_only but is not the structure save() writes
+            raise DatasetCacheError(f"'{path}' is not a readable compact cache: "
+                                    f"{type(exc).__name__}: {exc}; {hint}") from None
         self.slices = out[1]
-        self.data = out[2].from_dict(data)
 
     def _process(self) -> None:
         final = self.processed_dir

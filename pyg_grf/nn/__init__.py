@@ -1,4 +1,5 @@
 r"""Neural-network modules: attention layers, encoders, models."""
+from pyg_grf.nn.attention.base import model_payload, prepare_payload
 from pyg_grf.nn.attention.gkat import GKATAttention
 from pyg_grf.nn.attention.grf import GRFAttention
 from pyg_grf.nn.attention.grid import GridRPEAttention
@@ -14,5 +15,5 @@ __all__ = [
     'GRFAttention', 'GridRPEAttention', 'MaskedLinearAttention', 'LinearAttention',
     'PowerSeriesAttention', 'SoftmaxAttention', 'ReLUFeatureMap', 'ELUFeatureMap', 'FAVORPlus',
     'feature_map_resolver', 'GKATAttention', 'SAMSAAttention', 'GraphBridge', 'GraphTransformer',
-    'GRFGPSConv',
+    'GRFGPSConv', 'model_payload', 'prepare_payload',
 ]

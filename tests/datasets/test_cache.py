@@ -239,3 +239,21 @@ def test_safe_load_leaves_pyg_allowed_classes_allowed(tmp_path):
     assert Data in torch.serialization.get_safe_globals()
     safe_load(str(tmp_path / 'd.pt'))
     assert Data in torch.serialization.get_safe_globals()
+
+
+@pytest.mark.parametrize('payload', [
+    ({}, {}, 'not a class', {}),                       # a class entry that is no Data class
+    ({'x': torch.zeros(2)}, {'x': torch.tensor([0])}, None, {'x': 'bad-spec'}),
+    ({'x': [1, 2]}, {}, None, {}),                      # loads with weights_only, wrong shape
+])
+def test_a_cache_of_the_wrong_structure_is_a_cache_error(tmp_path, payload):
+    # issue 39: what torch.load(weights_only=True) reads but save() never wrote raises
+    # DatasetCacheError (with the fix), not a TypeError / IndexError from deep inside
+    from torch_geometric.data import Data
+    path = str(tmp_path / 'data.pt')
+    mapping, slices, cls, spec = payload
+    torch.save((mapping, slices, Data if cls is None else cls, spec), path)
+    ds = MotifDataset.__new__(MotifDataset)
+    with pytest.raises(DatasetCacheError, match=r"is not a readable compact cache: .*"
+                                                r"force_reload=True"):
+        ds.load(path)

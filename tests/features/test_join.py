@@ -162,13 +162,13 @@ def test_block_terms_take_the_compiled_join_unless_disabled(monkeypatch):
     torch_terms = _stats(torch_loads)
     assert with_numba.index is not None and torch_terms.index is None
     torch_pattern = pairs.build(torch_loads, 'symmetric', D)
-    for name in ('crow', 'col', 'mirror', 'src'):  # the pair backend's CSR and its mirror
+    for name in ('crow', 'col', 'tperm', 'src'):  # the engine's CSR and its mirror
         assert torch.equal(getattr(pattern, name), getattr(torch_pattern, name)), name
     # the mirror is the transpose's order, as a sort of the transposed keys gives it
     row = torch.repeat_interleave(torch.arange(pattern.num_nodes), pattern.crow.long().diff())
     col = pattern.col.long()
     order = torch.argsort(col * pattern.num_nodes + row)
-    assert torch.equal(pattern.mirror.long(), order)
+    assert torch.equal(pattern.tperm.long(), order)
     assert torch.equal(with_numba.cell, torch_terms.cell)
     assert torch.equal(with_numba.mirror, torch_terms.mirror)
     assert torch.allclose(with_numba.cell_stats(), torch_terms.cell_stats(), atol=1e-12)

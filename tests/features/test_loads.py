@@ -18,7 +18,7 @@ def _grf_batch():
                                  for _ in range(2)])
 
 
-@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs'])
 def test_negative_grf_index_is_refused(backend):
     b = _grf_batch()
     bad = b.grf_index.clone()

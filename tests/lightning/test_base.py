@@ -161,4 +161,4 @@ def test_mask_coefficients_are_not_weight_decayed():
     for name, p in model.named_parameters():
         if name.endswith('.f') or name.endswith('beta_raw'):
             assert id(p) not in decayed, name
-    assert any(id(p) in decayed for n, p in model.named_parameters() if n.endswith('to_q.weight'))
+    assert any(id(p) in decayed for n, p in model.named_parameters() if n.endswith('to_qkv.weight'))

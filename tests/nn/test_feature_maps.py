@@ -76,11 +76,13 @@ def test_favor_output_independent_of_other_graphs(kind):
     # Graph B's keys sit on FAVOR+ projection directions: the largest logits a key can have
     # (|w|^2 / 2, ~32 here), far above graph A's.
     fm = layer.feature_map
-    lin_k = layer.to_k
+    if kind == 'gkat':
+        wk, bk = layer.to_k.weight, 0
+    else:  # the key rows of the stacked projection
+        wk, bk = layer.to_qkv.weight[128:256], layer.to_qkv.bias[128:256]
     C = fm.dim
     target = (C ** 0.25 * fm.projection[:4]).repeat(1, 2)  # [4, H * C]
-    b.x = torch.linalg.lstsq(lin_k.weight, (target - (lin_k.bias if getattr(
-        lin_k, 'bias', None) is not None else 0)).t()).solution.t().detach()
+    b.x = torch.linalg.lstsq(wk, (target - bk).t()).solution.t().detach()
     batch = Batch.from_data_list([a, b])
     if kind == 'gkat':
         alone = layer(a.x, rwgnk=RWGNKPlan.from_tensors(a.rwgnk_index, a.rwgnk_value))

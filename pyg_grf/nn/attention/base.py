@@ -89,6 +89,12 @@ class GraphAttention(nn.Module):
         ``Data`` or ``Batch`` (empty for attentions that need only the nodes)."""
         return {}
 
+    def __getstate__(self):
+        # a copy or a pickle of the layer leaves its last plan behind (cached_plan)
+        state = self.__dict__.copy()
+        state.pop('_plan_cache', None)
+        return state
+
     @classmethod
     def plan_payload(cls, data: Any, layers: Sequence['GraphAttention']) -> Dict[str, Any]:
         r"""One payload for several layers of this class on ``data`` (default: the first
@@ -110,24 +116,90 @@ def samples_as_graphs(x: Tensor, batch: Optional[Tensor]
     return x.reshape(B * n, x.size(-1)), graphs, B
 
 
-#: Where :class:`pyg_grf.loader.DataLoader` leaves the payload it built on a batch: a plain
-#: attribute (not a data field), so PyG's collation, slicing and ``.to()`` never touch it.
-PAYLOAD_ATTR = '_pyg_grf_payload'
+def plan_field(key: str) -> str:
+    r"""The ``Data`` field that carries the plan of payload ``key`` (``'grf'`` ->
+    ``'grf_plan'``): an ordinary field, so that ``Data.to()`` moves it with the tensors."""
+    return f'{key}_plan'
 
 
-def prepared_payload(data: Any) -> Dict[str, Any]:
-    r"""The payload a :class:`pyg_grf.loader.DataLoader` built for ``data`` (empty if none), on
-    the device of ``data``'s tensors. A loader worker builds it on the CPU and ``data.to()``
-    (Lightning's batch transfer) does not move it, so the first read after a move moves it and
-    leaves it on ``data``: once per batch, not once per layer."""
-    payload = getattr(data, '__dict__', {}).get(PAYLOAD_ATTR) or {}
-    device = _tensor_device(data) if payload else None
-    moved = {k: v.to(device) for k, v in payload.items()
-             if device is not None and getattr(v, 'device', device) != device}
-    if moved:
-        payload = {**payload, **moved}
-        data.__dict__[PAYLOAD_ATTR] = payload
-    return payload
+def prepared_payload(data: Any, keys: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+    r"""The plans that ``data`` carries (:func:`pyg_grf.loader.prepare_payload`,
+    :class:`pyg_grf.loader.DataLoader`) under the payload ``keys`` (default: every plan field),
+    those that still match ``data`` only (``plan.matches(data)``: a copy of the data whose
+    walks were redrawn or edited, or a subgraph, carries a plan it may not use)."""
+    if keys is None:
+        keys = [name[:-5] for name in getattr(data, 'keys', lambda: ())()
+                if name.endswith('_plan')]
+    out = {}
+    for key in keys:
+        plan = getattr(data, plan_field(key), None)
+        if hasattr(plan, 'matches') and plan.matches(data):
+            out[key] = plan
+    return out
+
+
+def model_payload(model: Union[nn.Module, Sequence[nn.Module]], data: Any) -> Dict[str, Any]:
+    r"""The payload of every attention layer of ``model`` on ``data``, merged: the layers of
+    each class share one payload (:meth:`GraphAttention.plan_payload`, e.g. one
+    :class:`~pyg_grf.nn.attention.grf.GRFPlan` for all GRF layers), or the plans ``data``
+    carries (:func:`prepared_payload`)."""
+    modules = (model.modules() if isinstance(model, nn.Module)
+               else (m for layer in model for m in layer.modules()))
+    groups: Dict[type, List[GraphAttention]] = {}
+    for m in modules:
+        if isinstance(m, GraphAttention):
+            groups.setdefault(type(m), []).append(m)
+    out: Dict[str, Any] = {}
+    for cls, layers in groups.items():
+        out.update(cls.plan_payload(data, layers))
+    return out
+
+
+def attention_layers(model: Union[nn.Module, Sequence[nn.Module]]) -> List[GraphAttention]:
+    r"""The attention layers (:class:`~pyg_grf.nn.attention.base.GraphAttention`) of ``model``
+    (a module or a sequence of layers), in module order."""
+    if isinstance(model, nn.Module):
+        return [m for m in model.modules() if isinstance(m, GraphAttention)]
+    layers = list(model)
+    bad = [type(m).__name__ for m in layers if not isinstance(m, GraphAttention)]
+    if bad:
+        raise TypeError(f"expected an nn.Module or a sequence of attention layers, got a "
+                        f"sequence holding {bad}")
+    return layers
+
+
+def prepare_payload(model: Union[nn.Module, Sequence[nn.Module]], data: Any) -> Any:
+    r"""Builds the plan of every attention layer of ``model`` on ``data`` (a ``Data`` or
+    ``Batch``; :func:`~pyg_grf.nn.attention.base.model_payload`) and leaves it on ``data``
+    (returned) as an ordinary field, ``data.grf_plan`` (``data.rwgnk_plan`` for GKAT), where
+    the layers' ``payload(data)`` find it and which ``data.to(device)`` moves with the
+    tensors. A plan is used only while it matches the data: a copy whose walks were redrawn
+    gets a new one. A model whose attentions need no payload leaves ``data`` unchanged."""
+    for key, plan in model_payload(attention_layers(model), data).items():
+        if hasattr(plan, 'matches'):
+            data[plan_field(key)] = plan
+    return data
+
+
+def cached_plan(layers: Sequence[nn.Module], key: str, data: Any, build) -> Any:
+    r"""The plan of ``data`` for ``layers`` under payload ``key``: the one ``data`` carries
+    (:func:`prepared_payload`), else the one the first layer built last if it still matches
+    ``data`` (as ``GCNConv(cached=True)``: a loop over one fixed graph builds it once), else
+    ``build(data, layers)``, kept by the first layer for the next call."""
+    carried = prepared_payload(data, (key,))
+    if key in carried:
+        return carried[key]
+    owner = layers[0]
+    plan = owner.__dict__.get('_plan_cache')
+    device = _tensor_device(data)
+    if plan is not None and plan.matches(data) and getattr(plan, 'covers', None) is not None \
+            and plan.covers(layers):
+        if device is not None and plan.device != device:
+            plan = plan.to(device)
+    else:
+        plan = build(data, layers)
+    owner.__dict__['_plan_cache'] = plan
+    return plan
 
 
 def _tensor_device(data: Any) -> Optional[torch.device]:
@@ -139,33 +211,13 @@ def _tensor_device(data: Any) -> Optional[torch.device]:
     return None
 
 
-def model_payload(model: Union[nn.Module, Sequence[nn.Module]], data: Any) -> Dict[str, Any]:
-    r"""The payload of every attention layer of ``model`` on ``data``, merged: the layers of
-    each class share one payload (:meth:`GraphAttention.plan_payload`, e.g. one
-    :class:`~pyg_grf.nn.attention.grf.GRFPlan` for all GRF layers), or the one prepared on
-    ``data`` by :class:`pyg_grf.loader.DataLoader`."""
-    prepared = prepared_payload(data)
-    modules = (model.modules() if isinstance(model, nn.Module)
-               else (m for layer in model for m in layer.modules()))
-    groups: Dict[type, List[GraphAttention]] = {}
-    for m in modules:
-        if isinstance(m, GraphAttention):
-            groups.setdefault(type(m), []).append(m)
-    out: Dict[str, Any] = {}
-    for cls, layers in groups.items():
-        keys = cls.payload_keys
-        if keys and all(k in prepared for k in keys):
-            out.update({k: prepared[k] for k in keys})
-        else:
-            out.update(cls.plan_payload(data, layers))
-    return out
-
-
 class QKVAttention(GraphAttention):
     r"""Base of the attention layers, and the contract every attention layer follows:
     constructor ``(channels, heads=1, head_channels=channels // heads, dropout=0.0, bias=True,
-    ...)``; ``to_q``, ``to_k``, ``to_v`` project ``[N, channels]`` to ``heads`` heads of
-    ``head_channels`` and ``to_out`` projects the concatenated heads back; ``dropout`` acts on
+    ...)``; ``to_qkv`` projects ``[N, channels]`` to the queries, keys and values, ``heads``
+    heads of ``head_channels`` each (one weight, rows ``[q; k; v]``, as the ``in_proj`` of
+    :class:`torch.nn.MultiheadAttention`), and ``to_out`` projects the concatenated heads
+    back; ``dropout`` acts on
     the attention coefficients only (:func:`key_dropout`); ``repr`` is :func:`contract_repr`.
     """
 
@@ -177,9 +229,7 @@ class QKVAttention(GraphAttention):
         self.channels, self.heads, self.head_channels = channels, heads, head_channels
         self.dropout = dropout
         inner = heads * head_channels
-        self.to_q = nn.Linear(channels, inner, bias=bias)
-        self.to_k = nn.Linear(channels, inner, bias=bias)
-        self.to_v = nn.Linear(channels, inner, bias=bias)
+        self.to_qkv = nn.Linear(channels, 3 * inner, bias=bias)
         self.to_out = nn.Linear(inner, channels, bias=bias)
         self.feature_map_name = feature_map
         self.feature_map: Optional[FeatureMap] = None
@@ -188,7 +238,7 @@ class QKVAttention(GraphAttention):
                                                     **(feature_map_kwargs or {}))
 
     def reset_parameters(self):
-        for lin in (self.to_q, self.to_k, self.to_v, self.to_out):
+        for lin in (self.to_qkv, self.to_out):
             lin.reset_parameters()
         if self.feature_map is not None:
             self.feature_map.redraw()
@@ -198,8 +248,14 @@ class QKVAttention(GraphAttention):
             raise ValueError(f"{self.__class__.__name__} expects node features of shape "
                              f"[N, {self.channels}], got {tuple(x.shape)}")
         N, H, C = x.size(0), self.heads, self.head_channels
-        return (self.to_q(x).view(N, H, C), self.to_k(x).view(N, H, C),
-                self.to_v(x).view(N, H, C))
+        return self.to_qkv(x).view(N, 3, H, C).unbind(1)
+
+    def project_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        r"""``(q, k, v)``, each head-major ``[H, N, C]`` and contiguous (a head's rows are a
+        view): one product, one copy."""
+        N, H, C = x.size(0), self.heads, self.head_channels
+        return self.to_qkv(x).view(N, 3 * H, C).transpose(0, 1).contiguous().view(
+            3, H, N, C).unbind(0)
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         r"""``x``: ``[N, channels]`` (graphs given by ``batch``) or ``[B, n, channels]``

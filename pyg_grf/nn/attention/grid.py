@@ -44,9 +44,12 @@ class GridRPEAttention(MaskedLinearAttention):
         super().__init__(channels, heads=heads, mask_module=rpe, **kwargs)
         self.grid_nodes = math.prod(rpe.shape)
 
-    def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
+    def forward(self, x: Tensor, batch: Optional[Tensor] = None, **kwargs: Any) -> Tensor:
+        r"""``x`` ``[B, n, channels]`` or ``[B n, channels]``; ``**kwargs`` as
+        :meth:`MaskedLinearAttention.forward <pyg_grf.nn.attention.masked.MaskedLinearAttention
+        .forward>` takes them (``mask=`` overrides the grid mask)."""
         if x.dim() == 3:  # MaskedLinearAttention refuses a batch vector here
-            return super().forward(x, batch)
+            return super().forward(x, batch, **kwargs)
         n, N = self.grid_nodes, x.size(0)
         B = N // n
         if N % n != 0 or (batch is not None and B > 0 and bool(
@@ -55,4 +58,4 @@ class GridRPEAttention(MaskedLinearAttention):
                              f"of {n} nodes (grid_shape), nodes in graph order; got {N} nodes"
                              + ('' if batch is None else
                                 f" in {int(batch.max()) + 1 if batch.numel() else 0} graphs"))
-        return super().forward(x.view(B, n, -1)).view(N, -1)
+        return super().forward(x.view(B, n, -1), **kwargs).view(N, -1)

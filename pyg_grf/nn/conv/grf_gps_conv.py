@@ -108,7 +108,11 @@ class GRFGPSConv(torch.nn.Module):
         self.attn = None if attn_type is None else attention_resolver(
             attn_type, channels, heads, **self.attn_kwargs)
         self.conv_edge_attr = conv is not None and takes(conv, 'edge_attr')
-        hidden = mlp_channels or 2 * channels
+        if mlp_channels is not None and (isinstance(mlp_channels, bool) or not isinstance(
+                mlp_channels, int) or mlp_channels < 1):
+            raise ValueError(f"'mlp_channels' must be a positive integer (the MLP's hidden "
+                             f"width) or None (2 * channels), got {mlp_channels!r}")
+        hidden = 2 * channels if mlp_channels is None else mlp_channels
         self.mlp = Sequential(
             Linear(channels, hidden),
             activation_resolver(act, **(act_kwargs or {})),
@@ -196,9 +200,13 @@ class GRFGPSConv(torch.nn.Module):
             if key == 'edge_index':  # the attention reads the block's graph
                 payload[key] = kwargs.pop(key, edge_index)
             elif kwargs.get(key) is None:
-                raise ValueError(f"attn_type={self.attn_type!r} needs {key}=... (e.g. "
-                                 f"**conv.payload(batch)): "
-                                 f"{self.attn.hint}")
+                raise ValueError(
+                    f"attn_type={self.attn_type!r} needs the batch's plan as {key}=...: call "
+                    f"conv(x, edge_index, batch, **conv.payload(data), edge_attr=...) (the "
+                    f"plan that pyg_grf.loader.DataLoader(model=...) or prepare_payload(model, "
+                    f"data) left on the data as data.{key}_plan, else built once per batch). "
+                    f"The plan is built from the data's {', '.join(self.attn.requires)}; "
+                    f"without them: {self.attn.hint}")
             else:
                 payload[key] = kwargs.pop(key)
         return payload

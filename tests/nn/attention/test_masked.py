@@ -19,9 +19,7 @@ def dense_reference(layer: MaskedLinearAttention, x: torch.Tensor, m: torch.Tens
     r"""The layer re-implemented with the N x N attention matrix formed explicitly, from the
     layer's weights: A_h = (phi(q_h) phi(k_h)^T) * M_h, rows normalised."""
     N, H, C = x.size(0), layer.heads, layer.head_channels
-    q = (x @ layer.to_q.weight.t() + layer.to_q.bias).view(N, H, C)
-    k = (x @ layer.to_k.weight.t() + layer.to_k.bias).view(N, H, C)
-    v = (x @ layer.to_v.weight.t() + layer.to_v.bias).view(N, H, C)
+    q, k, v = (x @ layer.to_qkv.weight.T + layer.to_qkv.bias).view(N, 3, H, C).unbind(1)
     if layer.feature_map_name == 'elu':
         fq, fk = torch.nn.functional.elu(q) + 1, torch.nn.functional.elu(k) + 1
     else:

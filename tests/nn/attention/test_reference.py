@@ -222,9 +222,7 @@ def test_linear_and_softmax_references_are_per_graph():
     # softmax: dense reference
     d = b.get_example(0)
     N, H, C = 9, 2, 4
-    q = soft.to_q(d.x).view(N, H, C)
-    k = soft.to_k(d.x).view(N, H, C)
-    v = soft.to_v(d.x).view(N, H, C)
+    q, k, v = soft.to_qkv(d.x).view(N, 3, H, C).unbind(1)
     a = torch.softmax(torch.einsum('ihc,jhc->hij', q, k) / C ** 0.5, -1)
     ref = soft.to_out(torch.einsum('hij,jhc->ihc', a, v).reshape(N, -1))
     assert torch.allclose(soft(d.x), ref, atol=1e-10)

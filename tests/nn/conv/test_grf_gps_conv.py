@@ -108,13 +108,26 @@ def test_repr_and_bad_input():
     b = make_batch()
     conv = GRFGPSConv(C, None, heads=2)
     assert str(conv) == "GRFGPSConv(8, conv=None, heads=2, attn_type='grf')"
-    with pytest.raises(ValueError, match=r"attn_type='grf' needs grf="):
-        conv(b.x, b.edge_index, batch=b.batch)
+    # PyG's call shape without the plan: the error names the fix (the plan), not the transform
+    with pytest.raises(ValueError, match=r"attn_type='grf' needs the batch's plan as grf=\.\.\.:"
+                                         r" call conv\(x, edge_index, batch, \*\*conv\.payload"):
+        conv(b.x, b.edge_index, b.batch)
+    plan = conv.payload(b)['grf']  # PyG's call shape with the plan the data carries
+    prepare = __import__('pyg_grf.nn', fromlist=['prepare_payload']).prepare_payload
+    prepare(conv, b)
+    assert b.grf_plan is plan
+    torch.testing.assert_close(conv(b.x, b.edge_index, b.batch, grf=b.grf_plan),
+                               conv(b.x, b.edge_index, b.batch, **conv.payload(b)))
+    for bad in (0, -2, 2.5, True):
+        with pytest.raises(ValueError, match=f"'mlp_channels' must be a positive integer .*got "
+                                             f"{bad!r}"):
+            GRFGPSConv(C, None, mlp_channels=bad)
+    assert GRFGPSConv(C, None, mlp_channels=3).mlp[0].out_features == 3
     with pytest.raises(ValueError, match="'attn_type' must be one of"):
         GRFGPSConv(C, None, attn_type='bigbird')
     with pytest.raises(TypeError, match="'conv' must be a MessagePassing"):
         GRFGPSConv(C, 'gine')
-    with pytest.raises(ValueError, match="needs rwgnk="):
+    with pytest.raises(ValueError, match="needs the batch.s plan as rwgnk="):
         GRFGPSConv(C, None, attn_type='gkat')(b.x, b.edge_index, batch=b.batch)
 
 

@@ -456,9 +456,9 @@ def test_empty_batch(attention, block):
 
 @pytest.mark.parametrize('block', ['pre_norm', 'gps'])
 def test_full_graph_training_plans_once_with_one_call(block, monkeypatch):
-    # a loop of one's own over one full graph: prepare_payload(model, data) once, then every
-    # step reads that plan (no join, no structure built in the step); without it every call
-    # plans anew, with the same result
+    # a loop of one's own over one full graph: the model's first call builds the plan and its
+    # layers keep it while it matches the data (GCNConv(cached=True)-like); prepare_payload
+    # then leaves that plan on the data, and no step builds another
     from pyg_grf.loader import prepare_payload
     from pyg_grf.nn.attention.grf import plan as plan_module
     torch.manual_seed(0)
@@ -466,13 +466,14 @@ def test_full_graph_training_plans_once_with_one_call(block, monkeypatch):
     data = AddGraphRandomFeatures(num_walks=4, max_length=2, seed=0)(data)
     model = GraphTransformer(4, 8, 3, num_layers=2, heads=2, attn_type='grf', pooling=None,
                              block=block, attn_kwargs={'max_length': 2, 'backend': 'pairs'})
-    unprepared = model(data)
     calls = []
-    real = plan_module._build_part
-    monkeypatch.setattr(plan_module, '_build_part',
+    real = plan_module.pairs.build
+    monkeypatch.setattr(plan_module.pairs, 'build',
                         lambda *a, **k: calls.append(1) or real(*a, **k))
-    prepare_payload(model, data)
+    unprepared = model(data)
     assert len(calls) == 1  # one part for both layers (same configuration)
+    prepare_payload(model, data)  # the plan the model built for this data: no new one
+    assert len(calls) == 1 and isinstance(data.grf_plan, plan_module.GRFPlan)
     opt = torch.optim.Adam(model.parameters(), lr=0.0)
     for step in range(4):
         opt.zero_grad()

@@ -1,5 +1,6 @@
-r"""The GKAT layer: projections, the backend choice and the call (FTFI paper, Sec. 4.2 and
-App. A.5); the backends are :mod:`.sparse`, :mod:`.pairs` and :mod:`.dense`."""
+r"""The GKAT layer (FTFI paper, Sec. 4.2 and App. A.5): the linear mode on the GRF engine
+(:func:`~pyg_grf.nn.attention.grf.layer.masked_sums`), the softmax mode one message passing
+over the kernel pairs (:mod:`.pairs`)."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -12,20 +13,22 @@ from torch_geometric.nn.dense.linear import Linear
 from torch_geometric.nn.inits import glorot, zeros
 from torch_geometric.typing import OptTensor
 
-from pyg_grf.memory import check_walk_memory, memory_budget
 from pyg_grf.nn.attention.base import (
     GraphAttention,
+    cached_plan,
     contract_repr,
     key_dropout,
     resolve_head_channels,
     samples_as_graphs,
 )
-from pyg_grf.nn.attention.gkat import dense, pairs, sparse
-from pyg_grf.nn.attention.gkat.choose import BACKENDS, choose_backend, costs, plan_sizes
+from pyg_grf.nn.attention.gkat import pairs
 from pyg_grf.nn.attention.gkat.plan import RWGNKPlan
+from pyg_grf.nn.attention.grf.layer import masked_sums, normalise
+from pyg_grf.nn.attention.grf.plan import LayerSpec
 from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
 
-MODES = ('linear', 'softmax', 'dense')
+MODES = ('linear', 'softmax')
+BACKENDS = ('auto', 'pairs', 'sparse')
 SCORES = ('gat', 'dot')
 
 
@@ -43,12 +46,12 @@ class GKATAttention(GraphAttention):
                                     {\sum_l \mathcal{K}_{il}\,\kappa(i, l)} \mathbf{v}_j,
 
     * ``mode='linear'`` (GKAT): :math:`\kappa(i, j) = \phi(\mathbf{q}_i)^\top\phi(\mathbf{k}_j)`,
-      linear in :math:`N` (Sec. 4.2: low-rank masking, :math:`\mathcal{K}` never formed);
+      on the GRF engine (the kernel on its support, :math:`\Psi` as walk loads of hop 0), or
+      when that does not fit the memory, low rank (Sec. 4.2: :math:`\mathcal{K}` never
+      formed);
     * ``mode='softmax'``: :math:`\kappa(i, j) = \exp(e_{ij})`, the softmax of
       :math:`e_{ij} + \log\mathcal{K}_{ij}` over the pairs with :math:`|\mathcal{K}_{ij}| > t`
       (App. A.5.2: GAT with its adjacency mask replaced by the RWGNK similarity matrix);
-    * ``mode='dense'`` (GKAT-0, Sec. 5.3): ``'softmax'`` with dense per-graph matrices, a
-      brute-force reference, :math:`O(\sum_g n_g^2)`.
 
     Logits: ``score='gat'``, :math:`e_{ij} = \mathrm{LeakyReLU}(\mathbf{a}_{dst}^\top
     \mathbf{v}_i + \mathbf{a}_{src}^\top\mathbf{v}_j)` as in GAT, or ``score='dot'``,
@@ -58,7 +61,7 @@ class GKATAttention(GraphAttention):
     Args:
         channels (int): input size, and output size with the default ``project=True``.
         heads (int): number of heads :math:`H` (default: ``1``).
-        mode (str): ``'linear'``, ``'softmax'`` or ``'dense'`` (default: ``'linear'``).
+        mode (str): ``'linear'`` or ``'softmax'`` (default: ``'linear'``).
         feature_map (str or FeatureMap): :math:`\phi` of ``'linear'`` mode: ``'elu'``
             (:math:`\mathrm{ELU}+1`), ``'relu'`` or ``'favor+'`` (default: ``'elu'``).
         concat (bool): concatenate the heads (``[N, H * C]``) or average them (``[N, C]``)
@@ -70,7 +73,7 @@ class GKATAttention(GraphAttention):
         negative_slope (float): LeakyReLU slope of ``score='gat'`` (default: ``0.2``).
         head_channels (int, optional): channels per head :math:`C` (default:
             ``channels // heads`` if ``concat`` else ``channels``).
-        score (str): logits of ``'softmax'``/``'dense'``: ``'gat'`` or ``'dot'``
+        score (str): logits of ``'softmax'``: ``'gat'`` or ``'dot'``
             (default: ``'gat'``).
         kernel_weighting (bool): weight the coefficients by :math:`\mathcal{K}_{ij}`; if
             :obj:`False`, :math:`\mathcal{K}` only gives the support (an ablation)
@@ -83,12 +86,13 @@ class GKATAttention(GraphAttention):
             always kept) (default: ``0.``, the exact kernel).
         feature_map_kwargs (dict, optional): arguments of the feature map.
         eps (float): added to the normaliser of ``'linear'`` mode (default: ``1e-6``).
-        backend (str): ``'sparse'`` (``'linear'`` on the exact kernel only: two products with
-            :math:`\Psi`), ``'pairs'`` (the kernel's nonzeros: the pairs stored by
-            ``AddRWGNKFeatures(kernel_threshold=...)``, which then define the mask, else those
-            of :math:`\Psi\Psi^\top`), ``'dense'`` (per graph) or ``'auto'`` (the cheapest
-            whose memory fits, :func:`~pyg_grf.nn.attention.gkat.choose_backend`)
-            (default: ``'auto'``).
+        backend (str): ``'linear'`` mode on the GRF engine's one rule
+            (:func:`~pyg_grf.nn.attention.grf.plan.build_part`): ``'pairs'`` (the kernel's
+            nonzeros: the pairs stored by ``AddRWGNKFeatures(kernel_threshold=...)``, which
+            then define the mask, else those of :math:`\Psi\Psi^\top`), ``'sparse'`` (the
+            exact kernel only: two products with :math:`\Psi`) or ``'auto'`` (``'pairs'``
+            when it fits the memory budget, else ``'sparse'``); the softmax mode runs on the
+            kernel pairs whatever it says (default: ``'auto'``).
         project (bool): project the combined heads back to ``channels`` with ``to_out``
             (default: :obj:`True`); :obj:`False` gives the paper's GAT-shaped layer.
 
@@ -110,9 +114,8 @@ class GKATAttention(GraphAttention):
         super().__init__()
         if mode not in MODES:
             raise ValueError(f"'mode' must be one of {MODES}, got {mode!r}")
-        if backend != 'auto' and backend not in BACKENDS[mode]:
-            raise ValueError(f"'backend' must be 'auto' or one of {BACKENDS[mode]} for "
-                             f"mode={mode!r}, got {backend!r}")
+        if backend not in BACKENDS:
+            raise ValueError(f"'backend' must be one of {BACKENDS}, got {backend!r}")
         self.backend = backend
         if score not in SCORES:
             raise ValueError(f"'score' must be one of {SCORES}, got {score!r}")
@@ -198,24 +201,24 @@ class GKATAttention(GraphAttention):
     payload_keys = ('rwgnk',)
 
     def payload(self, data: Any) -> Dict[str, Any]:
-        r"""``{'rwgnk': RWGNKPlan.build(data, [self])}``: the batch's plan with what this
-        layer's backend needs. Build it once per batch and pass it to every layer."""
-        return {'rwgnk': RWGNKPlan.build(data, [self])}
+        r"""``{'rwgnk': plan}``: the batch's :class:`RWGNKPlan` for this layer: the one
+        ``data`` carries (``data.rwgnk_plan``) if it matches, else the one this layer built
+        last if it matches, else a new one. Build it once per batch for every layer
+        (:meth:`plan_payload`)."""
+        return type(self).plan_payload(data, [self])
 
     @classmethod
     def plan_payload(cls, data: Any, layers: Sequence['GKATAttention']) -> Dict[str, Any]:
-        r"""``{'rwgnk': RWGNKPlan.build(data, layers)}``: one plan for all GKAT ``layers`` of a
-        model (what their backends need, built once; e.g. in DataLoader workers)."""
-        return {'rwgnk': RWGNKPlan.build(data, [m for m in layers if isinstance(m, cls)])}
+        r"""``{'rwgnk': plan}``: one plan for all GKAT ``layers`` of a model (what they read,
+        built once; e.g. in DataLoader workers), found or built as in :meth:`payload`."""
+        layers = [m for m in layers if isinstance(m, cls)]
+        return {'rwgnk': cached_plan(layers, 'rwgnk', data, RWGNKPlan.build)}
 
-    def backend_for(self, plan: RWGNKPlan, dtype: torch.dtype = torch.float32) -> str:
-        r"""The backend this layer runs on ``plan``: its own, or for ``'auto'`` the pure cost
-        rule :func:`~pyg_grf.nn.attention.gkat.choose.choose_backend` on the plan's sizes and
-        the memory budget; nothing is built or allocated."""
-        if self.backend != 'auto':
-            return self.backend
-        budget, _ = memory_budget(plan.psi_value.device)
-        return choose_backend(self.mode, budget, **plan_sizes(self, plan, dtype.itemsize))
+    def spec(self, exact: bool) -> LayerSpec:
+        r"""The GRF engine's configuration of the linear mode: the symmetric mask of
+        :math:`\Psi` (``exact``) or the asymmetric mask of the kernel pairs, hop 0 only."""
+        return LayerSpec('symmetric' if exact else 'asymmetric', self.backend, self.heads,
+                         self.feature_dim, self.head_channels, None, self.to_v.weight.dtype, 0)
 
     def forward(self, x: Tensor, batch: OptTensor = None, *,
                 rwgnk: Optional[RWGNKPlan] = None) -> Tensor:
@@ -235,59 +238,61 @@ class GKATAttention(GraphAttention):
                 f"GKATAttention.plan_payload(batch, layers), from the features of "
                 f"AddRWGNKFeatures), got {type(rwgnk).__name__}")
         plan = rwgnk
-        if x.dim() == 3:  # B samples on one shared graph: the plan of B copies, for this call
-            shape = tuple(x.shape)
-            x, batch, B = samples_as_graphs(x, batch)
+        shape = tuple(x.shape)
+        samples = None
+        if x.dim() == 3:  # B samples on one shared graph
+            x, batch, samples = samples_as_graphs(x, batch)
             if shape[1] != plan.num_nodes:
                 raise ValueError(f"x of shape {shape} holds samples of {shape[1]} nodes, but the "
                                  f"plan is of a graph of {plan.num_nodes} nodes")
-            return self(x, batch, rwgnk=plan.repeat(B, [self])).view(B, shape[1], -1)
+            if plan.num_graphs != 1:
+                raise ValueError(f"x of shape [B, n, C] needs the plan of one graph, got a plan "
+                                 f"of {plan.num_graphs} graphs")
         if x.dim() != 2 or x.size(-1) != self.channels:
-            raise ValueError(f"'x' must have shape [N, {self.channels}], got {tuple(x.shape)}")
-        if x.size(0) != plan.num_nodes:
+            raise ValueError(f"'x' must have shape [N, {self.channels}], got {shape}")
+        if x.size(0) != plan.num_nodes * (samples or 1):
             raise ValueError(f"'x' has {x.size(0)} rows but the RWGNK plan is of "
                              f"{plan.num_nodes} nodes (build the plan from the same batch)")
+        if samples is not None and self.mode == 'softmax':  # the pairs of B copies, this call
+            plan = plan.repeat(samples, [self])
+        if plan.device != x.device:
+            plan = plan.to(x.device)
         N, H, C = x.size(0), self.heads, self.head_channels
-        backend = self.backend_for(plan, x.dtype)
-        table = costs(self.mode, **plan_sizes(self, plan, x.element_size()))
-        if backend not in table:  # 'sparse' on a cut mask
-            raise ValueError("backend='sparse' computes the exact kernel Psi Psi^T, but the "
-                             "mask here is cut (stored kernel pairs or threshold > 0): use "
-                             "backend='pairs' or 'auto'")
-        # the memory of whichever backend runs, estimated before it allocates
-        check_walk_memory(int(table[backend]['bytes']), x.device, None,
-                          f"GKATAttention(mode={self.mode!r}, backend={backend!r}) on "
-                          f"{N} nodes", "Use mode='linear' with backend='sparse' (never forms "
-                          "the kernel) or 'auto', or a threshold.", error=MemoryError)
-
-        q, k, v = self._project(x)
         if self.mode == 'linear':
+            exact = plan.exact and self.threshold == 0
+            if self.backend == 'sparse' and not exact:
+                raise ValueError("backend='sparse' computes the exact kernel Psi Psi^T, but the "
+                                 "mask here is cut (stored kernel pairs or threshold > 0): use "
+                                 "backend='pairs' or 'auto'")
+            part = plan.linear_part(self.spec(exact), self.threshold)
+            q, k, v = self._project_heads(x)                       # [H, N, C] each
             phi_q = self.feature_map(q, is_query=True)
-            phi_k = apply_feature_map(self.feature_map, k, batch=batch)  # stabilised per graph
-            v = key_dropout(v, self.dropout, self.training)
-            if backend == 'sparse':
-                out = sparse.forward(plan, phi_q, phi_k, v, self.eps)
-            elif backend == 'pairs':
-                out = pairs.linear_forward(plan.kernel_pairs(self.threshold), phi_q,
-                                           phi_k, v, self.eps)
-            else:
-                out = dense.linear_forward(plan, phi_q, phi_k, v, self.threshold, self.eps)
-        elif backend == 'pairs':
+            phi_k = apply_feature_map(self.feature_map, k.transpose(0, 1),
+                                      batch=batch).transpose(0, 1)  # stabilised per graph
+            v1 = F.pad(key_dropout(v.transpose(0, 1), self.dropout, self.training)
+                       .transpose(0, 1), (0, 1), value=1.0)
+            o = masked_sums(part, phi_q, phi_k, v1, phi_q.new_ones(H, 1), samples or 1, exact)
+            out = normalise(o, self.eps).transpose(0, 1)             # [N, H, C]
+        else:
+            q, k, v = self._project(x)
             kp = plan.kernel_pairs(self.threshold)
             logits = pairs.logits(kp, self.score, q, k, v, self.att_src, self.att_dst,
                                   self.negative_slope)                     # [H, P]
             out = pairs.softmax_forward(kp, logits, v, self.kernel_weighting, self.dropout,
                                         self.training)
-        else:
-            out = dense.softmax_forward(plan, dense.logits(self, q, k, v, plan), v,
-                                        self.threshold, self.kernel_weighting, self.dropout,
-                                        self.training)
         out = out.reshape(N, H * C) if self.concat else out.mean(dim=1)
         if self.to_out is not None:
-            return self.to_out(out)
-        if self.bias is not None:
+            out = self.to_out(out)
+        elif self.bias is not None:
             out = out + self.bias
-        return out
+        return out if samples is None else out.view(samples, shape[1], -1)
+
+    def _project_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
+        # (q, k, v) head-major [H, N, C] each, contiguous: one product, one copy
+        N, H, C = x.size(0), self.heads, self.head_channels
+        weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])
+        y = F.linear(x, weight).view(N, 3 * H, C).transpose(0, 1).contiguous()
+        return y[:H], y[H:2 * H], y[2 * H:]
 
     def _project(self, x: Tensor) -> Tuple[OptTensor, OptTensor, Tensor]:
         r"""``(q, k, v)``, each ``[N, H, C]`` (``q``, ``k`` :obj:`None` without ``to_q``): one

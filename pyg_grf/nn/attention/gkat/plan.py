@@ -4,16 +4,15 @@ the data and the layers that will read it (FTFI paper, Sec. 4.2: the RWGNK featu
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import cached_property
 from typing import Any, Iterable, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from pyg_grf._validation import check_index_range
-from pyg_grf.features.loads import narrow_index
-from pyg_grf.features.rwgnk import kernel_products, rwgnk_kernel
-from pyg_grf.nn.attention.gkat.choose import needs_pairs
+from pyg_grf.features.loads import GRFLoads, narrow_index
+from pyg_grf.features.rwgnk import rwgnk_kernel
+from pyg_grf.nn.attention.grf.plan import GRFPlan, LayerSpec, _version, build_part
 from pyg_grf.ops import SparsePattern
 
 
@@ -77,37 +76,42 @@ class RWGNKPlan:
 
     Like PyG's ``GCNConv(cached=True)``, the plan owns copies of its tensors (int32 indices where
     the sizes allow, float32 values unless the features are float64), so later edits of the
-    ``Data`` do not change it. It is immutable, moves with :meth:`to` and pickles compactly (no
-    per-head structures), so DataLoader workers can build it. A layer given a plan without the
-    structure its backend needs builds that structure for the call only.
+    ``Data`` do not change it. It is immutable, moves with :meth:`to` and pickles compactly, so
+    DataLoader workers can build it, and it is used only while it :meth:`matches` the data. The
+    linear layers run on the GRF engine: :math:`\Psi` as walk loads of hop 0 (the exact kernel,
+    :math:`\mathcal{K} = \Psi\Psi^\top`), or the kernel pairs themselves as hop-0 loads of an
+    asymmetric mask (a cut kernel), in :attr:`grf`. A layer given a plan without the structure
+    it needs builds that structure for the call only.
     """
     num_nodes: int
     psi_index: Tensor            # [2, nnz] (start node, visited node), row-major
     psi_value: Tensor            # [nnz]
-    psi: SparsePattern           # the prepared pattern of Psi (CSR and its transpose)
     ptr: Tensor                  # [B + 1] graph boundaries (nodes of a graph are contiguous)
-    kernel_products: int         # sum_i c_i^2: products of Psi Psi^T, bounds the pairs
     pairs: Optional[KernelPairs] = None
     stored_pairs: Optional[Tuple[Tensor, Tensor]] = None  # AddRWGNKFeatures' pairs, as given
-
+    grf: Optional[GRFPlan] = None  # the linear layers' plan on the GRF engine
+    source: Optional[tuple] = None  # the data's fields it was built from (matches)
 
     @classmethod
     def build(cls, data: Any, layers: Iterable[Any] = (), prefix: str = 'rwgnk') -> 'RWGNKPlan':
         r"""The plan of ``data`` (a ``Data`` or ``Batch`` with ``{prefix}_index`` and
         ``{prefix}_value`` from :class:`~pyg_grf.transforms.AddRWGNKFeatures`, and
         ``{prefix}_kernel_index`` / ``_value`` when the transform stored the kernel pairs) for
-        the GKAT ``layers`` that will read it: the kernel pairs are built when one of them may
-        run on them (its backend, or ``'auto'`` and the cost rule of :mod:`.choose`)."""
+        the GKAT ``layers`` that will read it: the kernel pairs of the softmax layers, the GRF
+        engine's structures of the linear ones."""
         missing = [f'{prefix}_{s}' for s in ('index', 'value')
                    if getattr(data, f'{prefix}_{s}', None) is None]
         if missing:
             raise ValueError(f"the data has no RWGNK features {missing}: add the transform "
                              f"pyg_grf.transforms.AddRWGNKFeatures (best as pre_transform)")
-        stored = (getattr(data, f'{prefix}_kernel_index', None),
-                  getattr(data, f'{prefix}_kernel_value', None))
-        ptr = getattr(data, 'ptr', None)
-        return cls.from_tensors(data[f'{prefix}_index'], data[f'{prefix}_value'],
-                                data.num_nodes, *stored, ptr=ptr, layers=layers)
+        names = [f'{prefix}_{s}' for s in ('index', 'value', 'kernel_index', 'kernel_value')]
+        fields = [getattr(data, n, None) for n in names] + [getattr(data, 'ptr', None)]
+        plan = cls.from_tensors(*fields[:2], data.num_nodes, *fields[2:4], ptr=fields[4],
+                                layers=layers)
+        source = tuple((t, _version(t)) for t in fields) + (
+            (data.num_nodes, 0),)
+        reference = tuple(None if t is None else t.detach().clone() for t in fields)
+        return replace(plan, source=(names + ['ptr'], source, reference))
 
     @classmethod
     def from_tensors(cls, index: Tensor, value: Tensor, num_nodes: Optional[int] = None,
@@ -135,19 +139,49 @@ class RWGNKPlan:
         check_index_range(index, N, "'rwgnk_index'", 'num_nodes')
         if kernel_index is not None:
             check_index_range(kernel_index, N, "'rwgnk_kernel_index'", 'num_nodes')
-        index, value, psi = _row_major(index, value, N)
-        psi._transpose()  # the CSR view of Psi^T, prepared once
-        if ptr is None:
-            ptr = torch.tensor([0, N], device=index.device)
-        stored = None if kernel_index is None else (narrow_index(kernel_index, N, copy=True),
-                                                    _values(kernel_value))
-        plan = cls(N, narrow_index(index, N, copy=True), _values(value), psi,
-                   narrow_index(ptr, N + 1, copy=True), kernel_products(index, N), None, stored)
-        # the kernel pairs, when one of the layers may run on them
-        users = [layer for layer in layers if needs_pairs(layer, plan)]
-        if not users:
-            return plan
-        return replace(plan, pairs=plan.kernel_pairs(users[0].threshold))
+        with torch.inference_mode(False):  # a plan built for evaluation still serves training
+            index, value, _ = _row_major(index, value, N)
+            if ptr is None:
+                ptr = torch.tensor([0, N], device=index.device)
+            stored = None if kernel_index is None else (
+                narrow_index(kernel_index, N, copy=True), _values(kernel_value))
+            plan = cls(N, narrow_index(index, N, copy=True), _values(value),
+                       narrow_index(ptr, N + 1, copy=True), None, stored)
+            layers = list(layers)
+            soft = [layer for layer in layers if layer.mode == 'softmax']
+            if soft:
+                plan = replace(plan, pairs=plan.kernel_pairs(soft[0].threshold))
+            linear = [layer for layer in layers if layer.mode == 'linear']
+            if linear:  # one GRF plan for the linear layers (the first one's threshold)
+                t = linear[0].threshold
+                loads = plan.grf_loads(t)
+                specs = dict.fromkeys(layer.spec(plan.exact and layer.threshold == 0)
+                                      for layer in linear if layer.threshold == t)
+                built = {}
+                plan = replace(plan, grf=GRFPlan(loads, {s: build_part(loads, s, built)
+                                                         for s in specs}, prefix=str(t)))
+        return plan
+
+    def grf_loads(self, threshold: float) -> GRFLoads:
+        r"""The mask as GRF walk loads of hop 0: :math:`\Psi` (its symmetric mask is the exact
+        kernel) or, for a cut kernel, the kernel pairs (its asymmetric mask is the kernel)."""
+        batch = torch.repeat_interleave(torch.arange(self.num_graphs, device=self.ptr.device),
+                                        self.ptr.diff().long(), output_size=self.num_nodes)
+        if self.exact and threshold == 0:
+            index, value = self.psi_index, self.psi_value
+        else:
+            kp = self.kernel_pairs(threshold)
+            index, value = kp.index, kp.value
+        return GRFLoads(index, torch.zeros(value.numel(), dtype=torch.uint8,
+                                           device=value.device), value, self.num_nodes,
+                        batch=batch if self.num_graphs > 1 else None, max_length=0)
+
+    def linear_part(self, spec: LayerSpec, threshold: float):
+        r"""The GRF engine's part of a linear layer of configuration ``spec``: this plan's
+        when it holds it, else built for this call (not kept)."""
+        if self.grf is not None and self.grf.prefix == str(threshold) and spec in self.grf.parts:
+            return self.grf.parts[spec]
+        return build_part(self.grf_loads(threshold), spec)
 
     def kernel_pairs(self, threshold: float) -> KernelPairs:
         r"""The kernel pairs above ``threshold``: this plan's when it holds them for that
@@ -160,6 +194,41 @@ class RWGNKPlan:
         index, value = rwgnk_kernel(self.psi_index, self.psi_value, self.num_nodes, threshold)
         return KernelPairs.make(index, value, self.num_nodes, threshold)
 
+    def matches(self, data: Any) -> bool:
+        r"""Whether this plan was built from the RWGNK features, kernel pairs and graph
+        boundaries ``data`` holds now: the same tensors, unchanged, or (after a move or a
+        pickle) equal ones, compared once."""
+        if self.source is None:
+            return False
+        names, source, reference = self.source
+        now = [getattr(data, n, None) for n in names]
+        if data.num_nodes == source[-1][0] and all(
+                a is t and _version(a) == v for a, (t, v) in zip(now, source)):
+            return True
+        for a, ref in zip(now, reference):
+            if (a is None) != (ref is None):
+                return False
+            if a is not None and (a.shape != ref.shape or not bool(
+                    (a == ref.to(a.device)).all())):
+                return False
+        if data.num_nodes != self.num_nodes:
+            return False
+        pinned = tuple((t, _version(t)) for t in now)
+        object.__setattr__(self, 'source', (names, pinned + ((data.num_nodes, 0),), reference))
+        return True
+
+    def covers(self, layers: Iterable[Any]) -> bool:
+        r"""Whether the plan holds what every layer of ``layers`` reads."""
+        for layer in layers:
+            if layer.mode == 'softmax' and (self.pairs is None
+                                            or self.pairs.threshold != layer.threshold):
+                return False
+            if layer.mode == 'linear' and (self.grf is None or self.grf.prefix != str(
+                    layer.threshold) or layer.spec(self.exact and layer.threshold == 0)
+                    not in self.grf.parts):
+                return False
+        return True
+
     @property
     def psi_nnz(self) -> int:
         return self.psi_index.size(1)
@@ -168,30 +237,32 @@ class RWGNKPlan:
     def num_graphs(self) -> int:
         return self.ptr.numel() - 1
 
-    @cached_property
-    def max_graph_nodes(self) -> int:  # one host read per plan, kept by to()
-        return int(self.ptr.diff().max()) if self.num_graphs > 0 else 0
-
     @property
     def exact(self) -> bool:
         r"""Whether the mask is all of :math:`\Psi\Psi^\top` (no stored pairs, which may have
-        been cut at a threshold): only then can the low-rank ``'sparse'`` backend run."""
+        been cut at a threshold): only then can it run as :math:`\Psi\Psi^\top` (and the
+        low-rank fallback)."""
         return self.stored_pairs is None
 
     @property
     def device(self) -> torch.device:
         return self.psi_index.device
 
-    def to(self, device) -> 'RWGNKPlan':
-        r"""The plan on ``device``."""
-        stored = None if self.stored_pairs is None else tuple(t.to(device)
-                                                             for t in self.stored_pairs)
-        plan = _unpickle_plan(self.num_nodes, self.psi_index.to(device),
-                              self.psi_value.to(device), self.ptr.to(device),
-                              self.kernel_products,
-                              None if self.pairs is None else self.pairs.to(device), stored)
-        plan.__dict__['max_graph_nodes'] = self.max_graph_nodes  # read where ptr is
-        return plan
+    def to(self, device: Any = None, *args, non_blocking: bool = False,
+           **kwargs) -> 'RWGNKPlan':
+        r"""The plan on ``device``; ``Data.to()`` calls it for a plan the data carries."""
+        device = torch.device(device)
+        if device == self.device:
+            return self
+        move = (lambda t: None if t is None else t.to(device))  # noqa: E731
+        source = None if self.source is None else (
+            self.source[0], tuple((None, 0) for _ in self.source[1][:-1]) + (
+                self.source[1][-1],), tuple(move(t) for t in self.source[2]))
+        return RWGNKPlan(self.num_nodes, move(self.psi_index), move(self.psi_value),
+                         move(self.ptr), None if self.pairs is None else self.pairs.to(device),
+                         None if self.stored_pairs is None else tuple(
+                             move(t) for t in self.stored_pairs),
+                         None if self.grf is None else self.grf.to(device), source)
 
     def repeat(self, copies: int, layers: Iterable[Any] = ()) -> 'RWGNKPlan':
         r"""The plan of ``copies`` disjoint copies of this graph (copy ``c`` on nodes
@@ -211,10 +282,6 @@ class RWGNKPlan:
                                       copies * N, *(stored or (None, None)), ptr=ptr,
                                       layers=layers)
 
-    def __reduce__(self):  # patterns are rebuilt from the indices: compact pickles
-        return (_unpickle_plan, (self.num_nodes, self.psi_index, self.psi_value, self.ptr,
-                                 self.kernel_products, self.pairs, self.stored_pairs))
-
     def __repr__(self) -> str:
         pairs = '' if self.pairs is None else (f', pairs={self.pairs.index.size(1)}'
                                                f'@{self.pairs.threshold:g}')
@@ -222,12 +289,6 @@ class RWGNKPlan:
             f', stored_pairs={self.stored_pairs[0].size(1)}'
         return (f'RWGNKPlan(num_nodes={self.num_nodes}, graphs={self.num_graphs}, '
                 f'psi_nnz={self.psi_nnz}{pairs}{stored})')
-
-
-def _unpickle_plan(num_nodes, index, value, ptr, products, pairs, stored):
-    psi = SparsePattern(index, (num_nodes, num_nodes), _trusted=True)
-    psi._transpose()
-    return RWGNKPlan(num_nodes, index, value, psi, ptr, products, pairs, stored)
 
 
 def _shape(t: Any) -> str:

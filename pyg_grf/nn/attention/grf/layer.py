@@ -16,15 +16,16 @@ from pyg_grf.masks.packing import packing_layout
 from pyg_grf.nn import functional as F
 from pyg_grf.nn.attention.base import (
     QKVAttention,
-    prepared_payload,
+    cached_plan,
     reset_hop_coefficients,
     samples_as_graphs,
 )
-from pyg_grf.nn.attention.grf.plan import BACKEND_MODULES, GRFPlan, LayerSpec, PlanPart
+from pyg_grf.nn.attention.grf import pairs, sparse
+from pyg_grf.nn.attention.grf.plan import GRFPlan, LayerSpec, PlanPart
 
 MODES = ('symmetric', 'asymmetric', 'sparse_softmax')
 F_MODES = ('abs', 'signed', 'free')
-BACKENDS = ('auto', 'sparse', 'pairs', 'dense')
+BACKENDS = ('auto', 'pairs', 'sparse')
 
 
 class GRFAttention(QKVAttention):
@@ -197,19 +198,18 @@ class GRFAttention(QKVAttention):
     payload_keys = ('grf',)
 
     def payload(self, data: Any) -> Dict[str, Any]:
-        r"""``{'grf': plan}``: the :class:`GRFPlan` of ``data`` for this layer (the one a
-        :class:`pyg_grf.loader.DataLoader` left on the batch, if any)."""
+        r"""``{'grf': plan}``: the :class:`GRFPlan` of ``data`` for this layer: the one
+        ``data`` carries (``data.grf_plan``, left by :class:`pyg_grf.loader.DataLoader` or
+        :func:`pyg_grf.loader.prepare_payload`) if it matches ``data``, else the one this layer
+        built last if it matches (a loop over one fixed graph builds it once), else a new one.
+        """
         return type(self).plan_payload(data, [self])
 
     @classmethod
     def plan_payload(cls, data: Any, layers) -> Dict[str, Any]:
-        r"""``{'grf': GRFPlan.build(data, layers)}``: one plan for several GRF layers of a model
-        (the structures they share are built once), or the plan prepared on ``data`` by
-        :class:`pyg_grf.loader.DataLoader`."""
-        prepared = prepared_payload(data).get('grf')
-        if isinstance(prepared, GRFPlan):
-            return {'grf': prepared}
-        return {'grf': GRFPlan.build(data, layers)}
+        r"""``{'grf': plan}``: one plan for several GRF layers of a model (the structures they
+        share are built once), found or built as in :meth:`payload`."""
+        return {'grf': cached_plan(list(layers), 'grf', data, GRFPlan.build)}
 
     def spec(self, num_draws: int = 1) -> LayerSpec:
         r"""The :class:`~pyg_grf.nn.attention.grf.plan.LayerSpec` of this layer on loads with
@@ -243,13 +243,9 @@ class GRFAttention(QKVAttention):
                 (e.g. the patches of ``B`` images) on one shared graph of ``n`` nodes, whose
                 plan covers ``n`` nodes (no PyG ``Batch`` of copies needed).
             batch (Tensor, optional): ``[N]`` graph ids (sorted, as in PyG batches). The plan
-                carries the batch's own; given beside it, it must name the same graphs (its
-                values are compared on the CPU only: on an accelerator the comparison would
-                make the host wait for the device in every layer, so there only its length is).
-            grf (GRFPlan): keyword only: the batch's plan, :meth:`payload` (or
-                ``GRFPlan.build(data, layers)`` once for all layers). Loads alone
-                (:class:`~pyg_grf.features.GRFLoads`) are a plan without parts: every call
-                then builds the layer's structures.
+                holds the batch vector it was built with, which the layer uses; this one is
+                read only without a plan's (FAVOR+ key stabilisation, the global term).
+            grf (GRFPlan): keyword only: the batch's plan (:meth:`payload`).
         """
         if grf is None:
             raise ValueError(f"{self.__class__.__name__} needs the plan of the batch: pass "
@@ -270,81 +266,72 @@ class GRFAttention(QKVAttention):
             raise ValueError(f"x of shape {shape} holds {samples} samples of {shape[1]} nodes, "
                              f"but the GRF plan covers {grf.num_nodes} nodes (pass the plan of "
                              f"the one shared graph)")
-        if x.dim() != 2:
+        if x.dim() != 2 or x.size(-1) != self.channels:
             raise ValueError(f"{self.__class__.__name__} expects x of shape [N, {self.channels}] "
                              f"(nodes) or [B, n, {self.channels}] (samples on one shared graph), "
                              f"got {shape}")
         if x.size(0) != grf.num_nodes * (samples or 1):
             raise ValueError(f"the GRF plan covers {grf.num_nodes} nodes but 'x' has "
                              f"{x.size(0)} rows")
-        if batch is not None and grf.batch is not None and batch is not grf.batch and not (
-                batch.shape == grf.batch.shape and (batch.device.type != 'cpu' or torch.equal(
-                    batch, grf.batch.to(batch.device)))):
-            raise ValueError("'batch' differs from the batch vector the GRF plan was built "
-                             "with: pass the plan of this batch, or omit 'batch'")
-        if grf.loads.device != x.device:
+        if batch is not None and batch.shape != (x.size(0),):
+            raise ValueError(f"'batch' must have shape [{x.size(0)}] (one graph id per node), "
+                             f"got {tuple(batch.shape)}")
+        if grf.device != x.device:
             grf = grf.to(x.device)
-        q, k, v = self.project(x)
-        out = self.finish(self._mix(q, k, v, grf, samples, batch))
-        return out if samples is None else out.view(samples, -1, out.size(-1))
-
-    @torch.compiler.disable
-    def _mix(self, q: Tensor, k: Tensor, v: Tensor, plan: 'GRFPlan', samples: Optional[int],
-             batch: Optional[Tensor]) -> Tensor:
-        # the plan's kernels have data-dependent shapes: eager under torch.compile (the compiled
-        # graph is the projections and the output layer)
-        N, H = q.size(0), self.heads
-        part = plan.part(self.spec(plan.loads.num_draws))  # checks the hop counts once
-        st = part.structures if samples is None else part.structures.repeat(samples)
-        layout = plan.layout  # the graphs, for the global term
-        if samples is not None:
-            gbatch = torch.arange(samples, device=q.device).repeat_interleave(N // samples)
-            layout = packing_layout(gbatch, samples) if self.beta is not None else None
-        else:
-            gbatch = plan.batch if plan.batch is not None else batch
-            if plan.batch is None and batch is not None and self.beta is not None:
-                layout = packing_layout(batch)
+        if x.size(0) == 0:
+            return self.empty_output(x)
+        B, H, C = samples or 1, self.heads, self.head_channels
+        q, k, v = self.project_heads(x)  # [H, B n, C] each, head-major
+        part = grf.part(self.spec(grf.loads.num_draws))
         f = self.coefficients()
         linear = self.mode != 'sparse_softmax'
         if linear:
-            phi_q, phi_k = self.features(q, k, gbatch)
-            v = self.drop_keys(v)  # coefficient dropout: whole key columns, numerator only
+            gbatch = batch if samples is None and grf.batch is None else grf.batch
+            if samples is not None and self.feature_map.uses_batch:
+                gbatch = torch.arange(B, device=x.device).repeat_interleave(grf.num_nodes)
+            phi_q, phi_k = self.features(q.transpose(0, 1), k.transpose(0, 1), gbatch)
+            phi_q, phi_k = phi_q.transpose(0, 1), phi_k.transpose(0, 1)
+            # the values with a column of ones (the normaliser's sums), coefficient dropout on
+            # whole key columns (numerator only)
+            v1 = torch.nn.functional.pad(self.drop_keys(v.transpose(0, 1)).transpose(0, 1),
+                                         (0, 1), value=1.0)
+            o = self._sums(part, phi_q, phi_k, v1, f, B)
+            if self.f_mode == 'signed':  # the normaliser from the |f| mask, which bounds |M_f|
+                den = self._sums(part, phi_q, phi_k, v1, f.abs(), B)
+                o = torch.cat([o[..., :-1], den[..., -1:]], dim=-1)
+            if self.beta is not None:  # M = beta * 1 1^T (per graph) + GRF mask
+                o = o + self.beta.to(o.dtype).view(H, 1, 1) * self._global(
+                    phi_q, phi_k, v, grf, samples, batch)
+            # numerator / normaliser, in float32 at least (a half normaliser's gradient
+            # overflows where a row's features vanish)
+            out = normalise(o, self.eps)
         else:
-            phi_q, phi_k = q, k
-        B = samples or 1
-        o = self._sums(part, st, phi_q, phi_k, v, f, B)
-        if self.f_mode == 'signed':  # the normaliser from the |f| mask, which bounds |M_f|
-            den = self._sums(part, st, phi_q, phi_k, v, f.abs(), B)
-            o = torch.cat([o[..., :-1], den[..., -1:]], dim=-1)
-        if not linear:
-            return o
-        if self.beta is not None:  # M = beta * 1 1^T (per graph) + GRF mask
-            o = o + self.beta.to(o.dtype).view(1, H, 1) * F.packed_linear_attention(
-                phi_q, phi_k, v, return_sums=True, layout=layout)
-        return o[..., :-1] / (o[..., -1:] + self.eps)  # numerator / normaliser
+            out = self._node_major_call(part, q, k, v, f, B)
+        out = self.to_out(out.transpose(0, 1).reshape(x.size(0), H * C))
+        return out if samples is None else out.view(samples, -1, out.size(-1))
 
-    def _sums(self, part: 'PlanPart', st: Any, phi_q: Tensor, phi_k: Tensor, v: Tensor,
-              f: Tensor, samples: int = 1) -> Tensor:
-        # the masked sums [N, H, C + 1] (linear modes) or the output (softmax); with walks per
-        # head the heads are folded into the node axis (one coefficient row per head), inside
-        # each of the samples of a shared graph (the structures hold one folded graph each)
-        backend = BACKEND_MODULES[part.backend]
-        N, H = phi_q.size(0), self.heads
-        folded = part.groups > 1
-        B, n = samples, N // samples
-        if folded:
-            def fold(t: Tensor) -> Tensor:  # [B n, H, C] -> [B H n, 1, C]
-                return t.view(B, n, H, -1).transpose(1, 2).reshape(B * H * n, 1, t.size(-1))
-            phi_q, phi_k, v = fold(phi_q), fold(phi_k), fold(v)
-        if self.mode == 'sparse_softmax':
-            o = backend.softmax(st, phi_q, phi_k, v, f, self.dropout, self.training)
-        elif part.backend == 'pairs':
-            o = backend.linear_sums(st, phi_q, phi_k, v, f)
+    def _sums(self, part: 'PlanPart', phi_q: Tensor, phi_k: Tensor, v1: Tensor, f: Tensor,
+              samples: int) -> Tensor:
+        return masked_sums(part, phi_q, phi_k, v1, f, samples, self.mode == 'symmetric')
+
+    def _node_major_call(self, part: 'PlanPart', q: Tensor, k: Tensor, v: Tensor, f: Tensor,
+                         samples: int) -> Tensor:
+        return _node_major(part, q, k, v, samples, lambda st, q, k, v: sparse.softmax(
+            st, q, k, v, f, self.dropout, self.training))
+
+    def _global(self, phi_q: Tensor, phi_k: Tensor, v: Tensor, plan: 'GRFPlan',
+                samples: Optional[int], batch: Optional[Tensor]) -> Tensor:
+        # unmasked linear attention sums inside each graph (or sample), [H, B n, C + 1]
+        if samples is not None:
+            layout = packing_layout(torch.arange(samples, device=v.device).repeat_interleave(
+                plan.num_nodes), samples)
+        elif plan.batch is None and batch is not None:
+            layout = packing_layout(batch)
         else:
-            o = backend.linear_sums(st, phi_q, phi_k, v, f, self.mode == 'symmetric')
-        if folded:  # back to [B n, H, C]
-            return o.view(B, H, n, -1).transpose(1, 2).reshape(N, H, -1)
-        return o
+            layout = plan.layout
+        return F.packed_linear_attention(phi_q.transpose(0, 1), phi_k.transpose(0, 1),
+                                         v.transpose(0, 1), return_sums=True,
+                                         layout=layout).transpose(0, 1)
 
     def no_weight_decay(self) -> set:
         r"""Names of the parameters an optimiser should not decay: the mask coefficients."""
@@ -361,3 +348,43 @@ class GRFAttention(QKVAttention):
         return (f', max_length={self.max_length}, mode={self.mode!r}, backend={self.backend!r}'
                 f'{glob}')
 
+
+
+def normalise(o: Tensor, eps: float) -> Tensor:
+    r"""Numerator / normaliser of the masked sums ``[..., d + 1]``, computed in float32 at least
+    (in half precision the division's gradient overflows where a row's features vanish)."""
+    num, den = o.split([o.size(-1) - 1, 1], dim=-1)
+    if o.dtype in (torch.float16, torch.bfloat16):
+        return (num.float() / (den.float() + eps)).to(o.dtype)
+    return num / (den + eps)
+
+
+def masked_sums(part: PlanPart, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f: Tensor,
+                samples: int = 1, symmetric: bool = True) -> Tensor:
+    r"""The masked sums ``[H, B n, d + 1]`` of head-major operands ``[H, B n, C]`` (``v1``: the
+    values with a column of ones) for a plan part and coefficients ``f`` ``[H, L + 1]``: the
+    engine's (:func:`~pyg_grf.nn.attention.grf.pairs.linear_sums`) or the low-rank
+    fallback's; ``B = samples`` copies of the plan's graph."""
+    if part.backend == 'pairs':
+        return pairs.linear_sums(part.structures, phi_q, phi_k, v1, f, samples)
+    return _node_major(part, phi_q, phi_k, v1, samples, lambda st, q, k, v: sparse.linear_sums(
+        st, q, k, v[..., :-1], f, symmetric))
+
+
+@torch.compiler.disable
+def _node_major(part: PlanPart, q: Tensor, k: Tensor, v: Tensor, samples: int, call) -> Tensor:
+    # the low-rank path and the softmax mode take node-major [rows, h, C]: with walks per head
+    # the heads are folded into the rows ([B, H, n] copies of the graph, one head each). They
+    # run eagerly under torch.compile (their patterns cache per-head repeats in Python)
+    H, R = q.size(0), q.size(1)
+    folded = part.groups > 1
+    st = part.structures.repeat(samples)
+
+    def arrange(t: Tensor) -> Tensor:
+        if not folded:
+            return t.transpose(0, 1)
+        return t.view(H, samples, -1, t.size(-1)).transpose(0, 1).reshape(-1, 1, t.size(-1))
+    o = call(st, arrange(q), arrange(k), arrange(v))
+    if not folded:
+        return o.transpose(0, 1)
+    return o.view(samples, H, -1, o.size(-1)).transpose(0, 1).reshape(H, R, -1)

@@ -1,9 +1,21 @@
 r"""The per-batch plan of the GRF layers (:class:`GRFPlan`): built once by a pure function of
 the loads and the layers' configurations, then only read; like PyG's ``GCNConv(cached=True)``
-it owns its tensors, so later edits of the ``Data`` change nothing in it."""
+it owns its tensors, so later edits of the ``Data`` change nothing in it.
+
+A plan travels the way PyG moves data: :func:`pyg_grf.loader.prepare_payload` and
+:class:`pyg_grf.loader.DataLoader` leave it on the batch as an ordinary field (``grf_plan``),
+which ``Data.to()`` moves with the tensors (it calls :meth:`GRFPlan.to`). It remembers the
+tensors it was built from (:meth:`GRFPlan.matches`), so a copy of the ``Data`` whose walks were
+redrawn or edited, or a subgraph of it, never reads it: the layer builds a new plan instead.
+
+Which computation a layer runs is one short rule (:func:`build_part`): the mask on its support
+(:mod:`.pairs`, the engine) when its structures and one layer fit the memory budget
+(:func:`pyg_grf.memory.memory_budget`), else the low-rank path (:mod:`.sparse`, two products
+with :math:`\widehat\Phi`, never forms the mask); ``'sparse_softmax'`` runs on the support of
+:math:`\widehat\Phi` (:mod:`.sparse`).
+"""
 from __future__ import annotations
 
-from collections import Counter
 from types import MappingProxyType
 from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional, Tuple
 
@@ -11,19 +23,30 @@ import torch
 from torch import Tensor
 
 from pyg_grf._validation import batch_or_zeros
+from pyg_grf.features.blocks import num_join_terms
+from pyg_grf.features.join import JoinMemoryError, compiled_join_available
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.packing import PackingLayout, packing_layout
-from pyg_grf.nn.attention.grf import choose, dense, pairs, sparse
+from pyg_grf.memory import memory_budget
+from pyg_grf.nn.attention.grf import pairs, sparse
 
-#: The module of every backend: ``build``, ``memory``, ``linear_sums`` (and ``softmax``).
-BACKEND_MODULES = {'sparse': sparse, 'pairs': pairs, 'dense': dense}
+#: The module of every backend: ``build`` and ``linear_sums`` (``sparse``: and ``softmax``).
+BACKEND_MODULES = {'sparse': sparse, 'pairs': pairs}
+#: Peak bytes per join term of the torch join (GPU or no numba): its per-term keys, partners
+#: and values (77 measured on an H200, ``experiments/results/gpu_backends.md``).
+TORCH_JOIN_BYTES = 80
+
+
+class BackendMemoryError(MemoryError):
+    r"""Raised before a GRF plan or layer allocates more than the memory available (or
+    ``$PYG_GRF_MEMORY_LIMIT``)."""
 
 
 class LayerSpec(NamedTuple):
     r"""What a GRF layer's plan part depends on (:meth:`GRFAttention.spec
     <pyg_grf.nn.GRFAttention.spec>`)."""
     mode: str                       # 'symmetric' | 'asymmetric' | 'sparse_softmax'
-    backend: str                    # as configured: 'auto' or a backend name
+    backend: str                    # as configured: 'auto', 'pairs' or 'sparse'
     heads: int
     m: int                          # feature size per head
     d: int                          # value size per head
@@ -34,7 +57,7 @@ class LayerSpec(NamedTuple):
 
 class PlanPart(NamedTuple):
     r"""The structures one layer configuration runs on."""
-    backend: str     # 'auto' resolved
+    backend: str     # 'pairs' or 'sparse'
     groups: int      # heads folded into the nodes (walks per head), else 1
     structures: Any  # the backend module's build()
 
@@ -42,15 +65,38 @@ class PlanPart(NamedTuple):
         return self._replace(structures=self.structures.to(device))
 
 
+def _source(data: Any, prefix: str) -> Tuple[Tuple[str, Any, int], ...]:
+    # every field a plan reads (the loads of both sides, the batch vector, the node count),
+    # with the version counter of each tensor
+    names = [f'{p}_{s}' for p in (prefix, f'{prefix}_key')
+             for s in ('index', 'length', 'load', 'draw')] + ['batch']
+    out = tuple((n, t, _version(t)) for n, t in ((n, getattr(data, n, None)) for n in names))
+    return out + (('num_nodes', data.num_nodes, 0),)
+
+
+def _version(t: Any) -> int:
+    # the version counter of a tensor (inference tensors have none: -1)
+    return t._version if isinstance(t, Tensor) and not t.is_inference() else -1
+
+
+def _same(t: Any, ref: Optional[Tensor], flat_draw: bool = False) -> bool:
+    # whether the data's field t holds the values the plan's loads copied (ref)
+    if ref is None:
+        return t is None or (flat_draw and isinstance(t, Tensor) and not bool(t.any()))
+    if not isinstance(t, Tensor) or t.shape != ref.shape:
+        return False
+    return bool((t == ref.to(t.device)).all())
+
+
 class GRFPlan:
     r"""The plan of one batch for the GRF layers of a model: its validated loads and, for
-    every layer configuration it was built for (:class:`LayerSpec`), the structures of the
-    backend that configuration runs (:class:`PlanPart`, shared by the layers that need the
-    same). A layer handed a plan without its configuration builds that part for the call and
-    keeps nothing. It moves with :meth:`to` and pickles compactly, so
-    :class:`pyg_grf.loader.DataLoader` builds it in its worker processes::
+    every layer configuration it was built for (:class:`LayerSpec`), the structures that
+    configuration runs (:class:`PlanPart`, shared by the layers that need the same). A layer
+    handed a plan without its configuration builds that part for the call and keeps nothing.
+    It moves with :meth:`to` and pickles compactly, so :class:`pyg_grf.loader.DataLoader`
+    builds it in its worker processes::
 
-        plan = GRFPlan.build(batch, layers)   # once per batch
+        plan = GRFPlan.build(batch, layers)   # once per batch (or once for a fixed graph)
         out = layer(x, batch.batch, grf=plan)
 
     Attributes:
@@ -58,12 +104,14 @@ class GRFPlan:
         parts (Mapping[LayerSpec, PlanPart]): read-only.
         layout (PackingLayout): the graphs of the batch in padded blocks (for the global
             term, :func:`~pyg_grf.nn.functional.packed_linear_attention`).
+        prefix (str): the ``attr_prefix`` of the loads it was built from.
     """
 
-    __slots__ = ('loads', 'parts', 'layout')
+    __slots__ = ('loads', 'parts', 'layout', 'prefix', '_source')
 
     def __init__(self, loads: GRFLoads, parts: Mapping[LayerSpec, PlanPart],
-                 layout: Optional[PackingLayout] = None):
+                 layout: Optional[PackingLayout] = None, prefix: str = 'grf',
+                 source: Optional[Tuple[Tuple[str, Any, int], ...]] = None):
         if not isinstance(loads, GRFLoads):
             raise TypeError(f"'loads' must be a GRFLoads, got {type(loads).__name__}")
         object.__setattr__(self, 'loads', loads)
@@ -73,12 +121,15 @@ class GRFPlan:
             with torch.inference_mode(False):
                 layout = packing_layout(batch, loads.num_graphs)
         object.__setattr__(self, 'layout', layout)
+        object.__setattr__(self, 'prefix', prefix)
+        object.__setattr__(self, '_source', source)
 
     def __setattr__(self, name, value):
         raise AttributeError("a GRFPlan is immutable: build a new one for new data")
 
     def __reduce__(self):
-        return (GRFPlan, (self.loads, dict(self.parts), self.layout))
+        # the source tensors are the data's own: pickled with the batch, they stay one object
+        return (GRFPlan, (self.loads, dict(self.parts), self.layout, self.prefix, self._source))
 
     @classmethod
     def build(cls, data: Any, layers: Iterable[Any] = ()) -> 'GRFPlan':
@@ -90,28 +141,61 @@ class GRFPlan:
                 ``attr_prefix``, else ``'grf'``, and ``{prefix}_key_*`` for independent
                 key-side loads) or its loads.
             layers (iterable of GRFAttention): the layers that will read the plan; their
-                configurations decide which structures are built (``'auto'`` is resolved here,
-                :func:`~pyg_grf.nn.attention.grf.choose.choose_backend`, counting the layers
-                that share a part). Empty: the loads only (every layer builds its part per
-                call).
+                configurations decide which structures are built (:func:`build_part`).
+                Empty: the loads only (every layer builds its part per call).
         """
         layers = list(layers)
+        prefixes = {layer.attr_prefix for layer in layers}
+        if len(prefixes) > 1:
+            raise ValueError(f"one plan serves layers of one attr_prefix, got "
+                             f"{sorted(prefixes)}: build one plan per prefix")
+        prefix = prefixes.pop() if prefixes else 'grf'
+        source = None
         if isinstance(data, GRFLoads):
             loads = data
         else:
-            prefixes = {layer.attr_prefix for layer in layers}
-            if len(prefixes) > 1:
-                raise ValueError(f"one plan serves layers of one attr_prefix, got "
-                                 f"{sorted(prefixes)}: build one plan per prefix")
-            prefix = prefixes.pop() if prefixes else 'grf'
             key = f'{prefix}_key'
             has_key = all(getattr(data, f'{key}_{s}', None) is not None
                           for s in ('index', 'length', 'load'))
             loads = GRFLoads.from_data(data, prefix, key if has_key else None)
-        # how many layers share each part (the join is paid once)
-        shared = Counter(layer.spec(loads.num_draws) for layer in layers)
+            source = _source(data, prefix)
+        specs = dict.fromkeys(layer.spec(loads.num_draws) for layer in layers)
         built: Dict[Tuple, PlanPart] = {}
-        return cls(loads, {spec: build_part(loads, spec, n, built) for spec, n in shared.items()})
+        return cls(loads, {spec: build_part(loads, spec, built) for spec in specs},
+                   prefix=prefix, source=source)
+
+    def matches(self, data: Any) -> bool:
+        r"""Whether this plan was built from the walks, batch vector and node count that
+        ``data`` holds now: the same tensors, unchanged (:math:`O(1)`, no device work), or
+        else (after a move or a pickle) tensors equal to the plan's copies (compared once on
+        the data's device, then remembered)."""
+        now = _source(data, self.prefix)
+        if self._source is not None and all(
+                (a is b if isinstance(a, Tensor) else a == b) and va == vb
+                for (_, a, va), (_, b, vb) in zip(now, self._source)):
+            return True
+        fields = dict((n, t) for n, t, _ in now)
+        sides = ((self.prefix, self.loads), (f'{self.prefix}_key', self.loads.key))
+        for p, loads in sides:
+            if loads is None:
+                if fields[f'{p}_index'] is not None and p != self.prefix:
+                    return False
+                continue
+            if not (_same(fields[f'{p}_index'], loads.index)
+                    and _same(fields[f'{p}_length'], loads.hop)
+                    and _same(fields[f'{p}_load'], loads.load)
+                    and _same(fields[f'{p}_draw'], loads.draw, flat_draw=True)):
+                return False
+        if fields['num_nodes'] != self.loads.num_nodes or not _same(fields['batch'],
+                                                                    self.loads.batch):
+            return False
+        object.__setattr__(self, '_source', now)
+        return True
+
+    def covers(self, layers: Iterable[Any]) -> bool:
+        r"""Whether the plan holds the part of every layer of ``layers`` (their prefix too)."""
+        return all(layer.attr_prefix == self.prefix
+                   and layer.spec(self.loads.num_draws) in self.parts for layer in layers)
 
     def part(self, spec: LayerSpec) -> PlanPart:
         r"""The part of ``spec``: the plan's own, else built for this call (not kept)."""
@@ -122,13 +206,15 @@ class GRFPlan:
     def device(self) -> torch.device:
         return self.loads.device
 
-    def to(self, device: Any) -> 'GRFPlan':
-        r"""The same plan on ``device`` (``self`` if already there)."""
+    def to(self, device: Any = None, *args, non_blocking: bool = False,
+           **kwargs) -> 'GRFPlan':
+        r"""The same plan on ``device`` (``self`` if already there); ``Data.to()`` calls it
+        for a plan that the data carries."""
         device = torch.device(device)
         if device == self.device:
             return self
         return GRFPlan(self.loads.to(device), {s: p.to(device) for s, p in self.parts.items()},
-                       self.layout._replace(pos=self.layout.pos.to(device)))
+                       self.layout._replace(pos=self.layout.pos.to(device)), self.prefix)
 
     @property
     def num_nodes(self) -> int:
@@ -151,45 +237,78 @@ class GRFPlan:
         return f'GRFPlan({self.loads!r}, parts=[{parts}])'
 
 
-def build_part(loads: GRFLoads, spec: LayerSpec, num_layers: int = 1,
+def build_part(loads: GRFLoads, spec: LayerSpec,
                built: Optional[Dict[Tuple, PlanPart]] = None) -> PlanPart:
-    r"""The :class:`PlanPart` of ``spec`` on ``loads``: folds the walk draws per head,
-    resolves ``'auto'`` (:func:`~pyg_grf.nn.attention.grf.choose.choose_backend`) or checks the
-    explicit backend's memory, and builds the backend's structures. ``built`` shares the
-    structures between specs that need the same (same mode, draws, backend and dtype). Built
-    outside inference mode, so that a plan made under ``torch.inference_mode()`` (e.g.
-    ``trainer.validate`` before ``fit``) still serves training."""
+    r"""The :class:`PlanPart` of ``spec`` on ``loads``: folds the walk draws per head and
+    builds the structures of the one rule (module docstring): ``'pairs'`` when its join and
+    one layer fit the memory budget, else (``backend='auto'``) ``'sparse'``, else
+    :class:`BackendMemoryError`. ``built`` shares the structures between specs that need the
+    same. Built outside inference mode, so that a plan made under ``torch.inference_mode()``
+    still serves training."""
     with torch.inference_mode(False):
-        return _build_part(loads, spec, num_layers, built)
+        # entries beyond the layer's coefficients would silently vanish from the mask
+        loads.check_coefficients(spec.max_length, f'GRFAttention(max_length={spec.max_length})')
+        run, heads, groups = loads, spec.heads, 1
+        if spec.draws is not None:
+            run = loads.fold(spec.draws)
+            groups = len(spec.draws)
+            heads = 1 if groups > 1 else heads
+        key = (spec.mode, spec.backend, spec.draws, spec.dtype, heads)
+        if built is not None and key in built:
+            return built[key]
+        stats_dtype = torch.float64 if spec.dtype == torch.float64 else torch.float32
+        itemsize = torch.finfo(spec.dtype).bits // 8
+        budget, source = memory_budget(loads.device)
+        why = None
+        if spec.mode != 'sparse_softmax' and spec.backend != 'sparse':
+            part, why = _try_pairs(run, spec, heads, groups, stats_dtype, itemsize, budget)
+            if part is None and spec.backend == 'pairs':
+                raise BackendMemoryError(_too_big('pairs', run, why, budget, source))
+        else:
+            part = None
+        if part is None:
+            need = sparse.memory(run.num_nodes, run.pairs()[0].size(1), heads, spec.m, spec.d,
+                                 itemsize)
+            if budget is not None and need > budget:
+                raise BackendMemoryError(_too_big(spec.backend, run, why or (
+                    f"the low-rank path needs {need / 2 ** 30:.2f} GiB"), budget, source))
+            part = PlanPart('sparse', groups, sparse.build(run, spec.mode, stats_dtype, groups))
+        if built is not None:
+            built[key] = part
+        return part
 
 
-def _build_part(loads: GRFLoads, spec: LayerSpec, num_layers: int,
-                built: Optional[Dict[Tuple, PlanPart]]) -> PlanPart:
-    # entries beyond the layer's coefficients would silently vanish from the mask
-    loads.check_coefficients(spec.max_length, f'GRFAttention(max_length={spec.max_length})')
-    run, heads, groups = loads, spec.heads, 1
-    if spec.draws is not None:
-        run = loads.fold(spec.draws)
-        groups = len(spec.draws)
-        heads = 1 if groups > 1 else heads
-    sizes = choose.plan_sizes(run, spec.mode)
-    itemsize = torch.finfo(spec.dtype).bits // 8
-    if spec.backend == 'auto':
-        backend = choose.choose_backend(sizes, spec.mode, heads, spec.m, spec.d, num_layers,
-                                        itemsize, loads.device)
-    else:
-        backend = spec.backend
-        choose.check_backend(sizes, backend, spec.mode, heads, spec.m, spec.d, itemsize,
-                             loads.device)
-    if spec.mode == 'sparse_softmax' and backend == 'pairs':
-        backend = 'sparse'  # the same computation: the support of Phi
-    key = (spec.mode, backend, spec.draws, spec.dtype)
-    if built is not None and key in built:
-        return built[key]
-    max_cells = choose.max_join_cells(loads.device, sizes.num_coef) if backend == 'pairs' else None
-    stats_dtype = torch.float64 if spec.dtype == torch.float64 else torch.float32
-    structures = BACKEND_MODULES[backend].build(run, spec.mode, stats_dtype, groups, max_cells)
-    part = PlanPart(backend, groups, structures)
-    if built is not None:
-        built[key] = part
-    return part
+def _try_pairs(run: GRFLoads, spec: LayerSpec, heads: int, groups: int,
+               dtype: torch.dtype, itemsize: int,
+               budget: Optional[float]) -> Tuple[Optional[PlanPart], Optional[str]]:
+    # the engine's structures, or (None, why) when the join or one layer exceeds the budget
+    symmetric = spec.mode == 'symmetric'
+    K = run.max_hop + 1 if run.key is None else max(run.max_hop, run.key.max_hop) + 1
+    num_coef = K * (K + 1) // 2 if symmetric else K
+    max_cells = None
+    if budget is not None and symmetric:
+        if compiled_join_available(run.device):  # the compiled join stops at its bound
+            max_cells = int(budget // (4 * num_coef + 72))
+        else:
+            terms = num_join_terms(run)
+            if terms * TORCH_JOIN_BYTES > budget:
+                return None, (f"the join of {terms} terms needs "
+                              f"{terms * TORCH_JOIN_BYTES / 2 ** 30:.2f} GiB")
+    try:
+        st = pairs.build(run, spec.mode, dtype, groups, max_cells, heads)
+    except JoinMemoryError as e:
+        return None, str(e)
+    need = pairs.memory(st.nnz, num_coef, heads, itemsize, symmetric)
+    if budget is not None and need > budget:
+        return None, f"{st.nnz} mask cells need {need / 2 ** 30:.2f} GiB for one layer"
+    return PlanPart('pairs', groups, st), None
+
+
+def _too_big(backend: str, loads: GRFLoads, why: Optional[str], budget: float,
+             source: str) -> str:
+    hint = ("Use backend='auto' (falls back to the low-rank path)." if backend == 'pairs' else
+            "Use fewer walks or a shorter max_length, or train on parts of the graph "
+            "(pyg_grf.loader.NodePartLoader).")
+    return (f"GRFAttention(backend={backend!r}) on {loads.num_nodes} nodes ({loads.nnz} walk "
+            f"entries) does not fit {source} ({budget / 2 ** 30:.2f} GiB): {why}. {hint} To "
+            f"try anyway, set $PYG_GRF_MEMORY_LIMIT=off (or a size such as 64G).")

@@ -12,7 +12,7 @@ D = torch.float64
 
 MODES = ['symmetric', 'asymmetric', 'sparse_softmax']
 
-BACKENDS = ['sparse', 'pairs', 'dense', 'auto']
+BACKENDS = ['sparse', 'pairs', 'auto']
 
 
 def make_batch(channels=8, seed=0, key=False):
@@ -67,9 +67,7 @@ def dense_grf_attention(layer, x, index, length, load, key_scale=None, key_loads
     linear modes' dropout); ``key_loads`` ``(index, length, load)``: the key side's walks of a
     symmetric mask (default: the query side's)."""
     N, H, C = x.size(0), layer.heads, layer.head_channels
-    q = (x @ layer.to_q.weight.T + layer.to_q.bias).view(N, H, C)
-    k = (x @ layer.to_k.weight.T + layer.to_k.bias).view(N, H, C)
-    v = (x @ layer.to_v.weight.T + layer.to_v.bias).view(N, H, C)
+    q, k, v = (x @ layer.to_qkv.weight.T + layer.to_qkv.bias).view(N, 3, H, C).unbind(1)
     outs = []
     for h in range(H):
         f = layer.f[h]

@@ -1,5 +1,5 @@
 r"""GRFAttention (:mod:`pyg_grf.nn.attention.grf.layer`) against independent dense O(N^2)
-re-implementations, on every backend ('sparse', 'pairs', 'dense', 'auto') and mode; walk draws
+re-implementations, on every backend ('pairs', 'sparse', 'auto') and mode; walk draws
 per head and layer, mask coefficient modes (f_mode), samples on one shared graph (x [B, n, C]),
 gradients, low precision, torch.compile, and the errors for bad settings and inputs."""
 
@@ -59,13 +59,12 @@ def test_gradcheck_f_and_projections():
         layer.f.copy_(torch.rand(2, 4) + 0.1)
     params = dict(layer.named_parameters())
 
-    def fn(f, wq, wk, wv, x):
-        p = {'f': f, 'to_q.weight': wq, 'to_k.weight': wk, 'to_v.weight': wv}
+    def fn(f, w, x):
+        p = {'f': f, 'to_qkv.weight': w}
         grf = GRFLoads(b.grf_index, b.grf_length, b.grf_load, x.size(0))
         return torch.func.functional_call(layer, p, (x,), {'grf': grf})
 
-    args = tuple(params[n].detach().clone().requires_grad_() for n in
-                 ('f', 'to_q.weight', 'to_k.weight', 'to_v.weight')) \
+    args = tuple(params[n].detach().clone().requires_grad_() for n in ('f', 'to_qkv.weight')) \
         + (b.x.clone().requires_grad_(),)
     assert torch.autograd.gradcheck(fn, args, atol=1e-6)
     out = layer(b.x, grf=GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.x.size(0)))
@@ -145,7 +144,7 @@ def test_every_backend_equals_dense_reference(mode, backend):
     assert torch.allclose(layer(b.x, b.batch, **layer.payload(b)), ref, atol=1e-9, rtol=0)
 
 
-@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs'])
 def test_independent_keys_every_backend(backend):
     b = make_batch(key=True)
     layer = make_layer('symmetric', backend)
@@ -157,19 +156,19 @@ def test_independent_keys_every_backend(backend):
 def test_backends_have_equal_gradients(mode):
     b = make_batch()
     grads = {}
-    for backend in ['sparse', 'pairs', 'dense']:
+    for backend in ['sparse', 'pairs']:
         layer = make_layer(mode, backend)
         x = b.x.clone().requires_grad_()
         out = layer(x, grf=GRFLoads.from_data(b))
         (out * torch.linspace(-1, 1, out.numel(), dtype=D).view_as(out)).sum().backward()
         grads[backend] = [x.grad] + [p.grad for p in layer.parameters()]
-    for backend in ['pairs', 'dense']:
+    for backend in ['pairs']:
         for g_ref, g in zip(grads['sparse'], grads[backend]):
             assert torch.allclose(g, g_ref, atol=1e-9, rtol=1e-7)
-    assert float(grads['dense'][0].abs().sum()) > 0
+    assert float(grads['pairs'][0].abs().sum()) > 0
 
 
-@pytest.mark.parametrize('backend', ['pairs', 'dense'])
+@pytest.mark.parametrize('backend', ['pairs'])
 @pytest.mark.parametrize('mode', MODES)
 def test_gradcheck_pairs_and_dense_backends(mode, backend):
     b = make_batch(channels=4)
@@ -185,7 +184,7 @@ def test_gradcheck_pairs_and_dense_backends(mode, backend):
     assert torch.autograd.gradcheck(fn, (f, b.x.clone().requires_grad_()), atol=1e-6)
 
 
-@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs'])
 def test_single_graph_without_batch_vector(backend):
     b = make_batch()
     d = b.get_example(0)
@@ -195,7 +194,7 @@ def test_single_graph_without_batch_vector(backend):
     assert torch.allclose(out, full[b.batch == 0], atol=1e-10)
 
 
-@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs'])
 @pytest.mark.parametrize('mode', MODES)
 def test_bfloat16_autocast_and_bf16_modules(mode, backend):
     b = make_batch()
@@ -218,9 +217,7 @@ def dense_global_reference(layer, b):
     """O(N^2) reference of the global + topological mask beta_h 1 1^T (per graph) + GRF mask."""
     x = b.x
     N, H, C = x.size(0), layer.heads, layer.head_channels
-    q = (x @ layer.to_q.weight.T + layer.to_q.bias).view(N, H, C)
-    k = (x @ layer.to_k.weight.T + layer.to_k.bias).view(N, H, C)
-    v = (x @ layer.to_v.weight.T + layer.to_v.bias).view(N, H, C)
+    q, k, v = (x @ layer.to_qkv.weight.T + layer.to_qkv.bias).view(N, 3, H, C).unbind(1)
     same = (b.batch.view(-1, 1) == b.batch.view(1, -1)).to(D)
     beta = torch.log1p(torch.exp(layer.beta_raw))  # softplus, written out
     outs = []
@@ -258,7 +255,7 @@ def test_global_beta_settings():
         GRFAttention(8, global_beta=0.0)
 
 
-@pytest.mark.parametrize('backend', ['sparse', 'dense'])
+@pytest.mark.parametrize('backend', ['sparse'])
 def test_sparse_softmax_dropout_is_applied_once(backend, monkeypatch):
     # dropout belongs on the attention coefficients, once, not on the output a second time
     b = make_batch()
@@ -284,18 +281,20 @@ def test_layer_mask_accepts_grf_loads():
     assert torch.allclose(M1, M2)
 
 
-def test_layer_accepts_an_equal_batch_vector_and_refuses_another():
+def test_layer_reads_the_plans_batch_vector_and_refuses_another_shape():
+    # the plan holds the batch vector it was built with, and the layer uses it (no
+    # data-dependent check in the forward): a batch vector given beside it changes nothing
     b = make_batch()
     layer = GRFAttention(8, heads=2, max_length=3, backend='pairs').double()
     plan = layer.payload(b)['grf']
     outs = [layer(b.x, b.batch.clone(), grf=plan) for _ in range(2)]
     assert torch.equal(outs[0], outs[1]) and torch.equal(outs[0], layer(b.x, None, grf=plan))
-    with pytest.raises(ValueError, match="'batch' differs from the batch vector"):
-        layer(b.x, torch.zeros_like(b.batch), grf=plan)
+    with pytest.raises(ValueError, match=r"'batch' must have shape \[26\]"):
+        layer(b.x, b.batch[:-1], grf=plan)
 
 
 @pytest.mark.parametrize('mode', ['symmetric', 'asymmetric', 'sparse_softmax'])
-@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense', 'auto'])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'auto'])
 def test_per_head_draws_equal_dense_reference(mode, backend):
     b = batch_with_draws(8)
     grf = GRFLoads.from_data(b)
@@ -317,13 +316,13 @@ def test_per_head_draws_gradients_and_key_side():
     grf = GRFLoads.from_data(b, key_prefix='grf_key')
     x = b.x.to(D).requires_grad_()
     outs = {}
-    for backend in ('sparse', 'pairs', 'dense'):
+    for backend in ('sparse', 'pairs'):
         torch.manual_seed(2)
         layer = GRFAttention(8, heads=4, max_length=3, backend=backend).to(D)
         out = layer(x, grf=grf, batch=b.batch)
         gx, gf = torch.autograd.grad(out.square().sum(), (x, layer.f))
         outs[backend] = (out, gx, gf)
-    for backend in ('pairs', 'dense'):
+    for backend in ('pairs',):
         for a, r in zip(outs[backend], outs['sparse']):
             assert torch.allclose(a, r, atol=1e-11)
     # the key side folds with the query side: head h's mask is Phi_Q^(d) Phi_K^(d)T
@@ -343,7 +342,7 @@ def test_abs_and_signed_f_keep_outputs_bounded():
         layer = GRFAttention(8, heads=2, max_length=3, f_init=-0.9, f_mode=f_mode,
                              backend='sparse').to(D)
         layer.to_out = torch.nn.Identity()
-        v = layer.to_v(x)
+        v = layer.to_qkv(x)[:, 2 * 8:]
         out = layer(x, grf=grf)
         bounds[f_mode] = float(out.abs().max() / v.abs().max())
         mask = GRFMask.from_loads(grf, f=layer.coefficients()).to_dense()
@@ -377,7 +376,7 @@ def test_coefficients_and_old_state_dicts():
 
 
 @pytest.mark.parametrize('num_draws', [1, 4])
-@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs'])
 def test_shared_graph_equals_batch_of_copies(backend, num_draws):
     B, h, w = 5, 3, 4
     grid = Data(edge_index=grid_edge_index(h, w), num_nodes=h * w)
@@ -431,10 +430,11 @@ def _compile_run(backend, compile_backend):
     return counters['stats']['unique_graphs']
 
 
-@pytest.mark.parametrize('backend', ['auto', 'pairs', 'sparse', 'dense'])
+@pytest.mark.parametrize('backend', ['auto', 'pairs', 'sparse'])
 def test_torch_compile(backend):
-    # every backend runs under dynamo without recompiling per batch
-    assert _compile_run(backend, 'aot_eager') <= 4
+    # every backend runs under dynamo without recompiling per batch; the engine ('pairs', and
+    # 'auto' here) is traced through, the low-rank fallback runs eagerly (two graphs around it)
+    assert _compile_run(backend, 'aot_eager') <= (4 if backend != 'sparse' else 6)
 
 
 @pytest.mark.slow
@@ -442,7 +442,7 @@ def test_torch_compile_default_backend():
     assert _compile_run('auto', 'inductor') <= 4
 
 
-@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs'])
 @pytest.mark.parametrize('mode', ['symmetric', 'asymmetric'])
 def test_signed_f_equals_its_dense_definition(backend, mode):
     # f_mode='signed': numerator from the signed mask of f, normaliser from the mask of |f|

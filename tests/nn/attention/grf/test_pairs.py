@@ -13,23 +13,26 @@ from tests.utils import er_graph
 
 
 def test_a_budget_too_small_for_the_mask_moves_auto_off_pairs(monkeypatch):
-    # a memory budget between what 'sparse' and what 'pairs' need: 'auto' runs sparse (and
-    # equals the dense reference), an explicit 'pairs' is refused before its join runs
-    from pyg_grf.nn.attention.grf import BackendMemoryError, backend_memory, plan_sizes
+    # a memory budget that the low-rank path fits and the mask's support does not: 'auto'
+    # falls back to it (and equals the dense reference), an explicit 'pairs' is refused
+    from pyg_grf.nn.attention.grf import BackendMemoryError, pairs, sparse
     n = 400  # a star: every walk passes the hub, the mask fills the graph
     ei = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)])
     star = Data(x=torch.randn(n, 8, dtype=D), edge_index=torch.cat([ei, ei.flip(0)], 1))
     b = Batch.from_data_list([AddGraphRandomFeatures(num_walks=4, max_length=3, seed=0)(star)])
-    sizes = plan_sizes(GRFLoads.from_data(b), 'symmetric')
-    m = 4  # elu features of 4 channels per head
-    need = {k: backend_memory(sizes, k, 'symmetric', 2, m, 4, 8) for k in ('sparse', 'pairs')}
-    assert need['sparse'] < need['pairs']
-    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', str((need['sparse'] + need['pairs']) // 2))
     layer = make_layer('symmetric', 'auto')
+    full = GRFPlan.build(b, [layer])
+    st = next(iter(full.parts.values())).structures
+    assert st.nnz > n * n // 2  # most pairs of the star
+    loads = GRFLoads.from_data(b)
+    need_sparse = sparse.memory(n, loads.pairs()[0].size(1), 2, 4, 4, 8)
+    need_pairs = pairs.memory(st.nnz, st.stats.size(1), 2, 8)
+    assert need_sparse < need_pairs
+    monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', str((need_sparse + need_pairs) // 2))
     plan = GRFPlan.build(b, [layer])
     assert [p.backend for p in plan.parts.values()] == ['sparse']
     assert torch.allclose(layer(b.x, b.batch, grf=plan), dense_reference(layer, b), atol=1e-9)
-    with pytest.raises(BackendMemoryError, match=r"backend='pairs'.*Use backend='sparse'"):
+    with pytest.raises(BackendMemoryError, match=r"backend='pairs'.*Use backend='auto'"):
         GRFPlan.build(b, [make_layer('symmetric', 'pairs')])
 
 
@@ -73,8 +76,8 @@ def test_scores_computed_again_in_the_backward_give_the_same_gradients(mode, mon
     b.x = x
     ref = dense_reference(layer, b)
     assert torch.allclose(out, ref, atol=1e-9, rtol=0)
-    g = torch.autograd.grad(out.square().sum(), (x, layer.f, layer.to_q.weight))
-    r = torch.autograd.grad(ref.square().sum(), (x, layer.f, layer.to_q.weight))
+    g = torch.autograd.grad(out.square().sum(), (x, layer.f, layer.to_qkv.weight))
+    r = torch.autograd.grad(ref.square().sum(), (x, layer.f, layer.to_qkv.weight))
     for a, c in zip(g, r):
         assert torch.allclose(a, c, atol=1e-9)
 

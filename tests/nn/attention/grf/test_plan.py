@@ -17,7 +17,7 @@ from tests.nn.attention.grf.helpers import (
 
 
 @pytest.mark.parametrize('key', [False, True])
-@pytest.mark.parametrize('backend', ['sparse', 'pairs', 'dense'])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs'])
 @pytest.mark.parametrize('mode', MODES)
 def test_plan_built_once_serves_every_layer(mode, backend, key, monkeypatch):
     # the plan holds every structure the layers read: running them (forward and backward)
