@@ -100,6 +100,23 @@ def count(make, expand: bool) -> Counter:
     return c.counts
 
 
+def time_steps(makes: dict, rounds: int) -> dict:
+    r"""Median seconds of one step per column, the columns interleaved round by round (the same
+    machine state for all), after one warm-up step each."""
+    import statistics
+    import time
+    times = {name: [] for name in makes}
+    for batch, step in makes.values():
+        step(batch())
+    for _ in range(rounds):
+        for name, (batch, step) in makes.items():
+            data = batch()
+            t = time.perf_counter()
+            step(data)
+            times[name].append(time.perf_counter() - t)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
 def compile_check(b_list) -> dict:
     import torch._dynamo as dynamo
     out = {}
@@ -131,15 +148,18 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     ap.add_argument('--graphs', type=int, default=128)
     ap.add_argument('--compile', action='store_true')
+    ap.add_argument('--time', type=int, default=0, metavar='ROUNDS',
+                    help='also time whole steps, ROUNDS interleaved rounds (one thread)')
     ap.add_argument('--out', default=None, help='write OUT.json and OUT.md')
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     b = molecule_batch(args.graphs, 120, 180, 0, torch.device('cpu'))
-    rows = []
+    rows, makes = [], {}
     for column, in_loader in ((MHA, False), (PERF, False), (GRF, True), (GRF, False)):
         where = 'in the loader' if in_loader else 'in the step'
         name = column if column != GRF else f'{GRF} (plan {where})'
         _, step = make_step(column, b, in_loader)
+        makes[name] = step
         row = {'column': name}
         for expand in (False, True):
             c = count(step, expand)
@@ -153,6 +173,11 @@ def main(argv=None):
     for r in rows:
         r['ratio_dispatched'] = round(r['dispatched'] / base['dispatched'], 3)
         r['ratio_expanded'] = round(r['expanded'] / base['expanded'], 3)
+    if args.time:
+        t = time_steps(makes, args.time)
+        for r in rows:
+            r['step_ms'] = round(1e3 * t[r['column']], 2)
+            r['ratio_time'] = round(t[r['column']] / t[rows[0]['column']], 3)
     result = dict(workload=f'{args.graphs} molecule-like graphs of 120-180 nodes, C=64, H=4, '
                            f'2 GINE blocks (gpu_check.py molecule batch)',
                   torch=torch.__version__, machine=platform.platform(), rows=rows)
@@ -161,11 +186,12 @@ def main(argv=None):
                  (args.graphs // 4, 20, 40, 2), (args.graphs // 3, 60, 90, 3)]
         result['compile'] = compile_check([molecule_batch(*s, torch.device('cpu'))
                                            for s in sizes])
-    lines = ['| step | operators dispatched | ratio | expanded (custom ops opened) | ratio |',
-             '|---|---|---|---|---|']
+    lines = ['| step | operators dispatched | ratio | expanded (custom ops opened) | ratio | '
+             'step ms (1 thread) | ratio |', '|---|---|---|---|---|---|---|']
     for r in rows:
         lines.append(f"| {r['column']} | {r['dispatched']} | {r['ratio_dispatched']:.2f}x | "
-                     f"{r['expanded']} | {r['ratio_expanded']:.2f}x |")
+                     f"{r['expanded']} | {r['ratio_expanded']:.2f}x | {r.get('step_ms', '—')} | "
+                     + (f"{r['ratio_time']:.2f}x |" if 'ratio_time' in r else '— |'))
     text = '\n'.join(lines)
     print(text)
     if args.compile:

@@ -8,6 +8,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch import Tensor
 
+from pyg_grf.masks.base import MaskOperator
 from pyg_grf.nn.attention.masked import MaskedLinearAttention
 
 
@@ -44,10 +45,12 @@ class GridRPEAttention(MaskedLinearAttention):
         super().__init__(channels, heads=heads, mask_module=rpe, **kwargs)
         self.grid_nodes = math.prod(rpe.shape)
 
-    def forward(self, x: Tensor, batch: Optional[Tensor] = None, **kwargs: Any) -> Tensor:
-        r"""``x`` ``[B, n, channels]`` or ``[B n, channels]``; ``**kwargs`` as
-        :meth:`MaskedLinearAttention.forward <pyg_grf.nn.attention.masked.MaskedLinearAttention
-        .forward>` takes them (``mask=`` overrides the grid mask)."""
+    def forward(self, x: Tensor, batch: Optional[Tensor] = None, *,
+                mask: Optional[MaskOperator] = None) -> Tensor:
+        r"""``x`` ``[B, n, channels]`` or ``[B n, channels]``; ``mask`` overrides the grid mask,
+        as in :meth:`MaskedLinearAttention.forward
+        <pyg_grf.nn.attention.masked.MaskedLinearAttention.forward>`."""
+        kwargs = {} if mask is None else {'mask': mask}
         if x.dim() == 3:  # MaskedLinearAttention refuses a batch vector here
             return super().forward(x, batch, **kwargs)
         n, N = self.grid_nodes, x.size(0)

@@ -146,6 +146,13 @@ def test_payload_of_the_wrong_type(batch):
     with pytest.raises(TypeError, match="'mask' must be a pyg_grf.masks.MaskOperator, got "
                                         "Tensor"):
         layer(b.x, b.batch, mask=torch.ones(b.num_nodes, b.num_nodes, dtype=D))
+    # the grid attention takes MaskedLinearAttention's mask= (issue 39: it raised TypeError)
+    from pyg_grf.masks import DenseMask
+    grid = build('grid_rpe')
+    x = b.x[:grid.grid_nodes].unsqueeze(0)
+    M = torch.rand(grid.grid_nodes, grid.grid_nodes, dtype=D)
+    torch.testing.assert_close(grid(x, mask=DenseMask(M)),
+                               MaskedLinearAttention.forward(grid, x, mask=DenseMask(M)))
     # a payload the layer does not take is refused, not ignored
     for name in ('linear', 'softmax', 'multihead', 'power_series', 'grid_rpe', 'samsa'):
         with pytest.raises(TypeError, match="unexpected keyword argument 'grf'"):
@@ -169,10 +176,12 @@ def test_too_many_positional_arguments(batch, name):
 def test_gps_conv_missing_and_misplaced_payload(batch):
     b = batch
     conv = GRFGPSConv(C, None, heads=HEADS, attn_kwargs={'max_length': 3})
-    with pytest.raises(ValueError, match=r"attn_type='grf' needs grf=.*AddGraphRandomFeatures"):
+    with pytest.raises(ValueError, match=r"attn_type='grf' needs the batch's plan as grf=.*"
+                                         r"AddGraphRandomFeatures"):
         conv(b.x, b.edge_index, b.batch)
     conv = GRFGPSConv(C, None, heads=HEADS, attn_type='gkat')
-    with pytest.raises(ValueError, match=r"attn_type='gkat' needs rwgnk=.*AddRWGNKFeatures"):
+    with pytest.raises(ValueError, match=r"attn_type='gkat' needs the batch's plan as rwgnk=.*"
+                                         r"AddRWGNKFeatures"):
         conv(b.x, b.edge_index, b.batch)
     with pytest.raises(TypeError, match='positional argument'):
         conv(b.x, b.edge_index, b.batch, RWGNKPlan.build(b))

@@ -304,7 +304,7 @@ class GRFAttention(QKVAttention):
                     phi_q, phi_k, v, grf, samples, batch)
             # numerator / normaliser, in float32 at least (a half normaliser's gradient
             # overflows where a row's features vanish)
-            out = normalise(o, self.eps)
+            out = normalise(o, self.eps, v.dtype)
         else:
             out = self._node_major_call(part, q, k, v, f, B)
         out = self.to_out(out.transpose(0, 1).reshape(x.size(0), H * C))
@@ -350,13 +350,12 @@ class GRFAttention(QKVAttention):
 
 
 
-def normalise(o: Tensor, eps: float) -> Tensor:
-    r"""Numerator / normaliser of the masked sums ``[..., d + 1]``, computed in float32 at least
-    (in half precision the division's gradient overflows where a row's features vanish)."""
+def normalise(o: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
+    r"""Numerator / normaliser of the masked sums ``[..., d + 1]`` (float32 at least, see
+    :func:`masked_sums`), returned in ``dtype``."""
     num, den = o.split([o.size(-1) - 1, 1], dim=-1)
-    if o.dtype in (torch.float16, torch.bfloat16):
-        return (num.float() / (den.float() + eps)).to(o.dtype)
-    return num / (den + eps)
+    out = num / (den + eps)
+    return out if out.dtype == dtype else out.to(dtype)
 
 
 def masked_sums(part: PlanPart, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f: Tensor,
@@ -364,11 +363,16 @@ def masked_sums(part: PlanPart, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f: Ten
     r"""The masked sums ``[H, B n, d + 1]`` of head-major operands ``[H, B n, C]`` (``v1``: the
     values with a column of ones) for a plan part and coefficients ``f`` ``[H, L + 1]``: the
     engine's (:func:`~pyg_grf.nn.attention.grf.pairs.linear_sums`) or the low-rank
-    fallback's; ``B = samples`` copies of the plan's graph."""
+    fallback's; ``B = samples`` copies of the plan's graph. Half-precision operands are summed
+    in float32 and the sums stay float32: where a row's query features vanish, numerator and
+    normaliser are 0 and the division's gradient is ``1 / eps``, beyond float16's range."""
+    if phi_q.dtype in (torch.float16, torch.bfloat16):
+        phi_q, phi_k, v1 = phi_q.float(), phi_k.float(), v1.float()
     if part.backend == 'pairs':
         return pairs.linear_sums(part.structures, phi_q, phi_k, v1, f, samples)
-    return _node_major(part, phi_q, phi_k, v1, samples, lambda st, q, k, v: sparse.linear_sums(
-        st, q, k, v[..., :-1], f, symmetric))
+    with torch.autocast(phi_q.device.type, enabled=False):  # in the operands' dtype
+        return _node_major(part, phi_q, phi_k, v1, samples, lambda st, q, k, v:
+                           sparse.linear_sums(st, q, k, v[..., :-1], f, symmetric))
 
 
 @torch.compiler.disable

@@ -54,6 +54,12 @@ class LayerSpec(NamedTuple):
     dtype: torch.dtype
     max_length: int                 # the largest hop with a coefficient
 
+    @property
+    def key(self) -> str:
+        r"""The configuration as one string (a constant for ``torch.compile``)."""
+        return (f'{self.mode}|{self.backend}|{self.heads}|{self.m}|{self.d}|{self.draws}|'
+                f'{self.dtype}|{self.max_length}')
+
 
 class PlanPart(NamedTuple):
     r"""The structures one layer configuration runs on."""
@@ -107,7 +113,7 @@ class GRFPlan:
         prefix (str): the ``attr_prefix`` of the loads it was built from.
     """
 
-    __slots__ = ('loads', 'parts', 'layout', 'prefix', '_source')
+    __slots__ = ('loads', 'parts', 'layout', 'prefix', '_source', '_by_key')
 
     def __init__(self, loads: GRFLoads, parts: Mapping[LayerSpec, PlanPart],
                  layout: Optional[PackingLayout] = None, prefix: str = 'grf',
@@ -116,6 +122,8 @@ class GRFPlan:
             raise TypeError(f"'loads' must be a GRFLoads, got {type(loads).__name__}")
         object.__setattr__(self, 'loads', loads)
         object.__setattr__(self, 'parts', MappingProxyType(dict(parts)))
+        # the same parts under string keys, which torch.compile reads as constants
+        object.__setattr__(self, '_by_key', {s.key: p for s, p in self.parts.items()})
         if layout is None:
             batch = batch_or_zeros(loads.batch, loads.num_nodes, loads.device)
             with torch.inference_mode(False):
@@ -199,7 +207,7 @@ class GRFPlan:
 
     def part(self, spec: LayerSpec) -> PlanPart:
         r"""The part of ``spec``: the plan's own, else built for this call (not kept)."""
-        part = self.parts.get(spec)
+        part = self._by_key.get(spec.key)
         return part if part is not None else build_part(self.loads, spec)
 
     @property

@@ -213,6 +213,36 @@ def test_bfloat16_autocast_and_bf16_modules(mode, backend):
     assert torch.allclose(out16.float(), ref, atol=0.1 * float(ref.abs().max()), rtol=0.05)
 
 
+@pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize('backend', ['sparse', 'pairs'])
+@pytest.mark.parametrize('mode', ['symmetric', 'asymmetric'])
+@pytest.mark.parametrize('autocast', [False, True])
+def test_half_precision_gradients_are_finite_where_query_features_vanish(mode, backend, dtype,
+                                                                         autocast):
+    # issue 39: with the relu feature map a row whose query features are all zero has numerator
+    # and normaliser 0; the division's gradient -o / (z + eps)^2 overflowed in float16 (eps 1e-6)
+    # and made every parameter gradient NaN. The division runs in float32 now.
+    b = make_batch()
+    torch.manual_seed(0)
+    layer = GRFAttention(8, heads=2, max_length=3, mode=mode, backend=backend)
+    with torch.no_grad():  # queries of the first 5 nodes: relu(negative) = 0
+        layer.to_qkv.bias[:8] = -1e3 * (b.x[:5].float().abs().sum() + 1)
+        layer.to_qkv.weight[:8] = 0.0
+    x = b.x.float()
+    x[:5] = 1.0
+    grf = GRFLoads.from_data(b)
+    if autocast:
+        with torch.autocast('cpu', dtype=dtype):
+            out = layer(x, grf=grf)
+    else:
+        layer = layer.to(dtype)
+        out = layer(x.to(dtype), grf=grf)
+    out.float().square().sum().backward()
+    for name, p in layer.named_parameters():
+        assert p.grad is not None and bool(torch.isfinite(p.grad).all()), name
+    assert bool(torch.isfinite(out.float()).all())
+
+
 def dense_global_reference(layer, b):
     """O(N^2) reference of the global + topological mask beta_h 1 1^T (per graph) + GRF mask."""
     x = b.x
