@@ -199,30 +199,6 @@ def _eps(dtype: torch.dtype) -> float:
     return max(1e-16, torch.finfo(dtype).tiny)
 
 
-def block_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, weight: Tensor,
-                                     support: Tensor, dropout: float = 0.0,
-                                     training: bool = False) -> Tensor:
-    r"""Softmax attention restricted to ``support`` and weighted by ``weight`` on padded
-    per-graph blocks, :math:`a_{ij} \propto w_{ij} \exp(\mathbf{q}_i^\top\mathbf{k}_j/\sqrt{C})`
-    for :math:`(i, j)` in the support (GRF paper, App. D).
-
-    Args:
-        q, k, v (Tensor): ``[B, H, n, C]``; weight (Tensor): ``[B, H, n, n]``;
-        support (Tensor): ``[B, n, n]`` boolean.
-    """
-    s = (q @ k.transpose(-1, -2)) * q.size(-1) ** -0.5
-    s = s.masked_fill(~support.unsqueeze(1), float('-inf'))
-    smax = s.detach().amax(-1, keepdim=True)
-    smax = torch.where(torch.isfinite(smax), smax, torch.zeros_like(smax))  # padded rows
-    e = torch.exp(s - smax) * weight
-    a = e / (e.sum(-1, keepdim=True) + _eps(e.dtype))
-    a = torch.nn.functional.dropout(a, p=dropout, training=training)
-    return a @ v
-
-
-# Explicit mask entries on their sparse support, and the low-rank route ###########################
-
-
 def pair_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern,
                                     weight: Tensor, dropout: float = 0.0,
                                     training: bool = False) -> Tensor:

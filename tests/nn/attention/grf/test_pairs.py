@@ -64,11 +64,15 @@ def test_pairs_in_locality_order_equals_dense(mode, key, monkeypatch):
 
 
 @pytest.mark.parametrize('mode', ['symmetric', 'asymmetric'])
-def test_scores_computed_again_in_the_backward_give_the_same_gradients(mode, monkeypatch):
+@pytest.mark.parametrize('limit', ['KEEP_SCORES_BYTES', 'CHUNK_BYTES', 'KERNEL_INDEX_BYTES'])
+def test_scores_computed_again_in_the_backward_give_the_same_gradients(mode, limit,
+                                                                       monkeypatch):
     # above KEEP_SCORES_BYTES the kernel keeps no scores for its backward and computes them
-    # again: outputs and gradients equal the dense reference all the same
+    # again; above CHUNK_BYTES the heads run in chunks (one huge graph); above
+    # KERNEL_INDEX_BYTES the per-head index is built per call, not kept in the plan: outputs
+    # and gradients equal the dense reference all the same
     from pyg_grf.nn.attention.grf import pairs
-    monkeypatch.setattr(pairs, 'KEEP_SCORES_BYTES', 0)
+    monkeypatch.setattr(pairs, limit, 0 if limit != 'CHUNK_BYTES' else 1)
     b = make_batch()
     layer = make_layer(mode, 'pairs')
     x = b.x.clone().requires_grad_()
