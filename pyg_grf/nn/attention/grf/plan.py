@@ -85,13 +85,18 @@ def _version(t: Any) -> int:
     return t._version if isinstance(t, Tensor) and not t.is_inference() else -1
 
 
-def _same(t: Any, ref: Optional[Tensor], flat_draw: bool = False) -> bool:
-    # whether the data's field t holds the values the plan's loads copied (ref)
+def _same(t: Any, ref: Optional[Tensor], checks: list, flat_draw: bool = False) -> bool:
+    # whether the data's field t can hold the values the plan's loads copied (ref); the value
+    # comparison is appended to ``checks`` (read once for all fields: one device sync)
     if ref is None:
-        return t is None or (flat_draw and isinstance(t, Tensor) and not bool(t.any()))
+        if flat_draw and isinstance(t, Tensor):  # one draw: ids all 0, or none stored
+            checks.append(~t.any())
+            return True
+        return t is None
     if not isinstance(t, Tensor) or t.shape != ref.shape:
         return False
-    return bool((t == ref.to(t.device)).all())
+    checks.append((t == ref.to(t.device)).all())
+    return True
 
 
 class GRFPlan:
@@ -184,18 +189,21 @@ class GRFPlan:
             return True
         fields = dict((n, t) for n, t, _ in now)
         sides = ((self.prefix, self.loads), (f'{self.prefix}_key', self.loads.key))
+        checks: list = []
         for p, loads in sides:
             if loads is None:
                 if fields[f'{p}_index'] is not None and p != self.prefix:
                     return False
                 continue
-            if not (_same(fields[f'{p}_index'], loads.index)
-                    and _same(fields[f'{p}_length'], loads.hop)
-                    and _same(fields[f'{p}_load'], loads.load)
-                    and _same(fields[f'{p}_draw'], loads.draw, flat_draw=True)):
+            if not (_same(fields[f'{p}_index'], loads.index, checks)
+                    and _same(fields[f'{p}_length'], loads.hop, checks)
+                    and _same(fields[f'{p}_load'], loads.load, checks)
+                    and _same(fields[f'{p}_draw'], loads.draw, checks, flat_draw=True)):
                 return False
         if fields['num_nodes'] != self.loads.num_nodes or not _same(fields['batch'],
-                                                                    self.loads.batch):
+                                                                    self.loads.batch, checks):
+            return False
+        if checks and not bool(torch.stack(checks).all()):
             return False
         object.__setattr__(self, '_source', now)
         return True
