@@ -1,4 +1,4 @@
-r"""The GRF layer: chooses its plan part and calls its backend (GRF paper, Sec. 3, Algorithm 1;
+r"""The GRF layer: reads its plan part and calls the engine (GRF paper, Sec. 3, Algorithm 1;
 App. D)."""
 from __future__ import annotations
 
@@ -99,10 +99,12 @@ class GRFAttention(QKVAttention):
         bias (bool, optional): biases in the projections (default: :obj:`True`).
         eps (float, optional): added to the normaliser (default: :obj:`1e-6`).
         backend (str, optional): how the masked attention is computed, same result:
-            ``'sparse'`` (two CSR products, never forms the mask), ``'pairs'`` (the mask on its
-            support), ``'dense'`` (padded dense blocks per graph) or ``'auto'`` (the cheapest
-            whose memory fits: :func:`~pyg_grf.nn.attention.grf.choose.choose_backend`),
-            resolved when the plan is built (default: ``'auto'``). See ``docs/speed.md``.
+            ``'pairs'`` (the engine: the mask on its support, every head in one custom
+            operator, :mod:`~pyg_grf.nn.attention.grf.pairs`), ``'sparse'`` (low rank: two CSR
+            products, never forms the mask) or ``'auto'`` (``'pairs'`` when its structures and
+            one layer fit the memory budget, else ``'sparse'``:
+            :func:`~pyg_grf.nn.attention.grf.plan.build_part`), resolved when the plan is built
+            (default: ``'auto'``). See ``docs/speed.md``.
         global_beta (float, optional): if set, the mask gains a global term,
             :math:`M = \beta_h \mathbf{1}\mathbf{1}^\top + \widehat\Phi\widehat\Phi^\top`
             inside each graph, with a learnable :math:`\beta_h = \mathrm{softplus}(\cdot) \ge 0`

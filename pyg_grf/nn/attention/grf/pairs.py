@@ -330,7 +330,7 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f
             perm = (perm.view(1, -1) + torch.arange(samples, device=perm.device).view(-1, 1)
                     * N).view(-1)
         phi_q, phi_k, v1 = (t.index_select(1, perm) for t in (phi_q, phi_k, v1))
-    w_all = st.values(f).reshape(-1)
+    w_all = st.values(f)  # [coefficient rows, P']
     if folded and samples > 1:  # [H, B, n] -> [B, H, n]: the folded base repeated per sample
         def flat(t):
             return t.view(H, samples, -1, t.size(-1)).transpose(0, 1).reshape(-1, t.size(-1))
@@ -338,21 +338,30 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f
         def flat(t):
             return t.reshape(-1, t.size(-1))
     q, k, v = flat(phi_q), flat(phi_k), flat(v1)
-    # heads at once while the scores stay small, else in chunks of heads (one huge graph)
+    # every head in one call; one head a call on the base structures when the per-head index
+    # was too large to keep (one huge graph: no copy of the index per call); in chunks of heads
+    # when the scores of all heads would exceed CHUNK_BYTES
     per_head = st.nnz * samples * 4  # bytes of one head's scores (all heads when folded)
-    chunk = H if folded or H * per_head <= CHUNK_BYTES else max(1, CHUNK_BYTES // per_head)
-    keep = (1 if folded else H) * per_head <= KEEP_SCORES_BYTES
+    if folded:
+        chunk = H
+    elif st.index is None and samples == 1:
+        chunk = 1
+    else:
+        chunk = H if H * per_head <= CHUNK_BYTES else max(1, CHUNK_BYTES // per_head)
+    keep = (1 if folded else chunk) * per_head <= KEEP_SCORES_BYTES
     outs = []
     for h0 in range(0, H, chunk):
         c = min(chunk, H - h0)
-        if c == H:
-            idx = st.expand(H, samples) if not folded else st.expand(1, samples)
-            rows = slice(None)
+        rows = slice(h0 * samples * N, (h0 + c) * samples * N)
+        if folded:
+            idx, rows = st.expand(1, samples), slice(None)
+            w = w_all.reshape(-1).index_select(0, idx.wsrc)
+        elif c == 1 and samples == 1:  # the base structures are this head's index
+            idx = KernelIndex(st.crow, st.col, st.tcrow, st.tcol, st.tperm, st.src)
+            w = w_all[h0].index_select(0, st.src)
         else:  # heads h0 .. h0 + c - 1: their coefficient rows, their rows of the operands
             idx = st.expand(c, samples)
-            idx = idx._replace(wsrc=idx.wsrc + h0 * st.stats.size(0))
-            rows = slice(h0 * samples * N, (h0 + c) * samples * N)
-        w = w_all.index_select(0, idx.wsrc)
+            w = w_all[h0:h0 + c].reshape(-1).index_select(0, idx.wsrc)
         out, _ = pair_sums(q[rows], k[rows], v[rows], w, idx.crow, idx.col, idx.tcrow,
                            idx.tcol, idx.tperm, keep)
         outs.append(out)
