@@ -63,15 +63,18 @@ def test_a_read_only_install_runs_the_main_job_and_writes_nothing_into_the_packa
     venv = tmp_path / 'venv'
     subprocess.run([sys.executable, '-m', 'venv', '--without-pip', str(venv)], check=True)
     python = str(venv / 'bin' / 'python')
-    purelib = subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_path('
-                              '"purelib"))'], capture_output=True, text=True,
-                             check=True).stdout.strip()
-    with open(os.path.join(purelib, 'outer_site_packages.pth'), 'w') as f:
-        f.write('\n'.join(site.getsitepackages()) + '\n')  # plain paths: their .pth not run
     proc = subprocess.run([sys.executable, '-m', 'pip', '--python', python, 'install',
                            '--no-deps', '-q', wheel], capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    purelib = subprocess.run([python, '-c', 'import sysconfig; print(sysconfig.get_path('
+                              '"purelib"))'], capture_output=True, text=True,
+                             check=True).stdout.strip()
+    # (after the install: pip would take this environment's pyg_grf for the wheel's); plain
+    # paths, so their .pth files (an editable pyg_grf) are not run
+    outer = [p for p in sys.path if os.path.basename(p) in ('site-packages', 'dist-packages')]
+    with open(os.path.join(purelib, 'outer_site_packages.pth'), 'w') as f:
+        f.write('\n'.join(dict.fromkeys(site.getsitepackages() + outer)) + '\n')
     package = os.path.join(purelib, 'pyg_grf')
     env = {k: v for k, v in os.environ.items()
            if k not in ('PYTHONPATH', 'NUMBA_CACHE_DIR', 'PYG_GRF_NUMBA')}
