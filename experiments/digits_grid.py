@@ -23,6 +23,7 @@ import sys
 from typing import Dict, List
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+import image_grids  # noqa: E402,F401  (registers the DataModule for the config)
 from harness import fit_and_test, read_rows, run_grid, summary_table  # noqa: E402
 
 CONFIG = osp.join(osp.dirname(__file__), 'configs', 'digits_grid_grf.yaml')

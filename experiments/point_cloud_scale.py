@@ -1,10 +1,10 @@
 r"""The GRF scale experiment on generated point-cloud dynamics (GRF paper, Sec. 4 "PCTs" and
 App. C.3, at the scale this hardware allows), through the product's training stack: the config
 ``experiments/configs/paper/point_cloud.yaml`` (``GraphTransformer`` with node-level outputs,
-trained by ``GraphLevelTask`` with an MSE loss on ``SyntheticDataModule(task='mass_spring')``),
+trained by ``GraphLevelTask`` with an MSE loss on ``MassSpringDataModule``),
 one run per (size, variant, seed) by :mod:`harness`.
 
-Data: :class:`~pyg_grf.datasets.MassSpringDataset` clouds of 8,192, 32,768 and 131,072
+Data: :class:`point_clouds.MassSpringDataset` clouds of 8,192, 32,768 and 131,072
 particles (kNN graph over the current positions; target: every particle's displacement over the
 next frame), 10 training, 2 validation and 4 test clouds, standardised with the training clouds'
 statistics (``standardize=['x', 'y']``), so the test MSE is in units of the target's variance
@@ -49,6 +49,7 @@ import yaml
 from lightning.pytorch.callbacks import Callback
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
+import point_clouds  # noqa: E402,F401  (registers the DataModule for the config)
 from harness import (  # noqa: E402
     experiment_main,
     fit_and_test,

@@ -257,15 +257,12 @@ class SyntheticDataModule(GraphDataModule):
     (``task='motifs'``, does the graph contain the motif) or
     :class:`~pyg_grf.datasets.InducedCycleDataset` (``task='induced_cycles'``). Generated
     deterministically from ``data_seed`` and split at random from ``split_seed``; needs no
-    download.
+    download. A subclass serves other generated datasets through :attr:`TASKS` (task name to
+    dataset class, or its name in :mod:`pyg_grf.datasets`), as the experiments' digit grids and
+    point clouds do (``experiments/image_grids.py``, ``experiments/point_clouds.py``).
 
     Args:
-        task (str, optional): ``'motifs'``, ``'induced_cycles'`` or ``'digits_grid'``
-            (:class:`~pyg_grf.datasets.DigitsGridDataset`: scikit-learn's digits as patch
-            grids, the GRF paper's image setting; ``num_graphs`` at most 1797 per copy) or
-            ``'mass_spring'`` (:class:`~pyg_grf.datasets.MassSpringDataset`: point clouds with
-            node regression targets, ``num_graphs`` clouds; with ``standardize=['x', 'y']``)
-            (default: :obj:`'motifs'`).
+        task (str, optional): ``'motifs'`` or ``'induced_cycles'`` (default: :obj:`'motifs'`).
         num_graphs (int, optional): dataset size (default: :obj:`1024`).
         split (tuple, optional): train / val / test fractions (default: :obj:`(0.8, 0.1, 0.1)`).
         data_seed (int, optional): generator seed (default: :obj:`0`).
@@ -276,14 +273,15 @@ class SyntheticDataModule(GraphDataModule):
             per ``pre_transform``) (default: :obj:`True`).
         split_by (str, optional): a per-graph attribute (``[1]`` integer) whose groups stay
             together: the split is drawn over the groups, e.g. ``'source'`` so that the
-            augmented copies of one image of ``'digits_grid'`` never land in different splits
-            (default: :obj:`None`, graphs split independently).
+            augmented copies of one image never land in different splits (default:
+            :obj:`None`, graphs split independently).
         **kwargs: of :class:`GraphDataModule`.
     """
 
-    TASKS = {'motifs': 'MotifDataset', 'induced_cycles': 'InducedCycleDataset',
-             'digits_grid': 'DigitsGridDataset', 'mass_spring': 'MassSpringDataset'}
-    _SIZE_ARG = {'mass_spring': 'num_clouds'}
+    #: Task name to dataset class (or its name in :mod:`pyg_grf.datasets`).
+    TASKS: Dict[str, Any] = {'motifs': 'MotifDataset', 'induced_cycles': 'InducedCycleDataset'}
+    #: The dataset argument that takes ``num_graphs``, where it is not ``num_graphs``.
+    _SIZE_ARG: Dict[str, str] = {}
 
     def __init__(self, task: str = 'motifs', num_graphs: int = 1024,
                  split: Tuple[float, float, float] = (0.8, 0.1, 0.1), data_seed: int = 0,
@@ -307,7 +305,8 @@ class SyntheticDataModule(GraphDataModule):
         self.cache = cache
 
     def load_dataset(self):
-        cls = _dataset_api(self.TASKS[self.task])
+        cls = self.TASKS[self.task]
+        cls = _dataset_api(cls) if isinstance(cls, str) else cls
         root = None
         if self.cache:
             root = osp.join(self.root or osp.join(_dataset_api('data_root')(), 'synthetic'),

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 import torch
 
@@ -49,9 +51,20 @@ def test_variant_says_only_what_differs(name):
     assert len(lines) < 30
 
 
+def experiments_modules(name):
+    """The modules of experiments/ whose classes the config names (`class_path: module.Class`),
+    imported: importing registers them for configs, as `PYTHONPATH=experiments` and
+    `$PYG_GRF_TRUSTED_CLASSES` do on the command line."""
+    from tests.experiments import EXPERIMENTS, experiment_module
+    text = (CONFIG_DIR / f'{name}.yaml').read_text()
+    names = re.findall(r'^\s*class_path:\s*(\w+)\.\w+\s*$', text, re.M)
+    return [experiment_module(m) for m in sorted(set(names)) if (EXPERIMENTS / f'{m}.py').exists()]
+
+
 @pytest.mark.parametrize('name', CONFIGS)
 def test_config_instantiates(name, tmp_path):
     # Every key is checked and every class built (no data is loaded in __init__).
+    experiments_modules(name)
     cli = GRFLightningCLI(args=[*config_args(name),
                                 f'--trainer.default_root_dir={tmp_path}'], run=False)
     model = cli.model.model

@@ -130,49 +130,8 @@ def test_planetoid_node_parts_bad_input():
         PlanetoidDataModule('Cora', num_parts=2, part_walks='recompute')
 
 
-def test_digits_grid_split_by_source_keeps_copies_together():
-    pytest.importorskip('sklearn')
-    dm = SyntheticDataModule(task='digits_grid', num_graphs=600, split=(0.6, 0.2, 0.2),
-                             dataset_kwargs={'copies': 3}, split_by='source', cache=False)
-    dm.setup()
-    parts = [torch.cat([d.source for d in ds]) for ds in
-             (dm.train_dataset, dm.val_dataset, dm.test_dataset)]
-    assert sum(p.numel() for p in parts) == 600
-    sets = [set(p.tolist()) for p in parts]
-    assert not (sets[0] & sets[1] or sets[0] & sets[2] or sets[1] & sets[2])
-    assert [len(s) for s in sets] == [120, 40, 40]  # 200 source digits, 3 copies each
-    assert all(p.numel() == 3 * len(s) for p, s in zip(parts, sets))
-    # without split_by the copies of a digit are scattered over the splits
-    dm2 = SyntheticDataModule(task='digits_grid', num_graphs=600, split=(0.6, 0.2, 0.2),
-                              dataset_kwargs={'copies': 3}, cache=False)
-    dm2.setup()
-    s2 = [set(torch.cat([d.source for d in ds]).tolist()) for ds in
-          (dm2.train_dataset, dm2.test_dataset)]
-    assert s2[0] & s2[1]
+def test_split_by_needs_one_value_per_graph():
+    # (split_by keeping groups together: tests/experiments/test_image_grids.py, on the digits)
     bad = SyntheticDataModule(task='motifs', num_graphs=20, split_by='source', cache=False)
     with pytest.raises(ValueError, match="split_by='source' needs one 'source' value per graph"):
         bad.setup()
-
-
-def test_mass_spring_clouds_standardised_with_training_statistics():
-    # node regression on point clouds: every cloud is one graph; x and y are standardised with
-    # the statistics of the training clouds only (checked against the raw clouds)
-    from pyg_grf.datasets import MassSpringDataset
-    dm = SyntheticDataModule(task='mass_spring', num_graphs=4, split=(0.5, 0.25, 0.25),
-                             dataset_kwargs={'num_points': 100}, cache=False, batch_size=1,
-                             standardize=['x', 'y'])
-    dm.setup('fit')
-    raw = MassSpringDataset(num_points=100, num_clouds=4, seed=0)
-    train_idx = dm.train_dataset.indices()
-    xs = torch.cat([raw[i].x for i in train_idx])
-    mean, std = xs.mean(0), xs.std(0).clamp_min(1e-6)
-    for part in (dm.train_dataset, dm.val_dataset, dm.test_dataset):
-        for i, data in zip(part.indices(), part):
-            assert torch.allclose(data.x, (raw[i].x - mean) / std, atol=1e-4)
-    y = torch.cat([d.y for d in dm.train_dataset])
-    assert torch.allclose(y.mean(0), torch.zeros(3), atol=1e-5)
-    assert dm.num_features == 15
-    batch = next(iter(dm.val_dataloader()))
-    assert batch.num_graphs == 1 and batch.y.shape == (100, 3)
-    assert torch.allclose(dm.standardizer.inverse(batch.y, 'y'), raw[dm.val_dataset.indices()[0]].y,
-                          atol=1e-5)

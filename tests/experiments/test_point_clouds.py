@@ -1,10 +1,15 @@
+r"""experiments/point_clouds.py: the mass-spring clouds, their kNN graph and spring forces against
+dense references, and their DataModule's standardisation with the training statistics."""
 import math
 
 import pytest
 import torch
 
-from pyg_grf.datasets import MassSpringDataset, knn_edges, spring_forces
-from pyg_grf.datasets.point_cloud import FEATURE_NAMES
+from tests.experiments import experiment_module
+
+point_clouds = experiment_module('point_clouds')
+MassSpringDataset, FEATURE_NAMES = point_clouds.MassSpringDataset, point_clouds.FEATURE_NAMES
+knn_edges, spring_forces = point_clouds.knn_edges, point_clouds.spring_forces
 
 
 def small(**kw):
@@ -245,3 +250,26 @@ def test_cached_root_roundtrip(tmp_path):
     b = small(root=str(tmp_path), seed=1)  # loaded from the cache
     assert torch.equal(a[0].y, b[0].y) and torch.equal(a[1].edge_index, b[1].edge_index)
     assert math.isclose(float(a[0].x.sum()), float(b[0].x.sum()))
+
+
+def test_mass_spring_clouds_standardised_with_training_statistics():
+    # node regression on point clouds: every cloud is one graph; x and y are standardised with
+    # the statistics of the training clouds only (checked against the raw clouds)
+    dm = point_clouds.MassSpringDataModule(num_graphs=4, split=(0.5, 0.25, 0.25),
+                                           dataset_kwargs={'num_points': 100}, cache=False,
+                                           batch_size=1, standardize=['x', 'y'])
+    dm.setup('fit')
+    raw = MassSpringDataset(num_points=100, num_clouds=4, seed=0)
+    train_idx = dm.train_dataset.indices()
+    xs = torch.cat([raw[i].x for i in train_idx])
+    mean, std = xs.mean(0), xs.std(0).clamp_min(1e-6)
+    for part in (dm.train_dataset, dm.val_dataset, dm.test_dataset):
+        for i, data in zip(part.indices(), part):
+            assert torch.allclose(data.x, (raw[i].x - mean) / std, atol=1e-4)
+    y = torch.cat([d.y for d in dm.train_dataset])
+    assert torch.allclose(y.mean(0), torch.zeros(3), atol=1e-5)
+    assert dm.num_features == 15
+    batch = next(iter(dm.val_dataloader()))
+    assert batch.num_graphs == 1 and batch.y.shape == (100, 3)
+    assert torch.allclose(dm.standardizer.inverse(batch.y, 'y'), raw[dm.val_dataset.indices()[0]].y,
+                          atol=1e-5)

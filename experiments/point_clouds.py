@@ -1,4 +1,6 @@
-r"""A generated point-cloud dynamics task: an elastic sheet simulated as a mass-spring system.
+r"""A generated point-cloud dynamics task: an elastic sheet simulated as a mass-spring system
+(:class:`MassSpringDataset`), and its DataModule (:class:`MassSpringDataModule`) for
+``experiments/configs/paper/point_cloud.yaml`` and ``experiments/point_cloud_scale.py``.
 
 The point-cloud experiment of the GRF paper (Reid et al., 2024, Sec. 4 "PCTs" and App. C.3)
 masks attention by GRFs on a kNN graph of tens of thousands of particles; its data is not public.
@@ -36,6 +38,12 @@ comparable across sizes. Each sample is a :class:`~torch_geometric.data.Data` wi
 velocity, inverse mass, :math:`\kappa_i, s_i, c_i`, :math:`\mathbf{g}_i`; no absolute position),
 ``edge_index`` (the symmetric kNN graph over ``pos``, ``graph_k`` neighbours, not the springs),
 ``y`` [N, 3] and ``rest_pos`` [N, 3].
+
+Importing this module registers the DataModule for configs
+(:func:`~pyg_grf.lightning.specs.register_config_class`); from the command line::
+
+    PYTHONPATH=experiments PYG_GRF_TRUSTED_CLASSES=point_clouds \
+        pyg-grf fit --config experiments/configs/paper/point_cloud.yaml
 """
 from __future__ import annotations
 
@@ -50,6 +58,8 @@ from torch_geometric.utils import to_undirected
 
 from pyg_grf._validation import check_int
 from pyg_grf.datasets.synthetic import GeneratedDataset
+from pyg_grf.lightning.datamodules import SyntheticDataModule
+from pyg_grf.lightning.specs import register_config_class
 
 FEATURE_NAMES = ('ux', 'uy', 'uz', 'jitter_x', 'jitter_y', 'vx', 'vy', 'vz', 'inv_mass',
                  'stiffness', 'prestrain', 'damping', 'gx', 'gy', 'gz')
@@ -282,3 +292,21 @@ class MassSpringDataset(GeneratedDataset):
     def __repr__(self) -> str:
         return f'{self.__class__.__name__}(num_points={self.num_points}, ' \
                f'num_clouds={self.num_clouds}, seed={self.seed})'
+
+
+@register_config_class
+class MassSpringDataModule(SyntheticDataModule):
+    r""":class:`~pyg_grf.lightning.datamodules.SyntheticDataModule` over
+    :class:`MassSpringDataset` (``task='mass_spring'``): ``num_graphs`` clouds with node
+    regression targets, to be standardised with the training clouds' statistics
+    (``standardize=['x', 'y']``)."""
+
+    TASKS = {'mass_spring': MassSpringDataset}
+    _SIZE_ARG = {'mass_spring': 'num_clouds'}
+
+    def __init__(self, task: str = 'mass_spring', **kwargs):
+        super().__init__(task=task, **kwargs)
+
+
+__all__ = ['FEATURE_NAMES', 'MassSpringDataModule', 'MassSpringDataset', 'knn_edges',
+           'spring_forces']

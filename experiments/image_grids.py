@@ -1,45 +1,30 @@
-r"""Images as graphs of patches: the grid setting of the GRF paper's ViT experiments (Reid et al.
-2024, Sec. 4, Table 1), where every image of a batch shares one fixed grid graph."""
+r"""scikit-learn's digits as graphs of image patches (:class:`DigitsGridDataset`), the GRF paper's
+ViT setting (Reid et al. 2024, Sec. 4, Table 1) at CPU scale, and its DataModule
+(:class:`DigitsGridDataModule`) for ``experiments/configs/digits_grid_grf.yaml`` and
+``experiments/digits_grid.py``. Every image of a batch shares one fixed grid graph
+(:func:`pyg_grf.datasets.grid_edge_index`).
+
+Importing this module registers the DataModule for configs
+(:func:`~pyg_grf.lightning.specs.register_config_class`); from the command line::
+
+    PYTHONPATH=experiments PYG_GRF_TRUSTED_CLASSES=image_grids \
+        pyg-grf fit --config experiments/configs/digits_grid_grf.yaml
+"""
 from __future__ import annotations
 
 from typing import Callable, List, Optional, Tuple
 
 import numpy as np
 import torch
-from torch import Tensor
 from torch_geometric.data import Data
-from torch_geometric.utils import to_undirected
 
-from pyg_grf._validation import check_int
+from pyg_grf.datasets import grid_edge_index, image_patches
 from pyg_grf.datasets.synthetic import GeneratedDataset
+from pyg_grf.lightning.datamodules import SyntheticDataModule
+from pyg_grf.lightning.specs import register_config_class
 
 #: Images in scikit-learn's digits dataset.
 NUM_DIGITS = 1797
-
-
-def grid_edge_index(height: int, width: int) -> Tensor:
-    r"""Edges ``[2, E]`` (both directions, sorted) of the 4-neighbour grid graph on
-    ``height * width`` nodes in row-major order: node :math:`r W + c` is joined to its
-    horizontal and vertical neighbours, as in the GRF paper's ViT grids (Sec. 4); PyG's
-    :func:`~torch_geometric.utils.grid` is 8-neighbour with self-loops."""
-    check_int('height', height, 1)
-    check_int('width', width, 1)
-    idx = torch.arange(height * width).view(height, width)
-    right = torch.stack([idx[:, :-1].reshape(-1), idx[:, 1:].reshape(-1)])
-    down = torch.stack([idx[:-1, :].reshape(-1), idx[1:, :].reshape(-1)])
-    return to_undirected(torch.cat([right, down], 1), num_nodes=height * width)
-
-
-def image_patches(images: Tensor, patch: int) -> Tensor:
-    r"""``[B, H, W]`` images to ``[B, (H / patch) (W / patch), patch^2]`` non-overlapping patch
-    vectors, patches in row-major order (the nodes of :func:`grid_edge_index`)."""
-    if images.dim() != 3:
-        raise ValueError(f"'images' must have shape [B, H, W], got {tuple(images.shape)}")
-    B, H, W = images.shape
-    if H % patch or W % patch:
-        raise ValueError(f"the image size {H} x {W} must be divisible by 'patch' ({patch})")
-    x = images.reshape(B, H // patch, patch, W // patch, patch).permute(0, 1, 3, 2, 4)
-    return x.reshape(B, (H // patch) * (W // patch), patch * patch)
 
 
 class DigitsGridDataset(GeneratedDataset):
@@ -133,3 +118,17 @@ class DigitsGridDataset(GeneratedDataset):
     def num_classes(self) -> int:
         return 10
 
+
+@register_config_class
+class DigitsGridDataModule(SyntheticDataModule):
+    r""":class:`~pyg_grf.lightning.datamodules.SyntheticDataModule` over
+    :class:`DigitsGridDataset` (``task='digits_grid'``; ``num_graphs`` at most 1797 per copy);
+    split with ``split_by='source'`` so that the copies of one digit stay in one split."""
+
+    TASKS = {'digits_grid': DigitsGridDataset}
+
+    def __init__(self, task: str = 'digits_grid', **kwargs):
+        super().__init__(task=task, **kwargs)
+
+
+__all__ = ['DigitsGridDataset', 'DigitsGridDataModule', 'NUM_DIGITS']

@@ -1,43 +1,14 @@
-r"""Images as patch-grid graphs: the 4-neighbour grid against networkx, patches against a loop
-reference, and the digits dataset against scikit-learn's own statistics."""
-import networkx as nx
+r"""experiments/image_grids.py: the digits dataset against scikit-learn's own statistics, and
+its DataModule's split by source digit."""
 import numpy as np
 import pytest
 import torch
 
-from pyg_grf.datasets import DigitsGridDataset, grid_edge_index, image_patches
+from pyg_grf.datasets import grid_edge_index
+from tests.experiments import experiment_module
 
-
-@pytest.mark.parametrize('h,w', [(1, 1), (1, 5), (4, 4), (3, 7)])
-def test_grid_edge_index_is_networkx_grid(h, w):
-    ei = grid_edge_index(h, w)
-    g = nx.grid_2d_graph(h, w)  # nodes (r, c); ours are r * w + c
-    ref = sorted((r1 * w + c1, r2 * w + c2) for (r1, c1), (r2, c2) in g.edges())
-    ref = sorted(ref + [(b, a) for a, b in ref])
-    assert [tuple(e) for e in ei.t().tolist()] == ref
-    assert ei.size(1) == 2 * (h * (w - 1) + w * (h - 1))
-
-
-def test_grid_edge_index_errors():
-    with pytest.raises(ValueError, match="'height' must be an integer >= 1, got 0"):
-        grid_edge_index(0, 3)
-    with pytest.raises(ValueError, match="'width' must be an integer >= 1"):
-        grid_edge_index(2, 2.5)
-
-
-def test_image_patches_against_loop():
-    img = torch.randn(3, 8, 12)
-    p = image_patches(img, 4)
-    assert p.shape == (3, 6, 16)
-    for b in range(3):
-        for r in range(2):
-            for c in range(3):
-                assert torch.equal(p[b, r * 3 + c], img[b, 4 * r:4 * r + 4, 4 * c:4 * c + 4]
-                                   .reshape(-1))
-    with pytest.raises(ValueError, match="divisible by 'patch'"):
-        image_patches(img, 5)
-    with pytest.raises(ValueError, match=r"shape \[B, H, W\]"):
-        image_patches(img[0], 4)
+image_grids = experiment_module('image_grids')
+DigitsGridDataset = image_grids.DigitsGridDataset
 
 
 def test_digits_grid_dataset_statistics():
@@ -74,3 +45,28 @@ def test_digits_grid_dataset_errors():
         DigitsGridDataset(scale=(1.0, 3.0))
     with pytest.raises(ValueError, match="'num_graphs' must lie in"):
         DigitsGridDataset(num_graphs=5000)
+
+
+def test_digits_grid_split_by_source_keeps_copies_together():
+    pytest.importorskip('sklearn')
+    dm = image_grids.DigitsGridDataModule(num_graphs=600, split=(0.6, 0.2, 0.2),
+                                          dataset_kwargs={'copies': 3}, split_by='source',
+                                          cache=False)
+    dm.setup()
+    parts = [torch.cat([d.source for d in ds]) for ds in
+             (dm.train_dataset, dm.val_dataset, dm.test_dataset)]
+    assert sum(p.numel() for p in parts) == 600
+    sets = [set(p.tolist()) for p in parts]
+    assert not (sets[0] & sets[1] or sets[0] & sets[2] or sets[1] & sets[2])
+    assert [len(s) for s in sets] == [120, 40, 40]  # 200 source digits, 3 copies each
+    assert all(p.numel() == 3 * len(s) for p, s in zip(parts, sets))
+    # without split_by the copies of a digit are scattered over the splits
+    dm2 = image_grids.DigitsGridDataModule(num_graphs=600, split=(0.6, 0.2, 0.2),
+                                           dataset_kwargs={'copies': 3}, cache=False)
+    dm2.setup()
+    s2 = [set(torch.cat([d.source for d in ds]).tolist()) for ds in
+          (dm2.train_dataset, dm2.test_dataset)]
+    assert s2[0] & s2[1]
+    # the DataModule serves the digits only
+    with pytest.raises(ValueError, match=r"task must be one of \['digits_grid'\], got 'motifs'"):
+        image_grids.DigitsGridDataModule(task='motifs')
