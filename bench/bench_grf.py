@@ -152,6 +152,7 @@ def _build(spec, torch):
         from torch_geometric.data import Data
 
         from pyg_grf.nn import GRFAttention
+        from pyg_grf.nn.attention.grf import GRFPlan
         index, length, load, t_feat = _features(spec, torch, edge_index, N)
         info['feature_time_s'] = t_feat
         info['grf_entries'] = int(index.size(1))
@@ -161,7 +162,9 @@ def _build(spec, torch):
         data = Data(grf_index=index, grf_length=length, grf_load=load, num_nodes=N)
         # the layer's plan (GRFPlan: validated loads and the backend's structures) built in
         # every call, as the three-tensor call did: the cost of one layer on a new graph
-        run = lambda: mod(x, **mod.payload(data))  # noqa: E731
+        # (GRFPlan.build, which mod.payload(data) runs for new data: for the same tensors it
+        # would hand back the plan the layer kept from its last call)
+        run = lambda: mod(x, grf=GRFPlan.build(data, [mod]))  # noqa: E731
     elif method == 'linear':
         from pyg_grf.nn.attention.reference import LinearAttention
         mod = LinearAttention(C, heads=H, feature_map='relu')

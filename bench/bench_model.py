@@ -1,12 +1,13 @@
 r"""Whole training steps of 2-layer GPS models, GRF attention against PyG's ``GPSConv``, side by
 side in one process (a script, not a test).
 
-One step is what a training loop does per batch: ``model_payload(model, batch)`` (for the GRF
-columns: the batch's :class:`~pyg_grf.nn.attention.grf.GRFPlan`, one for both layers:
-validation, owned copies of the loads, backend choice, mask statistics, block layout), forward,
-loss, backward and an ``Adam`` step. The model: node and edge encoders (``Linear``), two GPS
-blocks with a ``GINEConv`` local branch (64 channels, 4 heads, batch norm, no dropout), then
-mean pooling and a linear head with a 10-label BCE loss (batches) or a linear node head with a
+One step is what a training loop does per batch: the batch's plan (for the GRF columns:
+``GRFPlan.build(batch, layers)``, the :class:`~pyg_grf.nn.attention.grf.GRFPlan` that
+``model_payload(model, batch)`` builds for a batch never seen before, one for both layers:
+validation, owned copies of the loads, the backend rule, mask statistics, block layout),
+forward, loss, backward and an ``Adam`` step. The model: node and edge encoders (``Linear``),
+two GPS blocks with a ``GINEConv`` local branch (64 channels, 4 heads, batch norm, no dropout),
+then mean pooling and a linear head with a 10-label BCE loss (batches) or a linear node head with a
 10-class cross entropy (one big graph). Workloads:
 
 * ``lrgb``: a batch of 64 molecule-like graphs (random trees plus ring closures) of 120-180 nodes;
@@ -22,7 +23,7 @@ same with ``global_beta=0.1``, and with ``attn_type='linear'`` (unmasked linear 
 graph, the control), plus that control with the ``LinearAttention`` of before this change,
 and on the batches the two GRF columns with ``loads prebuilt`` (one plan built outside
 the timed steps: the step without the per-batch work); with ``--backends``,
-``GRF-GPS [sparse|pairs|dense]`` (an explicit backend) on the batches. Walk loads:
+``GRF-GPS [sparse|pairs]`` (an explicit backend) on the batches. Walk loads:
 ``AddGraphRandomFeatures(num_walks=16, p_halt=0.2, max_length=4, seed=0)`` per graph before
 batching (the Peptides configs' settings). The columns are timed round-robin (one step of each
 per round), so a loaded machine slows them alike; ratios are medians of per-round ratios.
@@ -73,8 +74,9 @@ from pyg_grf._validation import batch_or_zeros  # noqa: E402
 from pyg_grf.features import GRFLoads  # noqa: E402
 from pyg_grf.features.blocks import block_layout, mask_statistics, num_join_terms  # noqa: E402
 from pyg_grf.masks import PackingMask  # noqa: E402
-from pyg_grf.nn import GRFGPSConv, LinearAttention  # noqa: E402
-from pyg_grf.nn.attention.base import model_payload  # noqa: E402
+from pyg_grf.memory import memory_budget  # noqa: E402
+from pyg_grf.nn import GRFAttention, GRFGPSConv, LinearAttention  # noqa: E402
+from pyg_grf.nn.attention.grf import GRFPlan  # noqa: E402
 from pyg_grf.nn.feature_maps import qk_features  # noqa: E402
 from pyg_grf.nn.functional import masked_linear_attention  # noqa: E402
 from pyg_grf.transforms import AddGraphRandomFeatures  # noqa: E402
@@ -89,7 +91,7 @@ GRF, GRF_BETA, LIN, LIN_OLD = ('GRF-GPS', 'GRF-GPS beta=0.1', 'GRF-GPS linear',
 # step costs when the per-batch work is done elsewhere (e.g. in DataLoader workers)
 PRE, PRE_BETA = 'GRF-GPS, loads prebuilt', 'GRF-GPS beta=0.1, loads prebuilt'
 COLUMNS = ('GINE x2', MHA, P64, P16, GRF, GRF_BETA, LIN, LIN_OLD, PRE, PRE_BETA)
-BACKEND_COLUMNS = tuple(f'GRF-GPS [{b}]' for b in ('sparse', 'pairs', 'dense'))  # --backends
+BACKEND_COLUMNS = tuple(f'GRF-GPS [{b}]' for b in ('sparse', 'pairs'))  # --backends
 GRF_COLUMNS = (GRF, GRF_BETA, PRE, PRE_BETA) + BACKEND_COLUMNS
 
 
@@ -210,10 +212,10 @@ class Net(nn.Module):
 
 
 def fresh_plan(model: nn.Module, b: Batch):
-    r"""The plan of ``b`` for the GRF layers of ``model`` (``model_payload(model, b)['grf']``),
-    built as for a batch never seen before: the plan is a pure function of the batch, nothing
-    is kept between calls."""
-    return model_payload(model, b)['grf']
+    r"""The plan of ``b`` for the GRF layers of ``model``, built as for a batch never seen
+    before: what ``model_payload(model, b)['grf']`` builds for a new batch (called directly,
+    since a layer keeps its last plan and would hand it back for the same tensors)."""
+    return GRFPlan.build(b, [m for m in model.modules() if isinstance(m, GRFAttention)])
 
 
 def make_step(column: str, b: Batch, node_level: bool, once: bool = False):
@@ -303,12 +305,12 @@ def linear_layer_old_new(b: Batch, repeats: int) -> dict:
 # Profile ##########################################################################################
 
 
-PROFILED = ('__init__', 'from_data', 'build', 'build_part', '_build_part', 'plan_sizes',
+PROFILED = ('__init__', 'from_data', 'build', 'build_part', '_try_pairs', 'memory_budget',
             'mask_statistics', 'self_join_terms', 'join_terms', 'coalesce_terms',
-            'block_layout', 'choose_backend', 'backend_costs', 'backend_memory',
-            'num_join_terms', 'block_coords', 'pairs', 'stat_values', 'model_payload',
-            'plan_payload', 'linear_sums', 'sddmm', 'spmm', '_mix', '_sums',
-            'check_coefficients', 'features', 'forward', 'backward', 'step')
+            'compiled_join', 'block_layout', 'num_join_terms', 'block_coords', 'pairs',
+            'model_payload', 'plan_payload', 'cached_plan', 'linear_sums', 'masked_sums',
+            'pair_sums', 'pair_sums_backward', 'expand', 'values', 'spmm', '_sums',
+            'check_coefficients', 'features', 'project_heads', 'forward', 'backward', 'step')
 
 
 def profile_step(b: Batch, column: str, steps: int, once: bool = False) -> dict:
@@ -321,7 +323,7 @@ def profile_step(b: Batch, column: str, steps: int, once: bool = False) -> dict:
     model = Net(column, node_level=node_level).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     plan_once = fresh_plan(model, b) if once else None
-    phases = {'model_payload: the GRFPlan of the batch (validation, copies, structures)': [],
+    phases = {'GRFPlan.build: the plan of the batch (validation, copies, structures)': [],
               'forward': [], 'backward': [], 'optimizer step': []}
     if node_level:
         phases = {'forward (plan built before the loop)': [], 'backward': [],
@@ -352,7 +354,6 @@ def profile_step(b: Batch, column: str, steps: int, once: bool = False) -> dict:
     out = {'phases': {k: statistics.median(v) for k, v in phases.items()}}
     # the plan's per-batch work piece by piece, in the order GRFPlan.build runs it (both layers
     # share one part: same mode, backend, heads and widths)
-    from pyg_grf.nn.attention.grf import choose_backend, plan_sizes
     from pyg_grf.nn.attention.grf.plan import BACKEND_MODULES
     plan = plan_once if plan_once is not None else fresh_plan(model, b)
     backend = [p.backend for p in plan.parts.values()][0]
@@ -363,11 +364,9 @@ def profile_step(b: Batch, column: str, steps: int, once: bool = False) -> dict:
         box = {}
         seq = [('GRFLoads.from_data: validation (index range, hops, finite loads) and owned '
                 'int32/uint8 copies', lambda: None),
-               ('plan_sizes(): distinct (i, q) pairs of Phi, block layout, size of the join '
-                '(the cost model\'s inputs)',
-                lambda: box.update(sizes=plan_sizes(loads, 'symmetric'))),
-               ('choose_backend(): the cost model and the memory check',
-                lambda: choose_backend(box['sizes'], 'symmetric', H, C // H, C // H, 2))]
+               ('memory_budget(): the budget of the backend rule (\'pairs\' when its join and '
+                'one layer fit, else \'sparse\')',
+                lambda: box.update(budget=memory_budget(loads.device)))]
         seq += [(f'{backend}.build(): the backend\'s plan structures'
                  + (' (the join on the visited node, mask statistics coalesced per cell in '
                     'float32, CSR pattern of the mask, mirror cells)'
@@ -478,8 +477,9 @@ def to_markdown(R: dict) -> str:
         'default (4 heads x 64 channels each, as PyG builds it) and with `attn_kwargs='
         '{\'head_channels\': 16}` (4 x 16, our width); `GRF-GPS` = `pyg_grf.nn.GRFGPSConv('
         'attn_type=\'grf\')` (symmetric GRF mask, backend `auto`), called `conv(x, edge_index, '
-        'batch, grf=plan, edge_attr=...)` with `plan = model_payload(model, batch)[\'grf\']` '
-        '(one `GRFPlan` for both layers) built inside the step; `beta=0.1` adds '
+        'batch, grf=plan, edge_attr=...)` with `plan = GRFPlan.build(batch, layers)` (one '
+        '`GRFPlan` for both layers, what `model_payload(model, batch)[\'grf\']` builds for a '
+        'new batch) built inside the step; `beta=0.1` adds '
         '`attn_kwargs={\'global_beta\': 0.1}`; `GRF-GPS linear` = '
         '`GRFGPSConv(attn_type=\'linear\')` (unmasked linear attention per graph, the control), '
         'and the same block with the `LinearAttention` code of before this change; '
@@ -507,7 +507,7 @@ def to_markdown(R: dict) -> str:
                          f'{ratio(round_ratio(w, col, P64))} |')
         if w.get('prep_once') is not None:
             lines += ['', f"`GRFPlan` built once outside the step and reused by all steps: "
-                          f"`model_payload` {ms(w['prep_once'])} ms"
+                          f"`GRFPlan.build` {ms(w['prep_once'])} ms"
                           + (f" ({w['plan_bytes'] / 2 ** 20:.1f} MiB)" if w.get('plan_bytes')
                              else '')
                           + f"; the first `GRF-GPS` step {ms(w.get('first_grf_step'))} ms "

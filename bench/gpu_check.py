@@ -3,10 +3,12 @@ attention layers against PyG's, peak memory, and the host synchronisations insid
 
 Written for the lent GPU machine (one H100 or H200, torch 2.11 + CUDA 13, torch-geometric 2.8,
 lightning, torchmetrics, numba; no jsonargparse, ogb, rdkit, no network), so it imports nothing
-else and only the public API of ``pyg_grf`` (transforms, layers, and the documented call
-``attn(x, batch, **attn.payload(data))``), from the source tree. It fits in 8 minutes on one H100
-(``--budget``, default 450 s for all sections together). Sections, each guarded (an error is
-recorded and the next section runs) and time-boxed:
+else and only the public API of ``pyg_grf`` (transforms, layers, the documented call
+``attn(x, batch, **attn.payload(data))``, :func:`pyg_grf.loader.prepare_payload`,
+:class:`~pyg_grf.nn.attention.grf.GRFPlan` and :func:`pyg_grf.memory.memory_budget`), from the
+source tree. It fits in 8 minutes on one H100 (``--budget``, default 450 s for all sections
+together). Sections, each guarded (an error is recorded and the next section runs) and
+time-boxed:
 
 * ``nvidia_smi``: the output of ``nvidia-smi`` (skipped on the CPU);
 * ``cuda_tests``: ``python -m pytest -m cuda tests/device -q`` in a subprocess with a timeout
@@ -16,7 +18,12 @@ recorded and the next section runs) and time-boxed:
   4 heads) with ``pyg_grf.nn.GRFGPSConv(attn_type='grf')`` against PyG's ``GPSConv`` with
   ``attn_type='multihead'`` and ``'performer'`` at equal width (4 x 16), on a molecule-sized
   (Peptides-like: 128 graphs of 120-180 nodes) and a TU-sized (128 graphs of 20-40 nodes)
-  synthetic batch, in float32 and under bfloat16 autocast;
+  synthetic batch, in float32 and under bfloat16 autocast. Two GRF-GPS columns: the batch's
+  plan built in the step (as for a batch never seen before: the plan a layer keeps from its
+  last call is dropped first), and the plan built in the loader
+  (:func:`pyg_grf.loader.prepare_payload` on the batch before the timed steps, as
+  ``pyg_grf.loader.DataLoader`` does in its workers: the fresh batch object keeps the
+  ``grf_plan`` field);
 * ``knn``: one attention layer, forward + backward, 4 heads x 16 channels, on kNN graphs (k=8,
   points on a jittered 2-D grid) of 65,536 to 4,194,304 nodes: ``GRFAttention`` against PyG's
   ``PerformerAttention`` and unmasked linear attention (``attn_type='linear'`` of the registry);
@@ -28,13 +35,19 @@ recorded and the next section runs) and time-boxed:
 * ``profile``: where the device time goes (``torch.profiler``, the operators with the most
   self time on the device): GRF forward + backward per backend on the 262,144-node kNN graph,
   and one GRF-GPS training step on the molecule batch;
-* ``backends``: what ``'auto'``'s cost model needs on this device: for GRF ``'sparse'`` and
-  ``'pairs'`` on the 262k- and 1M-node kNN graphs, the plan's build time (for ``'pairs'`` the
-  join: seconds per join term), the layer's forward + backward and its peak memory, beside the
-  seconds the CPU-fitted cost model predicts;
+* ``backends``: the one rule of ``backend='auto'`` on this device: for GRF on the 262k- and
+  1M-node kNN graphs, the engine (``'pairs'``, the mask on its support) against the low-rank
+  fallback (``'sparse'``): the plan's build time and peak memory, the layer's forward +
+  backward and the peak memory of its first call; and which backend ``'auto'`` picks (it takes
+  ``'pairs'`` when its join and one layer fit the memory budget, else ``'sparse'``), beside
+  the faster of the two;
 * ``sync``: the host synchronisations inside one layer's forward and backward, counted with
-  ``torch.cuda.set_sync_debug_mode('warn')`` after the batch's payload is built: first call
-  (the layer builds its per-batch plan) and second call (plan built) separately.
+  ``torch.cuda.set_sync_debug_mode('warn')`` after the batch's payload (its plan) is built:
+  first call and second call separately;
+* ``op_count``: ``python bench/op_count.py --graphs 128 --compile --out OUT/op_count`` in a
+  subprocess with a timeout (operators per training step on the CPU, and what
+  ``torch.compile`` makes of the GRF model), so that the GPU session records it too
+  (``--quick``: ``--graphs 4``, without ``--compile``).
 
 Each section runs in its own process on CUDA (a crash or a poisoned CUDA context loses one
 section, and a hang is killed at the section's time limit), in-process on the CPU
@@ -78,7 +91,9 @@ from torch_geometric.nn import GATConv, GINEConv, GPSConv, global_mean_pool  # n
 from torch_geometric.nn.attention import PerformerAttention  # noqa: E402
 from torch_geometric.utils import to_undirected  # noqa: E402
 
+from pyg_grf.loader import prepare_payload  # noqa: E402
 from pyg_grf.nn import GKATAttention, GRFAttention, GRFGPSConv  # noqa: E402
+from pyg_grf.nn.attention.grf import GRFPlan  # noqa: E402
 from pyg_grf.nn.attention.registry import attention_resolver  # noqa: E402
 from pyg_grf.transforms import AddGraphRandomFeatures, AddRWGNKFeatures  # noqa: E402
 
@@ -95,11 +110,14 @@ KNN_WALKS = dict(num_walks=16, p_halt=0.5, max_length=MAX_LENGTH, seed=0)
 RWGNK_WALKS = dict(num_walks=16, lam=0.8, alpha=1.0, max_length=2, seed=0,  # citation_gkat.yaml
                    kernel_threshold=0.05)
 
-SECTIONS = ('nvidia_smi', 'cuda_tests', 'gps_step', 'knn', 'gkat', 'sync', 'profile', 'backends')
-# seconds each section may take at most (their sum, 500 s, is scaled to the budget)
-CAPS = {'nvidia_smi': 20, 'cuda_tests': 140, 'gps_step': 85, 'knn': 130, 'gkat': 30, 'sync': 35,
-        'profile': 60, 'backends': 90}
+SECTIONS = ('nvidia_smi', 'cuda_tests', 'gps_step', 'knn', 'gkat', 'sync', 'profile', 'backends',
+            'op_count')
+# seconds each section may take at most (their sum, 725 s, is scaled to the budget)
+CAPS = {'nvidia_smi': 20, 'cuda_tests': 140, 'gps_step': 100, 'knn': 130, 'gkat': 30, 'sync': 35,
+        'profile': 60, 'backends': 90, 'op_count': 120}
+# GRF_LOADER: GRF-GPS with the batch's plan built before the step (prepare_payload)
 MHA, PERF, GRF = 'GPS multihead', 'GPS performer 4x16', 'GRF-GPS'
+GRF_LOADER = 'GRF-GPS, plan in loader'
 KNN_SIDES = (256, 512, 1024, 2048)          # 65,536 ... 4,194,304 nodes
 OOM_TEXT = ('out of memory', 'CUBLAS_STATUS_ALLOC_FAILED', 'CUSPARSE_STATUS_ALLOC_FAILED',
             'CUSPARSE_STATUS_INSUFFICIENT_RESOURCES')
@@ -305,6 +323,7 @@ def gine() -> GINEConv:
 
 
 def gps_block(column: str) -> nn.Module:
+    r"""One GPS block of ``column`` (``GRF`` and ``GRF_LOADER``: the same GRF-GPS block)."""
     if column == MHA:
         return GPSConv(C, gine(), heads=H, attn_type='multihead')
     if column == PERF:  # equal width: 4 heads x 16 channels (PyG's default is 4 x 64)
@@ -324,7 +343,9 @@ class GPSNet(nn.Module):
         self.head = nn.Linear(C, OUT)
 
     def forward(self, data: Batch) -> torch.Tensor:
-        # the attention's payload, once per batch, shared by both blocks (empty for PyG's)
+        # the attention's payload, once per batch, shared by both blocks (empty for PyG's): the
+        # plan the batch carries (prepare_payload), else the one the layer kept for these
+        # tensors, else a new one
         first = self.layers[0]
         payload = first.payload(data) if isinstance(first, GRFGPSConv) else {}
         x, edge_attr = self.node_enc(data.x), self.edge_enc(data.edge_attr)
@@ -333,13 +354,30 @@ class GPSNet(nn.Module):
         return self.head(global_mean_pool(x, data.batch, size=data.num_graphs))
 
 
+def forget_plans(model: nn.Module):
+    r"""Drops the plan that each attention layer of ``model`` keeps from its last call (a layer
+    reuses it while the batch holds the same tensors, as ``GCNConv(cached=True)`` does), so
+    that the next step builds the plan as for a batch never seen before (as
+    ``bench/op_count.py`` does for its 'plan in the step' row)."""
+    for m in model.modules():
+        m.__dict__.pop('_plan_cache', None)
+
+
 def gps_step(column: str, b: Batch, device: torch.device, bf16: bool):
+    r"""One training step of ``column`` on a fresh batch object holding ``b``'s tensors.
+    ``GRF``: the plan built in the step; ``GRF_LOADER``: built here, once, by
+    :func:`~pyg_grf.loader.prepare_payload` on a copy of the batch (``b`` itself stays without
+    a plan), whose ``grf_plan`` field every fresh batch object keeps."""
     torch.manual_seed(0)
-    model = GPSNet(column).to(device).train()
+    model = GPSNet(GRF if column == GRF_LOADER else column).to(device).train()
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     cast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16)
+    if column == GRF_LOADER:
+        b = prepare_payload(model, fresh(b))  # what the loader's collate function does
 
     def step():
+        if column == GRF:
+            forget_plans(model)
         data = fresh(b)
         opt.zero_grad(set_to_none=True)
         with cast:
@@ -403,8 +441,8 @@ def run_gps_step(S: Section, out: Path):
     if quick:
         work = [('molecule', 'quick: 4 graphs of 120-180 nodes', (4, 120, 180, 0)),
                 ('tu', 'quick: 8 graphs of 20-40 nodes', (8, 20, 40, 1))]
-    repeats, warmup = (2, 1) if quick else (10, 2)
-    cols = (MHA, PERF, GRF)
+    repeats, warmup = (2, 0) if quick else (10, 2)  # quick: the first round warms up
+    cols = (MHA, PERF, GRF, GRF_LOADER)
     S.data.update(columns=list(cols), walks=GPS_WALKS, repeats=repeats, warmup=warmup,
                   model='node/edge Linear encoders, 2 x block(GINEConv, 64 channels, 4 heads, '
                         'batch norm), mean pool, Linear; BCE on 10 labels; Adam')
@@ -503,7 +541,7 @@ def run_knn(S: Section, out: Path):
                                                       payload['grf'].parts.values()}))
                     call = lambda x, attn=attn: attn(x, None, **payload)  # noqa: E731
                 run = fwd_bwd(call, x)
-                with peak_memory(dev, row):  # the first call: GRF builds its plan here
+                with peak_memory(dev, row):  # the first call (the plan is built: payload_s)
                     row['first_ms'] = 1e3 * timed(run, dev)
                 ts = [timed(run, dev) for _ in range(repeats)]
                 times[method] = ts
@@ -608,7 +646,7 @@ def run_sync(S: Section, out: Path):
         big, S.data['workloads']['knn'] = None, error_text(exc)
     torch.manual_seed(0)
     layers = [('GRFAttention auto', 'molecule', GRFAttention(C, heads=H, max_length=MAX_LENGTH))]
-    for backend in ('sparse', 'pairs', 'dense'):
+    for backend in ('sparse', 'pairs'):
         layers.append((f'GRFAttention {backend}', 'molecule',
                        GRFAttention(C, heads=H, max_length=MAX_LENGTH, backend=backend)))
     layers += [
@@ -634,8 +672,8 @@ def run_sync(S: Section, out: Path):
             e = torch.randn(data.edge_index.size(1), C, device=dev) if where == 'molecule' \
                 else None
             batch = getattr(data, 'batch', None)
-            payload = layer.payload(data)  # the batch's payload, built before counting
-            for call in ('first', 'second'):  # first: the layer builds its per-batch plan
+            payload = layer.payload(data)  # the batch's payload (its plan), built before counting
+            for call in ('first', 'second'):  # both after the plan: the first call, and later
                 holder = {}
 
                 def forward():
@@ -737,52 +775,94 @@ def run_profile(S: Section, out: Path):
 
 
 def run_backends(S: Section, out: Path):
-    from pyg_grf.nn.attention.grf import choose
-    from pyg_grf.nn.attention.grf.plan import GRFPlan
+    from pyg_grf.memory import memory_budget
     dev = S.device
     sides = (16, 32) if S.quick else (512, 1024)
-    S.data.update(walks=KNN_WALKS, heads=H, head_channels=C // H)
+    budget, source = memory_budget(dev)
+    S.data.update(walks=KNN_WALKS, heads=H, head_channels=C // H, budget_bytes=budget,
+                  budget_source=source, rule={})
     for side in sides:
+        n = side * side
         if S.left() < 15:
-            S.data.setdefault('skipped', []).append(f'{side * side} nodes: time budget')
+            S.data.setdefault('skipped', []).append(f'{n} nodes: time budget')
             break
         data = AddGraphRandomFeatures(**KNN_WALKS)(knn_graph(side, dev))
-        for backend in ('sparse', 'pairs'):
-            row = {'nodes': side * side, 'backend': backend}
-            S.data['current'] = f'{side * side} nodes, {backend}'
+        size = {'nodes': n, 'edges': data.edge_index.size(1),
+                'grf_entries': data.grf_index.size(1)}
+        ms, picks = {}, None
+        for backend in ('pairs', 'sparse', 'auto'):  # 'auto': which one the rule picks
+            row = dict(size, backend=backend)
+            S.data['current'] = f'{n} nodes, {backend}'
             S.save()
             try:
                 torch.manual_seed(0)
                 attn = GRFAttention(C, heads=H, max_length=MAX_LENGTH, backend=backend).to(dev)
-                plan = {}
-                with peak_memory(dev, row):
+                plan, stats = {}, {}
+                with peak_memory(dev, stats):
                     row['plan_s'] = timed(
                         lambda: plan.update(grf=GRFPlan.build(data, [attn])), dev)
-                sizes = choose.plan_sizes(plan['grf'].loads, 'symmetric')
-                row['join_terms'] = sizes.join_terms
-                costs = choose.backend_costs(sizes, 'symmetric', H, C // H, C // H)
-                row['model_s'] = costs[backend]
-                x = torch.randn(side * side, C, device=dev, requires_grad=True)
-                run = fwd_bwd(lambda x: attn(x, None, **plan), x)
-                stats = {}
-                with peak_memory(dev, stats):
-                    row['first_ms'] = 1e3 * timed(run, dev)
-                row['call_peak_bytes'] = stats['peak_bytes']
-                row['ms'] = 1e3 * statistics.median(timed(run, dev) for _ in range(3))
+                row['plan_peak_bytes'] = stats['peak_bytes']
+                parts = list(plan['grf'].parts.values())
+                row['runs'] = [p.backend for p in parts]
+                row['plan_bytes'] = sum(plan['grf'].nbytes().values())
+                if row['runs'] == ['pairs']:
+                    row['mask_cells'] = parts[0].structures.nnz
+                if backend == 'auto':
+                    picks = row['runs']
+                else:  # the layer: forward + backward
+                    x = torch.randn(n, C, device=dev, requires_grad=True)
+                    run = fwd_bwd(lambda x: attn(x, None, **plan), x)
+                    with peak_memory(dev, stats):
+                        row['first_ms'] = 1e3 * timed(run, dev)
+                    row['call_peak_bytes'] = stats['peak_bytes']
+                    row['ms'] = 1e3 * statistics.median(timed(run, dev) for _ in range(3))
+                    ms[backend] = row['ms']
             except Exception as exc:
-                row['error'] = error_text(exc)
+                row.update(error=error_text(exc), failure='oom' if is_oom(exc) else 'error')
             finally:
-                attn = plan = x = run = None
+                attn = plan = parts = x = run = None
                 free(dev)
             S.add(row)
+        rule = {'auto_picks': picks, 'faster': min(ms, key=ms.get) if ms else None,
+                'pairs_over_sparse': (ms['pairs'] / ms['sparse'] if len(ms) == 2 else None)}
+        rule['auto_picks_faster'] = (None if picks is None or rule['faster'] is None
+                                     else picks == [rule['faster']])
+        S.data['rule'][str(n)] = rule
+        S.save()
         data = None
         free(dev)
     S.data['status'] = 'ok'
 
 
+def run_op_count(S: Section, out: Path):
+    graphs = ['--graphs', '4'] if S.quick else ['--graphs', '128', '--compile']
+    cmd = [sys.executable, 'bench/op_count.py', *graphs, '--out', str(out / 'op_count')]
+    S.data['command'] = 'python ' + ' '.join(cmd[1:])
+    timeout = max(10.0, S.left() - 2)
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        text, rc = r.stdout + r.stderr, r.returncode
+    except subprocess.TimeoutExpired as exc:
+        text = (exc.stdout or b'').decode() if isinstance(exc.stdout, bytes) else (exc.stdout or '')
+        text, rc = text + f'\n[killed after {timeout:.0f} s]', None
+    (out / 'op_count.txt').write_text(text)
+    S.data.update(rc=rc, tail=text[-1500:])
+    result = out / 'op_count.json'
+    if rc != 0 or not result.exists():
+        S.data.update(status='timeout' if rc is None else 'failed',
+                      error=f'{S.data["command"]}: ' + ('killed after %.0f s' % timeout
+                                                         if rc is None else f'exit code {rc}'))
+        return
+    R = json.loads(result.read_text())
+    S.data.update(workload=R.get('workload'), compile=R.get('compile'))
+    for row in R['rows']:
+        S.add(row)
+    S.data['status'] = 'ok'
+
+
 RUNNERS = {'nvidia_smi': run_nvidia_smi, 'cuda_tests': run_cuda_tests, 'gps_step': run_gps_step,
            'knn': run_knn, 'gkat': run_gkat, 'sync': run_sync, 'profile': run_profile,
-           'backends': run_backends}
+           'backends': run_backends, 'op_count': run_op_count}
 
 
 # Summary ##########################################################################################
@@ -840,8 +920,11 @@ def to_markdown(R: dict) -> str:
     g = S.get('gps_step', {})
     if g.get('rows'):
         lines += ['## Whole GPS training step', '', g.get('model', '') + '. A fresh batch object '
-                  'every step (the GRF payload and plan built inside the step); columns timed '
-                  'round-robin; ratio = median over rounds of the per-round ratio.', '']
+                  f'every step: `{GRF}` builds the batch\'s plan inside the step (as for a batch '
+                  f'never seen before), `{GRF_LOADER}` finds it on the batch (`grf_plan`, built '
+                  'by `pyg_grf.loader.prepare_payload` before the timed steps, as '
+                  '`pyg_grf.loader.DataLoader` does in its workers); columns timed round-robin; '
+                  'ratio = median over rounds of the per-round ratio.', '']
         for name, w in g.get('workloads', {}).items():
             lines.append(f"- `{name}`: {w['desc']}; {w['num_nodes']} nodes, {w['num_edges']} "
                          f"edges, {w['grf_entries']} GRF entries")
@@ -857,7 +940,8 @@ def to_markdown(R: dict) -> str:
     if k.get('rows'):
         lines += ['## One attention layer on kNN graphs (forward + backward)', '',
                   f"k = 8, {H} heads x {C // H} channels; GRF walks {k.get('walks')}; "
-                  "`first ms` is the first call (GRF builds its plan there), `ms` the median of "
+                  "`payload s`: GRF's plan (`attn.payload`, built once before the calls, as in "
+                  "full-graph training); `first ms` is the first call, `ms` the median of "
                   "later calls; memory = `torch.cuda.max_memory_allocated` over the first call "
                   "(graph, input and payload included).", '',
                   '| nodes | method | ms | first ms | peak MiB | / performer | / linear | '
@@ -887,9 +971,9 @@ def to_markdown(R: dict) -> str:
     sy = S.get('sync', {})
     if sy.get('rows'):
         lines += ['## Host synchronisations inside one layer', '',
-                  "`torch.cuda.set_sync_debug_mode('warn')`, counted after the payload is built; "
-                  "first call (the layer builds its per-batch plan) and second call (plan "
-                  f"built). {sy.get('note', '')}", '',
+                  "`torch.cuda.set_sync_debug_mode('warn')`, counted after the payload (the "
+                  "batch's plan) is built: the first call and the second call. "
+                  f"{sy.get('note', '')}", '',
                   '| layer | workload | first fwd | first bwd | second fwd | second bwd | '
                   'where (second call) |', '|---|---|---|---|---|---|---|']
         for r in sy['rows']:
@@ -906,22 +990,52 @@ def to_markdown(R: dict) -> str:
         lines.append('')
     be = S.get('backends', {})
     if be.get('rows'):
-        lines += ['## GRF backends for the cost model (kNN graphs, forward + backward)', '',
-                  "`plan s`: `GRFPlan.build` (for 'pairs' the join); `model s`: what the "
-                  "CPU-fitted cost model of 'auto' predicts for the plan and one layer.", '',
-                  '| nodes | backend | plan s | join terms | ns / term | ms | first ms | '
-                  'plan peak MiB | call peak MiB | model s |',
-                  '|---|---|---|---|---|---|---|---|---|---|']
+        budget = be.get('budget_bytes')
+        limit = ('no limit' if budget is None else
+                 f"{budget / 2 ** 30:.1f} GiB ({be.get('budget_source')})")
+        lines += ["## GRF backends: the engine ('pairs') against the low-rank fallback "
+                  "('sparse'), and what 'auto' picks (kNN graphs)", '',
+                  "`backend='auto'` runs 'pairs' when its join and one layer fit the memory "
+                  f"budget, here {limit}, else 'sparse'. `plan s`: `GRFPlan.build` (for "
+                  "'pairs' the join); `runs`: `[p.backend for p in plan.parts.values()]`; "
+                  "`ms`: one layer's forward + backward, median of 3 calls after the first; "
+                  "peaks: `torch.cuda.max_memory_allocated` over the plan's build and over the "
+                  "first call.", '',
+                  '| nodes | backend | runs | plan s | plan MiB | mask cells | ms | first ms | '
+                  'plan peak MiB | call peak MiB |', '|---|---|---|---|---|---|---|---|---|---|']
         for r in be['rows']:
-            per = (1e9 * r['plan_s'] / r['join_terms'] if r.get('join_terms') and
-                   r['backend'] == 'pairs' and 'plan_s' in r else None)
             plan_s = fmt(r.get('plan_s'), '.3f', r.get('error', '—'))
-            lines.append(f"| {r['nodes']:,} | {r['backend']} | {plan_s} | "
-                         f"{r.get('join_terms', '—')} | {fmt(per, '.2f')} | "
+            lines.append(f"| {r['nodes']:,} | {r['backend']} | {','.join(r.get('runs', []))} | "
+                         f"{plan_s} | {mib(r.get('plan_bytes'))} | {r.get('mask_cells', '—')} | "
                          f"{fmt(r.get('ms'), '.2f')} | {fmt(r.get('first_ms'), '.2f')} | "
-                         f"{mib(r.get('peak_bytes'))} | {mib(r.get('call_peak_bytes'))} | "
-                         f"{fmt(r.get('model_s'), '.3f')} |")
+                         f"{mib(r.get('plan_peak_bytes'))} | {mib(r.get('call_peak_bytes'))} |")
         lines.append('')
+        for n, rule in be.get('rule', {}).items():
+            picks = ','.join(rule.get('auto_picks') or []) or '—'
+            lines.append(f"- {int(n):,} nodes: 'auto' picks `{picks}`; faster: "
+                         f"`{rule.get('faster') or '—'}` (pairs / sparse = "
+                         f"{fmt(rule.get('pairs_over_sparse'), '.2f')})")
+        lines.append('')
+    oc = S.get('op_count', {})
+    if oc.get('status') not in (None, 'skipped'):
+        lines += ['## Operators per training step (`bench/op_count.py`, on the CPU)', '',
+                  f"`{oc.get('command')}`: {oc.get('workload') or oc.get('error', '')} "
+                  "(output in `op_count.txt`, `op_count.md`)", '']
+        if oc.get('rows'):
+            lines += ['| step | operators dispatched | ratio | expanded (custom ops opened) | '
+                      'ratio |', '|---|---|---|---|---|']
+            lines += [f"| {r['column']} | {r['dispatched']} | {r['ratio_dispatched']:.2f}x | "
+                      f"{r['expanded']} | {r['ratio_expanded']:.2f}x |" for r in oc['rows']]
+            lines.append('')
+        comp = oc.get('compile') or {}
+        if comp:
+            ex, dyn = comp.get('explain', {}), comp.get('dynamic', {})
+            lines += [f"`torch._dynamo.explain`: {ex.get('graphs')} graphs, "
+                      f"{ex.get('graph_breaks')} graph breaks, in pyg_grf: "
+                      f"{ex.get('breaks_in_pyg_grf') or 'none'}; `torch.compile(dynamic=True)` "
+                      f"over batches of {dyn.get('batches')} nodes: "
+                      f"{dyn.get('new_graphs_after_first')} graphs compiled after the first.",
+                      '']
     pr = S.get('profile', {})
     for r in pr.get('rows', []):
         if 'error' in r:

@@ -48,7 +48,7 @@ from pyg_grf.nn.attention.grf import GRFPlan  # noqa: E402
 RUNS = osp.join(REPO, 'experiments', 'results', 'runs', 'large_graphs')
 TABLE = osp.join(REPO, 'experiments', 'results', 'large_graphs.md')
 WAYS = ('full', 'restrict', 'recompute', 'ddp')
-BACKENDS = ('auto', 'sparse', 'pairs', 'dense')
+BACKENDS = ('auto', 'sparse', 'pairs')
 
 
 def _status():

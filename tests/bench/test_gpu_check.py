@@ -15,7 +15,7 @@ spec = importlib.util.spec_from_file_location('gpu_check', REPO / 'bench' / 'gpu
 gpu_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_check)
 
-MEASURED = ('gps_step', 'knn', 'gkat', 'sync', 'profile', 'backends')
+MEASURED = ('gps_step', 'knn', 'gkat', 'sync', 'profile', 'backends', 'op_count')
 
 
 def positive(v) -> bool:
@@ -43,7 +43,8 @@ def test_every_section_ran(quick):
     md = (out / 'gpu_check.md').read_text()
     for heading in ('## Whole GPS training step', '## One attention layer on kNN graphs',
                     '## GKAT against GATConv', '## Host synchronisations inside one layer',
-                    '## Where the device time goes'):
+                    '## Where the device time goes', '## GRF backends',
+                    '## Operators per training step'):
         assert heading in md
 
 
@@ -51,7 +52,8 @@ def test_gps_step_columns_and_ratios(quick):
     rows = quick[1]['sections']['gps_step']['rows']
     cases = {(r['workload'], r['dtype'], r['column']) for r in rows}
     assert cases == {(w, d, c) for w in ('molecule', 'tu') for d in ('fp32', 'bf16 autocast')
-                     for c in (gpu_check.MHA, gpu_check.PERF, gpu_check.GRF)}
+                     for c in (gpu_check.MHA, gpu_check.PERF, gpu_check.GRF,
+                               gpu_check.GRF_LOADER)}
     for r in rows:
         assert 'error' not in r, r
         assert positive(r['ms']) and r['ms_q1'] <= r['ms'] <= r['ms_q3'], r
@@ -85,7 +87,8 @@ def test_gkat_against_gat(quick):
 
 def test_sync_counts(quick):
     rows = quick[1]['sections']['sync']['rows']
-    assert len(rows) == 10
+    assert len(rows) == 9
+    assert not any('dense' in r['layer'] for r in rows)
     for r in rows:
         assert 'error' not in r, r
         for call in ('first', 'second'):
@@ -143,13 +146,38 @@ def test_profile_rows(quick):
         assert r['ops'] and all(positive(o['ms']) and 0 < o['share'] <= 1 for o in r['ops']), r
 
 
-def test_backend_rows_give_what_the_cost_model_needs(quick):
-    # both GRF backends at both sizes: plan time, join size, layer time, the model's estimate
-    rows = quick[1]['sections']['backends']['rows']
+def test_backend_rows_measure_the_rule(quick):
+    # 'pairs' against the 'sparse' fallback at both sizes (plan time, layer time), and which
+    # backend 'auto' picks: on this CPU both fit, so the engine
+    s = quick[1]['sections']['backends']
+    rows = s['rows']
     assert [(r['nodes'], r['backend']) for r in rows] == [
-        (n, b) for n in (256, 1024) for b in ('sparse', 'pairs')]
+        (n, b) for n in (256, 1024) for b in ('pairs', 'sparse', 'auto')]
     for r in rows:
         assert 'error' not in r, r
-        assert r['join_terms'] > 0 and r['plan_s'] > 0 and positive(r['ms']), r
-        assert positive(r['model_s']), r
+        assert r['plan_s'] > 0 and r['plan_bytes'] > 0, r
+        assert r['runs'] == (['sparse'] if r['backend'] == 'sparse' else ['pairs']), r
+        assert not any('model' in k for k in r), r  # no cost-model estimate left
+        if r['backend'] == 'auto':
+            assert 'ms' not in r
+        else:
+            assert positive(r['ms']) and positive(r['first_ms']), r
+            assert r['call_peak_bytes'] is None  # CUDA only
+    assert all(r['mask_cells'] > r['nodes'] for r in rows if r['runs'] == ['pairs'])
+    assert set(s['rule']) == {'256', '1024'}
+    for rule in s['rule'].values():
+        assert rule['auto_picks'] == ['pairs'] and rule['faster'] in ('pairs', 'sparse')
+        assert positive(rule['pairs_over_sparse'])
+        assert rule['auto_picks_faster'] == (rule['faster'] == 'pairs')
 
+
+def test_op_count_runs_the_script(quick):
+    out, R = quick
+    s = R['sections']['op_count']
+    assert s['command'].startswith('python bench/op_count.py --graphs 4')
+    assert s['rc'] == 0
+    assert [r['column'] for r in s['rows']] == [
+        gpu_check.MHA, gpu_check.PERF, f'{gpu_check.GRF} (plan in the loader)',
+        f'{gpu_check.GRF} (plan in the step)']
+    assert all(positive(r['dispatched']) and positive(r['expanded']) for r in s['rows'])
+    assert (out / 'op_count.json').exists() and (out / 'op_count.txt').exists()
