@@ -254,8 +254,9 @@ class SafeCacheMixin:
             self.data = out[2].from_dict(data)
         except (ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
             # what loads with weights_only but is not the structure save() writes
-            raise DatasetCacheError(f"'{path}' is not a readable compact cache: "
-                                    f"{type(exc).__name__}: {exc}; {hint}") from None
+            detail = exc if isinstance(exc, ValueError) else f'{type(exc).__name__}: {exc}'
+            raise DatasetCacheError(f"'{path}' is not a readable compact cache: {detail}; "
+                                    f"{hint}") from None
         self.slices = out[1]
 
     def _process(self) -> None:

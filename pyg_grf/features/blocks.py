@@ -1,6 +1,6 @@
 r"""The dense-block layout of a PyG batch (graph ``b`` owns the cells ``[b, :n_b, :n_b]`` of a
-``[B, n, n]`` array) and the mask statistics coalesced per cell, behind the ``'dense'`` and
-``'pairs'`` backends of :class:`~pyg_grf.nn.GRFAttention`: pure functions of the loads."""
+``[B, n, n]`` array) and the mask statistics coalesced per cell (the torch join), behind the
+engine of :class:`~pyg_grf.nn.GRFAttention`: pure functions of the loads."""
 from __future__ import annotations
 
 from typing import NamedTuple, Optional, Tuple
