@@ -323,52 +323,54 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f
     if R == 0 or st.nnz == 0:  # no rows, or no mask cells: zero sums, still differentiable
         return v1.new_zeros(v1.shape) + 0 * (phi_q.sum() + phi_k.sum() + f.sum())
     N = st.num_nodes
-    folded = st.group is not None
+    w_all = st.values(f)  # [coefficient rows, P']
+    per_head = st.nnz * samples * 4  # bytes of one head's scores (all heads when folded)
+    if st.group is not None:  # walks per head: the heads are the folded base's blocks
+        if samples > 1:  # [H, B, n] -> [B, H, n]: the folded base repeated per sample
+            def flat(t):
+                return t.view(H, samples, -1, t.size(-1)).transpose(0, 1).reshape(
+                    -1, t.size(-1))
+        else:
+            def flat(t):
+                return t.reshape(-1, t.size(-1))
+        idx = st.expand(1, samples)
+        out, _ = pair_sums(flat(phi_q), flat(phi_k), flat(v1),
+                           w_all.reshape(-1).index_select(0, idx.wsrc), idx.crow, idx.col,
+                           idx.tcrow, idx.tcol, idx.tperm, per_head <= KEEP_SCORES_BYTES)
+        if samples > 1:
+            out = out.view(samples, H, -1, out.size(-1)).transpose(0, 1)
+        return out.reshape(H, R, -1)
+    perm = None
     if st.perm is not None:  # a locality order: operands gathered into it, sums scattered back
         perm = st.perm.long()
         if samples > 1:
             perm = (perm.view(1, -1) + torch.arange(samples, device=perm.device).view(-1, 1)
                     * N).view(-1)
-        phi_q, phi_k, v1 = (t.index_select(1, perm) for t in (phi_q, phi_k, v1))
-    w_all = st.values(f)  # [coefficient rows, P']
-    if folded and samples > 1:  # [H, B, n] -> [B, H, n]: the folded base repeated per sample
-        def flat(t):
-            return t.view(H, samples, -1, t.size(-1)).transpose(0, 1).reshape(-1, t.size(-1))
-    else:
-        def flat(t):
-            return t.reshape(-1, t.size(-1))
-    q, k, v = flat(phi_q), flat(phi_k), flat(v1)
     # every head in one call; one head a call on the base structures when the per-head index
-    # was too large to keep (one huge graph: no copy of the index per call); in chunks of heads
-    # when the scores of all heads would exceed CHUNK_BYTES
-    per_head = st.nnz * samples * 4  # bytes of one head's scores (all heads when folded)
-    if folded:
-        chunk = H
-    elif st.index is None and samples == 1:
+    # was too large to keep (one huge graph: no copy of the index per call, and the operands
+    # of one head at a time in the locality order); in chunks of heads when the scores of all
+    # heads would exceed CHUNK_BYTES
+    if st.index is None and samples == 1:
         chunk = 1
     else:
         chunk = H if H * per_head <= CHUNK_BYTES else max(1, CHUNK_BYTES // per_head)
-    keep = (1 if folded else chunk) * per_head <= KEEP_SCORES_BYTES
+    keep = chunk * per_head <= KEEP_SCORES_BYTES
     outs = []
     for h0 in range(0, H, chunk):
         c = min(chunk, H - h0)
-        rows = slice(h0 * samples * N, (h0 + c) * samples * N)
-        if folded:
-            idx, rows = st.expand(1, samples), slice(None)
-            w = w_all.reshape(-1).index_select(0, idx.wsrc)
-        elif c == 1 and samples == 1:  # the base structures are this head's index
+        q, k, v = (t[h0:h0 + c] for t in (phi_q, phi_k, v1))
+        if perm is not None:
+            q, k, v = (t.index_select(1, perm) for t in (q, k, v))
+        if c == 1 and samples == 1:  # the base structures are this head's index
             idx = KernelIndex(st.crow, st.col, st.tcrow, st.tcol, st.tperm, st.src)
             w = w_all[h0].index_select(0, st.src)
-        else:  # heads h0 .. h0 + c - 1: their coefficient rows, their rows of the operands
+        else:  # heads h0 .. h0 + c - 1: their coefficient rows
             idx = st.expand(c, samples)
             w = w_all[h0:h0 + c].reshape(-1).index_select(0, idx.wsrc)
-        out, _ = pair_sums(q[rows], k[rows], v[rows], w, idx.crow, idx.col, idx.tcrow,
-                           idx.tcol, idx.tperm, keep)
+        out, _ = pair_sums(*(t.reshape(-1, t.size(-1)) for t in (q, k, v)), w, idx.crow,
+                           idx.col, idx.tcrow, idx.tcol, idx.tperm, keep)
+        out = out.view(c, R, -1)
+        if perm is not None:
+            out = torch.empty_like(out).index_copy_(1, perm, out)
         outs.append(out)
-    out = outs[0] if len(outs) == 1 else torch.cat(outs)
-    if folded and samples > 1:
-        out = out.view(samples, H, -1, out.size(-1)).transpose(0, 1)
-    out = out.reshape(H, R, -1)
-    if st.perm is not None:
-        out = torch.empty_like(out).index_copy_(1, perm, out)
-    return out
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
