@@ -19,8 +19,9 @@ class GridRPEAttention(MaskedLinearAttention):
     as the mask module of :class:`~pyg_grf.nn.attention.masked.MaskedLinearAttention`).
 
     Every graph of a batch must be the same grid of ``prod(grid_shape)`` nodes in row-major
-    order (e.g. :class:`~pyg_grf.datasets.DigitsGridDataset`): ``x`` is ``[B, n, channels]``,
-    or the ``[B n, channels]`` nodes of a PyG batch of such grids (checked against ``batch``).
+    order (e.g. the ``DigitsGridDataset`` of ``experiments/image_grids.py``): ``x`` is
+    ``[B, n, channels]``, or the ``[B n, channels]`` nodes of a PyG batch of such grids (checked
+    against ``batch``).
     All samples share one mask: one mask product for the whole batch.
 
     Args:
