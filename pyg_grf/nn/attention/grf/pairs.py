@@ -245,42 +245,48 @@ def _dtype(x: Tensor) -> torch.dtype:
 
 
 @torch.library.custom_op('pyg_grf::pair_sums', mutates_args=())
-def pair_sums(q: Tensor, k: Tensor, v: Tensor, w: Tensor, crow: Tensor, col: Tensor,
-              tcrow: Tensor, tcol: Tensor, tperm: Tensor,
+def pair_sums(q: Tensor, k: Tensor, v: Tensor, w: Tensor, wsrc: Tensor, crow: Tensor,
+              col: Tensor, tcrow: Tensor, tcol: Tensor, tperm: Tensor,
               keep_scores: bool) -> Tuple[Tensor, Tensor]:
     r"""``(out, scores)``: :math:`\mathrm{out}_i = \sum_j w_{ij} \langle q_i, k_j \rangle v_j`
-    over the support ``(crow, col)`` (every head a diagonal block), and the scores
+    over the support ``(crow, col)`` (every head a diagonal block), with the mask value of cell
+    ``c`` read from the statistic values ``w[wsrc[c]]``, and the scores
     :math:`\langle q_i, k_j \rangle` (empty unless ``keep_scores``). ``q``, ``k`` ``[R, m]``,
-    ``v`` ``[R, C]``, ``w`` ``[Q]``; the transpose's index is read by the backward only."""
+    ``v`` ``[R, C]``, ``w`` ``[S]`` (the small table of statistic values, not one per cell: the
+    backward gathers it again); the transpose's index is read by the backward only."""
     with torch.autocast(q.device.type, enabled=False):
         dt = _dtype(q)
         s = _sddmm(crow, col, _as(q, dt), _as(k, dt), q.new_zeros(col.numel(), dtype=dt))
-        out = _as(_spmm(crow, col, s * _as(w, dt), _as(v, dt)), v.dtype)
+        a = s * _as(w, dt).index_select(0, wsrc)
+        out = _as(_spmm(crow, col, a, _as(v, dt)), v.dtype)
         return out, (s if keep_scores else s.new_empty(0))
 
 
 @pair_sums.register_fake
-def _(q, k, v, w, crow, col, tcrow, tcol, tperm, keep_scores):
+def _(q, k, v, w, wsrc, crow, col, tcrow, tcol, tperm, keep_scores):
     n = col.numel() if keep_scores else 0
     return _empty_like_rows(v, crow), q.new_empty(n, dtype=_dtype(q))
 
 
 @torch.library.custom_op('pyg_grf::pair_sums_backward', mutates_args=())
-def pair_sums_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor,
+def pair_sums_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor, wsrc: Tensor,
                        scores: Tensor, crow: Tensor, col: Tensor, tcrow: Tensor, tcol: Tensor,
                        tperm: Tensor, needs: List[bool]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""The gradients of :func:`pair_sums` in ``q``, ``k``, ``v``, ``w`` (empty where
     ``needs`` says so), with :math:`g_{ij} = \langle \partial L / \partial o_i, v_j \rangle`:
-    :math:`\partial w_{ij} = g_{ij} s_{ij}`, :math:`\partial v = (w \odot s)^\top \partial o`,
-    :math:`\partial q = (g \odot w) k`, :math:`\partial k = (g \odot w)^\top q`."""
+    :math:`\partial w_{ij} = g_{ij} s_{ij}` (summed into the statistic values the cells read),
+    :math:`\partial v = (w \odot s)^\top \partial o`, :math:`\partial q = (g \odot w) k`,
+    :math:`\partial k = (g \odot w)^\top q`."""
     with torch.autocast(grad.device.type, enabled=False):
         dt = _dtype(q)
-        qd, kd, gd, vd, wd = (_as(t, dt) for t in (q, k, grad, v, w))
+        qd, kd, gd, vd = (_as(t, dt) for t in (q, k, grad, v))
+        wd = _as(w, dt).index_select(0, wsrc)
         s = scores if scores.numel() == col.numel() else _sddmm(
             crow, col, qd, kd, qd.new_zeros(col.numel()))
         g = _sddmm(crow, col, gd, vd, qd.new_zeros(col.numel()))  # dL/da_ij = <dO_i, v_j>
         none = q.new_empty(0)
-        gw = _as(g * s, w.dtype) if needs[3] else none
+        gw = (torch.zeros_like(w, dtype=dt).index_add_(0, wsrc, g * s).to(w.dtype)
+              if needs[3] else none)
         gv = (_as(_spmm(tcrow, tcol, (s * wd).index_select(0, tperm), gd), v.dtype)
               if needs[2] else none)
         g = g.mul_(wd)
@@ -290,23 +296,23 @@ def pair_sums_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor,
 
 
 @pair_sums_backward.register_fake
-def _(grad, q, k, v, w, scores, crow, col, tcrow, tcol, tperm, needs):
+def _(grad, q, k, v, w, wsrc, scores, crow, col, tcrow, tcol, tperm, needs):
     def like(x, flag):
         return torch.empty_like(x) if flag else x.new_empty(0)
     return like(q, needs[0]), like(k, needs[1]), like(v, needs[2]), like(w, needs[3])
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, w, crow, col, tcrow, tcol, tperm, _ = inputs
-    ctx.save_for_backward(q, k, v, w, output[1], crow, col, tcrow, tcol, tperm)
+    q, k, v, w, wsrc, crow, col, tcrow, tcol, tperm, _ = inputs
+    ctx.save_for_backward(q, k, v, w, wsrc, output[1], crow, col, tcrow, tcol, tperm)
 
 
 def _backward(ctx, grad, _grad_scores):
-    q, k, v, w, scores, crow, col, tcrow, tcol, tperm = ctx.saved_tensors
+    q, k, v, w, wsrc, scores, crow, col, tcrow, tcol, tperm = ctx.saved_tensors
     needs = list(ctx.needs_input_grad[:4])
-    out = pair_sums_backward(_as(grad, grad.dtype), q, k, v, w, scores, crow, col, tcrow, tcol,
-                             tperm, needs)
-    return (*(g if n else None for g, n in zip(out, needs)),) + (None,) * 6
+    out = pair_sums_backward(_as(grad, grad.dtype), q, k, v, w, wsrc, scores, crow, col, tcrow,
+                             tcol, tperm, needs)
+    return (*(g if n else None for g, n in zip(out, needs)),) + (None,) * 7
 
 
 torch.library.register_autograd('pyg_grf::pair_sums', _backward, setup_context=_setup)
@@ -334,9 +340,9 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f
             def flat(t):
                 return t.reshape(-1, t.size(-1))
         idx = st.expand(1, samples)
-        out, _ = pair_sums(flat(phi_q), flat(phi_k), flat(v1),
-                           w_all.reshape(-1).index_select(0, idx.wsrc), idx.crow, idx.col,
-                           idx.tcrow, idx.tcol, idx.tperm, per_head <= KEEP_SCORES_BYTES)
+        out, _ = pair_sums(flat(phi_q), flat(phi_k), flat(v1), w_all.reshape(-1), idx.wsrc,
+                           idx.crow, idx.col, idx.tcrow, idx.tcol, idx.tperm,
+                           per_head <= KEEP_SCORES_BYTES)
         if samples > 1:
             out = out.view(samples, H, -1, out.size(-1)).transpose(0, 1)
         return out.reshape(H, R, -1)
@@ -363,12 +369,11 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f
             q, k, v = (t.index_select(1, perm) for t in (q, k, v))
         if c == 1 and samples == 1:  # the base structures are this head's index
             idx = KernelIndex(st.crow, st.col, st.tcrow, st.tcol, st.tperm, st.src)
-            w = w_all[h0].index_select(0, st.src)
         else:  # heads h0 .. h0 + c - 1: their coefficient rows
             idx = st.expand(c, samples)
-            w = w_all[h0:h0 + c].reshape(-1).index_select(0, idx.wsrc)
-        out, _ = pair_sums(*(t.reshape(-1, t.size(-1)) for t in (q, k, v)), w, idx.crow,
-                           idx.col, idx.tcrow, idx.tcol, idx.tperm, keep)
+        w = w_all[h0:h0 + c].reshape(-1)
+        out, _ = pair_sums(*(t.reshape(-1, t.size(-1)) for t in (q, k, v)), w, idx.wsrc,
+                           idx.crow, idx.col, idx.tcrow, idx.tcol, idx.tperm, keep)
         out = out.view(c, R, -1)
         if perm is not None:
             out = torch.empty_like(out).index_copy_(1, perm, out)
