@@ -362,18 +362,18 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f
         chunk = H if H * per_head <= CHUNK_BYTES else max(1, CHUNK_BYTES // per_head)
     keep = chunk * per_head <= KEEP_SCORES_BYTES
     outs = []
-    for h0 in range(0, H, chunk):
-        c = min(chunk, H - h0)
-        q, k, v = (t[h0:h0 + c] for t in (phi_q, phi_k, v1))
+    # split, not sliced: the backward joins the chunks' gradients in one copy
+    parts = zip(*(t.split(chunk) if chunk < H else (t,) for t in (phi_q, phi_k, v1, w_all)))
+    for q, k, v, w in parts:
+        c = q.size(0)
         if perm is not None:
             q, k, v = (t.index_select(1, perm) for t in (q, k, v))
         if c == 1 and samples == 1:  # the base structures are this head's index
             idx = KernelIndex(st.crow, st.col, st.tcrow, st.tcol, st.tperm, st.src)
         else:  # heads h0 .. h0 + c - 1: their coefficient rows
             idx = st.expand(c, samples)
-        w = w_all[h0:h0 + c].reshape(-1)
-        out, _ = pair_sums(*(t.reshape(-1, t.size(-1)) for t in (q, k, v)), w, idx.wsrc,
-                           idx.crow, idx.col, idx.tcrow, idx.tcol, idx.tperm, keep)
+        out, _ = pair_sums(*(t.reshape(-1, t.size(-1)) for t in (q, k, v)), w.reshape(-1),
+                           idx.wsrc, idx.crow, idx.col, idx.tcrow, idx.tcol, idx.tperm, keep)
         out = out.view(c, R, -1)
         if perm is not None:
             out = torch.empty_like(out).index_copy_(1, perm, out)
