@@ -360,7 +360,7 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f
         chunk = 1
     else:
         chunk = H if H * per_head <= CHUNK_BYTES else max(1, CHUNK_BYTES // per_head)
-    keep = chunk * per_head <= KEEP_SCORES_BYTES
+    keep = H * per_head <= KEEP_SCORES_BYTES  # all heads' scores, whatever the chunks
     outs = []
     # split, not sliced: the backward joins the chunks' gradients in one copy
     parts = zip(*(t.split(chunk) if chunk < H else (t,) for t in (phi_q, phi_k, v1, w_all)))
