@@ -142,7 +142,8 @@ def test_gradcheck_every_backend(mode, backend, score):
     plan = RWGNKPlan.build(batch, [layer])
     if mode == 'linear':
         part = plan.linear_part(layer.spec(True), 0.0)
-        assert part.backend == ('sparse' if backend == 'sparse' else 'pairs')
+        # 'auto' runs the exact kernel low rank
+        assert part.backend == ('pairs' if backend == 'pairs' else 'sparse')
     x = batch.x.clone().requires_grad_()
     params = list(layer.parameters())
     assert torch.autograd.gradcheck(lambda x, *ps: layer(x, batch.batch, rwgnk=plan),
@@ -331,9 +332,10 @@ def test_linear_backends_equal_dense_reference(backend, with_kernel):
         return
     exact = not with_kernel
     part = plan.linear_part(layer.spec(exact), 0.0)
-    assert part.backend == ('sparse' if backend == 'sparse' else 'pairs')
-    assert isinstance(part.structures, SparseStructures if backend == 'sparse'
-                      else PairsStructures)
+    # 'auto': the exact kernel low rank, a cut kernel on its pairs
+    low_rank = backend == 'sparse' or (backend == 'auto' and exact)
+    assert part.backend == ('sparse' if low_rank else 'pairs')
+    assert isinstance(part.structures, SparseStructures if low_rank else PairsStructures)
     assert layer.spec(exact).mode == ('symmetric' if exact else 'asymmetric')
     out = layer(x, batch.batch, rwgnk=plan)
     ref = reference(layer, batch.x, dense_kernel(batch))
@@ -392,8 +394,9 @@ def test_auto_falls_back_to_sparse_when_pairs_do_not_fit(monkeypatch):
     g = star(n)
     layer = GKATAttention(8, heads=2, mode='linear').double()
     monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', 'off')
-    full = RWGNKPlan.build(g, [layer])
-    part = full.linear_part(layer.spec(True), 0.0)
+    on_pairs = GKATAttention(8, heads=2, mode='linear', backend='pairs').double()
+    full = RWGNKPlan.build(g, [on_pairs])
+    part = full.linear_part(on_pairs.spec(True), 0.0)
     assert part.backend == 'pairs' and part.structures.nnz > n * n // 2  # most pairs
     loads = full.grf_loads(0.0)
     need_sparse = sparse.memory(n, loads.pairs()[0].size(1), 2, layer.feature_dim,
@@ -421,11 +424,12 @@ def test_memory_is_checked_before_any_backend_allocates(monkeypatch):
     monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '1K')
     for backend in ('auto', 'pairs', 'sparse'):  # neither path fits: refused, not attempted
         layer = GKATAttention(8, heads=2, mode='linear', backend=backend).double()
-        with pytest.raises(BackendMemoryError, match=rf"backend={backend!r}.*does not fit "
+        ran = 'sparse' if backend == 'auto' else backend  # 'auto': the exact kernel low rank
+        with pytest.raises(BackendMemoryError, match=rf"backend={ran!r}.*does not fit "
                                                       r"\$PYG_GRF_MEMORY_LIMIT"):
             RWGNKPlan.build(b, [layer])
         plan = RWGNKPlan.build(b)  # no layers: nothing large built yet
-        with pytest.raises(BackendMemoryError, match=rf"backend={backend!r}"):
+        with pytest.raises(BackendMemoryError, match=rf"backend={ran!r}"):
             layer(b.x, b.batch, rwgnk=plan)
     layer = GKATAttention(8, heads=2, mode='softmax').double()
     with pytest.raises(MemoryError, match=r"GKAT kernel Psi Psi\^T of 15 nodes.*more than "
