@@ -391,6 +391,17 @@ def gps_step(column: str, b: Batch, device: torch.device, bf16: bool):
 # Sections #########################################################################################
 
 
+def run_command(cmd: list, timeout: float):
+    r"""``(output, return code)`` of ``cmd`` run in the repository root; a command killed at
+    ``timeout`` seconds returns what it printed and :obj:`None`."""
+    try:
+        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+        return r.stdout + r.stderr, r.returncode
+    except subprocess.TimeoutExpired as exc:
+        text = (exc.stdout or b'').decode() if isinstance(exc.stdout, bytes) else (exc.stdout or '')
+        return text + f'\n[killed after {timeout:.0f} s]', None
+
+
 def run_nvidia_smi(S: Section, out: Path):
     if S.device.type != 'cuda':
         S.data.update(status='skipped', reason='not a CUDA device')
@@ -420,12 +431,7 @@ def run_cuda_tests(S: Section, out: Path):
            '-p', 'no:cacheprovider']
     S.data['command'] = ' '.join(cmd[1:])
     timeout = max(10.0, S.left())
-    try:
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        text, rc = r.stdout + r.stderr, r.returncode
-    except subprocess.TimeoutExpired as exc:
-        text = (exc.stdout or b'').decode() if isinstance(exc.stdout, bytes) else (exc.stdout or '')
-        text, rc = text + f'\n[killed after {timeout:.0f} s]', None
+    text, rc = run_command(cmd, timeout)
     (out / 'cuda_tests.txt').write_text(text)
     counts = {k: int(v) for v, k in re.findall(
         r'(\d+) (passed|failed|errors?|skipped|deselected|xfailed|xpassed)', text[-3000:])}
@@ -839,12 +845,7 @@ def run_op_count(S: Section, out: Path):
     cmd = [sys.executable, 'bench/op_count.py', *graphs, '--out', str(out / 'op_count')]
     S.data['command'] = 'python ' + ' '.join(cmd[1:])
     timeout = max(10.0, S.left() - 2)
-    try:
-        r = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-        text, rc = r.stdout + r.stderr, r.returncode
-    except subprocess.TimeoutExpired as exc:
-        text = (exc.stdout or b'').decode() if isinstance(exc.stdout, bytes) else (exc.stdout or '')
-        text, rc = text + f'\n[killed after {timeout:.0f} s]', None
+    text, rc = run_command(cmd, timeout)
     (out / 'op_count.txt').write_text(text)
     S.data.update(rc=rc, tail=text[-1500:])
     result = out / 'op_count.json'

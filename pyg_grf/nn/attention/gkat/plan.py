@@ -12,7 +12,7 @@ from torch import Tensor
 from pyg_grf._validation import check_index_range
 from pyg_grf.features.loads import GRFLoads, narrow_index
 from pyg_grf.features.rwgnk import rwgnk_kernel
-from pyg_grf.nn.attention.grf.plan import GRFPlan, LayerSpec, _version, build_part
+from pyg_grf.nn.attention.grf.plan import GRFPlan, LayerSpec, build_part, tensor_version
 from pyg_grf.ops import SparsePattern
 
 
@@ -90,6 +90,7 @@ class RWGNKPlan:
     pairs: Optional[KernelPairs] = None
     stored_pairs: Optional[Tuple[Tensor, Tensor]] = None  # AddRWGNKFeatures' pairs, as given
     grf: Optional[GRFPlan] = None  # the linear layers' plan on the GRF engine
+    grf_threshold: float = 0.0     # the kernel threshold that plan was built for
     source: Optional[tuple] = None  # the data's fields it was built from (matches)
 
     @classmethod
@@ -108,7 +109,7 @@ class RWGNKPlan:
         fields = [getattr(data, n, None) for n in names] + [getattr(data, 'ptr', None)]
         plan = cls.from_tensors(*fields[:2], data.num_nodes, *fields[2:4], ptr=fields[4],
                                 layers=layers)
-        source = tuple((t, _version(t)) for t in fields) + (
+        source = tuple((t, tensor_version(t)) for t in fields) + (
             (data.num_nodes, 0),)
         reference = tuple(None if t is None else t.detach().clone() for t in fields)
         return replace(plan, source=(names + ['ptr'], source, reference))
@@ -159,7 +160,7 @@ class RWGNKPlan:
                                       for layer in linear if layer.threshold == t)
                 built = {}
                 plan = replace(plan, grf=GRFPlan(loads, {s: build_part(loads, s, built)
-                                                         for s in specs}, prefix=str(t)))
+                                                         for s in specs}), grf_threshold=t)
         return plan
 
     def grf_loads(self, threshold: float) -> GRFLoads:
@@ -179,7 +180,7 @@ class RWGNKPlan:
     def linear_part(self, spec: LayerSpec, threshold: float):
         r"""The GRF engine's part of a linear layer of configuration ``spec``: this plan's
         when it holds it, else built for this call (not kept)."""
-        if self.grf is not None and self.grf.prefix == str(threshold) and spec in self.grf.parts:
+        if self.grf is not None and self.grf_threshold == threshold and spec in self.grf.parts:
             return self.grf.parts[spec]
         return build_part(self.grf_loads(threshold), spec)
 
@@ -203,7 +204,7 @@ class RWGNKPlan:
         names, source, reference = self.source
         now = [getattr(data, n, None) for n in names]
         if data.num_nodes == source[-1][0] and all(
-                a is t and _version(a) == v for a, (t, v) in zip(now, source)):
+                a is t and tensor_version(a) == v for a, (t, v) in zip(now, source)):
             return True
         for a, ref in zip(now, reference):
             if (a is None) != (ref is None):
@@ -213,7 +214,7 @@ class RWGNKPlan:
                 return False
         if data.num_nodes != self.num_nodes:
             return False
-        pinned = tuple((t, _version(t)) for t in now)
+        pinned = tuple((t, tensor_version(t)) for t in now)
         object.__setattr__(self, 'source', (names, pinned + ((data.num_nodes, 0),), reference))
         return True
 
@@ -223,9 +224,9 @@ class RWGNKPlan:
             if layer.mode == 'softmax' and (self.pairs is None
                                             or self.pairs.threshold != layer.threshold):
                 return False
-            if layer.mode == 'linear' and (self.grf is None or self.grf.prefix != str(
-                    layer.threshold) or layer.spec(self.exact and layer.threshold == 0)
-                    not in self.grf.parts):
+            if layer.mode == 'linear' and (
+                    self.grf is None or self.grf_threshold != layer.threshold
+                    or layer.spec(self.exact and layer.threshold == 0) not in self.grf.parts):
                 return False
         return True
 
@@ -262,7 +263,8 @@ class RWGNKPlan:
                          move(self.ptr), None if self.pairs is None else self.pairs.to(device),
                          None if self.stored_pairs is None else tuple(
                              move(t) for t in self.stored_pairs),
-                         None if self.grf is None else self.grf.to(device), source)
+                         None if self.grf is None else self.grf.to(device), self.grf_threshold,
+                         source)
 
     def repeat(self, copies: int, layers: Iterable[Any] = ()) -> 'RWGNKPlan':
         r"""The plan of ``copies`` disjoint copies of this graph (copy ``c`` on nodes

@@ -76,11 +76,12 @@ def _source(data: Any, prefix: str) -> Tuple[Tuple[str, Any, int], ...]:
     # with the version counter of each tensor
     names = [f'{p}_{s}' for p in (prefix, f'{prefix}_key')
              for s in ('index', 'length', 'load', 'draw')] + ['batch']
-    out = tuple((n, t, _version(t)) for n, t in ((n, getattr(data, n, None)) for n in names))
+    out = tuple((n, t, tensor_version(t))
+                for n, t in ((n, getattr(data, n, None)) for n in names))
     return out + (('num_nodes', data.num_nodes, 0),)
 
 
-def _version(t: Any) -> int:
+def tensor_version(t: Any) -> int:
     # the version counter of a tensor (inference tensors have none: -1)
     return t._version if isinstance(t, Tensor) and not t.is_inference() else -1
 
