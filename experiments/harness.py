@@ -64,6 +64,41 @@ def fit_and_test(config: str, overrides: Overrides, seed: int, root: str,
             **{k: float(v) for k, v in metrics.items()}}
 
 
+def provenance() -> Dict[str, Any]:
+    r"""Where a result comes from: the commit of the checkout (``+dirty`` with uncommitted
+    changes; ``$PYG_GRF_COMMIT`` where set, as ``.ci/run`` does for its tree copy without
+    ``.git``), the machine (CPU model, cores, platform), torch's version and its CPU capability
+    (the vector ISA its kernels dispatch to: results can differ across it)."""
+    import platform
+
+    import torch
+    commit = os.environ.get('PYG_GRF_COMMIT') or _git_commit()
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open('/proc/cpuinfo') as f:
+            cpu = next((line.split(':', 1)[1].strip() for line in f
+                        if line.startswith('model name')), cpu)
+    except OSError:
+        pass
+    return {'commit': commit,
+            'machine': f'{cpu}, {os.cpu_count()} cores, {platform.platform(terse=True)}',
+            'torch': torch.__version__,
+            'cpu_capability': torch.backends.cpu.get_cpu_capability()}
+
+
+def _git_commit() -> Optional[str]:
+    import subprocess
+    git = ['git', '-C', osp.dirname(osp.dirname(osp.abspath(__file__)))]
+    try:
+        commit = subprocess.run([*git, 'rev-parse', '--short', 'HEAD'], capture_output=True,
+                                text=True).stdout.strip()
+        dirty = subprocess.run([*git, 'status', '--porcelain', '--untracked-files=no'],
+                               capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return None
+    return (commit + ('+dirty' if dirty else '')) or None
+
+
 def read_rows(path: str) -> List[Dict[str, Any]]:
     r"""The rows of a JSONL results file (none if it does not exist)."""
     if not osp.exists(path):
@@ -91,7 +126,7 @@ def run_grid(variants: Dict[str, Any], seeds: Iterable[int], out: str,
                 continue
             with tempfile.TemporaryDirectory() as root:
                 row = {**run(variant, spec, seed, root), **key, 'variant': variant,
-                       'seed': seed}
+                       'seed': seed, **provenance()}
             rows.append(row)
             with open(path, 'a') as f:
                 f.write(json.dumps(row) + '\n')

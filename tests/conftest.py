@@ -41,3 +41,13 @@ def _one_thread():
 def _seed():
     torch.manual_seed(12345)
     yield
+
+
+@pytest.fixture(autouse=True)
+def _restore_deterministic_algorithms():
+    # `pyg-grf fit` turns torch's deterministic algorithms on (trainer.deterministic: warn), a
+    # process-wide switch: one test's run must not change the next test's kernels.
+    flags = (torch.are_deterministic_algorithms_enabled(),
+             torch.is_deterministic_algorithms_warn_only_enabled())
+    yield
+    torch.use_deterministic_algorithms(flags[0], warn_only=flags[1])

@@ -16,7 +16,8 @@ those named in ``$PYG_GRF_TRUSTED_CLASSES``): jsonargparse imports no other dott
 
 Defaults: seed 0, an :class:`~pyg_grf.lightning.callbacks.AtomicModelCheckpoint` that rewrites
 ``last.ckpt`` after every epoch (configure it under ``checkpoint:``), gradient clipping at norm
-2.0 (SAMSA paper, App. B), ``test_after_fit: false`` and ``plot: true``. Other packages' tips
+2.0 (SAMSA paper, App. B), ``trainer.deterministic: warn`` (the same seed gives the same
+numbers on one machine), ``test_after_fit: false`` and ``plot: true``. Other packages' tips
 and notices are dropped from the output (:func:`quiet_logs`). SIGTERM or Ctrl-C stops the
 command within a second, and a stopped ``fit`` resumes with ``--ckpt_path last``
 (:mod:`pyg_grf.lightning.signals`).
@@ -69,7 +70,12 @@ from pyg_grf.lightning.specs import (
 )
 from pyg_grf.utils import malloc_tuned, tune_malloc
 
-TRAINER_DEFAULTS: Dict[str, Any] = {'gradient_clip_val': 2.0, 'gradient_clip_algorithm': 'norm'}
+#: ``deterministic='warn'``: torch's deterministic algorithms (fixed reduction order where torch
+#: offers one; an op without one warns instead of failing, as some CUDA scatters do), so that the
+#: same seed gives the same numbers run after run on one machine (docs/reliability.md says what
+#: still varies across machines).
+TRAINER_DEFAULTS: Dict[str, Any] = {'gradient_clip_val': 2.0, 'gradient_clip_algorithm': 'norm',
+                                    'deterministic': 'warn'}
 #: The subcommands that :func:`main` runs itself, beside Lightning's four.
 SUBCOMMANDS = {
     'cv': 'k-fold cross-validation: fit + test every fold of a TUDataModule config with a fresh '
