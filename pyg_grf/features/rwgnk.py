@@ -20,6 +20,7 @@ with the expectation replaced by a Monte Carlo mean over ``num_walks`` walks;
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -176,7 +177,9 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
     work = torch.promote_types(rwgnk_value.dtype, torch.float32)
     psi = torch.sparse_coo_tensor(rwgnk_index.long(), rwgnk_value.detach().to(work),
                                   (num_nodes, num_nodes), check_invariants=False).coalesce()
-    kernel = torch.sparse.mm(psi, psi.t()).coalesce()
+    with warnings.catch_warnings():  # torch's product goes through CSR, "in beta"
+        warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
+        kernel = torch.sparse.mm(psi, psi.t()).coalesce()
     index, value = kernel.indices(), kernel.values().to(rwgnk_value.dtype)
     keep = value.abs() > threshold
     if not bool(keep.all()):

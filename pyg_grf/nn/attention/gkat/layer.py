@@ -276,7 +276,7 @@ class GKATAttention(GraphAttention):
                                       batch=batch).transpose(0, 1)  # stabilised per graph
             v1 = F.pad(key_dropout(v.transpose(0, 1), self.dropout, self.training)
                        .transpose(0, 1), (0, 1), value=1.0)
-            o = masked_sums(part, phi_q, phi_k, v1, phi_q.new_ones(H, 1), samples or 1, exact)
+            o = masked_sums(part, phi_q, phi_k, v1, phi_q.new_ones(1, 1), samples or 1, exact)
             out = normalise(o, self.eps, v.dtype).transpose(0, 1)    # [N, H, C]
         else:
             q, k, v = self._project(x)
@@ -296,8 +296,10 @@ class GKATAttention(GraphAttention):
         # (q, k, v) head-major [H, N, C] each, contiguous: one product, one copy
         N, H, C = x.size(0), self.heads, self.head_channels
         weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])
-        y = F.linear(x, weight).view(N, 3 * H, C).transpose(0, 1).contiguous()
-        return y[:H], y[H:2 * H], y[2 * H:]
+        # unbind, not slices: its backward is one stack, where each slice's is a zero-filled
+        # gradient of the whole product
+        return F.linear(x, weight).view(N, 3 * H, C).transpose(0, 1).contiguous() \
+            .view(3, H, N, C).unbind(0)
 
     def _project(self, x: Tensor) -> Tuple[OptTensor, OptTensor, Tensor]:
         r"""``(q, k, v)``, each ``[N, H, C]`` (``q``, ``k`` :obj:`None` without ``to_q``): one

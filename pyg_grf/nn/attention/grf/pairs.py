@@ -31,7 +31,7 @@ from torch import Tensor
 
 from pyg_grf.features.blocks import block_layout, mask_statistics
 from pyg_grf.features.loads import GRFLoads, narrow_index
-from pyg_grf.ops import csr_tensor
+from pyg_grf.ops import csr_mm, csr_tensor
 
 
 def coefficient_pairs(f: Tensor, num_coef: int, symmetric: bool) -> Tensor:
@@ -229,7 +229,7 @@ def _sddmm(crow: Tensor, col: Tensor, a: Tensor, b: Tensor, out: Tensor) -> Tens
 
 
 def _spmm(crow: Tensor, col: Tensor, vals: Tensor, x: Tensor) -> Tensor:
-    return csr_tensor(crow, col, vals, (crow.numel() - 1, x.size(0))) @ x
+    return csr_mm(csr_tensor(crow, col, vals, (crow.numel() - 1, x.size(0))), x)
 
 
 def _as(x: Tensor, dtype: torch.dtype) -> Tensor:
