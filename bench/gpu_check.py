@@ -11,8 +11,8 @@ together). Sections, each guarded (an error is recorded and the next section run
 time-boxed:
 
 * ``nvidia_smi``: the output of ``nvidia-smi`` (skipped on the CPU);
-* ``cuda_tests``: ``python -m pytest -m cuda tests/device -q`` in a subprocess with a timeout
-  (skipped on the CPU);
+* ``cuda_tests``: ``python -m pytest -m cuda tests/device tests/test_ops.py -q`` in a
+  subprocess with a timeout (skipped on the CPU);
 * ``gps_step``: a whole training step (fresh batch object, the attention's payload, forward, loss,
   backward, ``Adam`` step) of a 2-layer GPS model (``GINEConv`` local branch, 64 channels,
   4 heads) with ``pyg_grf.nn.GRFGPSConv(attn_type='grf')`` against PyG's ``GPSConv`` with
@@ -427,7 +427,7 @@ def run_cuda_tests(S: Section, out: Path):
         S.data.update(status='error', error='pytest is not installed in this environment: '
                       'carry a pytest wheel (and its dependencies) and pip install it first')
         return
-    cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/device', '-q',
+    cmd = [sys.executable, '-m', 'pytest', '-m', 'cuda', 'tests/device', 'tests/test_ops.py', '-q',
            '-p', 'no:cacheprovider']
     S.data['command'] = ' '.join(cmd[1:])
     timeout = max(10.0, S.left())

@@ -37,10 +37,10 @@ def csr_mm(a: Tensor, x: Tensor) -> Tensor:
     result (``addmm`` with ``beta=0`` into itself): torch's ``a @ x`` (and ``mm(out=)``)
     zero-fills a temporary, multiplies into it and copies it into the result, two extra passes
     over an output that is often larger than the cache (a PubMed-sized ``[157736, 72]``
-    product: 4x the time on the CPU). On the CPU (MKL) ``beta=0`` never reads the result, so
-    it starts empty; elsewhere it starts zeroed."""
-    shape = (a.size(0), x.size(1))
-    out = x.new_empty(shape) if x.device.type == 'cpu' else x.new_zeros(shape)
+    product: 4x the time on the CPU; on CUDA a fill and a copy kernel per product). With
+    ``beta=0`` neither MKL nor cuSPARSE reads the result (a NaN-filled one on both:
+    ``tests/test_ops.py``, the ``cuda`` case run on an H200), so it starts empty."""
+    out = x.new_empty(a.size(0), x.size(1))
     return torch.addmm(out, a, x, beta=0.0, out=out)
 
 

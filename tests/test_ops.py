@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from pyg_grf.ops import SparsePattern, head_spmm
+from pyg_grf.ops import SparsePattern, csr_mm, head_spmm
 
 
 @pytest.mark.parametrize('sorted_index', [True, False])
@@ -63,3 +63,35 @@ def test_pattern_from_a_strided_index_equals_the_dense_matrix():
     x = torch.randn(3, 4, dtype=torch.float64)
     assert torch.allclose(spmm(pattern, values, x), dense @ x)
     assert torch.allclose(spmm(pattern, values, x, transpose=True), dense.t() @ x)
+
+
+DEVICES = ['cpu', pytest.param('cuda', marks=[pytest.mark.cuda, pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='no CUDA device')])]
+
+
+@pytest.mark.parametrize('device', DEVICES)
+@pytest.mark.parametrize('index_dtype', [torch.int32, torch.int64])
+@pytest.mark.parametrize('density', [0.0, 0.05, 0.5])
+def test_beta_zero_addmm_never_reads_its_result(device, index_dtype, density):
+    # what csr_mm relies on: a CSR addmm with beta=0 into a NaN-filled result equals the dense
+    # product (the result's old contents never reach it), for empty and non-empty matrices
+    gen = torch.Generator().manual_seed(1)
+    dense = torch.rand(40, 30, generator=gen) * (torch.rand(40, 30, generator=gen) < density)
+    x = torch.randn(30, 9, generator=gen)
+    csr = dense.to_sparse_csr()
+    a = torch.sparse_csr_tensor(csr.crow_indices().to(index_dtype),
+                                csr.col_indices().to(index_dtype), csr.values(), (40, 30))
+    a, x, dense = a.to(device), x.to(device), dense.to(device)
+    out = torch.full((40, 9), float('nan'), device=device)
+    torch.addmm(out, a, x, beta=0.0, out=out)
+    torch.testing.assert_close(out, dense @ x)
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_csr_mm_equals_dense(device):
+    gen = torch.Generator().manual_seed(2)
+    dense = torch.randn(50, 20, generator=gen) * (torch.rand(50, 20, generator=gen) < 0.2)
+    x = torch.randn(20, 7, generator=gen, dtype=torch.float64)
+    a, x = dense.double().to_sparse_csr().to(device), x.to(device)
+    torch.testing.assert_close(csr_mm(a, x), dense.double().to(device) @ x)
+    torch.testing.assert_close(csr_mm(a, x.t().contiguous().t()), dense.double().to(device) @ x)
