@@ -57,6 +57,26 @@ class CitationGAT(torch.nn.Module):
 
 
 @register_model_class
+class CitationGCN(torch.nn.Module):
+    r"""GCN on the citation graphs (Kipf & Welling, 2017; PyG's ``examples/gcn.py``): dropout,
+    ``GCNConv(hidden)``, ReLU, dropout, ``GCNConv(out_channels)``, dropout :obj:`dropout` on the
+    inputs of both layers."""
+
+    def __init__(self, in_channels: int, out_channels: int, hidden_channels: int = 16,
+                 dropout: float = 0.5):
+        super().__init__()
+        self.dropout = dropout
+        self.conv1 = GCNConv(in_channels, hidden_channels)
+        self.conv2 = GCNConv(hidden_channels, out_channels)
+
+    def forward(self, data) -> Tensor:
+        x = F.dropout(data.x, self.dropout, self.training)
+        x = F.relu(self.conv1(x, data.edge_index))
+        x = F.dropout(x, self.dropout, self.training)
+        return self.conv2(x, data.edge_index)
+
+
+@register_model_class
 class CitationGKAT(torch.nn.Module):
     r"""GKAT in GAT's place on the citation graphs (FTFI paper, App. A.5.2): the same network as
     :class:`CitationGAT` with the adjacency mask replaced by the RWGNK kernel ``K = Psi Psi^T``

@@ -5,6 +5,11 @@ r"""Datasets on PyG's :class:`~torch_geometric.data.InMemoryDataset` machinery: 
 clouds) live beside them, in ``experiments/image_grids.py`` and ``experiments/point_clouds.py``."""
 from pyg_grf.datasets.cache import DatasetCacheError
 from pyg_grf.datasets.grid import grid_edge_index, image_patches
+from pyg_grf.datasets.heterophilous import (
+    HETEROPHILOUS_DATASETS,
+    HeterophilousGraphDataset,
+    load_heterophilous,
+)
 from pyg_grf.datasets.lrgb import (
     LRGB_INFO,
     LRGBDataset,
@@ -36,6 +41,7 @@ __all__ = [
     'MotifDataset', 'InducedCycleDataset', 'MOTIFS', 'motif_graph', 'TwoHopMajorityDataset',
     'grid_edge_index', 'image_patches',
     'TUDataset', 'load_tu', 'TU_DATASETS', 'Planetoid', 'load_planetoid', 'PLANETOID_DATASETS',
+    'HeterophilousGraphDataset', 'load_heterophilous', 'HETEROPHILOUS_DATASETS',
     'LRGBDataset', 'PeptidesFunctional', 'load_lrgb', 'LRGB_INFO', 'LRGBInfo', 'lrgb_standin',
     'write_lrgb_raw_standin', 'errica_splits',
     'data_root', 'mirror_root', 'fetch_from_mirror',

@@ -6,6 +6,7 @@ pull in jsonargparse.
 from pyg_grf.lightning.datamodules import (
     EpochSeededRandomSampler,
     GraphDataModule,
+    HeterophilousDataModule,
     LRGBDataModule,
     PlanetoidDataModule,
     SyntheticDataModule,
@@ -17,5 +18,6 @@ from pyg_grf.lightning.metrics import MultilabelAveragePrecision
 from pyg_grf.lightning.tasks import GraphLevelTask, NodeLevelTask
 
 __all__ = ['GraphLevelTask', 'NodeLevelTask', 'GraphDataModule', 'SyntheticDataModule',
-           'TUDataModule', 'PlanetoidDataModule', 'LRGBDataModule', 'EpochSeededRandomSampler',
+           'TUDataModule', 'PlanetoidDataModule', 'HeterophilousDataModule', 'LRGBDataModule',
+           'EpochSeededRandomSampler',
            'MultilabelAveragePrecision', 'LinkLevelTask', 'LinkRankingMetrics']

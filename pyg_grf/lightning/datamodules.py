@@ -514,3 +514,63 @@ class PlanetoidDataModule(_DatasetDataModule):
         return self._loader()
 
     test_dataloader = val_dataloader
+
+
+class HeterophilousDataModule(_DatasetDataModule):
+    r"""A heterophilous graph of Platonov et al. (2023)
+    (:func:`~pyg_grf.datasets.load_heterophilous`: Minesweeper, Roman-empire, ...) for node
+    classification with :class:`~pyg_grf.lightning.tasks.NodeLevelTask`: every loader yields
+    the one full graph, with ``train_mask`` / ``val_mask`` / ``test_mask`` of the fixed split
+    :obj:`split` (the dataset holds ten, one per column). Minesweeper, Tolokers and Questions
+    are binary and scored by ROC-AUC (``task: binary``, ``metric: auroc``, ``out_channels: 1``).
+
+    Args:
+        name (str, optional): dataset name (default: :obj:`'minesweeper'`).
+        split (int, optional): which of the fixed splits, ``0 <= split < 10``
+            (default: :obj:`0`).
+        pre_transform, transform, root: as in :class:`PlanetoidDataModule`.
+        num_workers (int, optional): loader workers (default: :obj:`0`).
+    """
+
+    def __init__(self, name: str = 'minesweeper', split: int = 0,
+                 pre_transform: TransformArg = None, transform: TransformArg = None,
+                 root: Optional[str] = None, num_workers: int = 0):
+        super().__init__(pre_transform, transform, root, num_workers)
+        if isinstance(split, bool) or not isinstance(split, int) or split < 0:
+            raise ValueError(f"split must be an integer >= 0 (one of the dataset's fixed "
+                             f"splits), got {split!r}")
+        self.name = name
+        self.split = split
+        self.graph = None
+
+    def load_dataset(self):
+        load_heterophilous = _dataset_api('load_heterophilous')
+        return _load_fresh(load_heterophilous, name=self.name, root=self.root,
+                           transform=self.transform, pre_transform=self.pre_transform)
+
+    def setup(self, stage: Optional[str] = None) -> None:
+        super().setup(stage)
+        if self.graph is None:
+            data = self.dataset[0]
+            num_splits = data.train_mask.size(1) if data.train_mask.dim() == 2 else 1
+            if self.split >= num_splits:
+                raise ValueError(f"split must be in [0, {num_splits}) for {self.name}, got "
+                                 f"{self.split}")
+            data = copy.copy(data)
+            for key in ('train_mask', 'val_mask', 'test_mask'):
+                mask = data[key]
+                data[key] = mask[:, self.split] if mask.dim() == 2 else mask
+            self.graph = data
+
+    def _loader(self) -> DataLoader:
+        if self.graph is None:
+            raise RuntimeError("HeterophilousDataModule: call setup() before asking for a "
+                               "dataloader")
+        # one graph, the same object every epoch: the attention's plan is built once
+        return DataLoader([self.graph], batch_size=1, shuffle=False,
+                          num_workers=self.num_workers, model=_trained_model(self))
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader()
+
+    val_dataloader = test_dataloader = train_dataloader

@@ -24,7 +24,8 @@ import torch
 #: :func:`register_model_class`.
 MODEL_CLASS_PATHS = (
     # pyg_grf models, blocks and layers
-    'pyg_grf.nn.GraphTransformer', 'pyg_grf.nn.models.samsa.SAMSAModel', 'pyg_grf.nn.GRFGPSConv',
+    'pyg_grf.nn.GraphTransformer', 'pyg_grf.nn.GRFNodeModel',
+    'pyg_grf.nn.models.samsa.SAMSAModel', 'pyg_grf.nn.GRFGPSConv',
     'pyg_grf.nn.GRFAttention', 'pyg_grf.nn.GKATAttention', 'pyg_grf.nn.SAMSAAttention',
     'pyg_grf.nn.MaskedLinearAttention', 'pyg_grf.nn.GraphBridge',
     'pyg_grf.nn.attention.reference.LinearAttention',
@@ -57,6 +58,7 @@ CONFIG_CLASS_PATHS: Dict[str, Sequence[str]] = {
         'pyg_grf.lightning.datamodules.TUDataModule',
         'pyg_grf.lightning.datamodules.LRGBDataModule',
         'pyg_grf.lightning.datamodules.PlanetoidDataModule',
+        'pyg_grf.lightning.datamodules.HeterophilousDataModule',
     ),
     'transform': (
         'pyg_grf.transforms.AddGraphRandomFeatures', 'pyg_grf.transforms.AddRWGNKFeatures',

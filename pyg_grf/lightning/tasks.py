@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torchmetrics import Accuracy, F1Score, MeanAbsoluteError, MeanSquaredError, Metric
+from torchmetrics import AUROC, Accuracy, F1Score, MeanAbsoluteError, MeanSquaredError, Metric
 
 from pyg_grf.lightning.base import SPLITS, Task
 from pyg_grf.lightning.metrics import MultilabelAveragePrecision
@@ -19,9 +19,10 @@ TASKS = ('binary', 'multiclass', 'multilabel', 'regression')
 LOSSES = ('cross_entropy', 'bce', 'l1', 'mse', 'smooth_l1')
 _DEFAULT_LOSS = {'binary': 'bce', 'multiclass': 'cross_entropy', 'multilabel': 'bce',
                  'regression': 'l1'}
-#: Metrics per task (the first is the default): accuracy, LRGB macro average precision, mean
-#: absolute or squared error, macro F1 (LRGB PascalVOC-SP / COCO-SP).
-METRICS = {'binary': ('acc',), 'multiclass': ('acc', 'macro_f1'), 'multilabel': ('ap',),
+#: Metrics per task (the first is the default): accuracy, ROC-AUC (binary; the heterophilous
+#: benchmarks of Platonov et al., 2023), LRGB macro average precision, mean absolute or squared
+#: error, macro F1 (LRGB PascalVOC-SP / COCO-SP).
+METRICS = {'binary': ('acc', 'auroc'), 'multiclass': ('acc', 'macro_f1'), 'multilabel': ('ap',),
            'regression': ('mae', 'mse')}
 
 
@@ -56,6 +57,8 @@ class _TargetTask(Task):
                                             for split in SPLITS})
 
     def _make_metric(self) -> Metric:
+        if self.task == 'binary' and self.metric_name == 'auroc':
+            return AUROC(task='binary')
         if self.task == 'binary':
             return Accuracy(task='binary')
         if self.task == 'multiclass' and self.metric_name == 'macro_f1':
@@ -138,7 +141,8 @@ class GraphLevelTask(_TargetTask):
         loss (str, optional): ``'cross_entropy'``, ``'bce'``, ``'l1'``, ``'mse'`` or
             ``'smooth_l1'`` (default: by task: cross-entropy, BCE, BCE, L1).
         metric (str, optional): the metric, one of :data:`METRICS` for the task: ``'acc'``
-            (binary, multiclass), ``'macro_f1'`` (multiclass; LRGB PascalVOC-SP / COCO-SP),
+            (binary, multiclass), ``'auroc'`` (binary: ROC-AUC of the sigmoid scores),
+            ``'macro_f1'`` (multiclass; LRGB PascalVOC-SP / COCO-SP),
             ``'ap'`` (multilabel), ``'mae'`` or ``'mse'`` (regression) (default: the first for
             the task).
         **kwargs: the optimiser and its schedule (``lr``, ``weight_decay``, ...), as in
@@ -148,7 +152,7 @@ class GraphLevelTask(_TargetTask):
     class per node) work the same way with a model that does not pool
     (``GraphTransformer(pooling=None)``): every node is one example.
 
-    Logs ``{train,val,test}/loss`` and ``{train,val,test}/{acc,ap,mae,mse,macro_f1}``.
+    Logs ``{train,val,test}/loss`` and ``{train,val,test}/{acc,auroc,ap,mae,mse,macro_f1}``.
     """
 
     def select(self, batch, split: str) -> Tuple[Tensor, Tensor, int]:

@@ -10,10 +10,11 @@ from pyg_grf.nn.conv.grf_gps_conv import GRFGPSConv
 from pyg_grf.nn.encoders.graph_bridge import GraphBridge
 from pyg_grf.nn.feature_maps import ELUFeatureMap, FAVORPlus, ReLUFeatureMap, feature_map_resolver
 from pyg_grf.nn.models.graph_transformer import GraphTransformer
+from pyg_grf.nn.models.node import GRFNodeModel
 
 __all__ = [
     'GRFAttention', 'GridRPEAttention', 'MaskedLinearAttention', 'LinearAttention',
     'PowerSeriesAttention', 'SoftmaxAttention', 'ReLUFeatureMap', 'ELUFeatureMap', 'FAVORPlus',
     'feature_map_resolver', 'GKATAttention', 'SAMSAAttention', 'GraphBridge', 'GraphTransformer',
-    'GRFGPSConv', 'model_payload', 'prepare_payload',
+    'GRFGPSConv', 'GRFNodeModel', 'model_payload', 'prepare_payload',
 ]

@@ -1,0 +1,169 @@
+"""GRFNodeModel against independent references: with the gate at 0 it is the local stack
+computed by PyG's own layers on ``edge_index``; its attention branch equals a float64 dense
+masked-attention loop on the GRF mask built entry by entry from the walks' loads."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch_geometric.data import Data
+from torch_geometric.nn import GATConv, GCNConv, SAGEConv
+
+from pyg_grf.datasets import grid_edge_index
+from pyg_grf.nn import GRFNodeModel
+from pyg_grf.transforms import AddGraphRandomFeatures
+
+D = torch.float64
+
+
+def small_graph(num_features=5, seed=0):
+    # a 4 x 5 grid plus one chord: 20 nodes, irregular degrees
+    edge_index = grid_edge_index(4, 5)
+    edge_index = torch.cat([edge_index, torch.tensor([[0, 19], [19, 0]])], 1)
+    g = torch.Generator().manual_seed(seed)
+    data = Data(x=torch.randn(20, num_features, generator=g), edge_index=edge_index)
+    return AddGraphRandomFeatures(num_walks=8, p_halt=0.3, max_length=3, seed=seed)(data)
+
+
+def pyg_reference(model, data):
+    """The local stack recomputed with PyG layers in their default (message-passing) form,
+    holding the model's weights, then the output layer: what the model is at gate 0."""
+    C = model.hidden_channels
+    h = model.lin_in(data.x)
+    for i, conv in enumerate(model.convs):
+        if model.conv == 'gcn':
+            ref = GCNConv(C, C).to(h.dtype)                      # normalises edge_index itself
+            ref.lin.weight.data.copy_(conv.lin.weight)
+            ref.bias.data.copy_(conv.bias)
+        elif model.conv == 'gat':
+            ref = GATConv(C, C // model.conv_heads, heads=model.conv_heads).to(h.dtype)
+            ref.load_state_dict(conv.state_dict())
+        else:
+            ref = SAGEConv(C, C).to(h.dtype)
+            ref.load_state_dict(conv.state_dict())
+        out = ref(h, data.edge_index)
+        if model.norms is not None:
+            out = model.norms[i](out)
+        out = F.relu(out)
+        h = out + h if model.residual else out
+    return model.lin_out(h)
+
+
+@pytest.mark.parametrize('conv', ['gcn', 'gat', 'sage'])
+@pytest.mark.parametrize('norm,residual', [(None, False), ('batch_norm', True),
+                                           ('layer_norm', True)])
+@pytest.mark.parametrize('attn_type', ['grf', 'linear', None])
+def test_gate_zero_is_the_pyg_stack(conv, norm, residual, attn_type):
+    data = small_graph()
+    data.x = data.x.double()
+    model = GRFNodeModel(5, 8, 3, num_layers=3, conv=conv, conv_heads=2, attn_type=attn_type,
+                         heads=2, attn_kwargs={'max_length': 3} if attn_type == 'grf' else None,
+                         norm=norm, residual=residual).double()
+    # batch norm with running statistics that are not the identity
+    model.train()
+    model(data)
+    model.eval()
+    if attn_type is not None:
+        assert model.gate.item() == 0.0
+    out = model(data)
+    assert out.shape == (20, 3)
+    assert torch.allclose(out, pyg_reference(model, data), atol=1e-10)
+
+
+def dense_grf_reference(attn, x, data):
+    """GRF-masked linear attention written densely: Phi[i, q] = sum_l f_l load(i, q, l) from
+    the walks' entries, M = Phi Phi^T (GRF paper, Eq. 7, 10), relu features, and per head
+    out_i = sum_j M_ij phi(q_i).phi(k_j) v_j / (sum_j M_ij phi(q_i).phi(k_j) + eps)."""
+    N, H, C = x.size(0), attn.heads, attn.head_channels
+    f = attn.coefficients().detach().to(D)                             # [H, L + 1]
+    i, q = data.grf_index.long()
+    length = data.grf_length.long()
+    qh, kh, vh = attn.to_qkv(x).view(N, 3, H, C).unbind(1)
+    out = torch.zeros(N, H, C, dtype=D)
+    for h in range(H):
+        phi = torch.zeros(N, N, dtype=D)
+        phi.index_put_((i, q), f[h, length] * data.grf_load.to(D), accumulate=True)
+        M = phi @ phi.t()
+        A = M * (F.relu(qh[:, h]) @ F.relu(kh[:, h]).t())              # [N, N]
+        out[:, h] = (A @ vh[:, h]) / (A.sum(1, keepdim=True) + attn.eps)
+    return attn.to_out(out.reshape(N, H * C))
+
+
+@pytest.mark.parametrize('heads', [1, 2])
+def test_attention_branch_equals_dense_reference(heads):
+    data = small_graph()
+    data.x = data.x.double()
+    model = GRFNodeModel(5, 8, 3, attn_type='grf', heads=heads,
+                         attn_kwargs={'max_length': 3, 'f_init': 0.7}, gate_init=0.5).double()
+    model.eval()
+    with torch.no_grad():  # distinct coefficients per head
+        model.attn.f.add_(0.1 * torch.randn_like(model.attn.f))
+    z = model.attn_in(data.x)
+    ref = dense_grf_reference(model.attn, z, data)
+    expected = model.lin_out(model.local(data.x, data.edge_index) + 0.5 * ref)
+    assert torch.allclose(model(data), expected, atol=1e-10)
+
+
+def test_trains_and_gate_gets_gradient():
+    data = small_graph()
+    data.y = torch.arange(20) % 3
+    model = GRFNodeModel(5, 8, 3, attn_type='grf', attn_kwargs={'max_length': 3},
+                         dropout=0.2, input_dropout=0.1)
+    loss = F.cross_entropy(model(data), data.y)
+    loss.backward()
+    assert model.gate.grad is not None and model.gate.grad.abs() > 0
+    assert model.no_weight_decay() == {'gate'}
+    # the plan and the adjacency are kept for the same graph, and not carried by a copy
+    assert model.adjacency(data.edge_index, 20) is model.adjacency(data.edge_index, 20)
+    clone = copy.deepcopy(model)
+    assert '_adjacency' not in clone.__dict__
+    assert torch.allclose(clone.eval()(data), model.eval()(data))
+
+
+def test_repr():
+    assert str(GRFNodeModel(7, 16, 2)) == (
+        "GRFNodeModel(7, 16, 2, num_layers=2, conv='gcn', attn_type='grf', heads=1, norm=None, "
+        "residual=False)")
+    assert str(GRFNodeModel(7, 16, 2, attn_type=None, num_layers=4, norm='batch_norm',
+                            residual=True)) == (
+        "GRFNodeModel(7, 16, 2, num_layers=4, conv='gcn', attn_type=None, "
+        "norm='batch_norm', residual=True)")
+
+
+@pytest.mark.parametrize('kwargs,match', [
+    ({'conv': 'gin'}, r"'conv' must be one of \('gcn', 'gat', 'sage'\), got 'gin'"),
+    ({'num_layers': 0}, r"'num_layers' must be an integer >= 1, got 0"),
+    ({'hidden_channels': 10, 'conv': 'gat', 'conv_heads': 4},
+     r"multiple of conv_heads=4, got 10"),
+    ({'attn_type': 'grff'}, r"'attn_type' must be one of .* or None, got 'grff'"),
+    ({'norm': 'group'}, r"'norm' must be one of .*, got 'group'"),
+    ({'dropout': 1.0}, r"'dropout' must lie in \[0, 1\), got 1.0"),
+])
+def test_bad_arguments(kwargs, match):
+    args = dict(in_channels=5, hidden_channels=8, out_channels=3)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        GRFNodeModel(**args)
+
+
+def test_bad_input():
+    data = small_graph()
+    model = GRFNodeModel(6, 8, 3)
+    with pytest.raises(ValueError, match=r"expects data.x of shape \[N, 6\] \(in_channels\), "
+                                         r"got \(20, 5\)"):
+        model(data)
+    model = GRFNodeModel(5, 8, 3, attn_type=None)
+    bad = Data(x=data.x, edge_index=data.edge_index.t())
+    with pytest.raises(ValueError, match=r"expects data.edge_index of shape \[2, E\], got "
+                                         r"\(64, 2\)"):
+        model(bad)
+
+
+def test_adjacency_built_under_inference_mode_is_not_reused_for_training():
+    data = small_graph()
+    data.y = torch.arange(20) % 3
+    model = GRFNodeModel(5, 8, 3, attn_type=None)
+    with torch.inference_mode():
+        model(data)
+    F.cross_entropy(model(data), data.y).backward()  # a fresh adjacency, not the inference one
+    assert model.lin_in.weight.grad is not None
