@@ -1083,6 +1083,7 @@ def run_isolated(name: str, args, out: Path, timeout: float) -> None:
             rc = 'timeout'
     if rc != 0:
         path = out / 'sections' / f'{name}.json'
+        path.parent.mkdir(parents=True, exist_ok=True)  # a child killed before it wrote any
         s = json.loads(path.read_text()) if path.exists() else {'name': name, 'rows': []}
         s['status'] = 'timeout' if rc == 'timeout' else 'crashed'
         where = f" during {s['current']}" if s.get('current') else ''
@@ -1124,10 +1125,11 @@ def main(argv=None):
                                                            else sys.argv[1:]),
          'quick': args.quick, 'environment': environment(device), 'isolation':
          'process' if isolate else 'none', 'sections_run': list(names), 'sections': {}}
-    scale = args.budget / sum(CAPS.values()) if sum(CAPS[n] for n in names) > args.budget \
-        else 1.0
+    chosen = sum(CAPS[n] for n in names)  # the chosen sections' caps, scaled to the budget
+    scale = args.budget / chosen if chosen > args.budget else 1.0
     for name in names:
-        cap = min(CAPS[name] * scale, args.budget - (time.time() - start))
+        # at least 20 s (a child's imports on a cold machine), within what is left
+        cap = min(max(CAPS[name] * scale, 20.0), args.budget - (time.time() - start))
         print(f'[gpu_check] {name}: up to {cap:.0f} s', flush=True)
         if cap < 3:
             R['sections'][name] = {'name': name, 'status': 'skipped', 'rows': [],
