@@ -68,7 +68,8 @@ def logits(pairs, score: str, q, k, v: Tensor, att_src, att_dst,
 
 def softmax_forward(pairs, logits: Tensor, v: Tensor, kernel_weighting: bool,
                     dropout: float, training: bool) -> Tensor:
-    r"""``mode='softmax'``: head-major ``logits`` ``[H, P]`` of the pairs, ``v`` ``[N, H, C]``.
+    r"""``mode='softmax'``: head-major ``logits`` ``[H, P]`` of the pairs (overwritten),
+    ``v`` ``[N, H, C]``.
 
     The normaliser rides in the product: with :math:`w_{ij} = \mathcal{K}_{ij}
     \exp(e_{ij} - \mu_i)` and any row constant :math:`\mu_i` (the row maximum, for range,
@@ -77,12 +78,14 @@ def softmax_forward(pairs, logits: Tensor, v: Tensor, kernel_weighting: bool,
     :math:`[\mathbf{v}_j, 1]` gives numerator and normaliser (no per-pair division)."""
     N, H, C = v.shape
     dst = pairs.pattern.row
+    # in place on the fresh [H, P] logits (no operator here saves its input for the backward):
+    # one buffer instead of four
     if kernel_weighting:  # K_ij exp(e_ij) = exp(e_ij + log K_ij)
-        logits = logits + torch.log(pairs.value.to(logits.dtype))
+        logits = logits.add_(torch.log(pairs.value.to(logits.dtype)))
     with torch.no_grad():  # mu_i = max_j: no overflow in exp
         top = logits.new_full((H, N), float('-inf')).scatter_reduce_(
             1, dst.view(1, -1).expand(H, -1), logits, 'amax', include_self=True)
-    w = torch.exp(logits - top.index_select(1, dst))                  # [H, P]
+    w = logits.sub_(top.index_select(1, dst)).exp_()                  # [H, P]
     ones = v.new_ones(N, H, 1)
     if dropout > 0 and training:  # drop coefficients of the numerator only, as GAT does
         keep = torch.nn.functional.dropout(torch.ones_like(w), p=dropout, training=True)
