@@ -33,8 +33,10 @@ from pyg_grf.nn import GKATAttention
 from pyg_grf.transforms import AddRWGNKFeatures
 
 RWGNK = dict(num_walks=16, lam=0.8, alpha=1.0, max_length=2, seed=0)
-#: (mode, backend); the softmax mode runs on the kernel pairs whatever the backend says
-CASES = [('linear', 'sparse'), ('linear', 'pairs'), ('linear', 'auto'), ('softmax', 'auto')]
+#: (mode, backend, cut): the softmax mode runs on the kernel pairs whatever the backend says;
+#: ``cut``: the kernel cut at ``--threshold`` (the shipped recipes'), else the exact kernel
+CASES = [('linear', 'sparse', False), ('linear', 'pairs', False), ('linear', 'auto', False),
+         ('linear', 'auto', True), ('softmax', 'auto', True)]
 
 
 def ran_on(layer: GKATAttention, plan) -> str:
@@ -74,11 +76,12 @@ def run(name, root, rounds, threshold, seed=0):
     calls['Linear F->64 (GATConv lin)'] = fwd_bwd(lin64)
     calls['Linear F->192 (q, k, v)'] = fwd_bwd(lin192)
     chosen = {}
-    for mode, backend in CASES:
-        label = f'GKAT {mode} {backend}' if mode == 'linear' else f'GKAT {mode}'
+    for mode, backend, cut in CASES:
+        label = f'GKAT {mode}' + (f' {backend}' if mode == 'linear' else '') \
+            + (f', kernel cut at {threshold}' if cut and mode == 'linear' else '')
         layer = GKATAttention(f, heads=8, head_channels=8, mode=mode, backend=backend,
-                              threshold=threshold if mode == 'softmax' else 0.0,
-                              project=False)  # 'linear': the exact kernel (paper, Sec. 4.2)
+                              threshold=threshold if cut else 0.0,
+                              project=False)  # not cut: the exact kernel (paper, Sec. 4.2)
         payload = layer.payload(data)  # full graph: the plan is built once, before the steps
         chosen[label] = ran_on(layer, payload['rwgnk'])
         calls[label] = fwd_bwd(lambda x, l=layer, p=payload: l(x, None, **p))
@@ -104,10 +107,15 @@ def main():
     p.add_argument('--datasets', nargs='+', default=['CiteSeer', 'PubMed'])
     p.add_argument('--rounds', type=int, default=7)
     p.add_argument('--threshold', type=float, default=0.05)
+    p.add_argument('--tune-malloc', action='store_true',
+                   help='pyg_grf.utils.tune_malloc() first, as the pyg-grf command does')
     p.add_argument('--out', default=osp.join(osp.dirname(osp.abspath(__file__)), '..',
                                              'experiments', 'results', 'bench_gkat.md'))
     args = p.parse_args()
     torch.set_num_threads(1)
+    if args.tune_malloc:
+        from pyg_grf.utils import tune_malloc
+        tune_malloc()
     load_before = os.getloadavg()
     lines = ['| dataset | layer | ms (median) | ratio vs GATConv (median, min-max) | runs |',
              '|---|---|---|---|---|']
@@ -134,9 +142,12 @@ def main():
             f'torch {torch.__version__}, {os.cpu_count()} CPUs, one thread; load average '
             f'{load_before[0]:.2f} before and {load_after[0]:.2f} after the run (the machine is '
             'shared: absolute times are not comparable across runs, ratios are taken within '
-            'each round). RWGNK ' + str(RWGNK) + f'; threshold {args.threshold} (softmax), 0 '
-            f'(linear: the exact kernel); 8 heads x 8, project=False; {args.rounds} interleaved '
-            'rounds in shuffled order; "runs": the backend the layer ran.', '']
+            'each round). RWGNK ' + str(RWGNK) + f'; threshold {args.threshold} (softmax and the '
+            f'cut linear row), 0 (the other linear rows: the exact kernel); 8 heads x 8, '
+            f'project=False; {args.rounds} interleaved rounds in shuffled order; "runs": the '
+            'backend the layer ran; allocator: '
+            + ('tuned (`tune_malloc`, as `pyg-grf` runs)' if args.tune_malloc else
+               "glibc's default") + '.', '']
         with open(args.out, 'w') as fh:
             fh.write('\n'.join(head + lines) + '\n')
 
