@@ -32,7 +32,8 @@ def test_readme_test_commands_are_what_ci_runs():
     commands = re.search(r'```bash\n(.*?)```', section, re.S).group(1)
     pytest_calls = [re.search(r'python -m pytest.*?(?=\s+#|$)', line).group(0)
                     for line in commands.splitlines() if 'python -m pytest' in line]
-    assert pytest_calls == ['python -m pytest', 'python -m pytest -m "slow or data"']
+    assert pytest_calls == ['python -m pytest -n auto',
+                            'python -m pytest -n auto -m "slow or data"']
     ci = (REPO / '.ci' / 'run').read_text().splitlines()
     for call in pytest_calls:
         assert call in ci, f'.ci/run does not run the README command {call!r}'

@@ -266,10 +266,9 @@ def bounded_yaml_loader(max_nodes: int = MAX_YAML_NODES) -> Iterator[None]:
     ten nested aliases of ten items each expand a 2 KB file to 10^10 leaves (hours)."""
     from jsonargparse import _loaders_dumpers as loaders
     mode = 'yaml'
-    saved = (loaders.loaders[mode], loaders.loader_exceptions.get(mode, ()))
-    load = saved[0]
+    saved = (loaders.loaders[mode], loaders.loader_exceptions.get(mode, ()), loaders.yaml_load)
 
-    def bounded_load(stream):
+    def check(stream):
         if isinstance(stream, str) and ('*' in stream or '<<' in stream):  # aliases only
             import yaml
             try:
@@ -281,15 +280,20 @@ def bounded_yaml_loader(max_nodes: int = MAX_YAML_NODES) -> Iterator[None]:
                     f"a YAML document of {len(stream)} characters whose aliases (*name) expand "
                     f"it to more than {max_nodes} nodes (it has {nodes} as written) is "
                     f"refused; write the values out or use fewer nested aliases")
-        return load(stream)
+        return stream
 
-    loaders.loaders[mode] = bounded_load
+    # config files and values go through `loaders[mode]`; the value of a typed argument (e.g.
+    # `--trainer.max_epochs=[&a ...]`) through the module's `yaml_load` (jsonargparse then puts
+    # the whole expanded value into its error message: minutes for 10^8 leaves)
+    loaders.loaders[mode] = lambda stream: saved[0](check(stream))
     loaders.loader_exceptions[mode] = (*saved[1], ConfigTooLargeError)
+    loaders.yaml_load = lambda stream: saved[2](check(stream))
     try:
         yield
     finally:
         loaders.loaders[mode] = saved[0]
         loaders.loader_exceptions[mode] = saved[1]
+        loaders.yaml_load = saved[2]
 
 
 def _headline(message: str) -> str:
