@@ -89,16 +89,6 @@ def from_blocks(y: Tensor, layout) -> Tensor:
     return y.transpose(1, 2).reshape(B * n, H, C)[layout.pos]
 
 
-def blocks_from_values(values: Tensor, cell: Tensor, layout) -> Tensor:
-    r"""Dense ``[B, H, n, n]`` blocks (zero elsewhere) holding ``values`` ``[H, P]`` on the
-    flat cells ``cell`` ``[P]`` of the ``[B, n, n]`` layout; differentiable in ``values``."""
-    B, n = layout.num_graphs, layout.n
-    H = values.size(0)
-    out = values.new_zeros(B, n * n, H)
-    out = out.index_put((cell // (n * n), cell % (n * n)), values.t())
-    return out.permute(0, 2, 1).reshape(B, H, n, n)
-
-
 def block_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, mask: Tensor,
                                   eps: float = 1e-6, padding: Optional[Tensor] = None,
                                   return_sums: bool = False) -> Tensor:

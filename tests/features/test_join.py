@@ -373,11 +373,20 @@ def test_a_second_process_loads_the_compiled_join_from_the_cache(tmp_path):
     assert list(tmp_path.rglob('*.nbi'))
 
 
+def blocks_from_values(values, cell, layout):
+    r"""Dense ``[B, H, n, n]`` blocks (zero elsewhere) holding ``values`` ``[H, P]`` on the
+    flat cells ``cell`` ``[P]`` of the ``[B, n, n]`` layout; differentiable in ``values``."""
+    B, n = layout.num_graphs, layout.n
+    H = values.size(0)
+    out = values.new_zeros(B, n * n, H)
+    out = out.index_put((cell // (n * n), cell % (n * n)), values.t())
+    return out.permute(0, 2, 1).reshape(B, H, n, n)
+
+
 @pytest.mark.parametrize('shuffle', [False, True])
 def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
     # the join behind the mask statistics against Phi Phi^T formed densely, also for entries
     # in arbitrary order
-    from pyg_grf.nn.functional import blocks_from_values
     t = AddGraphRandomFeatures(num_walks=6, p_halt=0.3, max_length=3, seed=1)
     b = Batch.from_data_list([t(Data(edge_index=er_graph(n, 0.3, seed=n), num_nodes=n))
                               for n in (7, 12, 3, 9)])

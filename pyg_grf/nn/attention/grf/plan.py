@@ -30,8 +30,6 @@ from pyg_grf.masks.packing import PackingLayout, packing_layout
 from pyg_grf.memory import memory_budget
 from pyg_grf.nn.attention.grf import pairs, sparse
 
-#: The module of every backend: ``build`` and ``linear_sums`` (``sparse``: and ``softmax``).
-BACKEND_MODULES = {'sparse': sparse, 'pairs': pairs}
 #: Peak bytes per join term of the torch join (GPU or no numba): its per-term keys, partners
 #: and values (77 measured on an H200, ``experiments/results/gpu_backends.md``).
 TORCH_JOIN_BYTES = 80
