@@ -18,10 +18,12 @@ Variants (every one the same harness, budget and seeds):
   of ``gkat_citation.py``, same harness and seeds); on Minesweeper the ``none`` stack with
   ``GATConv`` layers (4 heads).
 
-``--search`` selects settings on the validation split only (:func:`harness.coordinate_search`,
-selection seeds / split disjoint from nothing reported: seeds 100, 101 on the citation graphs,
-split 0 with seed 100 and a shorter budget on Minesweeper) and prints them; the configs hold the
-selected values. Runs: ``experiments/results/node_models/runs.jsonl``; table:
+``--search`` selects settings on the validation split only (:func:`harness.coordinate_search`
+over :data:`SEARCH`: on Cora the GRF model's gate start and dropout with selection seed 100,
+which no reported run uses; on Minesweeper the local stack's depth and residuals on split 0's
+validation nodes with seed 100 and 100 epochs) and runs the seeds with the choice;
+``--settings from:cora`` reuses Cora's choice (CiteSeer, PubMed). The configs hold the selected
+values. Runs: ``experiments/results/node_models/runs.jsonl``; table:
 ``experiments/results/node_models.md`` (+ ``.json``)::
 
     python experiments/node_models.py --dataset cora --variants grf none linear gcn --seeds 10
@@ -66,13 +68,13 @@ PAPER = osp.join(HERE, 'configs', 'paper', 'citation_{}.yaml')
 DATASETS = {'cora': ('cora', 'Cora', 1433, 7, 'test/acc'),
             'citeseer': ('citeseer', 'CiteSeer', 3703, 6, 'test/acc'),
             'pubmed': ('pubmed', 'PubMed', 500, 3, 'test/acc'),
-            'minesweeper': ('minesweeper', 'minesweeper', 7, 1, 'test/auroc')}
+            'minesweeper': ('minesweeper', 'Minesweeper', 7, 1, 'test/auroc')}
 VARIANTS = ('grf', 'none', 'linear', 'power_series', 'gcn', 'gat')
 M, T = '--model.init_args.model.init_args.', '--data.init_args.pre_transform.init_args.'
 #: coordinate-search spaces (first value: the starting point) and budgets, per dataset kind
 SEARCH = {
     'citation': ({'gate_init': [0.0, 0.5], 'dropout': [0.5, 0.7]}, (100,), None),
-    'minesweeper': ({'num_layers': [6, 3, 10], 'residual': [True, False]}, (100,), 100),
+    'minesweeper': ({'num_layers': [6, 3], 'residual': [True, False]}, (100,), 100),
 }
 
 
@@ -158,8 +160,11 @@ def search(dataset: str, variant: str) -> dict:
 def _rows(dataset: str) -> List[dict]:
     rows = [r for r in read_rows(osp.join(OUT, 'runs.jsonl')) if r['dataset'] == dataset]
     if dataset in ('cora', 'citeseer') and not any(r['variant'] == 'gat' for r in rows):
+        # GAT's runs of gkat_citation.py (same harness and seeds), on the seeds run here
+        seeds = {r['seed'] for r in rows if r['variant'] == 'grf'}
         rows += [dict(r, variant='gat', dataset=dataset) for r in read_rows(GAT_RUNS)
-                 if r['dataset'].lower() == dataset and r['variant'] == 'gat']
+                 if r['dataset'].lower() == dataset and r['variant'] == 'gat'
+                 and r['seed'] in seeds]
     return rows
 
 
@@ -199,19 +204,33 @@ def write_table() -> str:
         if prov:
             summary[dataset]['provenance'] = {k: prov[k] for k in ('commit', 'machine', 'torch')
                                               if k in prov}
+    deep = read_rows(osp.join(OUT, 'deep', 'runs.jsonl'))
+    if deep:  # a probe outside the selection: the Minesweeper stack 10 layers deep
+        lines += ['## Minesweeper, 10 layers (a probe of depth, not selected on validation)', '',
+                  summary_table(deep, 'test/auroc', control='linear',
+                                order=[v for v in VARIANTS if any(r['variant'] == v
+                                                                  for r in deep)],
+                                labels={'metric': 'auroc', 'val': 'val'}).rstrip(), '']
+        summary['minesweeper_10_layers'] = {
+            v: dict(zip(('mean', 'std'), mean_std([100 * r['test/auroc'] for r in deep
+                                                   if r['variant'] == v])))
+            for v in {r['variant'] for r in deep}}
     with open(JSON, 'w') as f:
         json.dump(summary, f, indent=1)
     return write_markdown(TABLE, lines, NOTES, [
-        'python experiments/node_models.py --dataset cora --variants grf none linear gcn '
-        'power_series --seeds 10',
-        'python experiments/node_models.py --dataset citeseer --variants grf none linear gcn '
-        '--seeds 10',
-        'python experiments/node_models.py --dataset pubmed --variants grf none linear gcn gat '
-        '--seeds 5',
-        'python experiments/node_models.py --dataset minesweeper --variants grf none linear gat '
-        '--seeds 3',
-        'python experiments/gkat_citation.py --dataset Cora --models gat --seeds 10  # gat rows',
-        'python experiments/gkat_citation.py --dataset CiteSeer --models gat --seeds 10'])
+        'python experiments/node_models.py --dataset cora --search grf '
+        '--variants grf none linear gcn --seeds 3',
+        'python experiments/node_models.py --dataset minesweeper --search none '
+        '--variants grf none linear --seeds 2',
+        'python experiments/node_models.py --dataset citeseer --settings from:cora '
+        '--variants grf none linear gcn --seeds 3',
+        'python experiments/node_models.py --dataset pubmed --settings from:cora '
+        '--variants grf none linear gcn --seeds 1',
+        'python experiments/node_models.py --dataset minesweeper --settings '
+        '\'{"num_layers": 10, "residual": true}\' --variants none grf linear --seeds 2 '
+        '--out experiments/results/node_models/deep',
+        '# gat rows: python experiments/gkat_citation.py --dataset Cora --models gat --seeds 10',
+        '#           (and --dataset CiteSeer); the rows of the seeds run above are shown'])
 
 
 def main(argv=None):

@@ -60,7 +60,7 @@ class GRFNodeModel(torch.nn.Module):
         attn_type (str, optional): the global attention, a name of
             :data:`~pyg_grf.nn.attention.registry.ATTENTIONS` (``'grf'``; the controls
             ``'linear'``, unmasked, and ``'power_series'``, the exact dense mask), or
-            :obj:`None` for the local stack alone (default: ``'grf'``).
+            :obj:`None` (or ``'none'``) for the local stack alone (default: ``'grf'``).
         heads (int, optional): attention heads (default: :obj:`1`).
         attn_kwargs (dict, optional): more arguments of the attention layer, e.g.
             ``{'max_length': 3, 'global_beta': 0.1}`` (default: :obj:`None`).
@@ -99,6 +99,8 @@ class GRFNodeModel(torch.nn.Module):
         if conv == 'gat' and hidden_channels % conv_heads:
             raise ValueError(f"conv='gat' concatenates its heads to 'hidden_channels': expected "
                              f"a multiple of conv_heads={conv_heads}, got {hidden_channels}")
+        if isinstance(attn_type, str) and attn_type.lower() in ('none', 'null'):
+            attn_type = None  # as a command line writes it (jsonargparse passes the string)
         if attn_type is not None and attn_type not in ATTENTIONS:
             raise ValueError(f"'attn_type' must be one of {sorted(ATTENTIONS)} or None, got "
                              f"{attn_type!r}")

@@ -167,3 +167,8 @@ def test_adjacency_built_under_inference_mode_is_not_reused_for_training():
         model(data)
     F.cross_entropy(model(data), data.y).backward()  # a fresh adjacency, not the inference one
     assert model.lin_in.weight.grad is not None
+
+
+def test_attn_type_none_as_a_string():
+    # a command line's attn_type=null reaches the model as the string 'None'
+    assert GRFNodeModel(5, 8, 3, attn_type='None').attn is None
