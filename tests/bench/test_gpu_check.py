@@ -25,7 +25,14 @@ def positive(v) -> bool:
 @pytest.fixture(scope='module')
 def quick(tmp_path_factory):
     out = tmp_path_factory.mktemp('gpu_check')
-    gpu_check.main(['--out', str(out), '--device', 'cpu', '--quick'])
+    # every section must run to the end: the sections' time caps (sized for a GPU) ten times
+    # over, as a CPU shared with other jobs (or the other pytest-xdist worker) can need; the
+    # cap itself is tested by test_budget_and_bad_arguments
+    with pytest.MonkeyPatch.context() as mp:
+        caps = {name: 10 * cap for name, cap in gpu_check.CAPS.items()}
+        mp.setattr(gpu_check, 'CAPS', caps)
+        gpu_check.main(['--out', str(out), '--device', 'cpu', '--quick',
+                        '--budget', str(sum(caps.values()))])
     return out, json.loads((out / 'gpu_check.json').read_text())
 
 
