@@ -226,9 +226,6 @@ def write_table() -> str:
         '--variants grf none linear gcn --seeds 3',
         'python experiments/node_models.py --dataset pubmed --settings from:cora '
         '--variants grf none linear gcn --seeds 1',
-        'python experiments/node_models.py --dataset minesweeper --settings '
-        '\'{"num_layers": 10, "residual": true}\' --variants none grf linear --seeds 2 '
-        '--out experiments/results/node_models/deep',
         '# gat rows: python experiments/gkat_citation.py --dataset Cora --models gat --seeds 10',
         '#           (and --dataset CiteSeer); the rows of the seeds run above are shown'])
 
