@@ -191,6 +191,12 @@ def write_table() -> str:
                                 labels={'metric': metric.split('/')[1],
                                         'val': 'val'}).rstrip(), '',
                   f'Settings of the `grf` row (overrides of the config): {settings}.', '']
+        commits = sorted({r['commit'] for r in rows if r.get('commit')
+                          and r['variant'] != 'gat'})
+        machines = sorted({r['machine'] for r in rows if r.get('machine')})
+        if commits:
+            lines += [f"Runs at commits {', '.join(commits)} (`+dirty`: the shared working tree "
+                      f"had uncommitted changes), on {'; '.join(machines)}.", '']
         summary[dataset] = {}
         for v in order:
             vals = [100 * r[metric] for r in rows if r['variant'] == v and metric in r]
