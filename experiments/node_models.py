@@ -201,7 +201,8 @@ def write_table() -> str:
         for v in order:
             vals = [100 * r[metric] for r in rows if r['variant'] == v and metric in r]
             m, s = mean_std(vals)
-            summary[dataset][v] = {'mean': m, 'std': s, 'seeds': len(vals)}
+            summary[dataset][v] = {'mean': m, 'std': s if s == s else None,
+                                   'seeds': len(vals)}
         for v in ('grf', 'power_series'):
             p = paired(rows, v, 'linear', metric)
             if p:
@@ -229,7 +230,7 @@ def write_table() -> str:
         'python experiments/node_models.py --dataset minesweeper --search none '
         '--variants grf none linear --seeds 2',
         'python experiments/node_models.py --dataset citeseer --settings from:cora '
-        '--variants grf none linear gcn --seeds 3',
+        '--variants grf none linear gcn --seeds 2',
         'python experiments/node_models.py --dataset pubmed --settings from:cora '
         '--variants grf none linear gcn --seeds 1',
         '# gat rows: python experiments/gkat_citation.py --dataset Cora --models gat --seeds 10',
