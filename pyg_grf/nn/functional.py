@@ -224,16 +224,12 @@ def low_rank_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     head-major ``[H N, m (d + 1)]`` tensor :math:`\phi(\mathbf{k}_j) \otimes [\mathbf{v}_j, 1]`.
 
     Args:
-        pattern, values: :math:`\widehat\Phi_Q` (``[N, N]`` pattern, ``[H, nnz]`` values, or
-            ``[1, nnz]``: one mask shared by every head, one product for all of them).
+        pattern, values: :math:`\widehat\Phi_Q` (``[N, N]`` pattern, ``[H, nnz]`` values).
         key_pattern, key_values: :math:`\widehat\Phi_K` (omit both for the asymmetric mask).
         return_sums (bool): return the sums ``[N, H, d + 1]`` (see :func:`normalize_sums`).
     """
     N, H, m = phi_q.shape
     d = v.size(-1)
-    if values.size(0) == 1 and H > 1:  # one mask for every head
-        values = values.expand(H, -1)
-        key_values = None if key_values is None else key_values.expand(H, -1)
     v1 = torch.cat([v, v.new_ones(N, H, 1)], dim=-1).transpose(0, 1)  # [H, N, d + 1]
     x = (phi_k.transpose(0, 1).unsqueeze(-1) * v1.unsqueeze(-2)).reshape(H * N, m * (d + 1))
     if key_pattern is not None:

@@ -276,7 +276,7 @@ class GKATAttention(GraphAttention):
                                       batch=batch).transpose(0, 1)  # stabilised per graph
             v1 = F.pad(key_dropout(v.transpose(0, 1), self.dropout, self.training)
                        .transpose(0, 1), (0, 1), value=1.0)
-            o = masked_sums(part, phi_q, phi_k, v1, phi_q.new_ones(1, 1), samples or 1, exact)
+            o = masked_sums(part, phi_q, phi_k, v1, phi_q.new_ones(H, 1), samples or 1, exact)
             out = normalise(o, self.eps, v.dtype).transpose(0, 1)    # [N, H, C]
         else:
             q, k, v = self._project(x)

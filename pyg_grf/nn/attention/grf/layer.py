@@ -365,15 +365,13 @@ def masked_sums(part: PlanPart, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f: Ten
     r"""The masked sums ``[H, B n, d + 1]`` of head-major operands ``[H, B n, C]`` (``v1``: the
     values with a column of ones) for a plan part and coefficients ``f`` ``[H, L + 1]``: the
     engine's (:func:`~pyg_grf.nn.attention.grf.pairs.linear_sums`) or the low-rank
-    fallback's; ``B = samples`` copies of the plan's graph; ``f`` ``[1, L + 1]`` gives every
-    head one mask (GKAT). Half-precision operands are summed in float32 and the sums stay
-    float32: where a row's query features vanish, numerator and
+    fallback's; ``B = samples`` copies of the plan's graph. Half-precision operands are summed
+    in float32 and the sums stay float32: where a row's query features vanish, numerator and
     normaliser are 0 and the division's gradient is ``1 / eps``, beyond float16's range."""
     if phi_q.dtype in (torch.float16, torch.bfloat16):
         phi_q, phi_k, v1 = phi_q.float(), phi_k.float(), v1.float()
     if part.backend == 'pairs':
-        return pairs.linear_sums(part.structures, phi_q, phi_k, v1,
-                                 f.expand(phi_q.size(0), -1), samples)
+        return pairs.linear_sums(part.structures, phi_q, phi_k, v1, f, samples)
     with torch.autocast(phi_q.device.type, enabled=False):  # in the operands' dtype
         return _node_major(part, phi_q, phi_k, v1, samples, lambda st, q, k, v:
                            sparse.linear_sums(st, q, k, v[..., :-1], f, symmetric))
