@@ -1,6 +1,6 @@
 r"""Reference and baseline attentions for PyG mini-batches: unmasked linear attention per graph,
-the exact power-series-masked linear attention (the dense :math:`O(N^2)` counterpart of
-:class:`~pyg_grf.nn.GRFAttention`), and dense softmax attention per graph."""
+the exact power-series-masked linear attention (the exact counterpart of
+:class:`~pyg_grf.nn.GRFAttention`'s random-feature mask), and dense softmax attention per graph."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional
@@ -8,20 +8,15 @@ from typing import Any, Dict, Optional
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from torch_geometric.utils import to_dense_adj, to_dense_batch
+from torch_geometric.utils import to_dense_batch
 
 from pyg_grf._validation import batch_or_zeros, check_sorted_batch
-from pyg_grf.features.blocks import block_layout
 from pyg_grf.features.grf import normalized_adjacency, self_convolution
 from pyg_grf.memory import check_walk_memory
 from pyg_grf.nn.attention.base import QKVAttention, reset_hop_coefficients, samples_as_graphs
 from pyg_grf.nn.feature_maps import qk_features
-from pyg_grf.nn.functional import (
-    block_masked_linear_attention,
-    from_blocks,
-    packed_linear_attention,
-    to_blocks,
-)
+from pyg_grf.nn.functional import packed_linear_attention
+from pyg_grf.ops import SparsePattern, spmm
 
 
 class LinearAttention(QKVAttention):
@@ -65,8 +60,23 @@ class PowerSeriesAttention(QKVAttention):
     f^{(h)})_k W^k` from the `"Linear Transformer Topological Masking with Graph Random Features"
     <https://arxiv.org/abs/2410.03462>`_ paper (Eq. 4, Remark 3.1), the expectation (off the
     diagonal) of :class:`~pyg_grf.nn.GRFAttention`'s symmetric mask, with the same parameters (copy
-    ``f`` and the projections across). Dense: :math:`O(N^2)` memory over the whole batch (the
-    kernel is block-diagonal, so graphs still do not mix). A reference and a small-graph baseline.
+    ``f`` and the projections across). A reference and an exact-mask baseline.
+
+    The mask is never formed. A power series of :math:`W` has a fast mask-times-matrix product
+    (``W`` sparse), and masked linear attention needs no more (GKAT paper, Sec. 3, the
+    :math:`M \odot (\phi(Q)\phi(K)^\top)` product written as :math:`\sum_r
+    \mathrm{diag}(\phi(Q)_{:r})\, M\, \mathrm{diag}(\phi(K)_{:r})`): per head,
+
+    .. math::
+        \mathbf{o}_i = \frac{\phi(\mathbf{q}_i)^\top \mathbf{S}_i}
+            {\phi(\mathbf{q}_i)^\top \mathbf{z}_i + \epsilon}, \qquad
+        [\mathbf{S}\;\mathbf{z}] = \sum_{k=0}^{2L} \alpha_k W^k\,
+            \big(\phi(\mathbf{k}_j) \otimes [\mathbf{v}_j\; 1]\big)_j,
+
+    evaluated by Horner's rule with :math:`2L` sparse products of the ``[N, m (d + 1)]`` key-value
+    outer products: :math:`O(L\,|E|\,m d)` time and :math:`O(L\,N m d)` memory for the backward,
+    linear in the graph (a PubMed-sized graph fits; graphs of a batch never mix since
+    :math:`W` is block-diagonal).
 
     Args:
         normalization (str, optional): of :math:`W` (default: ``'sym'``).
@@ -105,84 +115,69 @@ class PowerSeriesAttention(QKVAttention):
                 edge_index: Optional[Tensor] = None, edge_weight: Optional[Tensor] = None
                 ) -> Tensor:
         r"""``x`` ``[N, channels]`` with the graphs of a PyG batch (``batch``), or
-        ``[B, n, channels]``: ``B`` samples on the one graph ``edge_index`` of ``n`` nodes.
-        The kernel is built per graph, as ``[B, H, n, n]`` dense blocks (one for a shared
-        graph)."""
+        ``[B, n, channels]``: ``B`` samples on the one graph ``edge_index`` of ``n`` nodes."""
         if not isinstance(edge_index, Tensor):
             raise ValueError(f"PowerSeriesAttention needs the graph: edge_index= (got "
                              f"{type(edge_index).__name__})")
-        if x.dim() == 3:
-            B, n, _ = x.shape
-            if edge_index.numel() > 0 and int(edge_index.max()) >= n:
-                raise ValueError(f"x of shape {tuple(x.shape)} holds {B} samples of {n} nodes, "
-                                 f"but 'edge_index' has node ids up to {int(edge_index.max())}")
-            x, sample, _ = samples_as_graphs(x, batch)
-            q, k, v = self.project(x)
-            H, C = self.heads, self.head_channels
-            phi_q, phi_k = qk_features(self.feature_map, q, k, sample)
-            blocks = [t.view(B, n, H, -1).transpose(1, 2) for t in (phi_q, phi_k,
-                                                                     self.drop_keys(v))]
-            graph = torch.zeros(n, dtype=torch.long, device=x.device)
-            out = self._attend(blocks, edge_index, graph, n, edge_weight)    # [B, H, n, C]
-            return self.finish(out.transpose(1, 2).reshape(B * n, H, C)).view(B, n, -1)
-        if x.dim() != 2:
+        if x.dim() not in (2, 3):
             raise ValueError(f"{self.__class__.__name__} expects x of shape [N, {self.channels}] "
                              f"or [B, n, {self.channels}], got {tuple(x.shape)}")
-        N = x.size(0)
-        if N == 0:  # an empty batch
+        B, n = (x.size(0), x.size(1)) if x.dim() == 3 else (1, x.size(0))
+        if edge_index.numel() > 0 and int(edge_index.max()) >= n:
+            if x.dim() == 3:
+                raise ValueError(f"x of shape {tuple(x.shape)} holds {B} samples of {n} nodes, "
+                                 f"but 'edge_index' has node ids up to {int(edge_index.max())}")
+            raise ValueError(f"'edge_index' has node ids up to {int(edge_index.max())} but 'x' "
+                             f"has {n} rows")
+        shape = x.shape
+        x, batch, _ = samples_as_graphs(x, batch)
+        if x.size(0) == 0:  # an empty batch
             self.project(x)
             return self.empty_output(x)
-        if edge_index.numel() > 0 and int(edge_index.max()) >= N:
-            raise ValueError(f"'edge_index' has node ids up to {int(edge_index.max())} but 'x' "
-                             f"has {N} rows")
-        batch = batch_or_zeros(batch, N, x.device)
-        lay = block_layout(batch, N)
+        if batch is not None:
+            batch_or_zeros(batch, x.size(0), x.device)
         q, k, v = self.project(x)
-        phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph
-        blocks = [to_blocks(t, lay) for t in (phi_q, phi_k, self.drop_keys(v))]
-        return self.finish(from_blocks(self._attend(blocks, edge_index, batch, N, edge_weight),
-                                       lay))
+        phi_q, phi_k = qk_features(self.feature_map, q, k, batch)  # keys per graph / sample
+        # [B n, H, .] -> [n, B, H, .]: the B samples of a shared graph side by side per node
+        phi_q, phi_k, v = (t.view(B, n, *t.shape[1:]).transpose(0, 1)
+                           for t in (phi_q, phi_k, self.drop_keys(v)))
+        w = normalized_adjacency(edge_index, n, edge_weight, self.normalization)
+        pattern = SparsePattern(edge_index, (n, n))
+        coef = self.coefficients()
+        ones = v.new_ones(v.shape[:-1] + (1,))
+        if self.f_mode != 'signed':
+            sums = self._series(phi_q, phi_k, torch.cat([v, ones], -1), pattern, w, coef)
+            num, den = sums[..., :-1], sums[..., -1:]
+        else:  # the normaliser from the kernel of |f|, which bounds the signed one entrywise
+            num = self._series(phi_q, phi_k, v, pattern, w, coef)
+            den = self._series(phi_q, phi_k, ones, pattern, w, self.f.abs())
+        out = (num / (den + self.eps)).transpose(0, 1).reshape(B * n, *num.shape[2:])
+        out = self.finish(out)
+        return out.view(*shape[:-1], -1)
 
     def coefficients(self) -> Tensor:
         r"""The hop coefficients of the kernel (its numerator), as
         :meth:`GRFAttention.coefficients() <pyg_grf.nn.GRFAttention.coefficients>`."""
         return self.f.abs() if self.f_mode == 'abs' else self.f
 
-    def _attend(self, blocks, edge_index: Tensor, batch: Tensor, num_nodes: int,
-                edge_weight: Optional[Tensor]) -> Tensor:
-        # masked linear attention on [B, H, n, .] blocks; f_mode='signed': the normaliser from
-        # the kernel of |f|, which bounds the signed kernel entrywise
-        dtype = blocks[0].dtype
-        M = self._blocks(edge_index, batch, num_nodes, edge_weight, dtype, self.coefficients())
-        if self.f_mode != 'signed':
-            return block_masked_linear_attention(*blocks, M, eps=self.eps)
-        num = block_masked_linear_attention(*blocks, M, return_sums=True)
-        den = block_masked_linear_attention(*blocks, self._blocks(
-            edge_index, batch, num_nodes, edge_weight, dtype, self.f.abs()), return_sums=True)
-        return num[..., :-1] / (den[..., -1:] + self.eps)
-
-    def _blocks(self, edge_index: Tensor, batch: Tensor, num_nodes: int,
-                edge_weight: Optional[Tensor], dtype: torch.dtype, coef: Tensor) -> Tensor:
-        # sum_k alpha_k W^k per graph by Horner's rule on the padded [B, n, n] blocks of W
-        alpha = torch.stack([self_convolution(f) for f in coef]).to(dtype)  # [H, 2L + 1]
-        # W, the identity, and per head the running product, its update and their gradients
-        # on the padded blocks: about (2 + 4 H) B n^2 values, estimated before allocating
-        sizes = torch.bincount(batch) if num_nodes > 0 else batch.new_zeros(1)
-        B, n = sizes.numel(), int(sizes.max())
-        check_walk_memory((2 + 4 * alpha.size(0)) * B * n * n * alpha.element_size(),
-                          batch.device, None,
-                          f"PowerSeriesAttention's exact kernel on {B} graph(s) of up to {n} "
-                          f"nodes (dense [B, H, n, n] blocks)",
-                          "Use attn_type='grf' (the O(N) random-feature estimate of this "
-                          "kernel) for graphs this large.", error=MemoryError)
-        w = normalized_adjacency(edge_index, num_nodes, edge_weight, self.normalization)
-        W = to_dense_adj(edge_index, batch, edge_attr=w.to(dtype)).unsqueeze(1)  # [B, 1, n, n]
-        eye = torch.eye(W.size(-1), dtype=dtype, device=W.device)
-        K = alpha.size(-1)
-        out = alpha[:, K - 1, None, None] * eye                                 # [H, n, n]
-        for i in range(K - 2, -1, -1):  # loop over series terms
-            out = out @ W + alpha[:, i, None, None] * eye
-        return out.expand(W.size(0), -1, -1, -1) if out.dim() == 3 else out
+    def _series(self, phi_q: Tensor, phi_k: Tensor, v: Tensor, pattern: SparsePattern,
+                w: Tensor, coef: Tensor) -> Tensor:
+        # phi_q(i)^T sum_k alpha_k [W^k (phi_k (x) v)]_i for phi [n, B, H, m], v [n, B, H, d]:
+        # Horner's rule over the [n, B H m d] outer products, one sparse product per term
+        n, B, H, m = phi_k.shape
+        alpha = torch.stack([self_convolution(f) for f in coef]).to(v.dtype)   # [H, 2L + 1]
+        check_walk_memory(
+            (alpha.size(1) + 2) * n * B * H * m * v.size(-1) * v.element_size(), v.device, None,
+            lambda: f"PowerSeriesAttention's exact kernel on {n} nodes ({B} x {H} x {m} x "
+                    f"{v.size(-1)} key-value products per node, one set per series term)",
+            "Use attn_type='grf' (the O(N) random-feature estimate of this kernel), fewer "
+            "heads or a smaller max_length.", error=MemoryError)
+        U = phi_k.unsqueeze(-1) * v.unsqueeze(-2)                     # [n, B, H, m, d]
+        a = alpha.t().reshape(-1, 1, H, 1, 1)                         # [2L + 1, 1, H, 1, 1]
+        S = a[-1] * U
+        for i in range(alpha.size(1) - 2, -1, -1):  # loop over series terms, not nodes
+            S = spmm(pattern, w.to(U.dtype), S.reshape(n, -1)).view_as(U) + a[i] * U
+        return torch.einsum('nbhm,nbhmd->nbhd', phi_q, S)
 
     def _extra_repr(self) -> str:
         mode = '' if self.f_mode == 'abs' else f', f_mode={self.f_mode!r}'
