@@ -1,17 +1,18 @@
 r"""Pure functions of the attention layers: :func:`masked_linear_attention`, the one primitive
 behind every masked linear-cost attention (FTFI paper, Sec. 2, Algorithm 1; GRF paper, Eq. 6-7),
-and its dense-block, packed, low-rank and softmax variants."""
+and its dense-block, packed, low-rank and pair-softmax variants."""
 from __future__ import annotations
 
 from typing import Optional
 
 import torch
 from torch import Tensor
-from torch_geometric.utils import scatter, softmax
+from torch_geometric import EdgeIndex
+from torch_geometric.nn.conv import MessagePassing
 
 from pyg_grf.masks.base import MaskOperator
 from pyg_grf.masks.packing import PackingLayout, packing_layout
-from pyg_grf.ops import SparsePattern, from_head_major, head_major, sddmm, spmm
+from pyg_grf.ops import SparsePattern, head_major, head_spmm, sddmm, spmm
 
 
 def masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
@@ -183,34 +184,83 @@ def packed_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     return o if return_sums else normalize_sums(o, eps)
 
 
-def _eps(dtype: torch.dtype) -> float:
-    # keeps an empty row (all weights zero, or a padded row) at 0 / eps = 0: 1e-16, or the
-    # smallest normal number of a half dtype (float16 flushes 1e-16 to zero: 0 / 0 = nan)
-    return max(1e-16, torch.finfo(dtype).tiny)
+class PairAggregation(MessagePassing):
+    r"""Aggregation :math:`\mathbf{o}_i = \sum_j w_{ij}^{(h)} \mathbf{v}_j^{(h)}` over the pairs
+    of a row-major :class:`~pyg_grf.ops.SparsePattern`, per head, as PyG message passing
+    (``edge_index`` = the pairs, as :class:`GATConv`'s over the edges): ``message`` is the
+    plain gather, ``message_and_aggregate`` the fused CSR product of all heads
+    (:func:`~pyg_grf.ops.head_spmm`) that runs whenever ``edge_index`` is the pairs'
+    :class:`~torch_geometric.EdgeIndex`. ``v`` ``[N, H, D]``, ``w`` head-major ``[H, P]``."""
+    SUPPORTS_FUSED_EDGE_INDEX = True
+
+    def __init__(self):
+        super().__init__(aggr='sum', node_dim=0)
+
+    def forward(self, v: Tensor, w: Tensor, pattern: SparsePattern) -> Tensor:
+        # source = key j, target = query i, sorted by target as PyG's fused path expects
+        edge_index = EdgeIndex(torch.stack([pattern.col, pattern.row]),
+                               sparse_size=pattern.size, sort_order='col')
+        return self.propagate(edge_index, v=v, w=w, pattern=pattern)
+
+    def message(self, v_j: Tensor, w: Tensor) -> Tensor:  # [P, H, D]
+        return v_j * w.t().unsqueeze(-1)
+
+    def message_and_aggregate(self, edge_index, v: Tensor, w: Tensor,
+                              pattern: SparsePattern) -> Tensor:
+        return head_spmm(pattern, w, v)
 
 
-def pair_weighted_softmax_attention(q: Tensor, k: Tensor, v: Tensor, pattern: SparsePattern,
-                                    weight: Tensor, dropout: float = 0.0,
-                                    training: bool = False) -> Tensor:
-    r"""Softmax attention on the nonzeros of ``pattern``, weighted by ``weight``:
-    :math:`a_{ij} = w_{ij} e^{s_{ij}} / \sum_{j'} w_{ij'} e^{s_{ij'}}` with
-    :math:`s_{ij} = \mathbf{q}_i^\top\mathbf{k}_j/\sqrt{C}` (GRF paper, App. D);
-    :math:`O(\mathrm{nnz}\cdot C)`.
+_AGGREGATE = PairAggregation()
+
+
+def pair_scores(pattern: SparsePattern, q: Tensor, k: Tensor) -> Tensor:
+    r"""Head-major scores ``[H, P]`` :math:`\mathbf{q}_i^\top\mathbf{k}_j / \sqrt{C}` of the
+    pairs of ``pattern`` for ``q``, ``k`` ``[N, H, C]``: one sampled product for all heads."""
+    N, H, C = q.shape
+    return sddmm(pattern.repeat(H), head_major(q), head_major(k)).view(H, -1) * C ** -0.5
+
+
+def pair_softmax_attention(pattern: SparsePattern, logits: Tensor, v: Tensor,
+                           weight: Optional[Tensor] = None, dropout: float = 0.0,
+                           training: bool = False) -> Tensor:
+    r"""Softmax attention on the pairs of a row-major ``pattern`` (``[N, N]``, built from
+    sorted pairs), weighted: :math:`a_{ij} = w_{ij} e^{s_{ij}} / \sum_{j'} w_{ij'} e^{s_{ij'}}`
+    (GRF paper, App. D; GKAT, FTFI paper App. A.5.2, with :math:`w = \mathcal{K}`);
+    :math:`O(P\cdot C)`, every head in one product (:class:`PairAggregation`).
+
+    The normaliser rides in the product: with :math:`u_{ij} = w_{ij} \exp(s_{ij} - \mu_i)`
+    and any row constant :math:`\mu_i` (the row maximum, for range, taken without gradient:
+    the softmax does not depend on it), :math:`\mathbf{o}_i = \sum_j u_{ij}\mathbf{v}_j /
+    \sum_j u_{ij}`, so one product with :math:`[\mathbf{v}_j, 1]` gives numerator and
+    normaliser. A row whose weights all vanish gives zeros, as PyG's softmax does.
 
     Args:
-        q, k, v (Tensor): ``[N, H, C]``; pattern (SparsePattern): ``[N, N]``;
-        weight (Tensor): ``[H, nnz]``.
+        logits (Tensor): head-major ``[H, P]`` scores :math:`s_{ij}` (overwritten).
+        v (Tensor): ``[N, H, C]`` values.
+        weight (Tensor, optional): ``[H, P]`` or ``[P]`` (shared) weights :math:`w_{ij}`, of
+            any sign; :obj:`None`: plain softmax.
+        dropout (float): dropout on the coefficients (the numerator's, as GAT does).
     """
-    N, H, C = q.shape
-    pat = pattern.repeat(H)
-    s = sddmm(pat, head_major(q), head_major(k)) * C ** -0.5
-    # w_ij exp(s_ij) / sum_j' w_ij' exp(s_ij'): the row softmax of s, reweighted and renormalised
-    # (w may be negative or zero, so it cannot enter as log w)
-    row = pat.row
-    e = softmax(s, row, num_nodes=H * N) * pattern.repeat_values(weight)
-    a = e / (scatter(e, row, 0, dim_size=H * N, reduce='sum')[row] + _eps(e.dtype))
-    a = torch.nn.functional.dropout(a, p=dropout, training=training)
-    return from_head_major(spmm(pat, a, head_major(v)), H)
+    if pattern.perm is not None:
+        raise ValueError("pair_softmax_attention needs a row-major pattern (built from pairs "
+                         "sorted by row, then column)")
+    N, H, C = v.shape
+    dst = pattern.row
+    # in place on the fresh [H, P] logits (no operator here saves its input for the backward)
+    with torch.no_grad():  # mu_i = max_j: no overflow in exp
+        top = logits.new_full((H, N), float('-inf')).scatter_reduce_(
+            1, dst.view(1, -1).expand(H, -1), logits, 'amax', include_self=True)
+    w = logits.sub_(top.index_select(1, dst)).exp_()                  # [H, P]
+    if weight is not None:
+        w = w * weight.to(w.dtype)
+    ones = v.new_ones(N, H, 1)
+    if dropout > 0 and training:  # drop coefficients of the numerator only
+        keep = torch.nn.functional.dropout(torch.ones_like(w), p=dropout, training=True)
+        num, den = _AGGREGATE(v, w * keep, pattern), _AGGREGATE(ones, w, pattern)
+    else:
+        o = _AGGREGATE(torch.cat([v, ones], dim=-1), w, pattern)
+        num, den = o[..., :-1], o[..., -1:]
+    return num / den.masked_fill(den == 0, 1.0)
 
 
 def low_rank_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,

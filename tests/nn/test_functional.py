@@ -66,8 +66,8 @@ def test_bad_shapes():
                                 PackingMask(torch.zeros(3, dtype=torch.long)))
 
 
-def test_pair_weighted_softmax_equals_dense():
-    from pyg_grf.nn.functional import pair_weighted_softmax_attention
+def test_pair_softmax_equals_dense():
+    from pyg_grf.nn.functional import pair_scores, pair_softmax_attention
     from pyg_grf.ops import SparsePattern
     gen = torch.Generator().manual_seed(1)
     N, H, C = 6, 2, 4
@@ -75,7 +75,8 @@ def test_pair_weighted_softmax_equals_dense():
     weight = torch.rand(H, index.size(1), generator=gen, dtype=torch.float64) + 0.1
     weight[1, 1] = 0.0  # a zero weight drops the pair
     q, k, v = (torch.randn(N, H, C, generator=gen, dtype=torch.float64) for _ in range(3))
-    out = pair_weighted_softmax_attention(q, k, v, SparsePattern(index, (N, N)), weight)
+    pattern = SparsePattern(index, (N, N))
+    out = pair_softmax_attention(pattern, pair_scores(pattern, q, k), v, weight)
     # reference: a_ij = w_ij exp(s_ij) / sum_j' w_ij' exp(s_ij') with dense matrices
     W = torch.zeros(H, N, N, dtype=torch.float64)
     W[:, index[0], index[1]] = weight

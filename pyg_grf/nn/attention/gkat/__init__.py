@@ -1,6 +1,6 @@
 r"""Graph Kernel Attention (GKAT, FTFI paper, Sec. 4.2 and App. A.5): the layer (:mod:`.layer`,
-its linear mode on the GRF engine), the per-batch plan (:mod:`.plan`) and the softmax mode's
-message passing over the kernel pairs (:mod:`.pairs`)."""
+its linear mode on the GRF engine, its softmax mode message passing over the kernel pairs) and
+the per-batch plan (:mod:`.plan`)."""
 from pyg_grf.nn.attention.gkat.layer import BACKENDS, MODES, SCORES, GKATAttention
 from pyg_grf.nn.attention.gkat.plan import KernelPairs, RWGNKPlan, rwgnk_kernel
 

@@ -1,6 +1,6 @@
 r"""The GKAT layer (FTFI paper, Sec. 4.2 and App. A.5): the linear mode on the GRF engine
 (:func:`~pyg_grf.nn.attention.grf.layer.masked_sums`), the softmax mode one message passing
-over the kernel pairs (:mod:`.pairs`)."""
+over the kernel pairs (:func:`~pyg_grf.nn.functional.pair_softmax_attention`)."""
 from __future__ import annotations
 
 from typing import Any, Dict, Optional, Sequence, Tuple
@@ -21,11 +21,11 @@ from pyg_grf.nn.attention.base import (
     resolve_head_channels,
     samples_as_graphs,
 )
-from pyg_grf.nn.attention.gkat import pairs
 from pyg_grf.nn.attention.gkat.plan import RWGNKPlan
 from pyg_grf.nn.attention.grf.layer import masked_sums, normalise
 from pyg_grf.nn.attention.grf.plan import LayerSpec
 from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
+from pyg_grf.nn.functional import pair_scores, pair_softmax_attention
 
 MODES = ('linear', 'softmax')
 BACKENDS = ('auto', 'pairs', 'sparse')
@@ -281,16 +281,27 @@ class GKATAttention(GraphAttention):
         else:
             q, k, v = self._project(x)
             kp = plan.kernel_pairs(self.threshold)
-            logits = pairs.logits(kp, self.score, q, k, v, self.att_src, self.att_dst,
-                                  self.negative_slope)                     # [H, P]
-            out = pairs.softmax_forward(kp, logits, v, self.kernel_weighting, self.dropout,
-                                        self.training)
+            out = pair_softmax_attention(kp.pattern, self._logits(kp, q, k, v), v,
+                                         kp.value if self.kernel_weighting else None,
+                                         self.dropout, self.training)
         out = out.reshape(N, H * C) if self.concat else out.mean(dim=1)
         if self.to_out is not None:
             out = self.to_out(out)
         elif self.bias is not None:
             out = out + self.bias
         return out if samples is None else out.view(samples, shape[1], -1)
+
+    def _logits(self, kp, q: OptTensor, k: OptTensor, v: Tensor) -> Tensor:
+        r"""Head-major logits ``[H, P]`` of the kernel pairs ``kp``: ``score='gat'``,
+        :math:`\mathrm{LeakyReLU}(\mathbf{a}_{dst}^\top\mathbf{v}_i +
+        \mathbf{a}_{src}^\top\mathbf{v}_j)` (two gathers of ``[H, N]`` scores), or ``'dot'``,
+        :math:`\mathbf{q}_i^\top\mathbf{k}_j / \sqrt{C}` (one sampled product)."""
+        if self.score == 'dot':
+            return pair_scores(kp.pattern, q, k)
+        a_src = (v * self.att_src).sum(-1).t()                      # [H, N]
+        a_dst = (v * self.att_dst).sum(-1).t()
+        e = a_dst.index_select(1, kp.pattern.row) + a_src.index_select(1, kp.pattern.col)
+        return F.leaky_relu(e, self.negative_slope)
 
     def _project_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
         # (q, k, v) head-major [H, N, C] each, contiguous: one product, one copy

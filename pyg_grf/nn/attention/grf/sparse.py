@@ -115,6 +115,6 @@ def softmax(st: SparseStructures, q: Tensor, k: Tensor, v: Tensor, f: Tensor,
             dropout: float, training: bool) -> Tensor:
     r"""``[N, h, C]``: softmax attention on the nonzeros of :math:`\widehat\Phi`, weighted by
     its values (the ``'sparse_softmax'`` mode)."""
-    pairs = st.query
-    return F.pair_weighted_softmax_attention(q, k, v, pairs.pattern, pairs.values(f), dropout,
-                                             training)
+    pat = st.query.pattern
+    return F.pair_softmax_attention(pat, F.pair_scores(pat, q, k), v, st.query.values(f),
+                                    dropout, training)
