@@ -27,9 +27,9 @@ import torch
 from torch import Tensor
 
 from pyg_grf._validation import check_index_range, check_int
-from pyg_grf.features.exact import dense_adjacency
+from pyg_grf.features.exact import power_series_kernel
+from pyg_grf.features.grf import graph_random_features
 from pyg_grf.memory import check_walk_memory
-from pyg_grf.walks import check_edge_index, sample_walks
 
 
 def check_rwgnk_args(lam, alpha) -> None:
@@ -75,25 +75,12 @@ def rwgnk_features(edge_index: Tensor, num_nodes: int, num_walks: int, *, lam: f
         dtype (torch.dtype): dtype of the values (default: ``torch.float32``).
     """
     check_rwgnk_args(lam, alpha)
-    fixed = _resolve_fixed_length(p_halt, fixed_length)
-    walks = sample_walks(edge_index, num_nodes, num_walks, p_halt, max_length, walker=walker,
-                         fixed_length=fixed, generator=generator)
-    device = edge_index.device
-    # Hop records: start node, reached node and hop number e >= 1 of every prefix.
-    keep = walks.node >= 0
-    row = walks.start[walks.record_walker()[keep]]
-    col = walks.node[keep]
-    step = walks.record_step()[keep].to(dtype)
-    value = torch.pow(torch.tensor(float(lam), dtype=dtype, device=device), step)
-    # The empty prefix (e = 0) of each of the n walks adds 1 at the start node.
-    nodes = torch.arange(num_nodes, device=device)
-    row = torch.cat([nodes, row])
-    col = torch.cat([nodes, col])
-    value = torch.cat([torch.full((num_nodes,), float(num_walks), dtype=dtype, device=device),
-                       value]) / num_walks
-    psi = torch.sparse_coo_tensor(torch.stack([row, col]), value, (num_nodes, num_nodes),
-                                  check_invariants=False)
-    psi = psi.coalesce()
+    # the GRF estimator with every visit counting 1 (no importance weights) and f_e = lam^e
+    f = float(lam) ** torch.arange(max_length + 1, dtype=torch.float64)
+    psi = graph_random_features(edge_index, num_nodes, f.to(dtype), num_walks, p_halt,
+                                max_length, walker=walker, importance=False,
+                                fixed_length=_resolve_fixed_length(p_halt, fixed_length),
+                                generator=generator)
     return normalize_rows(psi, alpha)
 
 
@@ -127,21 +114,15 @@ def rwgnk_expected_features(edge_index: Tensor, num_nodes: int, *, lam: float,
     count with their multiplicity. Arguments as in :func:`rwgnk_features`.
     """
     check_rwgnk_args(lam, 0.0)
-    check_edge_index(edge_index, num_nodes)
     fixed = _resolve_fixed_length(p_halt, fixed_length)
     if not fixed and (p_halt is None or not 0.0 < float(p_halt) < 1.0):
         raise ValueError(f"'p_halt' must lie in the open interval (0, 1), got {p_halt!r}")
     check_int('max_length', max_length, 0)
     survival = 1.0 if fixed else 1.0 - float(p_halt)
-    adj = dense_adjacency(edge_index, num_nodes, normalization=None, dtype=dtype)
-    deg = adj.sum(1, keepdim=True)
-    trans = adj / deg.clamp_min(1.0) * (float(lam) * survival)
-    out = torch.eye(num_nodes, dtype=dtype, device=edge_index.device)
-    term = out
-    for _ in range(max_length):  # loop over powers (hops), not over nodes or walks
-        term = term @ trans
-        out = out + term
-    return out
+    # the power series of P = D^{-1} A (W of normalization='rw') with alpha_e = (lam s)^e
+    alpha = (float(lam) * survival) ** torch.arange(max_length + 1, dtype=torch.float64)
+    return power_series_kernel(edge_index, num_nodes, alpha.to(edge_index.device, dtype),
+                               normalization='rw')
 
 
 #: bytes of one product :math:`\Psi_{ai}\Psi_{bi}` while :func:`rwgnk_kernel` coalesces them
