@@ -218,17 +218,23 @@ def compute_dtype(x: Tensor) -> torch.dtype:
     return x.dtype
 
 
+def sampled_dot(crow: Tensor, col: Tensor, a: Tensor, b: Tensor, out: Tensor) -> Tensor:
+    r""":math:`\langle a_r, b_c \rangle` for the nonzeros :math:`(r, c)` of the CSR indices
+    ``(crow, col)``, without an ``[nnz, C]`` temporary, written into ``out`` (``[nnz]``, finite:
+    ``sampled_addmm`` multiplies its input by ``beta = 0``, which keeps a NaN) and returned.
+    Written into the holder itself: without ``out`` torch copies the whole input (indices and
+    values, ~half the kernel's time on an LRGB-sized batch) before overwriting it."""
+    holder = csr_tensor(crow, col, out, (a.size(0), b.size(0)))
+    torch.sparse.sampled_addmm(holder, a, b.t(), beta=0.0, out=holder)
+    return out
+
+
 def _sddmm(pattern: SparsePattern, a: Tensor, b: Tensor) -> Tensor:
-    # <a_r, b_c> at the nonzeros only, in the order of the pattern's input index, without an
-    # [nnz, C] temporary.
+    # <a_r, b_c> at the nonzeros only, in the order of the pattern's input index
     dtype = a.dtype
     if dtype in (torch.float16, torch.bfloat16):  # torch's sampled_addmm has no half kernels
         a, b = a.float(), b.float()
-    crow, col = pattern._csr_indices()
-    holder = csr_tensor(crow, col, a.new_zeros(pattern.nnz), pattern.size)
-    # Written into the holder itself: without ``out`` torch copies the whole input (indices and
-    # values, ~half the kernel's time on an LRGB-sized batch) before overwriting it.
-    g = torch.sparse.sampled_addmm(holder, a.contiguous(), b.t(), beta=0.0, out=holder).values()
+    g = sampled_dot(*pattern._csr_indices(), a.contiguous(), b, a.new_zeros(pattern.nnz))
     if pattern.perm is not None:
         g = torch.empty_like(g).index_copy_(0, pattern.perm, g)
     return g.to(dtype)

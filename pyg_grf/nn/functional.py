@@ -115,10 +115,14 @@ def block_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, mask:
     return o[..., :-1] / den
 
 
-def normalize_sums(o: Tensor, eps: float = 1e-6) -> Tensor:
+def normalize_sums(o: Tensor, eps: float = 1e-6, dtype: Optional[torch.dtype] = None) -> Tensor:
     r"""Output of linear attention from its sums ``[..., d + 1]`` (numerator, then the
-    normaliser): ``o[..., :d] / (o[..., d] + eps)``."""
-    return o[..., :-1] / (o[..., -1:] + eps)
+    normaliser): ``o[..., :d] / (o[..., d] + eps)``, in ``dtype`` if given (the sums of half
+    operands are float32: a half normaliser's gradient overflows where a row's features
+    vanish)."""
+    num, den = o.split([o.size(-1) - 1, 1], dim=-1)
+    out = num / (den + eps)
+    return out if dtype is None or out.dtype == dtype else out.to(dtype)
 
 
 def packed_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,

@@ -22,10 +22,10 @@ from pyg_grf.nn.attention.base import (
     samples_as_graphs,
 )
 from pyg_grf.nn.attention.gkat.plan import RWGNKPlan
-from pyg_grf.nn.attention.grf.layer import masked_sums, normalise
+from pyg_grf.nn.attention.grf.layer import masked_sums
 from pyg_grf.nn.attention.grf.plan import LayerSpec
 from pyg_grf.nn.feature_maps import apply_feature_map, feature_map_resolver
-from pyg_grf.nn.functional import pair_scores, pair_softmax_attention
+from pyg_grf.nn.functional import normalize_sums, pair_scores, pair_softmax_attention
 
 MODES = ('linear', 'softmax')
 BACKENDS = ('auto', 'pairs', 'sparse')
@@ -277,7 +277,7 @@ class GKATAttention(GraphAttention):
             v1 = F.pad(key_dropout(v.transpose(0, 1), self.dropout, self.training)
                        .transpose(0, 1), (0, 1), value=1.0)
             o = masked_sums(part, phi_q, phi_k, v1, phi_q.new_ones(H, 1), samples or 1, exact)
-            out = normalise(o, self.eps, v.dtype).transpose(0, 1)    # [N, H, C]
+            out = normalize_sums(o, self.eps, v.dtype).transpose(0, 1)  # [N, H, C]
         else:
             q, k, v = self._project(x)
             kp = plan.kernel_pairs(self.threshold)

@@ -306,7 +306,7 @@ class GRFAttention(QKVAttention):
                     phi_q, phi_k, v, grf, samples, batch)
             # numerator / normaliser, in float32 at least (a half normaliser's gradient
             # overflows where a row's features vanish)
-            out = normalise(o, self.eps, v.dtype)
+            out = F.normalize_sums(o, self.eps, v.dtype)
         else:
             out = self._node_major_call(part, q, k, v, f, B)
         out = self.to_out(out.transpose(0, 1).reshape(x.size(0), H * C))
@@ -350,14 +350,6 @@ class GRFAttention(QKVAttention):
         return (f', max_length={self.max_length}, mode={self.mode!r}, backend={self.backend!r}'
                 f'{glob}')
 
-
-
-def normalise(o: Tensor, eps: float, dtype: torch.dtype) -> Tensor:
-    r"""Numerator / normaliser of the masked sums ``[..., d + 1]`` (float32 at least, see
-    :func:`masked_sums`), returned in ``dtype``."""
-    num, den = o.split([o.size(-1) - 1, 1], dim=-1)
-    out = num / (den + eps)
-    return out if out.dtype == dtype else out.to(dtype)
 
 
 def masked_sums(part: PlanPart, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f: Tensor,

@@ -31,7 +31,7 @@ from torch import Tensor
 
 from pyg_grf.features.blocks import block_layout, mask_statistics
 from pyg_grf.features.loads import GRFLoads, narrow_index
-from pyg_grf.ops import csr_mm, csr_tensor
+from pyg_grf.ops import csr_mm, csr_tensor, sampled_dot
 
 
 def coefficient_pairs(f: Tensor, num_coef: int, symmetric: bool) -> Tensor:
@@ -220,14 +220,6 @@ def _empty_like_rows(x: Tensor, rows: Tensor) -> Tensor:
     return x.new_empty(rows.size(0) - 1, x.size(-1))
 
 
-def _sddmm(crow: Tensor, col: Tensor, a: Tensor, b: Tensor, out: Tensor) -> Tensor:
-    # <a_i, b_j> on the support, written into ``out`` (finite values: sampled_addmm multiplies
-    # its input by beta = 0, which keeps a NaN), since torch otherwise copies its holder
-    holder = csr_tensor(crow, col, out, (a.size(0), b.size(0)))
-    torch.sparse.sampled_addmm(holder, a, b.t(), beta=0.0, out=holder)
-    return out
-
-
 def _spmm(crow: Tensor, col: Tensor, vals: Tensor, x: Tensor) -> Tensor:
     return csr_mm(csr_tensor(crow, col, vals, (crow.numel() - 1, x.size(0))), x)
 
@@ -256,7 +248,7 @@ def pair_sums(q: Tensor, k: Tensor, v: Tensor, w: Tensor, wsrc: Tensor, crow: Te
     backward gathers it again); the transpose's index is read by the backward only."""
     with torch.autocast(q.device.type, enabled=False):
         dt = _dtype(q)
-        s = _sddmm(crow, col, _as(q, dt), _as(k, dt), q.new_zeros(col.numel(), dtype=dt))
+        s = sampled_dot(crow, col, _as(q, dt), _as(k, dt), q.new_zeros(col.numel(), dtype=dt))
         a = s * _as(w, dt).index_select(0, wsrc)
         out = _as(_spmm(crow, col, a, _as(v, dt)), v.dtype)
         return out, (s if keep_scores else s.new_empty(0))
@@ -281,9 +273,9 @@ def pair_sums_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor,
         dt = _dtype(q)
         qd, kd, gd, vd = (_as(t, dt) for t in (q, k, grad, v))
         wd = _as(w, dt).index_select(0, wsrc)
-        s = scores if scores.numel() == col.numel() else _sddmm(
+        s = scores if scores.numel() == col.numel() else sampled_dot(
             crow, col, qd, kd, qd.new_zeros(col.numel()))
-        g = _sddmm(crow, col, gd, vd, qd.new_zeros(col.numel()))  # dL/da_ij = <dO_i, v_j>
+        g = sampled_dot(crow, col, gd, vd, qd.new_zeros(col.numel()))  # dL/da_ij = <dO_i, v_j>
         none = q.new_empty(0)
         gw = (torch.zeros_like(w, dtype=dt).index_add_(0, wsrc, g * s).to(w.dtype)
               if needs[3] else none)
