@@ -1,6 +1,6 @@
 r"""Pure functions of the attention layers: :func:`masked_linear_attention`, the one primitive
 behind every masked linear-cost attention (FTFI paper, Sec. 2, Algorithm 1; GRF paper, Eq. 6-7),
-and its dense-block, packed, low-rank and pair-softmax variants."""
+and its packed, low-rank and pair-softmax variants."""
 from __future__ import annotations
 
 from typing import Optional
@@ -70,49 +70,6 @@ def masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     den = torch.einsum('bnhm,bnhm->bnh', phi_q, mk)
     out = num / (den.unsqueeze(-1) + eps)
     return out if shared else out.squeeze(0)
-
-
-# Dense-block execution over the graphs of a batch #################################################
-
-
-def to_blocks(x: Tensor, layout) -> Tensor:
-    r"""``[N, H, C]`` node tensor to ``[B, H, n, C]`` padded per-graph blocks (zeros in the
-    padding) for a :class:`~pyg_grf.features.blocks.BlockLayout`."""
-    N, H, C = x.shape
-    B, n = layout.num_graphs, layout.n
-    out = x.new_zeros(B * n, H, C).index_copy(0, layout.pos, x)
-    return out.view(B, n, H, C).transpose(1, 2)
-
-
-def from_blocks(y: Tensor, layout) -> Tensor:
-    r"""Inverse of :func:`to_blocks`: ``[B, H, n, C]`` to ``[N, H, C]``."""
-    B, H, n, C = y.shape
-    return y.transpose(1, 2).reshape(B * n, H, C)[layout.pos]
-
-
-def block_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor, mask: Tensor,
-                                  eps: float = 1e-6, padding: Optional[Tensor] = None,
-                                  return_sums: bool = False) -> Tensor:
-    r""":func:`masked_linear_attention` on padded per-graph blocks with the attention matrix
-    formed per graph, :math:`A = (\phi(Q)\phi(K)^\top) \odot M`: :math:`O(\sum n^2)` instead of
-    :math:`O(\mathrm{nnz}\,md)`, cheaper for small graphs.
-
-    Args:
-        phi_q, phi_k (Tensor): ``[B, H, n, m]``; v (Tensor): ``[B, H, n, d]``;
-        mask (Tensor): ``[B, H, n, n]`` (zero in the padding).
-        padding (Tensor, optional): ``[B, 1, n, 1]``, 1 on padded rows (their normaliser is
-            set to 1 so that no NaN reaches the gradients).
-        return_sums (bool): return the unnormalised sums ``[B, H, n, d + 1]`` (numerator and,
-            last, the normaliser) instead of the output.
-    """
-    a = (phi_q @ phi_k.transpose(-1, -2)) * mask
-    o = a @ torch.cat([v, v.new_ones(v.shape[:-1] + (1,))], dim=-1)
-    if return_sums:
-        return o
-    den = o[..., -1:] + eps
-    if padding is not None:
-        den = den + padding.to(den.dtype)
-    return o[..., :-1] / den
 
 
 def normalize_sums(o: Tensor, eps: float = 1e-6, dtype: Optional[torch.dtype] = None) -> Tensor:
