@@ -116,6 +116,52 @@ def samples_as_graphs(x: Tensor, batch: Optional[Tensor]
     return x.reshape(B * n, x.size(-1)), graphs, B
 
 
+def plan_input(layer: nn.Module, x: Tensor, batch: Optional[Tensor], plan: str, num_nodes: int,
+               num_graphs: int) -> Tuple[Tensor, Optional[Tensor], Optional[int]]:
+    r""":func:`samples_as_graphs` of ``x`` checked against the ``plan`` (its name, e.g.
+    ``'GRF'``) of a layer: ``[N, channels]`` for a plan of ``N`` nodes, or ``[B, n, channels]``
+    (``B`` samples) for the plan of one graph of ``n`` nodes; a :class:`ValueError` says what
+    the plan covers and what came."""
+    shape, C = tuple(x.shape), layer.channels
+    x, batch, samples = samples_as_graphs(x, batch)
+    if samples is not None and num_graphs > 1:
+        raise ValueError(f"x of shape {shape} holds samples on one shared graph, but the {plan} "
+                         f"plan covers a batch of {num_graphs} graphs")
+    if samples is not None and shape[1] != num_nodes:
+        raise ValueError(f"x of shape {shape} holds {samples} samples of {shape[1]} nodes, but "
+                         f"the {plan} plan covers {num_nodes} nodes (pass the plan of the one "
+                         f"shared graph)")
+    if x.dim() != 2 or x.size(-1) != C:
+        raise ValueError(f"{layer.__class__.__name__} expects x of shape [N, {C}] (nodes) or "
+                         f"[B, n, {C}] (samples on one shared graph), got {shape}")
+    if x.size(0) != num_nodes * (samples or 1):
+        raise ValueError(f"the {plan} plan covers {num_nodes} nodes but 'x' has {x.size(0)} "
+                         f"rows (build the plan from the same batch)")
+    return x, batch, samples
+
+
+def tensor_version(t: Any) -> int:
+    r"""The version counter of a tensor (-1 for an inference tensor, which has none, or for
+    anything else)."""
+    return t._version if isinstance(t, Tensor) and not t.is_inference() else -1
+
+
+def pin(data: Any, names: Sequence[str]) -> Tuple[Tuple[str, Any, int], ...]:
+    r"""The fields ``names`` of ``data`` with the version counter of each tensor, then the node
+    count: what a plan was built from (:func:`unchanged`)."""
+    return tuple((n, t, tensor_version(t)) for n, t in ((n, getattr(data, n, None))
+                                                         for n in names)) + (
+        ('num_nodes', data.num_nodes, 0),)
+
+
+def unchanged(now: Tuple, pinned: Optional[Tuple]) -> bool:
+    r"""Whether the fields ``now`` (:func:`pin`) are those ``pinned``: the same tensors,
+    unmodified, and the same node count (:math:`O(1)`, no device work)."""
+    return pinned is not None and all(
+        (a is b if isinstance(a, Tensor) else a == b) and va == vb
+        for (_, a, va), (_, b, vb) in zip(now, pinned))
+
+
 def plan_field(key: str) -> str:
     r"""The ``Data`` field that carries the plan of payload ``key`` (``'grf'`` ->
     ``'grf_plan'``): an ordinary field, so that ``Data.to()`` moves it with the tensors."""
@@ -211,6 +257,15 @@ def _tensor_device(data: Any) -> Optional[torch.device]:
     return None
 
 
+def split_heads(qkv: Tensor, H: int, C: int) -> Tuple[Tensor, Tensor, Tensor]:
+    r"""``(q, k, v)`` of the stacked projection ``qkv`` ``[N, 3 H C]`` (rows ``[q; k; v]`` of
+    the weight), each head-major ``[H, N, C]`` and contiguous (a head's rows are a view): one
+    copy; unbound, not sliced: its backward is one stack, where each slice's is a zero-filled
+    gradient of the whole product."""
+    N = qkv.size(0)
+    return qkv.view(N, 3 * H, C).transpose(0, 1).contiguous().view(3, H, N, C).unbind(0)
+
+
 class QKVAttention(GraphAttention):
     r"""Base of the attention layers, and the contract every attention layer follows:
     constructor ``(channels, heads=1, head_channels=channels // heads, dropout=0.0, bias=True,
@@ -251,11 +306,8 @@ class QKVAttention(GraphAttention):
         return self.to_qkv(x).view(N, 3, H, C).unbind(1)
 
     def project_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        r"""``(q, k, v)``, each head-major ``[H, N, C]`` and contiguous (a head's rows are a
-        view): one product, one copy."""
-        N, H, C = x.size(0), self.heads, self.head_channels
-        return self.to_qkv(x).view(N, 3 * H, C).transpose(0, 1).contiguous().view(
-            3, H, N, C).unbind(0)
+        r"""``(q, k, v)``, each head-major ``[H, N, C]`` (:func:`split_heads`)."""
+        return split_heads(self.to_qkv(x), self.heads, self.head_channels)
 
     def forward(self, x: Tensor, batch: Optional[Tensor] = None) -> Tensor:
         r"""``x``: ``[N, channels]`` (graphs given by ``batch``) or ``[B, n, channels]``

@@ -233,7 +233,7 @@ def test_bad_input():
         GKATAttention(10, heads=3)
     layer = GKATAttention(8, heads=2)
     idx = torch.tensor([[0, 1], [1, 0]])
-    with pytest.raises(ValueError, match=r"'x' must have shape \[N, 8\]"):
+    with pytest.raises(ValueError, match=r"expects x of shape \[N, 8\]"):
         layer(torch.randn(2, 5), rwgnk=RWGNKPlan.from_tensors(idx, torch.ones(2)))
     with pytest.raises(ValueError, match="'rwgnk_value' must have shape"):
         layer(torch.randn(2, 8), rwgnk=RWGNKPlan.from_tensors(idx, torch.ones(3)))
@@ -244,7 +244,7 @@ def test_bad_input():
     with pytest.raises(ValueError, match="the kernel pairs need both"):
         RWGNKPlan.from_tensors(idx, torch.ones(2), kernel_index=idx)
     # a row-count mismatch is an error (extra rows used to get the bias)
-    with pytest.raises(ValueError, match=r"'x' has 3 rows but the RWGNK plan is of 2 nodes"):
+    with pytest.raises(ValueError, match=r"the RWGNK plan covers 2 nodes but 'x' has 3 rows"):
         layer(torch.randn(3, 8), rwgnk=RWGNKPlan.from_tensors(idx, torch.ones(2)))
     with pytest.raises(TypeError, match=r"needs rwgnk=RWGNKPlan.*got tuple"):
         layer(torch.randn(2, 8), rwgnk=(idx, torch.ones(2)))
@@ -488,9 +488,9 @@ def test_samples_on_one_shared_graph_equal_a_batch_of_copies(mode, backend, stor
     torch.testing.assert_close(out.reshape(36, 8), ref, rtol=1e-10, atol=1e-12)
     with pytest.raises(ValueError, match="'batch' is not used"):
         layer(x, copies.batch, rwgnk=plan)
-    with pytest.raises(ValueError, match='the plan is of a graph of 12 nodes'):
+    with pytest.raises(ValueError, match='samples of 5 nodes, but the RWGNK plan covers 12 nodes'):
         layer(x[:, :5], rwgnk=plan)
-    with pytest.raises(ValueError, match='needs the plan of one graph, got a plan of 3 graphs'):
+    with pytest.raises(ValueError, match='the RWGNK plan covers a batch of 3 graphs'):
         layer(x.repeat(1, 3, 1), rwgnk=RWGNKPlan.build(copies))
 
 
@@ -625,7 +625,7 @@ def test_one_projection_for_queries_keys_values():
     q, k, v = layer._project(x)
     for got, lin in ((q, layer.to_q), (k, layer.to_k), (v, layer.to_v)):
         assert torch.allclose(got.reshape(5, -1), lin(x), atol=1e-14)
-    heads = layer._project_heads(x)  # head-major [H, N, C]
+    heads = layer._project(x, head_major=True)  # [H, N, C]
     for got, lin in zip(heads, (layer.to_q, layer.to_k, layer.to_v)):
         assert torch.allclose(got.transpose(0, 1).reshape(5, -1), lin(x), atol=1e-14)
 

@@ -18,8 +18,9 @@ from pyg_grf.nn.attention.base import (
     cached_plan,
     contract_repr,
     key_dropout,
+    plan_input,
     resolve_head_channels,
-    samples_as_graphs,
+    split_heads,
 )
 from pyg_grf.nn.attention.gkat.plan import RWGNKPlan
 from pyg_grf.nn.attention.grf.layer import masked_sums
@@ -242,22 +243,9 @@ class GKATAttention(GraphAttention):
                 f"GKATAttention needs rwgnk=RWGNKPlan (layer.payload(batch) or "
                 f"GKATAttention.plan_payload(batch, layers), from the features of "
                 f"AddRWGNKFeatures), got {type(rwgnk).__name__}")
-        plan = rwgnk
-        shape = tuple(x.shape)
-        samples = None
-        if x.dim() == 3:  # B samples on one shared graph
-            x, batch, samples = samples_as_graphs(x, batch)
-            if shape[1] != plan.num_nodes:
-                raise ValueError(f"x of shape {shape} holds samples of {shape[1]} nodes, but the "
-                                 f"plan is of a graph of {plan.num_nodes} nodes")
-            if plan.num_graphs != 1:
-                raise ValueError(f"x of shape [B, n, C] needs the plan of one graph, got a plan "
-                                 f"of {plan.num_graphs} graphs")
-        if x.dim() != 2 or x.size(-1) != self.channels:
-            raise ValueError(f"'x' must have shape [N, {self.channels}], got {shape}")
-        if x.size(0) != plan.num_nodes * (samples or 1):
-            raise ValueError(f"'x' has {x.size(0)} rows but the RWGNK plan is of "
-                             f"{plan.num_nodes} nodes (build the plan from the same batch)")
+        plan, shape = rwgnk, tuple(x.shape)
+        # B samples on one shared graph: its copies ride in the rows
+        x, batch, samples = plan_input(self, x, batch, 'RWGNK', plan.num_nodes, plan.num_graphs)
         if samples is not None and self.mode == 'softmax':  # the pairs of B copies, this call
             plan = plan.repeat(samples, [self])
         if plan.device != x.device:
@@ -270,7 +258,7 @@ class GKATAttention(GraphAttention):
                                  "mask here is cut (stored kernel pairs or threshold > 0): use "
                                  "backend='pairs' or 'auto'")
             part = plan.linear_part(self.spec(exact), self.threshold)
-            q, k, v = self._project_heads(x)                       # [H, N, C] each
+            q, k, v = self._project(x, head_major=True)            # [H, N, C] each
             phi_q = self.feature_map(q, is_query=True)
             phi_k = apply_feature_map(self.feature_map, k.transpose(0, 1),
                                       batch=batch).transpose(0, 1)  # stabilised per graph
@@ -303,28 +291,21 @@ class GKATAttention(GraphAttention):
         e = a_dst.index_select(1, kp.pattern.row) + a_src.index_select(1, kp.pattern.col)
         return F.leaky_relu(e, self.negative_slope)
 
-    def _project_heads(self, x: Tensor) -> Tuple[Tensor, Tensor, Tensor]:
-        # (q, k, v) head-major [H, N, C] each, contiguous: one product, one copy
-        N, H, C = x.size(0), self.heads, self.head_channels
-        weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])
-        # unbind, not slices: its backward is one stack, where each slice's is a zero-filled
-        # gradient of the whole product
-        return F.linear(x, weight).view(N, 3 * H, C).transpose(0, 1).contiguous() \
-            .view(3, H, N, C).unbind(0)
-
-    def _project(self, x: Tensor) -> Tuple[OptTensor, OptTensor, Tensor]:
-        r"""``(q, k, v)``, each ``[N, H, C]`` (``q``, ``k`` :obj:`None` without ``to_q``): one
-        product with the stacked weights of ``to_q``, ``to_k``, ``to_v`` (as GATConv's one
-        ``lin``)."""
+    def _project(self, x: Tensor,
+                 head_major: bool = False) -> Tuple[OptTensor, OptTensor, Tensor]:
+        r"""``(q, k, v)``, each ``[N, H, C]``, or head-major ``[H, N, C]``
+        (:func:`~pyg_grf.nn.attention.base.split_heads`) (``q``, ``k`` :obj:`None` without
+        ``to_q``): one product with the stacked weights of ``to_q``, ``to_k``, ``to_v`` (as
+        GATConv's one ``lin``)."""
         N, H, C = x.size(0), self.heads, self.head_channels
         if self.to_q is None:
             return None, None, self.to_v(x).view(N, H, C)
-        weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])
+        qkv = F.linear(x, torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight]))
+        if head_major:
+            return split_heads(qkv, H, C)
         # one copy to three contiguous [N, H, C] blocks: the feature map and the per-head
         # operands then run on contiguous memory
-        q, k, v = F.linear(x, weight).view(N, 3, H * C).transpose(0, 1).contiguous() \
-            .view(3, N, H, C).unbind(0)
-        return q, k, v
+        return qkv.view(N, 3, H * C).transpose(0, 1).contiguous().view(3, N, H, C).unbind(0)
 
     def __repr__(self) -> str:
         extra = f', mode={self.mode!r}'

@@ -12,7 +12,8 @@ from torch import Tensor
 from pyg_grf._validation import check_index_range
 from pyg_grf.features.loads import GRFLoads, narrow_index
 from pyg_grf.features.rwgnk import rwgnk_kernel
-from pyg_grf.nn.attention.grf.plan import GRFPlan, LayerSpec, build_part, tensor_version
+from pyg_grf.nn.attention.base import pin, unchanged
+from pyg_grf.nn.attention.grf.plan import GRFPlan, LayerSpec, build_part
 from pyg_grf.ops import SparsePattern
 
 
@@ -91,7 +92,7 @@ class RWGNKPlan:
     stored_pairs: Optional[Tuple[Tensor, Tensor]] = None  # AddRWGNKFeatures' pairs, as given
     grf: Optional[GRFPlan] = None  # the linear layers' plan on the GRF engine
     grf_threshold: float = 0.0     # the kernel threshold that plan was built for
-    source: Optional[tuple] = None  # the data's fields it was built from (matches)
+    source: Optional[tuple] = None  # (names, pin(), copies): the data it was built from
 
     @classmethod
     def build(cls, data: Any, layers: Iterable[Any] = (), prefix: str = 'rwgnk') -> 'RWGNKPlan':
@@ -106,13 +107,12 @@ class RWGNKPlan:
             raise ValueError(f"the data has no RWGNK features {missing}: add the transform "
                              f"pyg_grf.transforms.AddRWGNKFeatures (best as pre_transform)")
         names = [f'{prefix}_{s}' for s in ('index', 'value', 'kernel_index', 'kernel_value')]
-        fields = [getattr(data, n, None) for n in names] + [getattr(data, 'ptr', None)]
+        pinned = pin(data, names + ['ptr'])
+        fields = [t for _, t, _ in pinned[:-1]]
         plan = cls.from_tensors(*fields[:2], data.num_nodes, *fields[2:4], ptr=fields[4],
                                 layers=layers)
-        source = tuple((t, tensor_version(t)) for t in fields) + (
-            (data.num_nodes, 0),)
         reference = tuple(None if t is None else t.detach().clone() for t in fields)
-        return replace(plan, source=(names + ['ptr'], source, reference))
+        return replace(plan, source=(names + ['ptr'], pinned, reference))
 
     @classmethod
     def from_tensors(cls, index: Tensor, value: Tensor, num_nodes: Optional[int] = None,
@@ -201,12 +201,11 @@ class RWGNKPlan:
         pickle) equal ones, compared once."""
         if self.source is None:
             return False
-        names, source, reference = self.source
-        now = [getattr(data, n, None) for n in names]
-        if data.num_nodes == source[-1][0] and all(
-                a is t and tensor_version(a) == v for a, (t, v) in zip(now, source)):
+        names, pinned, reference = self.source
+        now = pin(data, names)
+        if unchanged(now, pinned):
             return True
-        for a, ref in zip(now, reference):
+        for (_, a, _), ref in zip(now, reference):
             if (a is None) != (ref is None):
                 return False
             if a is not None and (a.shape != ref.shape or not bool(
@@ -214,8 +213,7 @@ class RWGNKPlan:
                 return False
         if data.num_nodes != self.num_nodes:
             return False
-        pinned = tuple((t, tensor_version(t)) for t in now)
-        object.__setattr__(self, 'source', (names, pinned + ((data.num_nodes, 0),), reference))
+        object.__setattr__(self, 'source', (names, now, reference))
         return True
 
     def covers(self, layers: Iterable[Any]) -> bool:
@@ -256,9 +254,8 @@ class RWGNKPlan:
         if device == self.device:
             return self
         move = (lambda t: None if t is None else t.to(device))  # noqa: E731
-        source = None if self.source is None else (
-            self.source[0], tuple((None, 0) for _ in self.source[1][:-1]) + (
-                self.source[1][-1],), tuple(move(t) for t in self.source[2]))
+        source = None if self.source is None else (  # compared by value after the move
+            self.source[0], None, tuple(move(t) for t in self.source[2]))
         return RWGNKPlan(self.num_nodes, move(self.psi_index), move(self.psi_value),
                          move(self.ptr), None if self.pairs is None else self.pairs.to(device),
                          None if self.stored_pairs is None else tuple(

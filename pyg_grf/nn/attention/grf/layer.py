@@ -17,8 +17,8 @@ from pyg_grf.nn import functional as F
 from pyg_grf.nn.attention.base import (
     QKVAttention,
     cached_plan,
+    plan_input,
     reset_hop_coefficients,
-    samples_as_graphs,
 )
 from pyg_grf.nn.attention.grf import pairs, sparse
 from pyg_grf.nn.attention.grf.plan import GRFPlan, LayerSpec, PlanPart
@@ -259,22 +259,8 @@ class GRFAttention(QKVAttention):
             raise TypeError(f"'grf' must be a GRFPlan (attn.payload(data), or "
                             f"pyg_grf.nn.attention.grf.GRFPlan.build(data, layers)), got "
                             f"{type(grf).__name__}")
-        shape = tuple(x.shape)
-        x, _, samples = samples_as_graphs(x, batch)  # samples on one shared graph
-        if samples is not None and grf.loads.num_graphs > 1:
-            raise ValueError(f"x of shape {shape} holds samples on one shared graph, but the "
-                             f"plan covers a batch of {grf.loads.num_graphs} graphs")
-        if samples is not None and shape[1] != grf.num_nodes:
-            raise ValueError(f"x of shape {shape} holds {samples} samples of {shape[1]} nodes, "
-                             f"but the GRF plan covers {grf.num_nodes} nodes (pass the plan of "
-                             f"the one shared graph)")
-        if x.dim() != 2 or x.size(-1) != self.channels:
-            raise ValueError(f"{self.__class__.__name__} expects x of shape [N, {self.channels}] "
-                             f"(nodes) or [B, n, {self.channels}] (samples on one shared graph), "
-                             f"got {shape}")
-        if x.size(0) != grf.num_nodes * (samples or 1):
-            raise ValueError(f"the GRF plan covers {grf.num_nodes} nodes but 'x' has "
-                             f"{x.size(0)} rows")
+        # samples on one shared graph: its copies ride in the rows
+        x, _, samples = plan_input(self, x, batch, 'GRF', grf.num_nodes, grf.loads.num_graphs)
         if batch is not None and batch.shape != (x.size(0),):
             raise ValueError(f"'batch' must have shape [{x.size(0)}] (one graph id per node), "
                              f"got {tuple(batch.shape)}")

@@ -17,7 +17,7 @@ with :math:`\widehat\Phi`, never forms the mask); ``'sparse_softmax'`` runs on t
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Dict, Iterable, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -28,6 +28,7 @@ from pyg_grf.features.join import JoinMemoryError, compiled_join_available
 from pyg_grf.features.loads import GRFLoads
 from pyg_grf.masks.packing import PackingLayout, packing_layout
 from pyg_grf.memory import memory_budget
+from pyg_grf.nn.attention.base import pin, unchanged
 from pyg_grf.nn.attention.grf import pairs, sparse
 
 #: Peak bytes per join term of the torch join (GPU or no numba): its per-term keys, partners
@@ -69,19 +70,10 @@ class PlanPart(NamedTuple):
         return self._replace(structures=self.structures.to(device))
 
 
-def _source(data: Any, prefix: str) -> Tuple[Tuple[str, Any, int], ...]:
-    # every field a plan reads (the loads of both sides, the batch vector, the node count),
-    # with the version counter of each tensor
-    names = [f'{p}_{s}' for p in (prefix, f'{prefix}_key')
-             for s in ('index', 'length', 'load', 'draw')] + ['batch']
-    out = tuple((n, t, tensor_version(t))
-                for n, t in ((n, getattr(data, n, None)) for n in names))
-    return out + (('num_nodes', data.num_nodes, 0),)
-
-
-def tensor_version(t: Any) -> int:
-    # the version counter of a tensor (inference tensors have none: -1)
-    return t._version if isinstance(t, Tensor) and not t.is_inference() else -1
+def _fields(prefix: str) -> List[str]:
+    # every field a plan reads besides the node count: the loads of both sides, the batch
+    return [f'{p}_{s}' for p in (prefix, f'{prefix}_key')
+            for s in ('index', 'length', 'load', 'draw')] + ['batch']
 
 
 def _same(t: Any, ref: Optional[Tensor], checks: list, flat_draw: bool = False) -> bool:
@@ -170,7 +162,7 @@ class GRFPlan:
             has_key = all(getattr(data, f'{key}_{s}', None) is not None
                           for s in ('index', 'length', 'load'))
             loads = GRFLoads.from_data(data, prefix, key if has_key else None)
-            source = _source(data, prefix)
+            source = pin(data, _fields(prefix))
         specs = dict.fromkeys(layer.spec(loads.num_draws) for layer in layers)
         built: Dict[Tuple, PlanPart] = {}
         return cls(loads, {spec: build_part(loads, spec, built) for spec in specs},
@@ -181,10 +173,8 @@ class GRFPlan:
         ``data`` holds now: the same tensors, unchanged (:math:`O(1)`, no device work), or
         else (after a move or a pickle) tensors equal to the plan's copies (compared once on
         the data's device, then remembered)."""
-        now = _source(data, self.prefix)
-        if self._source is not None and all(
-                (a is b if isinstance(a, Tensor) else a == b) and va == vb
-                for (_, a, va), (_, b, vb) in zip(now, self._source)):
+        now = pin(data, _fields(self.prefix))
+        if unchanged(now, self._source):
             return True
         fields = dict((n, t) for n, t, _ in now)
         sides = ((self.prefix, self.loads), (f'{self.prefix}_key', self.loads.key))

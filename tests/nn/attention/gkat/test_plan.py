@@ -26,8 +26,8 @@ def test_rwgnk_index_out_of_range_is_refused(mode, bad):
     # a plan built from the tensors alone takes its node count from them: the id 5 then shows
     # as a plan of 6 nodes for 5 rows
     with pytest.raises(ValueError, match=rf"'rwgnk_index' must hold node ids in \[0, 5\).*refers "
-                                         rf"to node {bad}|'x' has 5 rows but the RWGNK plan is "
-                                         rf"of 6 nodes"):
+                                         rf"to node {bad}|the RWGNK plan covers 6 nodes but "
+                                         rf"'x' has 5 rows"):
         layer(x, rwgnk=RWGNKPlan.from_tensors(index, value))
 
 
