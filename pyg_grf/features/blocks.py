@@ -49,15 +49,6 @@ class BlockTerms(NamedTuple):
     mirror: Optional[Tensor] = None
     index: Optional[Tuple[Tensor, Tensor]] = None
 
-    def values(self, coef: Tensor) -> Tensor:
-        r"""``[h, P]`` mask values of coefficient rows ``coef`` ``[h, num_coef]`` on ``cell``."""
-        vals = coef @ self.stats.t()
-        return vals if self.src is None else vals.index_select(1, self.src)
-
-    def cell_stats(self) -> Tensor:
-        r"""``[P, num_coef]``: the statistics of every cell."""
-        return self.stats if self.src is None else self.stats.index_select(0, self.src)
-
     @property
     def num_coef(self) -> int:
         return self.stats.size(1)

@@ -36,6 +36,14 @@ def both_joins(grf):
     return lay, full, half
 
 
+def cell_stats(terms):  # [P, num_coef]: the statistics of every cell
+    return terms.stats if terms.src is None else terms.stats[terms.src]
+
+
+def cell_values(terms, coef):  # [h, P]: the mask values of coefficient rows coef on the cells
+    return coef @ cell_stats(terms).t()
+
+
 def _stats(loads, dtype=D):
     return mask_statistics(loads, block_layout(loads.batch, loads.num_nodes), True, dtype)
 
@@ -51,13 +59,13 @@ def test_half_join_equals_full_join(big):
     lay, full, half = both_joins(GRFLoads.from_data(b))
     assert half.src is not None and half.stats.size(0) < full.stats.size(0)
     assert torch.equal(full.cell, half.cell)
-    assert torch.allclose(full.cell_stats(), half.cell_stats(), atol=1e-13)
+    assert torch.allclose(cell_stats(full), cell_stats(half), atol=1e-13)
     # the half join's mirror: the transpose's order of the cells
     n = lay.n
     b, r, c = half.cell // (n * n), (half.cell // n) % n, half.cell % n
     assert torch.equal(half.mirror, torch.argsort((b * n + c) * n + r))
     coef = torch.rand(2, full.num_coef, dtype=D)
-    assert torch.allclose(full.values(coef), half.values(coef), atol=1e-13)
+    assert torch.allclose(cell_values(full, coef), cell_values(half, coef), atol=1e-13)
 
 
 def test_statistics_give_phi_phi_t_with_folded_hop_ids():
@@ -74,7 +82,7 @@ def test_statistics_give_phi_phi_t_with_folded_hop_ids():
     K = 3
     iu = torch.triu_indices(K, K)
     M = torch.zeros(64, dtype=D)
-    M[terms.cell] = terms.values((f[iu[0]] * f[iu[1]]).unsqueeze(0))[0]
+    M[terms.cell] = cell_values(terms, (f[iu[0]] * f[iu[1]]).unsqueeze(0))[0]
     assert torch.allclose(M.view(8, 8), phi @ phi.T, atol=1e-12)
     ids = symmetric_ids(K)
     assert torch.equal(ids, ids.T) and sorted(ids.unique().tolist()) == list(range(6))
@@ -118,7 +126,7 @@ def test_compiled_self_join_equals_torch_join(dtype, graph):
     assert stats.dtype == dtype and src is not None and stats.size(0) < src.numel()
     assert torch.equal(cells_of(lay, row, col), full.cell)  # same cells, row-major
     tol = 1e-12 if dtype == torch.float64 else 1e-5
-    assert torch.allclose(stats[src].to(D), full.cell_stats(), atol=tol)
+    assert torch.allclose(stats[src].to(D), cell_stats(full), atol=tol)
     # mirror: the position of (j, i), i.e. the transpose's order (a sort of the keys)
     assert torch.equal(mirror, torch.argsort(col * grf.num_nodes + row))
 
@@ -139,14 +147,14 @@ def test_compiled_join_of_two_walk_sets_and_unsorted_entries():
         k.load.to(D)[kperm], K, q.num_nodes)
     assert src is None and mirror is None
     assert torch.equal(cells_of(lay, row, col), full.cell)
-    assert torch.allclose(stats, full.cell_stats(), atol=1e-12)
+    assert torch.allclose(stats, cell_stats(full), atol=1e-12)
     # the self join is also order-free
     _, self_full, _ = both_joins(q)
     row, col, stats, src, _ = compiled_join(q.index[:, perm], q.hop[perm],
                                             q.load.to(D)[perm], None, None, None,
                                             q.max_hop + 1, q.num_nodes)
     assert torch.equal(cells_of(lay, row, col), self_full.cell)
-    assert torch.allclose(stats[src], self_full.cell_stats(), atol=1e-12)
+    assert torch.allclose(stats[src], cell_stats(self_full), atol=1e-12)
 
 
 @needs_numba
@@ -171,7 +179,7 @@ def test_block_terms_take_the_compiled_join_unless_disabled(monkeypatch):
     assert torch.equal(pattern.tperm.long(), order)
     assert torch.equal(with_numba.cell, torch_terms.cell)
     assert torch.equal(with_numba.mirror, torch_terms.mirror)
-    assert torch.allclose(with_numba.cell_stats(), torch_terms.cell_stats(), atol=1e-12)
+    assert torch.allclose(cell_stats(with_numba), cell_stats(torch_terms), atol=1e-12)
     assert not compiled_join_available(torch.device('meta'))
 
 
@@ -207,7 +215,7 @@ def test_a_compiled_join_that_cannot_run_falls_back_to_the_torch_join(monkeypatc
     with pytest.warns(RuntimeWarning, match='cannot run here .*LLVM ERROR'):
         got = _stats(fresh())
     assert torch.equal(got.cell, expected.cell)
-    assert torch.allclose(got.cell_stats(), expected.cell_stats(), atol=1e-12)
+    assert torch.allclose(cell_stats(got), cell_stats(expected), atol=1e-12)
     assert not compiled_join_available()
     with warnings.catch_warnings():
         warnings.simplefilter('error')  # warned once only: the torch join from now on
@@ -401,7 +409,7 @@ def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
     lay = block_layout(grf.batch, grf.num_nodes)
     terms = mask_statistics(grf, lay, True, D)
     assert terms.num_coef == 10  # K (K + 1) / 2 for K = 4: (l, l') and (l', l) summed
-    vals = terms.values(coefficient_pairs(f, 10, True))  # [H, P]
+    vals = cell_values(terms, coefficient_pairs(f, 10, True))  # [H, P]
     M = blocks_from_values(vals, terms.cell, lay)  # [B, H, n, n]
     N = b.num_nodes
     for h in range(3):
@@ -429,7 +437,7 @@ def test_compiled_join_sized_exactly_or_grown_gives_the_same_statistics(exact_ab
     torch_terms = _stats(GRFLoads(b.grf_index, b.grf_length, b.grf_load, b.num_nodes,
                                   batch=b.batch))
     assert torch.equal(with_numba.cell, torch_terms.cell)
-    assert torch.allclose(with_numba.cell_stats(), torch_terms.cell_stats(), atol=1e-12)
+    assert torch.allclose(cell_stats(with_numba), cell_stats(torch_terms), atol=1e-12)
     # max_cells stops the exact pass before it allocates
     with pytest.raises(join.JoinMemoryError):
         join.compiled_join(loads.index, loads.hop.long(), loads.load.double(), None, None, None,
