@@ -9,7 +9,7 @@ from typing import Any, Iterable, Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_grf._validation import check_index_range
+from pyg_grf._validation import check_index_range, check_shape
 from pyg_grf.features.loads import GRFLoads, narrow_index
 from pyg_grf.features.rwgnk import rwgnk_kernel
 from pyg_grf.nn.attention.base import pin, unchanged
@@ -121,19 +121,14 @@ class RWGNKPlan:
                      layers: Iterable[Any] = ()) -> 'RWGNKPlan':
         r"""The plan of :math:`\Psi` given as tensors (``num_nodes``: :math:`N`, by default one
         more than the largest index: every node visits itself, :math:`\Psi_{ii} > 0`)."""
-        if not isinstance(index, Tensor) or index.dim() != 2 or index.size(0) != 2:
-            raise ValueError(f"'rwgnk_index' must have shape [2, nnz], got {_shape(index)}")
-        if not isinstance(value, Tensor) or value.shape != (index.size(1), ):
-            raise ValueError(f"'rwgnk_value' must have shape [{index.size(1)}] to match "
-                             f"'rwgnk_index', got {_shape(value)}")
+        check_shape(index, 'rwgnk_index', 2, 'nnz')
+        check_shape(value, 'rwgnk_value', index.size(1))
         if (kernel_index is None) != (kernel_value is None):
             raise ValueError("the kernel pairs need both 'rwgnk_kernel_index' and "
                              "'rwgnk_kernel_value'")
-        if kernel_index is not None and (
-                kernel_index.dim() != 2 or kernel_index.size(0) != 2
-                or kernel_value.shape != (kernel_index.size(1), )):
-            raise ValueError(f"the kernel pairs must be (index [2, P], value [P]), got shapes "
-                             f"{_shape(kernel_index)} and {_shape(kernel_value)}")
+        if kernel_index is not None:
+            check_shape(kernel_index, 'rwgnk_kernel_index', 2, 'P')
+            check_shape(kernel_value, 'rwgnk_kernel_value', kernel_index.size(1))
         if num_nodes is None:
             num_nodes = int(index.max()) + 1 if index.numel() > 0 else 0
         N = int(num_nodes)
@@ -288,7 +283,3 @@ class RWGNKPlan:
             f', stored_pairs={self.stored_pairs[0].size(1)}'
         return (f'RWGNKPlan(num_nodes={self.num_nodes}, graphs={self.num_graphs}, '
                 f'psi_nnz={self.psi_nnz}{pairs}{stored})')
-
-
-def _shape(t: Any) -> str:
-    return str(tuple(t.shape)) if isinstance(t, Tensor) else type(t).__name__
