@@ -10,9 +10,8 @@ Variants (every one the same harness, budget and seeds):
 * ``none``: the same model without the attention branch (on Minesweeper this *is* the tuned
   GCN: depth, residuals and norms selected on validation);
 * ``linear``: the same model with unmasked linear attention in GRF's place (what the mask adds);
-* ``power_series`` (Cora): the same model with the exact dense mask
-  :math:`\sum_k (f * f)_k W^k` (:class:`~pyg_grf.nn.PowerSeriesAttention`'s math, its powers of
-  :math:`W` computed once per graph: :class:`DensePowerSeriesNodeModel`);
+* ``power_series``: the same model with the exact mask :math:`\sum_k (f * f)_k W^k`
+  (:class:`~pyg_grf.nn.PowerSeriesAttention`, the expectation of the GRF estimate);
 * ``gcn``: Kipf & Welling's GCN recipe (``paper/citation_gcn.yaml``; citation only);
 * ``gat``: PyG's GAT recipe (``paper/citation_gat.yaml``; Cora and CiteSeer reuse the GAT runs
   of ``gkat_citation.py``, same harness and seeds); on Minesweeper the ``none`` stack with
@@ -33,9 +32,9 @@ from __future__ import annotations
 import json
 import os.path as osp
 import sys
-from typing import Dict, List
+from typing import List
 
-import torch
+import yaml
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
 import paper_models  # noqa: E402,F401  (registers the baselines for the configs)
@@ -50,11 +49,6 @@ from harness import (  # noqa: E402
     summary_table,
     write_markdown,
 )
-
-from pyg_grf.features import self_convolution  # noqa: E402
-from pyg_grf.features.grf import normalized_adjacency  # noqa: E402
-from pyg_grf.lightning.specs import register_model_class  # noqa: E402
-from pyg_grf.nn import GRFNodeModel  # noqa: E402
 
 HERE = osp.dirname(osp.abspath(__file__))
 OUT = osp.join(HERE, 'results', 'node_models')
@@ -78,41 +72,6 @@ SEARCH = {
 }
 
 
-@register_model_class
-class DensePowerSeriesNodeModel(GRFNodeModel):
-    r""":class:`~pyg_grf.nn.GRFNodeModel` with ``attn_type='power_series'`` whose attention
-    builds the exact kernel :math:`\sum_{k=0}^{2L} (f * f)_k W^k` (GRF paper, Eq. 4, Remark 3.1)
-    from the dense powers :math:`W^k` of the one graph, computed once and kept (the layer's own
-    Horner rule multiplies dense :math:`N \times N` matrices 2L times per call: 20 s per step
-    on Cora here); same parameters and the same result."""
-
-    def __init__(self, *args, **kwargs):
-        kwargs['attn_type'] = 'power_series'
-        super().__init__(*args, **kwargs)
-        attn = self.attn
-        powers: Dict[tuple, torch.Tensor] = {}
-
-        def blocks(edge_index, batch, num_nodes, edge_weight, dtype, coef):
-            key = (edge_index.data_ptr(), num_nodes, dtype)
-            if key not in powers:  # one fixed graph: W^0 .. W^2L once
-                powers.clear()
-                w = normalized_adjacency(edge_index, num_nodes, edge_weight, attn.normalization)
-                W = torch.zeros(num_nodes, num_nodes, dtype=dtype)
-                W[edge_index[0], edge_index[1]] = w.to(dtype)
-                P = [torch.eye(num_nodes, dtype=dtype)]
-                for _ in range(2 * attn.max_length):
-                    P.append(P[-1] @ W)
-                powers[key] = torch.stack(P)                              # [2L + 1, N, N]
-            alpha = torch.stack([self_convolution(f) for f in coef]).to(dtype)  # [H, 2L + 1]
-            return torch.einsum('hk,knm->hnm', alpha, powers[key]).unsqueeze(0)
-        attn._blocks = blocks
-
-    def forward(self, data):
-        if int(getattr(data, 'num_graphs', 1) or 1) != 1:
-            raise ValueError('DensePowerSeriesNodeModel serves one graph')
-        return super().forward(data)
-
-
 def overrides(dataset: str, variant: str, seed: int, settings: dict) -> List[str]:
     r"""The config and overrides of a variant on a dataset for a seed (Minesweeper: split)."""
     name, pyg_name, channels, classes, _ = DATASETS[dataset]
@@ -124,19 +83,29 @@ def overrides(dataset: str, variant: str, seed: int, settings: dict) -> List[str
             f'--data.init_args.name={pyg_name}', f'--model.init_args.num_classes={classes}',
             f'{M}in_channels={channels}', f'{M}out_channels={classes}']
     out.append(f'{T}seed={seed}')
+    # the attention's arguments: the config's, with the walks' max_length and the attention
+    # dropout of the settings; the unmasked control keeps all but max_length
+    with open(NODE.format(name)) as f:
+        attn_kwargs = dict(yaml.safe_load(f)['model']['init_args']['model']['init_args']
+                           .get('attn_kwargs') or {})
     for key, value in settings.items():
         if key == 'max_length':
             out += [f'{T}max_length={value}']
-            continue
-        out.append(f'{M}{key}={json.dumps(value)}')
-    if 'max_length' in settings:
-        out.append(f'{M}attn_kwargs=' + json.dumps({'max_length': settings['max_length']}))
+            attn_kwargs['max_length'] = value
+        elif key == 'attn_dropout':
+            attn_kwargs['dropout'] = value
+        else:
+            out.append(f'{M}{key}={json.dumps(value)}')
+    if variant == 'linear':
+        attn_kwargs.pop('max_length', None)
+    if variant != 'none':
+        out.append(f'{M}attn_kwargs=' + json.dumps(attn_kwargs))
     if variant == 'none':
         out.append(f'{M}attn_type=null')
     elif variant == 'linear':
-        out += [f'{M}attn_type=linear', f'{M}attn_kwargs={{}}']
-    elif variant == 'power_series':
-        out.append('--model.init_args.model.class_path=node_models.DensePowerSeriesNodeModel')
+        out.append(f'{M}attn_type=linear')
+    elif variant == 'power_series':  # the exact mask (sparse powers of W), same parameters
+        out.append(f'{M}attn_type=power_series')
     elif variant == 'gat':  # Minesweeper: the selected stack with GATConv layers
         out += [f'{M}attn_type=null', f'{M}conv=gat', f'{M}conv_heads=4']
     return NODE.format(name), out
@@ -252,7 +221,6 @@ def main(argv=None):
                             "'from:DATASET' for those selected on DATASET (its grf rows)")
 
     def go(args):
-        import node_models  # noqa: F401  (registers its model under the name configs use)
         if args.settings.startswith('from:'):
             source = args.settings[len('from:'):]
             settings = next(r['settings'] for r in read_rows(osp.join(args.out, 'runs.jsonl'))

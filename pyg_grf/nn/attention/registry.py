@@ -14,7 +14,7 @@ name                layer                                                       
 ``'softmax'``       :class:`~pyg_grf.nn.SoftmaxAttention` (SDPA, padded per graph) O(sum n^2)
 ``'multihead'``     :class:`torch.nn.MultiheadAttention`, padded as PyG's GPSConv  O(sum n^2)
 ``'performer'``     PyG's ``PerformerAttention``, padded as PyG's GPSConv          O(N)
-``'power_series'``  :class:`~pyg_grf.nn.PowerSeriesAttention` (exact GRF mask)     O(sum n^2)
+``'power_series'``  :class:`~pyg_grf.nn.PowerSeriesAttention` (exact GRF mask)     O(L E m d)
 ``'grid_rpe'``      :class:`~pyg_grf.nn.GridRPEAttention`                          O(N log N)
 ``'samsa'``         :class:`~pyg_grf.nn.SAMSAAttention`                            O(N k)
 ==================  =============================================================  ==========

@@ -2,7 +2,8 @@ r"""A node-classification model for full-graph training: a local message-passing
 GRF-masked global attention branch, summed (:class:`GRFNodeModel`)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+import warnings
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -18,6 +19,8 @@ from pyg_grf.nn.attention.registry import ATTENTIONS, attention_resolver
 CONVS = ('gcn', 'gat', 'sage')
 #: Normalisations of the local layers by name (:obj:`None`: none).
 NORMS = (None, 'batch_norm', 'layer_norm')
+#: Output layers by name: a linear map of the last hidden layer, or a last convolution.
+HEADS = ('linear', 'conv')
 
 
 class GRFNodeModel(torch.nn.Module):
@@ -26,55 +29,64 @@ class GRFNodeModel(torch.nn.Module):
     of the `"Linear Transformer Topological Masking with Graph Random Features"
     <https://arxiv.org/abs/2410.03462>`_ paper, Sec. 3, Eq. 7-10, in its attention).
 
-    The local branch is the "classic GNN" stack (Luo et al., 2024): an input projection, then
-    :obj:`num_layers` convolutions, each followed by an optional normalisation, the activation,
-    dropout and an optional residual connection. The global branch projects the same inputs
-    and applies one attention layer (:obj:`attn_type`, by default
+    The local branch is a "classic GNN" stack (Luo et al., 2024): hidden convolutions, the
+    first on the input features, each with an optional linear skip (:obj:`residual`), an
+    optional normalisation, the activation and dropout, then an output layer: a linear map
+    (``head='linear'``, Luo et al.'s layout) or one more convolution (``head='conv'``, Kipf and
+    Welling's two-layer GCN for :obj:`num_layers=2`, the better layout for a few labels). The
+    global branch is one attention layer (:obj:`attn_type`, by default
     :class:`~pyg_grf.nn.GRFAttention`, whose mask
     :math:`\mathbf{M} = \widehat\Phi\widehat\Phi^\top` estimates the learnable power series
-    :math:`\sum_k \alpha_k \mathbf{W}^k` of the normalised adjacency, GRF paper Eq. 4, 10):
+    :math:`\sum_k \alpha_k \mathbf{W}^k` of the normalised adjacency, GRF paper Eq. 4, 10) on
+    the first hidden layer's output, so that it adds no second projection of the raw features
+    (on a citation graph, thousands of inputs learnt from a few labels), mapped to the outputs
+    and added to the local branch's:
 
     .. math::
-        \mathbf{h}^{(0)} &= \mathbf{W}_{\mathrm{in}}\,\mathrm{drop}(\mathbf{x}), \qquad
+        \mathbf{h}^{(0)} &= \mathrm{drop}(\mathbf{x}), \qquad
         \mathbf{h}^{(l)} = \mathrm{drop}\big(\sigma(\mathrm{norm}(
-            \mathrm{conv}_l(\mathbf{h}^{(l-1)})))\big) \;[+\,\mathbf{h}^{(l-1)}], \\
-        \mathbf{z} &= \mathrm{Attn}_{\mathbf{M}}\big(\mathbf{W}_{\mathrm{att}}\,
-            \mathrm{drop}(\mathbf{x})\big), \qquad
-        \mathbf{y} = \mathbf{W}_{\mathrm{out}}\big(\mathbf{h}^{(L)} + g\,\mathbf{z}\big),
+            \mathrm{conv}_l(\mathbf{h}^{(l-1)}) \;[+\,\mathbf{W}_l\mathbf{h}^{(l-1)}])
+            )\big), \\
+        \mathbf{y} &= \mathrm{head}(\mathbf{h}^{(L')}) + g\,\mathbf{W}_{a}\,
+            \mathrm{drop}(\mathrm{Attn}_{\mathbf{M}}(\mathbf{h}^{(1)})),
 
-    with a learnable scalar gate :math:`g` initialised to :obj:`gate_init` (near zero, so
-    training starts from the local GNN; exempt from weight decay). With :math:`g = 0` the model
-    is exactly the local stack. The attention layer's plan (``GRFPlan``, built from the walks of
-    :class:`~pyg_grf.transforms.AddGraphRandomFeatures`) is built on the first call and kept by
-    the layer while the data holds the same walks, so full-graph training plans once.
+    with :math:`L'` hidden layers (:obj:`num_layers`, or one fewer with ``head='conv'``) and a
+    learnable scalar gate :math:`g` initialised to :obj:`gate_init` (exempt from weight
+    decay). With :math:`g = 0` the model is exactly the local stack. The attention layer's plan
+    (``GRFPlan``, built from the walks of :class:`~pyg_grf.transforms.AddGraphRandomFeatures`)
+    is built on the first call and kept by the layer while the data holds the same walks, so
+    full-graph training plans once.
 
     Args:
         in_channels (int): input features per node.
         hidden_channels (int): width of both branches.
         out_channels (int): outputs per node (classes, or 1 for a binary task).
-        num_layers (int, optional): local convolutions (default: :obj:`2`).
+        num_layers (int, optional): local convolutions, the output one included with
+            ``head='conv'`` (default: :obj:`2`).
         conv (str, optional): the local convolution: ``'gcn'`` (:class:`GCNConv`), ``'gat'``
             (:class:`GATConv`, :obj:`conv_heads` heads concatenated to the width) or
             ``'sage'`` (:class:`SAGEConv`) (default: ``'gcn'``).
         conv_heads (int, optional): heads of ``'gat'`` (default: :obj:`1`).
         attn_type (str, optional): the global attention, a name of
             :data:`~pyg_grf.nn.attention.registry.ATTENTIONS` (``'grf'``; the controls
-            ``'linear'``, unmasked, and ``'power_series'``, the exact dense mask), or
-            :obj:`None` (or ``'none'``) for the local stack alone (default: ``'grf'``).
+            ``'linear'``, unmasked, and ``'power_series'``, the exact mask), or :obj:`None` (or
+            ``'none'``) for the local stack alone (default: ``'grf'``).
         heads (int, optional): attention heads (default: :obj:`1`).
         attn_kwargs (dict, optional): more arguments of the attention layer, e.g.
             ``{'max_length': 3, 'global_beta': 0.1}`` (default: :obj:`None`).
-        gate_init (float, optional): initial gate :math:`g` (default: :obj:`0.`; the node
-            configs of ``experiments/configs/node/`` use :obj:`0.5`, which beat :obj:`0` on
-            Cora's validation split).
+        gate_init (float, optional): initial gate :math:`g` (default: :obj:`0.`).
         dropout (float, optional): dropout after every local layer and on the attention's
             output (default: :obj:`0.5`).
         input_dropout (float, optional): dropout on the input features (default: :obj:`0.`).
         norm (str, optional): ``'batch_norm'``, ``'layer_norm'`` or :obj:`None` after every
             local convolution (default: :obj:`None`).
-        residual (bool, optional): residual connections around the local layers
+        residual (bool, optional): a linear skip :math:`\mathbf{W}_l\mathbf{h}^{(l-1)}` added to
+            every convolution, before the normalisation (Luo et al.'s residual; a node keeps its
+            own features apart from its neighbours', what heterophilous graphs need)
             (default: :obj:`False`).
         act (str, optional): activation (default: ``'relu'``).
+        head (str, optional): the output layer, ``'linear'`` or ``'conv'`` (see above;
+            default: ``'linear'``).
 
     Shapes:
         - **input:** a :class:`~torch_geometric.data.Data` with ``x`` :math:`(N, F_{in})`,
@@ -88,7 +100,8 @@ class GRFNodeModel(torch.nn.Module):
                  attn_type: Optional[str] = 'grf', heads: int = 1,
                  attn_kwargs: Optional[Dict[str, Any]] = None, gate_init: float = 0.0,
                  dropout: float = 0.5, input_dropout: float = 0.0,
-                 norm: Optional[str] = None, residual: bool = False, act: str = 'relu'):
+                 norm: Optional[str] = None, residual: bool = False, act: str = 'relu',
+                 head: str = 'linear'):
         super().__init__()
         self.in_channels = check_int('in_channels', in_channels, 1)
         self.hidden_channels = check_int('hidden_channels', hidden_channels, 1)
@@ -108,53 +121,61 @@ class GRFNodeModel(torch.nn.Module):
                              f"{attn_type!r}")
         if norm not in NORMS:
             raise ValueError(f"'norm' must be one of {NORMS}, got {norm!r}")
+        if head not in HEADS:
+            raise ValueError(f"'head' must be one of {HEADS}, got {head!r}")
+        if head == 'conv' and num_layers < 2:
+            raise ValueError(f"head='conv' makes the last of 'num_layers' convolutions the "
+                             f"output layer and needs a hidden one before it: expected "
+                             f"num_layers >= 2, got {num_layers}")
         for name, p in (('dropout', dropout), ('input_dropout', input_dropout)):
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"'{name}' must lie in [0, 1), got {p!r}")
         self.conv, self.attn_type, self.norm, self.residual = conv, attn_type, norm, residual
+        self.head_type = head
         self.attn_kwargs = dict(attn_kwargs or {})
         self.gate_init, self.dropout, self.input_dropout = gate_init, dropout, input_dropout
         self.act = activation_resolver(act)
         self.act_name = act
 
-        # local branch: input projection, convolutions (+ norms)
+        # local branch: hidden convolutions (+ linear skips, norms), the first on the inputs,
+        # then the output layer (a linear map, or the last convolution)
         C = hidden_channels
-        self.lin_in = torch.nn.Linear(in_channels, C)
-        self.convs = torch.nn.ModuleList([self._make_conv(conv, C, conv_heads)
-                                          for _ in range(num_layers)])
+        hidden = num_layers if head == 'linear' else num_layers - 1
+        dims = [in_channels] + [C] * hidden
+        self.convs = torch.nn.ModuleList([self._make_conv(conv, dims[i], C, conv_heads)
+                                          for i in range(hidden)])
+        self.skips = (torch.nn.ModuleList([torch.nn.Linear(dims[i], C) for i in range(hidden)])
+                      if residual else None)
         self.norms = (torch.nn.ModuleList([normalization_resolver(norm, C)
-                                           for _ in range(num_layers)])
+                                           for _ in range(hidden)])
                       if norm is not None else None)
-        # global branch: its own input projection and one attention layer, gated
+        self.head = (torch.nn.Linear(C, out_channels) if head == 'linear'
+                     else self._make_conv(conv, C, out_channels, 1))
+        # global branch: one attention layer on the first hidden layer's output, gated
         if attn_type is not None:
-            self.attn_in = torch.nn.Linear(in_channels, C)
             self.attn = attention_resolver(attn_type, C, heads=heads, **self.attn_kwargs)
+            self.attn_out = torch.nn.Linear(C, out_channels)
             self.gate = torch.nn.Parameter(torch.empty(()))
         else:
-            self.attn_in = self.attn = self.gate = None
-        self.lin_out = torch.nn.Linear(C, out_channels)
+            self.attn = self.attn_out = self.gate = None
         self.reset_parameters()
 
     @staticmethod
-    def _make_conv(conv: str, C: int, conv_heads: int) -> torch.nn.Module:
+    def _make_conv(conv: str, c_in: int, C: int, conv_heads: int) -> torch.nn.Module:
         if conv == 'gcn':  # on the normalised adjacency of :meth:`adjacency`
-            return GCNConv(C, C, normalize=False)
+            return GCNConv(c_in, C, normalize=False)
         if conv == 'gat':
-            return GATConv(C, C // conv_heads, heads=conv_heads)
-        return SAGEConv(C, C)
+            return GATConv(c_in, C // conv_heads, heads=conv_heads)
+        return SAGEConv(c_in, C)
 
     def reset_parameters(self):
-        self.lin_in.reset_parameters()
-        for conv in self.convs:
-            conv.reset_parameters()
-        for norm in self.norms or []:
-            norm.reset_parameters()
+        for module in [*self.convs, *(self.skips or []), *(self.norms or []), self.head]:
+            module.reset_parameters()
         if self.attn is not None:
-            self.attn_in.reset_parameters()
             self.attn.reset_parameters()
+            self.attn_out.reset_parameters()
             with torch.no_grad():
                 self.gate.fill_(self.gate_init)
-        self.lin_out.reset_parameters()
 
     def no_weight_decay(self) -> set:
         r"""Parameters the optimiser leaves undecayed: the gate (decay would pull the attention
@@ -182,8 +203,11 @@ class GRFNodeModel(torch.nn.Module):
         ones = torch.ones(edge_index.size(1), dtype=dtype, device=edge_index.device)
         ei, ew = gcn_norm(edge_index, ones, num_nodes, add_self_loops=True)
         # row i holds node i's in-neighbours (messages flow source -> target)
-        adj = torch.sparse_coo_tensor(ei.flip(0), ew, (num_nodes, num_nodes),
-                                      check_invariants=False).coalesce().to_sparse_csr()
+        coo = torch.sparse_coo_tensor(ei.flip(0), ew, (num_nodes, num_nodes),
+                                      check_invariants=False).coalesce()
+        with warnings.catch_warnings():  # torch's "CSR support is in beta" is not the user's
+            warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
+            adj = coo.to_sparse_csr()
         self.__dict__['_adjacency'] = (key, edge_index, adj)
         return adj
 
@@ -193,17 +217,23 @@ class GRFNodeModel(torch.nn.Module):
         state.pop('_adjacency', None)
         return state
 
-    def local(self, x: Tensor, edge_index: Tensor) -> Tensor:
-        r"""The local branch :math:`\mathbf{h}^{(L)}` of ``x`` :math:`(N, F_{in})`."""
+    def local(self, x: Tensor, edge_index: Tensor) -> Tuple[Tensor, Tensor]:
+        r"""The local branch of ``x`` :math:`(N, F_{in})`: its output (the output layer's,
+        :math:`(N, F_{out})`) and the first hidden layer's :math:`\mathbf{h}^{(1)}` (what the
+        attention reads)."""
         adj = self.adjacency(edge_index, x.size(0), x.dtype)
-        h = self.lin_in(F.dropout(x, self.input_dropout, self.training))
+        h = F.dropout(x, self.input_dropout, self.training)
+        first = None
         for i, conv in enumerate(self.convs):
             out = conv(h, adj)
+            if self.skips is not None:
+                out = out + self.skips[i](h)
             if self.norms is not None:
                 out = self.norms[i](out)
-            out = F.dropout(self.act(out), self.dropout, self.training)
-            h = out + h if self.residual else out
-        return h
+            h = F.dropout(self.act(out), self.dropout, self.training)
+            first = h if first is None else first
+        out = self.head(h) if self.head_type == 'linear' else self.head(h, adj)
+        return out, first
 
     def forward(self, data) -> Tensor:
         r"""The outputs :math:`(N, F_{out})` of the graph ``data`` (never modified)."""
@@ -218,18 +248,17 @@ class GRFNodeModel(torch.nn.Module):
                 type(edge_index).__name__
             raise ValueError(f"{type(self).__name__} expects data.edge_index of shape [2, E], "
                              f"got {got}")
-        h = self.local(x, edge_index)
+        y, first = self.local(x, edge_index)
         if self.attn is not None:
             # the attention reads its payload (for 'grf' the plan of the data's walks, kept by
             # the layer between calls on the same walks); one graph: no batch vector
-            z = self.attn_in(F.dropout(x, self.input_dropout, self.training))
-            z = self.attn(z, getattr(data, 'batch', None), **self.attn.payload(data))
-            h = h + self.gate * F.dropout(z, self.dropout, self.training)
-        return self.lin_out(h)
+            z = self.attn(first, getattr(data, 'batch', None), **self.attn.payload(data))
+            y = y + self.gate * self.attn_out(F.dropout(z, self.dropout, self.training))
+        return y
 
     def __repr__(self) -> str:
         attn = (f', attn_type={self.attn_type!r}, heads={self.heads}'
                 if self.attn_type is not None else ', attn_type=None')
         return (f'{type(self).__name__}({self.in_channels}, {self.hidden_channels}, '
                 f'{self.out_channels}, num_layers={self.num_layers}, conv={self.conv!r}{attn}, '
-                f'norm={self.norm!r}, residual={self.residual})')
+                f'norm={self.norm!r}, residual={self.residual}, head={self.head_type!r})')

@@ -28,37 +28,45 @@ def small_graph(num_features=5, seed=0):
 def pyg_reference(model, data):
     """The local stack recomputed with PyG layers in their default (message-passing) form,
     holding the model's weights, then the output layer: what the model is at gate 0."""
-    C = model.hidden_channels
-    h = model.lin_in(data.x)
+    h = data.x
     for i, conv in enumerate(model.convs):
+        c_in = h.size(1)
         if model.conv == 'gcn':
-            ref = GCNConv(C, C).to(h.dtype)                      # normalises edge_index itself
+            ref = GCNConv(c_in, model.hidden_channels).to(h.dtype)   # normalises edge_index itself
             ref.lin.weight.data.copy_(conv.lin.weight)
             ref.bias.data.copy_(conv.bias)
         elif model.conv == 'gat':
-            ref = GATConv(C, C // model.conv_heads, heads=model.conv_heads).to(h.dtype)
+            ref = GATConv(c_in, model.hidden_channels // model.conv_heads,
+                          heads=model.conv_heads).to(h.dtype)
             ref.load_state_dict(conv.state_dict())
         else:
-            ref = SAGEConv(C, C).to(h.dtype)
+            ref = SAGEConv(c_in, model.hidden_channels).to(h.dtype)
             ref.load_state_dict(conv.state_dict())
         out = ref(h, data.edge_index)
+        if model.residual:  # the linear skip, before the norm
+            out = out + h @ model.skips[i].weight.t() + model.skips[i].bias
         if model.norms is not None:
             out = model.norms[i](out)
-        out = F.relu(out)
-        h = out + h if model.residual else out
-    return model.lin_out(h)
+        h = F.relu(out)
+    if model.head_type == 'linear':
+        return model.head(h)
+    ref = GCNConv(h.size(1), model.out_channels).to(h.dtype) if model.conv == 'gcn' else \
+        (GATConv if model.conv == 'gat' else SAGEConv)(h.size(1), model.out_channels).to(h.dtype)
+    ref.load_state_dict(model.head.state_dict())
+    return ref(h, data.edge_index)
 
 
 @pytest.mark.parametrize('conv', ['gcn', 'gat', 'sage'])
 @pytest.mark.parametrize('norm,residual', [(None, False), ('batch_norm', True),
                                            ('layer_norm', True)])
-@pytest.mark.parametrize('attn_type', ['grf', 'linear', None])
-def test_gate_zero_is_the_pyg_stack(conv, norm, residual, attn_type):
+@pytest.mark.parametrize('attn_type,head', [('grf', 'linear'), ('linear', 'conv'),
+                                            (None, 'linear'), ('power_series', 'conv')])
+def test_gate_zero_is_the_pyg_stack(conv, norm, residual, attn_type, head):
     data = small_graph()
     data.x = data.x.double()
     model = GRFNodeModel(5, 8, 3, num_layers=3, conv=conv, conv_heads=2, attn_type=attn_type,
                          heads=2, attn_kwargs={'max_length': 3} if attn_type == 'grf' else None,
-                         norm=norm, residual=residual).double()
+                         norm=norm, residual=residual, head=head).double()
     # batch norm with running statistics that are not the identity
     model.train()
     model(data)
@@ -98,9 +106,11 @@ def test_attention_branch_equals_dense_reference(heads):
     model.eval()
     with torch.no_grad():  # distinct coefficients per head
         model.attn.f.add_(0.1 * torch.randn_like(model.attn.f))
-    z = model.attn_in(data.x)
-    ref = dense_grf_reference(model.attn, z, data)
-    expected = model.lin_out(model.local(data.x, data.edge_index) + 0.5 * ref)
+    h, first = model.local(data.x, data.edge_index)     # the attention reads the first layer
+    assert torch.allclose(first, F.relu(model.convs[0](data.x, model.adjacency(
+        data.edge_index, 20, D))))
+    ref = dense_grf_reference(model.attn, first, data)
+    expected = h + 0.5 * model.attn_out(ref)
     assert torch.allclose(model(data), expected, atol=1e-10)
 
 
@@ -123,11 +133,11 @@ def test_trains_and_gate_gets_gradient():
 def test_repr():
     assert str(GRFNodeModel(7, 16, 2)) == (
         "GRFNodeModel(7, 16, 2, num_layers=2, conv='gcn', attn_type='grf', heads=1, norm=None, "
-        "residual=False)")
+        "residual=False, head='linear')")
     assert str(GRFNodeModel(7, 16, 2, attn_type=None, num_layers=4, norm='batch_norm',
-                            residual=True)) == (
+                            residual=True, head='conv')) == (
         "GRFNodeModel(7, 16, 2, num_layers=4, conv='gcn', attn_type=None, "
-        "norm='batch_norm', residual=True)")
+        "norm='batch_norm', residual=True, head='conv')")
 
 
 @pytest.mark.parametrize('kwargs,match', [
@@ -137,6 +147,9 @@ def test_repr():
      r"multiple of conv_heads=4, got 10"),
     ({'attn_type': 'grff'}, r"'attn_type' must be one of .* or None, got 'grff'"),
     ({'norm': 'group'}, r"'norm' must be one of .*, got 'group'"),
+    ({'head': 'mlp'}, r"'head' must be one of \('linear', 'conv'\), got 'mlp'"),
+    ({'head': 'conv', 'num_layers': 1}, r"needs a hidden one before it: expected num_layers "
+                                        r">= 2, got 1"),
     ({'dropout': 1.0}, r"'dropout' must lie in \[0, 1\), got 1.0"),
 ])
 def test_bad_arguments(kwargs, match):
@@ -166,7 +179,7 @@ def test_adjacency_built_under_inference_mode_is_not_reused_for_training():
     with torch.inference_mode():
         model(data)
     F.cross_entropy(model(data), data.y).backward()  # a fresh adjacency, not the inference one
-    assert model.lin_in.weight.grad is not None
+    assert model.convs[0].lin.weight.grad is not None
 
 
 def test_attn_type_none_as_a_string():
