@@ -185,3 +185,24 @@ def test_adjacency_built_under_inference_mode_is_not_reused_for_training():
 def test_attn_type_none_as_a_string():
     # a command line's attn_type=null reaches the model as the string 'None'
     assert GRFNodeModel(5, 8, 3, attn_type='None').attn is None
+
+
+@pytest.mark.data
+def test_docs_example_trains_on_cora(mirror):
+    # the example of docs/large_graphs.md, run for 30 epochs: it learns (Cora's largest class
+    # is 32 % of the test nodes)
+    import re
+
+    from tests.conftest import REPO
+    text = (REPO / 'docs' / 'large_graphs.md').read_text()
+    section = text.split('### A ready node model', 1)[1]
+    code = re.search(r'```python\n(.*?)```', section, re.S).group(1)
+    assert 'range(200)' in code
+    torch.manual_seed(0)
+    scope = {}
+    exec(compile(code.replace('range(200)', 'range(30)'), 'docs/large_graphs.md', 'exec'), scope)
+    model, data = scope['model'], scope['data']
+    model.eval()
+    pred = model(data).argmax(-1)
+    acc = float((pred[data.test_mask] == data.y[data.test_mask]).float().mean())
+    assert acc > 0.6
