@@ -2,7 +2,9 @@ r"""GRF attention at scale against PyG's ``PerformerAttention`` on kNN graphs.
 
 One attention layer (4 heads x 16 channels, 64 in / out), forward and backward, one thread, on
 k-nearest-neighbour graphs (k = 8, symmetrised) of random points in the unit square, from 4k to
-1M nodes. Each (method, size) runs in a fresh process, so that its peak RSS is its own:
+1M nodes. Each (method, size) runs in a fresh process, so that its peak RSS is its own, and the
+methods take turns over ``--rounds`` rounds (grf, performer, linear, grf, ...), so that a drift
+of the machine between processes reaches every method alike:
 
 * ``grf``: :class:`~pyg_grf.nn.GRFAttention` (``backend='auto'``), called as documented,
   ``attn(x, batch, **attn.payload(data))``, walks of ``AddGraphRandomFeatures()`` (16 walks,
@@ -13,7 +15,8 @@ k-nearest-neighbour graphs (k = 8, symmetrised) of random points in the unit squ
 
 Reported per row: the plan time (GRF), the first call (plan + forward + backward), the median
 of the later forward + backward calls, the peak RSS above the process's RSS before the first
-call (``VmHWM`` after ``clear_refs``), and ratios to Performer from the same sizes.
+call (``VmHWM`` after ``clear_refs``), each the median over the rounds, and the ratios to
+Performer as the median (and range) over the rounds of the ratio within a round.
 
     OMP_NUM_THREADS=1 python bench/bench_scale.py --sizes 4096,65536,262144,1048576 \
         --out experiments/results/bench_scale.md
@@ -95,7 +98,7 @@ def worker(method: str, N: int, repeats: int, data_file: str) -> dict:
     return res
 
 
-def run(sizes, methods, repeats: int, timeout: float) -> list:
+def run(sizes, methods, repeats: int, timeout: float, rounds: int = 1) -> list:
     import tempfile
 
     import torch
@@ -112,7 +115,7 @@ def run(sizes, methods, repeats: int, timeout: float) -> list:
         print(f'# N={N}: kNN graph + walks {prep:.1f} s, {data.grf_index.size(1)} walk entries',
               file=sys.stderr, flush=True)
         try:
-            for method in methods:
+            for rnd, method in ((r, m) for r in range(rounds) for m in methods):
                 cmd = [sys.executable, __file__, '--worker', method, str(N), str(repeats), path]
                 env = dict(os.environ, OMP_NUM_THREADS='1', MKL_NUM_THREADS='1',
                            PYTHONWARNINGS='ignore')
@@ -125,6 +128,7 @@ def run(sizes, methods, repeats: int, timeout: float) -> list:
                         'status': f'failed ({p.returncode}): {p.stderr.strip()[-300:]}'}
                 except subprocess.TimeoutExpired:
                     res = {'method': method, 'N': N, 'status': f'timeout (> {timeout:.0f} s)'}
+                res['round'] = rnd
                 print(json.dumps(res), file=sys.stderr, flush=True)
                 rows.append(res)
         finally:
@@ -132,30 +136,45 @@ def run(sizes, methods, repeats: int, timeout: float) -> list:
     return rows
 
 
+def _median(values):
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
+
+
 def to_markdown(rows, argv) -> str:
-    by = {(r['method'], r['N']): r for r in rows}
     sizes = sorted({r['N'] for r in rows})
     lines = ['# GRF attention at scale vs PyG PerformerAttention (kNN graphs, k = 8)', '',
              f'`OMP_NUM_THREADS=1 python bench/bench_scale.py {" ".join(argv)}`', '',
              f'{time.strftime("%Y-%m-%d %H:%M")}; one thread; 4 heads x 16; forward + backward; '
-             f'load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores.', '',
-             '| N | method | backend | plan s | first call s | fwd+bwd s | peak RSS MiB | '
+             f'load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores. '
+             f'Times and peaks: medians over the rounds; ratios: median [min - max] over the '
+             f'rounds of the ratio within a round.', '',
+             '| N | method | rounds | backend | plan s | first call s | fwd+bwd s | peak RSS MiB | '
              'plan MiB | time / Performer | peak / Performer |',
-             '|---|---|---|---|---|---|---|---|---|---|']
+             '|---|---|---|---|---|---|---|---|---|---|---|']
     for N in sizes:
-        perf = by.get(('performer', N), {})
+        perf = {r.get('round', 0): r for r in rows
+                if r['N'] == N and r['method'] == 'performer' and 'step_s' in r}
         for m in METHODS:
-            r = by.get((m, N))
-            if r is None:
+            mine = [r for r in rows if r['N'] == N and r['method'] == m]
+            ok = [r for r in mine if 'status' not in r]
+            if not ok:
+                if mine:
+                    lines.append(f'| {N} | {m} | | | {mine[-1]["status"]} | | | | | | |')
                 continue
-            if 'status' in r:
-                lines.append(f'| {N} | {m} | | {r["status"]} | | | | | | |')
-                continue
-            tr = (f'{r["step_s"] / perf["step_s"]:.2f}x' if 'step_s' in perf else '')
-            pr = (f'{r["peak_mib"] / perf["peak_mib"]:.2f}x' if 'peak_mib' in perf else '')
-            lines.append(f'| {N} | {m} | {",".join(r.get("backend", []))} | '
-                         f'{r["plan_s"]:.2f} | {r["first_s"]:.2f} | {r["step_s"]:.3f} | '
-                         f'{r["peak_mib"]:.0f} | {r.get("plan_mib", 0):.0f} | {tr} | {pr} |')
+            med = {k: _median([r[k] for r in ok]) for k in ('plan_s', 'first_s', 'step_s',
+                                                             'peak_mib')}
+            ratios = {}
+            for key in ('step_s', 'peak_mib'):
+                within = sorted(r[key] / perf[r.get('round', 0)][key] for r in ok
+                                if r.get('round', 0) in perf)
+                ratios[key] = (f'{_median(within):.2f}x [{within[0]:.2f} - {within[-1]:.2f}]'
+                               if len(within) > 1 else
+                               f'{within[0]:.2f}x' if within else '')
+            lines.append(f'| {N} | {m} | {len(ok)} | {",".join(ok[0].get("backend", []))} | '
+                         f'{med["plan_s"]:.2f} | {med["first_s"]:.2f} | {med["step_s"]:.3f} | '
+                         f'{med["peak_mib"]:.0f} | {ok[0].get("plan_mib", 0):.0f} | '
+                         f'{ratios["step_s"]} | {ratios["peak_mib"]} |')
     return '\n'.join(lines) + '\n'
 
 
@@ -170,10 +189,12 @@ def main(argv=None) -> None:
     ap.add_argument('--methods', default=','.join(METHODS))
     ap.add_argument('--repeats', type=int, default=3)
     ap.add_argument('--timeout', type=float, default=1800)
+    ap.add_argument('--rounds', type=int, default=3,
+                    help='turns of every method per size (fresh processes, interleaved)')
     ap.add_argument('--out', default=None, help='markdown file (also <out>.json)')
     args = ap.parse_args(argv)
     sizes = [int(s) for s in args.sizes.split(',')]
-    rows = run(sizes, args.methods.split(','), args.repeats, args.timeout)
+    rows = run(sizes, args.methods.split(','), args.repeats, args.timeout, args.rounds)
     md = to_markdown(rows, argv)
     print(md)
     if args.out:
