@@ -283,9 +283,10 @@ class GRFAttention(QKVAttention):
             # whole key columns (numerator only)
             v1 = torch.nn.functional.pad(self.drop_keys(v.transpose(0, 1)).transpose(0, 1),
                                          (0, 1), value=1.0)
-            o = self._sums(part, phi_q, phi_k, v1, f, B)
+            sym = self.mode == 'symmetric'
+            o = masked_sums(part, phi_q, phi_k, v1, f, B, sym)
             if self.f_mode == 'signed':  # the normaliser from the |f| mask, which bounds |M_f|
-                den = self._sums(part, phi_q, phi_k, v1, f.abs(), B)
+                den = masked_sums(part, phi_q, phi_k, v1, f.abs(), B, sym)
                 o = torch.cat([o[..., :-1], den[..., -1:]], dim=-1)
             if self.beta is not None:  # M = beta * 1 1^T (per graph) + GRF mask
                 o = o + self.beta.to(o.dtype).view(H, 1, 1) * self._global(
@@ -294,18 +295,10 @@ class GRFAttention(QKVAttention):
             # overflows where a row's features vanish)
             out = F.normalize_sums(o, self.eps, v.dtype)
         else:
-            out = self._node_major_call(part, q, k, v, f, B)
+            out = _node_major(part, q, k, v, B, lambda st, q, k, v: sparse.softmax(
+                st, q, k, v, f, self.dropout, self.training))
         out = self.to_out(out.transpose(0, 1).reshape(x.size(0), H * C))
         return out if samples is None else out.view(samples, -1, out.size(-1))
-
-    def _sums(self, part: 'PlanPart', phi_q: Tensor, phi_k: Tensor, v1: Tensor, f: Tensor,
-              samples: int) -> Tensor:
-        return masked_sums(part, phi_q, phi_k, v1, f, samples, self.mode == 'symmetric')
-
-    def _node_major_call(self, part: 'PlanPart', q: Tensor, k: Tensor, v: Tensor, f: Tensor,
-                         samples: int) -> Tensor:
-        return _node_major(part, q, k, v, samples, lambda st, q, k, v: sparse.softmax(
-            st, q, k, v, f, self.dropout, self.training))
 
     def _global(self, phi_q: Tensor, phi_k: Tensor, v: Tensor, plan: 'GRFPlan',
                 samples: Optional[int], batch: Optional[Tensor]) -> Tensor:
