@@ -13,7 +13,7 @@ from pyg_grf._validation import check_index_range, check_shape
 from pyg_grf.features.loads import GRFLoads, narrow_index
 from pyg_grf.features.rwgnk import rwgnk_kernel
 from pyg_grf.nn.attention.base import pin, unchanged
-from pyg_grf.nn.attention.grf.plan import GRFPlan, LayerSpec, build_part
+from pyg_grf.nn.attention.grf.plan import GRFPlan, LayerSpec, build_part, same_as
 from pyg_grf.ops import SparsePattern
 
 
@@ -200,13 +200,10 @@ class RWGNKPlan:
         now = pin(data, names)
         if unchanged(now, pinned):
             return True
-        for (_, a, _), ref in zip(now, reference):
-            if (a is None) != (ref is None):
-                return False
-            if a is not None and (a.shape != ref.shape or not bool(
-                    (a == ref.to(a.device)).all())):
-                return False
-        if data.num_nodes != self.num_nodes:
+        checks: list = []
+        if data.num_nodes != self.num_nodes or not all(
+                same_as(a, ref, checks) for (_, a, _), ref in zip(now, reference)) or (
+                checks and not bool(torch.stack(checks).all())):
             return False
         object.__setattr__(self, 'source', (names, now, reference))
         return True

@@ -76,9 +76,9 @@ def _fields(prefix: str) -> List[str]:
             for s in ('index', 'length', 'load', 'draw')] + ['batch']
 
 
-def _same(t: Any, ref: Optional[Tensor], checks: list, flat_draw: bool = False) -> bool:
-    # whether the data's field t can hold the values the plan's loads copied (ref); the value
-    # comparison is appended to ``checks`` (read once for all fields: one device sync)
+def same_as(t: Any, ref: Optional[Tensor], checks: list, flat_draw: bool = False) -> bool:
+    r"""Whether the data's field ``t`` can hold the values a plan copied (``ref``); the value
+    comparison is appended to ``checks`` (read once for all fields: one device sync)."""
     if ref is None:
         if flat_draw and isinstance(t, Tensor):  # one draw: ids all 0, or none stored
             checks.append(~t.any())
@@ -184,12 +184,12 @@ class GRFPlan:
                 if fields[f'{p}_index'] is not None and p != self.prefix:
                     return False
                 continue
-            if not (_same(fields[f'{p}_index'], loads.index, checks)
-                    and _same(fields[f'{p}_length'], loads.hop, checks)
-                    and _same(fields[f'{p}_load'], loads.load, checks)
-                    and _same(fields[f'{p}_draw'], loads.draw, checks, flat_draw=True)):
+            if not (same_as(fields[f'{p}_index'], loads.index, checks)
+                    and same_as(fields[f'{p}_length'], loads.hop, checks)
+                    and same_as(fields[f'{p}_load'], loads.load, checks)
+                    and same_as(fields[f'{p}_draw'], loads.draw, checks, flat_draw=True)):
                 return False
-        if fields['num_nodes'] != self.loads.num_nodes or not _same(fields['batch'],
+        if fields['num_nodes'] != self.loads.num_nodes or not same_as(fields['batch'],
                                                                     self.loads.batch, checks):
             return False
         if checks and not bool(torch.stack(checks).all()):
