@@ -20,7 +20,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_grf._validation import is_sorted
+from pyg_grf._validation import check_index_range, check_shape, is_sorted
 
 
 def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Tuple[int, int]) -> Tensor:
@@ -54,17 +54,12 @@ class SparsePattern:
     """
 
     def __init__(self, index: Tensor, size: Tuple[int, int], _trusted: bool = False):
-        if index.dim() != 2 or index.size(0) != 2:
-            raise ValueError(f"'index' must have shape [2, nnz], got {tuple(index.shape)}")
+        check_shape(index, 'index', 2, 'nnz')
         R, S = int(size[0]), int(size[1])
         index = index.long()
-        if index.numel() > 0 and not _trusted:
-            if int(index[0].min()) < 0 or int(index[0].max()) >= R:
-                raise ValueError(f"row indices must lie in [0, {R}), got range "
-                                 f"[{int(index[0].min())}, {int(index[0].max())}]")
-            if int(index[1].min()) < 0 or int(index[1].max()) >= S:
-                raise ValueError(f"column indices must lie in [0, {S}), got range "
-                                 f"[{int(index[1].min())}, {int(index[1].max())}]")
+        if not _trusted:
+            check_index_range(index[0], R, "the row indices of 'index'", 'size[0]')
+            check_index_range(index[1], S, "the column indices of 'index'", 'size[1]')
         self.size = (R, S)
         self.nnz = index.size(1)
         key = index[0] * S + index[1]

@@ -95,3 +95,12 @@ def test_csr_mm_equals_dense(device):
     a, x = dense.double().to_sparse_csr().to(device), x.to(device)
     torch.testing.assert_close(csr_mm(a, x), dense.double().to(device) @ x)
     torch.testing.assert_close(csr_mm(a, x.t().contiguous().t()), dense.double().to(device) @ x)
+
+
+def test_pattern_refuses_bad_indices():
+    with pytest.raises(ValueError, match=r"Expected 'index' of shape \[2, nnz\]"):
+        SparsePattern(torch.tensor([0, 1]), (2, 2))
+    with pytest.raises(ValueError, match=r"row indices of 'index' must hold node ids in \[0, 2\)"):
+        SparsePattern(torch.tensor([[0, 2], [1, 0]]), (2, 3))
+    with pytest.raises(ValueError, match=r"column indices .* refers to node -1"):
+        SparsePattern(torch.tensor([[0, 1], [-1, 0]]), (2, 2))

@@ -26,7 +26,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from pyg_grf._validation import check_index_range, check_int
+from pyg_grf._validation import check_index_range, check_int, check_shape
 from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import graph_random_features
 from pyg_grf.memory import check_walk_memory
@@ -145,9 +145,7 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
     ``rwgnk_index`` ``[2, nnz]`` and ``rwgnk_value`` ``[nnz]``, as a sparse product, its
     memory checked first (:data:`KERNEL_BYTES_PER_PRODUCT` per product of
     :func:`kernel_products`)."""
-    if rwgnk_index.dim() != 2 or rwgnk_index.size(0) != 2:
-        raise ValueError(f"'rwgnk_index' must have shape [2, nnz], got "
-                         f"{tuple(rwgnk_index.shape)}")
+    check_shape(rwgnk_index, 'rwgnk_index', 2, 'nnz')
     check_index_range(rwgnk_index, num_nodes, "'rwgnk_index'", 'num_nodes')
     products = kernel_products(rwgnk_index, num_nodes)
     check_walk_memory(KERNEL_BYTES_PER_PRODUCT * products, rwgnk_value.device, None,
