@@ -52,6 +52,19 @@ FULL: Dict[str, Dict[str, Any]] = {
                                     '--models gat gkat --seeds 10',
                                     'python experiments/gkat_citation.py --dataset CiteSeer '
                                     '--models gat gkat --seeds 10']),
+    'node_models': dict(cost='~4 h', files=['node_models.md', 'node_models.json',
+                                            'node_models/runs.jsonl'],
+                        commands=[
+                            'python experiments/node_models.py --dataset cora --search grf '
+                            '--variants grf none linear gcn --seeds 5',
+                            'python experiments/node_models.py --dataset cora --settings '
+                            'from:cora --variants power_series --seeds 3',
+                            'python experiments/node_models.py --dataset citeseer --settings '
+                            'from:cora --variants grf none linear gcn --seeds 3',
+                            'python experiments/node_models.py --dataset pubmed --settings '
+                            'from:cora --variants grf none linear gcn --seeds 1 --epochs 120',
+                            'python experiments/node_models.py --dataset minesweeper '
+                            '--variants none grf linear --seeds 2']),
     'recipe_mutag': dict(cost='~1 h', files=['recipe.md'],
                          commands=['bash experiments/run_recipe_mutag.sh '
                                    '/tmp/recipe_mutag 1']),
@@ -81,7 +94,7 @@ FULL: Dict[str, Dict[str, Any]] = {
                                     '--out experiments/results/op_count_lrgb']),
     'bench_scale': dict(cost='~30 min', files=['bench_scale.md', 'bench_scale.json'],
                         commands=['python bench/bench_scale.py --sizes 262144,1048576 '
-                                  '--methods grf,performer,linear --repeats 3 '
+                                  '--methods grf,performer,linear --repeats 3 --rounds 3 '
                                   '--out experiments/results/bench_scale.md']),
     'bench_gkat': dict(cost='~20 min', files=['bench_gkat.md'],
                        commands=['python bench/bench_gkat.py --datasets PubMed --rounds 5']),
