@@ -174,9 +174,10 @@ class PowerSeriesAttention(QKVAttention):
             "heads or a smaller max_length.", error=MemoryError)
         U = phi_k.unsqueeze(-1) * v.unsqueeze(-2)                     # [n, B, H, m, d]
         a = alpha.t().reshape(-1, 1, H, 1, 1)                         # [2L + 1, 1, H, 1, 1]
+        w = w.to(U.dtype)
         S = a[-1] * U
         for i in range(alpha.size(1) - 2, -1, -1):  # loop over series terms, not nodes
-            S = spmm(pattern, w.to(U.dtype), S.reshape(n, -1)).view_as(U) + a[i] * U
+            S = spmm(pattern, w, S.reshape(n, -1)).view_as(U) + a[i] * U
         return torch.einsum('nbhm,nbhmd->nbhd', phi_q, S)
 
     def _extra_repr(self) -> str:
