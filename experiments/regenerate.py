@@ -16,9 +16,11 @@ committed quick file is rewritten on purpose).
 ``--budget full`` runs the commands that wrote the committed tables (:data:`FULL`, the same
 commands the tables list), one after the other, and appends one line per command to
 ``experiments/results/regenerated.jsonl`` (name, command, files, commit, machine, start, seconds,
-exit status). Several take hours on 2 CPU cores; ``--only`` picks some, ``--dry-run`` prints
-them. The experiments' own rows (``runs.jsonl``) carry the commit and machine of each run
-(:func:`harness.provenance`).
+exit status). The experiments skip the runs already in their ``runs.jsonl``, so each table's run
+file is first moved aside (``runs.jsonl.previous``, git-ignored) and every run recomputed;
+``--resume`` keeps it, to finish an interrupted regeneration. Several take hours on 2 CPU
+cores; ``--only`` picks some, ``--dry-run`` prints them. The experiments' own rows
+(``runs.jsonl``) carry the commit and machine of each run (:func:`harness.provenance`).
 """
 from __future__ import annotations
 
@@ -224,10 +226,21 @@ def run_quick(names: Sequence[str], out: str, check: bool, committed: str = QUIC
 
 
 def run_full(names: Sequence[str], dry_run: bool, log: str = LOG,
-             runner: Callable[..., Any] = subprocess.run) -> int:
+             runner: Callable[..., Any] = subprocess.run, resume: bool = False,
+             results: str = osp.join(HERE, 'results')) -> int:
+    r"""Runs the commands of the tables ``names``. The experiments skip every (variant, seed)
+    already in their ``runs.jsonl``, so each table's run files (its ``files`` ending in
+    ``runs.jsonl``, under ``results``) are first moved aside to ``runs.jsonl.previous``: the
+    table is then recomputed by the current code, not read back. ``resume=True`` keeps them (to
+    finish an interrupted regeneration)."""
     status = 0
     for name in names:
         spec = FULL[name]
+        for file in spec['files']:
+            path = osp.join(results, file)
+            if file.endswith('runs.jsonl') and not (resume or dry_run) and osp.exists(path):
+                os.replace(path, path + '.previous')
+                print(f'[{name}] {file} moved aside to {file}.previous', flush=True)
         for command in spec['commands']:
             print(f'[{name}] {command}', flush=True)
             if dry_run:
@@ -253,6 +266,9 @@ def main(argv=None) -> int:
     p.add_argument('--out', default=QUICK_DIR, help='quick: folder of NAME.json (default: the '
                    'committed one, rewritten)')
     p.add_argument('--dry-run', action='store_true', help='full: print the commands only')
+    p.add_argument('--resume', action='store_true', help="full: keep the tables' runs.jsonl "
+                   '(finish an interrupted regeneration; by default they are moved aside to '
+                   'runs.jsonl.previous and every run is recomputed)')
     p.add_argument('--list', action='store_true')
     args = p.parse_args(argv)
     table = QUICK if args.budget == 'quick' else FULL
@@ -268,7 +284,7 @@ def main(argv=None) -> int:
         p.error(f'unknown {args.budget} figure(s) {unknown}; expected some of {list(table)}')
     if args.budget == 'quick':
         return run_quick(names, args.out, args.check)
-    return run_full(names, args.dry_run)
+    return run_full(names, args.dry_run, resume=args.resume)
 
 
 if __name__ == '__main__':

@@ -76,6 +76,27 @@ def test_full_commands_name_existing_scripts_and_log_provenance(tmp_path):
     assert row['commit'] and row['machine']
 
 
+def test_full_recomputes_the_runs_it_would_otherwise_read_back(tmp_path):
+    # the experiments skip every (variant, seed) already in runs.jsonl: a regeneration that kept
+    # the committed file would rerun nothing. It is moved aside unless --resume.
+    runs = tmp_path / 'cora_grf_gps' / 'runs.jsonl'
+    runs.parent.mkdir()
+    runs.write_text('{"variant": "grf_gps", "seed": 0}\n')
+    seen = []
+
+    def runner(args, cwd):
+        seen.append(runs.exists())
+        return SimpleNamespace(returncode=0)
+    log = str(tmp_path / 'log.jsonl')
+    regenerate.run_full(['cora_grf_gps'], dry_run=False, log=log, runner=runner,
+                        resume=True, results=str(tmp_path))
+    assert seen == [True]
+    regenerate.run_full(['cora_grf_gps'], dry_run=False, log=log, runner=runner,
+                        results=str(tmp_path))
+    assert seen == [True, False]
+    assert (tmp_path / 'cora_grf_gps' / 'runs.jsonl.previous').read_text().startswith('{"variant"')
+
+
 def test_unknown_names_are_refused(capsys):
     with pytest.raises(SystemExit):
         regenerate.main(['--budget', 'quick', '--only', 'nope'])
