@@ -78,12 +78,13 @@ FULL: Dict[str, Dict[str, Any]] = {
                               for d in ('PROTEINS', 'IMDB-BINARY', 'IMDB-MULTI', 'ENZYMES')]),
     'digits_grid': dict(cost='~1 h', files=['digits_grid.md', 'digits_grid/runs.jsonl'],
                         commands=['bash experiments/run_mask_value.sh digits']),
-    'point_cloud_scale': dict(cost='~3 h', files=['point_cloud_scale.md'],
+    'point_cloud_scale': dict(cost='~3 h', files=['point_cloud_scale.md',
+                                                     'point_cloud_scale/runs.jsonl'],
                               commands=['python experiments/point_cloud_scale.py --sizes 8192 '
                                         '32768 131072 --seeds 2']),
     'grf_variance': dict(cost='~10 min', files=['grf_variance.md', 'grf_variance.json'],
                          commands=['python experiments/grf_variance.py --repeats 300']),
-    'cora_subgraph': dict(cost='~30 min', files=['cora_subgraph.md'],
+    'cora_subgraph': dict(cost='~30 min', files=['cora_subgraph.md', 'cora_subgraph/runs.jsonl'],
                           commands=['python experiments/cora_subgraph.py --seeds 3']),
     'peptides_epoch_ratio': dict(cost='~1 h', files=['peptides_epoch_ratio.md'],
                                  commands=['bash experiments/peptides_epoch_ratio.sh '

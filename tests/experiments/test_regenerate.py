@@ -76,6 +76,14 @@ def test_full_commands_name_existing_scripts_and_log_provenance(tmp_path):
     assert row['commit'] and row['machine']
 
 
+def test_every_committed_run_file_belongs_to_a_table():
+    # a runs.jsonl no table lists would survive a full regeneration and be read back as is
+    listed = {f for spec in regenerate.FULL.values() for f in spec['files']}
+    results = REPO / 'experiments' / 'results'
+    for path in results.glob('*/runs.jsonl'):
+        assert str(path.relative_to(results)) in listed, path
+
+
 def test_full_recomputes_the_runs_it_would_otherwise_read_back(tmp_path):
     # the experiments skip every (variant, seed) already in runs.jsonl: a regeneration that kept
     # the committed file would rerun nothing. It is moved aside unless --resume.
