@@ -96,7 +96,10 @@ def main():
                       f"± {r['mse_se']:.1e}  x{r['ratio']:.2f} vs iid   diag bias same walks "
                       f"{r['diag_bias_same']:+.3f}, independent keys "
                       f"{r['diag_bias_indep']:+.3f} ± {r['diag_bias_indep_se']:.3f}")
-    cfg = dict(vars(args), f=f.tolist(), seconds=time.perf_counter() - t0)
+    import sys
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from harness import provenance
+    cfg = dict(vars(args), f=f.tolist(), seconds=time.perf_counter() - t0, **provenance())
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / 'grf_variance.json').write_text(json.dumps(dict(config=cfg, rows=rows), indent=1))
@@ -117,7 +120,8 @@ def main():
                  f"{r['diag_bias_same_se']:.4f} | {r['diag_bias_indep']:+.4f} ± "
                  f"{r['diag_bias_indep_se']:.4f} |")
     L.append(f"\nCommand: `python experiments/grf_variance.py --repeats {args.repeats}` "
-             f"({cfg['seconds']:.0f} s on one core).\n")
+             f"({cfg['seconds']:.0f} s on one core; commit {cfg['commit']}, {cfg['machine']}, "
+             f"torch {cfg['torch']}).\n")
     (out / 'grf_variance.md').write_text('\n'.join(L))
     print(f"wrote {out / 'grf_variance.md'}")
 
