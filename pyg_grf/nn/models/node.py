@@ -21,6 +21,8 @@ CONVS = ('gcn', 'gat', 'sage')
 NORMS = (None, 'batch_norm', 'layer_norm')
 #: Output layers by name: a linear map of the last hidden layer, or a last convolution.
 HEADS = ('linear', 'conv')
+#: Which hidden layer the attention reads.
+ATTN_INPUTS = ('first', 'last')
 
 
 class GRFNodeModel(torch.nn.Module):
@@ -38,17 +40,20 @@ class GRFNodeModel(torch.nn.Module):
     :class:`~pyg_grf.nn.GRFAttention`, whose mask
     :math:`\mathbf{M} = \widehat\Phi\widehat\Phi^\top` estimates the learnable power series
     :math:`\sum_k \alpha_k \mathbf{W}^k` of the normalised adjacency, GRF paper Eq. 4, 10) on
-    the first hidden layer's output, so that it adds no second projection of the raw features
-    (on a citation graph, thousands of inputs learnt from a few labels), mapped to the outputs
-    and added to the local branch's:
+    a hidden layer :math:`\mathbf{h}^{(a)}` of the local stack, so that it adds no second
+    projection of the raw features, mapped to the outputs and added to the local branch's.
+    ``attn_input='first'`` (:math:`a = 1`) suits few labels and wide inputs (a citation graph:
+    thousands of inputs learnt from 140 labels, two layers); ``'last'`` (:math:`a = L'`, what
+    the output layer reads) suits a deep stack, whose last layer is the one that has seen the
+    neighbourhood (Minesweeper's 12 layers):
 
     .. math::
         \mathbf{h}^{(0)} &= \mathrm{drop}(\mathbf{x}), \qquad
         \mathbf{h}^{(l)} = \mathrm{drop}\big(\sigma(\mathrm{norm}(
             \mathrm{conv}_l(\mathbf{h}^{(l-1)}) \;[+\,\mathbf{W}_l\mathbf{h}^{(l-1)}])
             )\big), \\
-        \mathbf{y} &= \mathrm{head}(\mathbf{h}^{(L')}) + g\,\mathbf{W}_{a}\,
-            \mathrm{drop}(\mathrm{Attn}_{\mathbf{M}}(\mathbf{h}^{(1)})),
+        \mathbf{y} &= \mathrm{head}(\mathbf{h}^{(L')}) + g\,\mathbf{W}_{o}\,
+            \mathrm{drop}(\mathrm{Attn}_{\mathbf{M}}(\mathbf{h}^{(a)})),
 
     with :math:`L'` hidden layers (:obj:`num_layers`, or one fewer with ``head='conv'``) and a
     learnable scalar gate :math:`g` initialised to :obj:`gate_init` (exempt from weight
@@ -87,6 +92,8 @@ class GRFNodeModel(torch.nn.Module):
         act (str, optional): activation (default: ``'relu'``).
         head (str, optional): the output layer, ``'linear'`` or ``'conv'`` (see above;
             default: ``'linear'``).
+        attn_input (str, optional): the hidden layer the attention reads, ``'first'`` or
+            ``'last'`` (see above; default: ``'first'``).
 
     Shapes:
         - **input:** a :class:`~torch_geometric.data.Data` with ``x`` :math:`(N, F_{in})`,
@@ -101,7 +108,7 @@ class GRFNodeModel(torch.nn.Module):
                  attn_kwargs: Optional[Dict[str, Any]] = None, gate_init: float = 0.0,
                  dropout: float = 0.5, input_dropout: float = 0.0,
                  norm: Optional[str] = None, residual: bool = False, act: str = 'relu',
-                 head: str = 'linear'):
+                 head: str = 'linear', attn_input: str = 'first'):
         super().__init__()
         self.in_channels = check_int('in_channels', in_channels, 1)
         self.hidden_channels = check_int('hidden_channels', hidden_channels, 1)
@@ -123,6 +130,8 @@ class GRFNodeModel(torch.nn.Module):
             raise ValueError(f"'norm' must be one of {NORMS}, got {norm!r}")
         if head not in HEADS:
             raise ValueError(f"'head' must be one of {HEADS}, got {head!r}")
+        if attn_input not in ATTN_INPUTS:
+            raise ValueError(f"'attn_input' must be one of {ATTN_INPUTS}, got {attn_input!r}")
         if head == 'conv' and num_layers < 2:
             raise ValueError(f"head='conv' makes the last of 'num_layers' convolutions the "
                              f"output layer and needs a hidden one before it: expected "
@@ -131,7 +140,7 @@ class GRFNodeModel(torch.nn.Module):
             if not 0.0 <= p < 1.0:
                 raise ValueError(f"'{name}' must lie in [0, 1), got {p!r}")
         self.conv, self.attn_type, self.norm, self.residual = conv, attn_type, norm, residual
-        self.head_type = head
+        self.head_type, self.attn_input = head, attn_input
         self.attn_kwargs = dict(attn_kwargs or {})
         self.gate_init, self.dropout, self.input_dropout = gate_init, dropout, input_dropout
         self.act = activation_resolver(act)
@@ -151,7 +160,7 @@ class GRFNodeModel(torch.nn.Module):
                       if norm is not None else None)
         self.head = (torch.nn.Linear(C, out_channels) if head == 'linear'
                      else self._make_conv(conv, C, out_channels, 1))
-        # global branch: one attention layer on the first hidden layer's output, gated
+        # global branch: one attention layer on a hidden layer's output (attn_input), gated
         if attn_type is not None:
             self.attn = attention_resolver(attn_type, C, heads=heads, **self.attn_kwargs)
             self.attn_out = torch.nn.Linear(C, out_channels)
@@ -219,8 +228,8 @@ class GRFNodeModel(torch.nn.Module):
 
     def local(self, x: Tensor, edge_index: Tensor) -> Tuple[Tensor, Tensor]:
         r"""The local branch of ``x`` :math:`(N, F_{in})`: its output (the output layer's,
-        :math:`(N, F_{out})`) and the first hidden layer's :math:`\mathbf{h}^{(1)}` (what the
-        attention reads)."""
+        :math:`(N, F_{out})`) and the hidden layer the attention reads, :math:`\mathbf{h}^{(a)}`
+        (:obj:`attn_input`)."""
         adj = self.adjacency(edge_index, x.size(0), x.dtype)
         h = F.dropout(x, self.input_dropout, self.training)
         first = None
@@ -233,7 +242,7 @@ class GRFNodeModel(torch.nn.Module):
             h = F.dropout(self.act(out), self.dropout, self.training)
             first = h if first is None else first
         out = self.head(h) if self.head_type == 'linear' else self.head(h, adj)
-        return out, first
+        return out, (first if self.attn_input == 'first' else h)
 
     def forward(self, data) -> Tensor:
         r"""The outputs :math:`(N, F_{out})` of the graph ``data`` (never modified)."""
@@ -248,11 +257,11 @@ class GRFNodeModel(torch.nn.Module):
                 type(edge_index).__name__
             raise ValueError(f"{type(self).__name__} expects data.edge_index of shape [2, E], "
                              f"got {got}")
-        y, first = self.local(x, edge_index)
+        y, hidden = self.local(x, edge_index)
         if self.attn is not None:
             # the attention reads its payload (for 'grf' the plan of the data's walks, kept by
             # the layer between calls on the same walks); one graph: no batch vector
-            z = self.attn(first, getattr(data, 'batch', None), **self.attn.payload(data))
+            z = self.attn(hidden, getattr(data, 'batch', None), **self.attn.payload(data))
             y = y + self.gate * self.attn_out(F.dropout(z, self.dropout, self.training))
         return y
 
@@ -261,4 +270,5 @@ class GRFNodeModel(torch.nn.Module):
                 if self.attn_type is not None else ', attn_type=None')
         return (f'{type(self).__name__}({self.in_channels}, {self.hidden_channels}, '
                 f'{self.out_channels}, num_layers={self.num_layers}, conv={self.conv!r}{attn}, '
-                f'norm={self.norm!r}, residual={self.residual}, head={self.head_type!r})')
+                f'norm={self.norm!r}, residual={self.residual}, head={self.head_type!r}, '
+                f'attn_input={self.attn_input!r})')

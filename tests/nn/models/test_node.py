@@ -114,6 +114,22 @@ def test_attention_branch_equals_dense_reference(heads):
     assert torch.allclose(model(data), expected, atol=1e-10)
 
 
+def test_attention_reads_the_last_hidden_layer():
+    # attn_input='last': the attention reads what the output layer reads, h^(L')
+    data = small_graph()
+    data.x = data.x.double()
+    model = GRFNodeModel(5, 8, 3, num_layers=3, attn_type='grf', attn_kwargs={'max_length': 3},
+                         gate_init=0.5, residual=True, attn_input='last').double().eval()
+    adj = model.adjacency(data.edge_index, 20, D)
+    h = data.x
+    for conv, skip in zip(model.convs, model.skips):
+        h = F.relu(conv(h, adj) + skip(h))
+    out, hidden = model.local(data.x, data.edge_index)
+    assert torch.allclose(hidden, h) and torch.allclose(out, model.head(h))
+    ref = dense_grf_reference(model.attn, h, data)
+    assert torch.allclose(model(data), out + 0.5 * model.attn_out(ref), atol=1e-10)
+
+
 def test_trains_and_gate_gets_gradient():
     data = small_graph()
     data.y = torch.arange(20) % 3
@@ -133,11 +149,11 @@ def test_trains_and_gate_gets_gradient():
 def test_repr():
     assert str(GRFNodeModel(7, 16, 2)) == (
         "GRFNodeModel(7, 16, 2, num_layers=2, conv='gcn', attn_type='grf', heads=1, norm=None, "
-        "residual=False, head='linear')")
+        "residual=False, head='linear', attn_input='first')")
     assert str(GRFNodeModel(7, 16, 2, attn_type=None, num_layers=4, norm='batch_norm',
                             residual=True, head='conv')) == (
         "GRFNodeModel(7, 16, 2, num_layers=4, conv='gcn', attn_type=None, "
-        "norm='batch_norm', residual=True, head='conv')")
+        "norm='batch_norm', residual=True, head='conv', attn_input='first')")
 
 
 @pytest.mark.parametrize('kwargs,match', [
@@ -151,6 +167,7 @@ def test_repr():
     ({'head': 'conv', 'num_layers': 1}, r"needs a hidden one before it: expected num_layers "
                                         r">= 2, got 1"),
     ({'dropout': 1.0}, r"'dropout' must lie in \[0, 1\), got 1.0"),
+    ({'attn_input': 'mid'}, r"'attn_input' must be one of \('first', 'last'\), got 'mid'"),
 ])
 def test_bad_arguments(kwargs, match):
     args = dict(in_channels=5, hidden_channels=8, out_channels=3)
