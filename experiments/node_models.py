@@ -164,7 +164,8 @@ def write_table() -> str:
     lines = ['# GRFNodeModel and its controls: node classification', '',
              'GRFNodeModel (`pyg_grf.nn.GRFNodeModel`): a GCN stack (citation: Kipf and Welling\'s '
              'two-layer GCN; Minesweeper: Luo et al.\'s 12-layer GCN with skips and batch norm) '
-             'and one GRF-masked linear attention branch on its first hidden layer, mapped to the '
+             'and one GRF-masked linear attention branch on one of its hidden layers (citation: '
+             'the first, ReLU features; Minesweeper: the last, ELU features), mapped to the '
              'outputs and added through a learnable gate starting at 0. '
              'Test metric (%) at the best validation epoch, mean ± std over seeds (citation: '
              'public split, seeds 0..n-1; Minesweeper: fixed splits 0..n-1, ROC-AUC), and the '
