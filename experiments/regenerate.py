@@ -67,6 +67,9 @@ FULL: Dict[str, Dict[str, Any]] = {
                             'from:cora --variants grf none linear gcn --seeds 1 --epochs 120',
                             'python experiments/node_models.py --dataset minesweeper '
                             '--variants none grf linear --seeds 2']),
+    'node_mask_probe': dict(cost='~20 min', files=['node_mask_probe.md',
+                                                   'node_mask_probe/runs.jsonl'],
+                            commands=['python experiments/node_mask_probe.py --seeds 5']),
     'recipe_mutag': dict(cost='~1 h', files=['recipe.md'],
                          commands=['bash experiments/run_recipe_mutag.sh '
                                    '/tmp/recipe_mutag 1']),

@@ -18,7 +18,7 @@ def _graph():
     deg = torch.zeros(N).index_add_(0, ei[0], torch.ones(ei.size(1)))
     w = deg[ei[0]].pow(-0.5) * deg[ei[1]].pow(-0.5)
     data = Data(x=torch.randn(N, 3), edge_index=ei, y=torch.arange(N) % 2)
-    data.W = torch.sparse_coo_tensor(ei, w, (N, N)).coalesce()
+    data.W = torch.sparse_coo_tensor(ei, w, (N, N), check_invariants=False).coalesce()
     return data, data.W.to_dense().double()
 
 
