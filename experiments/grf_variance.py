@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -27,6 +28,9 @@ from torch_geometric.utils import erdos_renyi_graph, grid, remove_self_loops, to
 
 from pyg_grf.features import deconvolve, graph_random_features, power_series_kernel
 from pyg_grf.features.grf import self_convolution
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from harness import provenance  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 WALKERS = ('iid', 'antithetic', 'repelling')
@@ -96,9 +100,6 @@ def main():
                       f"± {r['mse_se']:.1e}  x{r['ratio']:.2f} vs iid   diag bias same walks "
                       f"{r['diag_bias_same']:+.3f}, independent keys "
                       f"{r['diag_bias_indep']:+.3f} ± {r['diag_bias_indep_se']:.3f}")
-    import sys
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from harness import provenance
     cfg = dict(vars(args), f=f.tolist(), seconds=time.perf_counter() - t0, **provenance())
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -61,13 +61,14 @@ class PropagatedGCN(torch.nn.Module):
         C = int(data.y.max()) + 1
         self.conv1 = GCNConv(data.num_features, hidden, cached=True)
         self.conv2 = GCNConv(hidden, C, cached=True)
-        self.mask, self.L = mask, L
+        self.mask = mask
         self.f = torch.nn.Parameter(torch.tensor([f0 ** k for k in range(L + 1)]),
                                     requires_grad=learn_f)
 
     def propagate(self, data, y):
+        from pyg_grf.features.grf import self_convolution
         from pyg_grf.masks import GRFMask
-        N, L = y.size(0), self.L
+        N = y.size(0)
         f = self.f.abs()
         z = torch.cat([y, y.new_ones(N, 1)], 1)  # numerator and normaliser in one product
         if self.mask.startswith('grf'):
@@ -75,11 +76,7 @@ class PropagatedGCN(torch.nn.Module):
                                    num_nodes=N, asymmetric=self.mask == 'grf_asym')
             mz = m.matmul(z)
         else:  # Horner's rule with sparse products of W
-            if self.mask == 'exact_asym':
-                c = list(f)
-            else:  # (f * f)_k
-                c = [sum(f[i] * f[k - i] for i in range(max(0, k - L), min(k, L) + 1))
-                     for k in range(2 * L + 1)]
+            c = list(f if self.mask == 'exact_asym' else self_convolution(f))  # (f * f)_k
             mz = c[-1] * z
             for ck in reversed(c[:-1]):
                 mz = ck * z + torch.sparse.mm(data.W, mz)
