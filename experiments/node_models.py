@@ -26,7 +26,7 @@ Runs: ``experiments/results/node_models/runs.jsonl``; table:
 ``experiments/results/node_models.md`` (+ ``.json``)::
 
     python experiments/node_models.py --dataset cora --search grf --variants grf none linear gcn \
-        --seeds 5
+        --seeds 10
 """
 from __future__ import annotations
 
@@ -69,7 +69,7 @@ M, T = '--model.init_args.model.init_args.', '--data.init_args.pre_transform.ini
 #: the commands that ran the table's rows (printed under it)
 COMMANDS = [
     'python experiments/node_models.py --dataset cora --search grf '
-    '--variants grf none linear gcn --seeds 5',
+    '--variants grf none linear gcn --seeds 10',
     'python experiments/node_models.py --dataset cora --settings from:cora '
     '--variants power_series --seeds 3',
     'python experiments/node_models.py --dataset citeseer --settings from:cora '

@@ -58,7 +58,7 @@ FULL: Dict[str, Dict[str, Any]] = {
                                             'node_models/runs.jsonl'],
                         commands=[
                             'python experiments/node_models.py --dataset cora --search grf '
-                            '--variants grf none linear gcn --seeds 5',
+                            '--variants grf none linear gcn --seeds 10',
                             'python experiments/node_models.py --dataset cora --settings '
                             'from:cora --variants power_series --seeds 3',
                             'python experiments/node_models.py --dataset citeseer --settings '
