@@ -66,7 +66,9 @@ FULL: Dict[str, Dict[str, Any]] = {
                             'python experiments/node_models.py --dataset pubmed --settings '
                             'from:cora --variants grf none linear gcn --seeds 1 --epochs 120',
                             'python experiments/node_models.py --dataset minesweeper '
-                            '--variants none grf linear --seeds 3']),
+                            '--variants none grf linear --seeds 6',
+                            'python experiments/node_models.py --dataset minesweeper '
+                            '--variants gat --seeds 2']),
     'node_mask_probe': dict(cost='~20 min', files=['node_mask_probe.md',
                                                    'node_mask_probe/runs.jsonl'],
                             commands=['python experiments/node_mask_probe.py --seeds 5']),
