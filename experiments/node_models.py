@@ -73,9 +73,9 @@ COMMANDS = [
     'python experiments/node_models.py --dataset cora --settings from:cora '
     '--variants power_series --seeds 3',
     'python experiments/node_models.py --dataset citeseer --settings from:cora '
-    '--variants grf none linear gcn --seeds 3',
+    '--variants grf none linear gcn --seeds 10',
     'python experiments/node_models.py --dataset pubmed --settings from:cora '
-    '--variants grf none linear gcn --seeds 1 --epochs 120',
+    '--variants grf none linear gcn --seeds 10',
     'python experiments/node_models.py --dataset minesweeper --variants none grf linear '
     '--seeds 6',
     'python experiments/node_models.py --dataset minesweeper --variants gat --seeds 2',
@@ -86,7 +86,8 @@ COMMANDS = [
     '#           (and --dataset CiteSeer); the rows of the seeds run above are shown']
 #: coordinate-search spaces (first value: the starting point) and budgets, per dataset kind
 SEARCH = {
-    'citation': ({'gate_init': [0.0, 0.5], 'attn_dropout': [0.0, 0.5], 'heads': [1, 4]},
+    'citation': ({'gate_init': [0.0, 0.5], 'attn_dropout': [0.0, 0.5], 'heads': [1, 4],
+                  'mode': ['symmetric', 'asymmetric']},
                  (100,), None),
 }
 
@@ -115,9 +116,13 @@ def overrides(dataset: str, variant: str, seed: int, settings: dict) -> List[str
             out.append(f'{T}num_walks={value}')
         elif key == 'attn_dropout':
             attn_kwargs['dropout'] = value
+        elif key == 'mode':  # the GRF estimate: 'symmetric' (Phi Phi^T) or 'asymmetric'
+            attn_kwargs['mode'] = value
         else:
             out.append(f'{M}{key}={json.dumps(value)}')
-    if variant == 'linear':
+    if variant in ('linear', 'power_series'):  # no estimate (the exact mask is symmetric)
+        attn_kwargs.pop('mode', None)
+    if variant == 'linear':  # no mask: no walk length
         attn_kwargs.pop('max_length', None)
     if variant != 'none':
         out.append(f'{M}attn_kwargs=' + json.dumps(attn_kwargs))
