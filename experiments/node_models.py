@@ -75,9 +75,9 @@ COMMANDS = [
     'python experiments/node_models.py --dataset citeseer --settings from:cora '
     '--variants grf none linear gcn --seeds 10',
     'python experiments/node_models.py --dataset pubmed --settings from:cora '
-    '--variants grf none linear gcn --seeds 10',
+    '--variants grf none linear gcn gat --seeds 10',
     'python experiments/node_models.py --dataset minesweeper --variants none grf linear '
-    '--seeds 6',
+    '--seeds 7',
     'python experiments/node_models.py --dataset minesweeper --variants gat --seeds 2',
     "python experiments/node_models.py --dataset cora --variants grf --seeds 3 --settings "
     "'{\"gate_init\": 0.0, \"attn_dropout\": 0.5, \"heads\": 4, \"num_walks\": 128}' "
@@ -166,6 +166,11 @@ def _rows(dataset: str) -> List[dict]:
     return rows
 
 
+def _config_attn(dataset: str) -> dict:
+    with open(NODE.format(DATASETS[dataset][0])) as f:
+        return yaml.safe_load(f)['model']['init_args']['model']['init_args'].get('attn_kwargs')
+
+
 def write_table() -> str:
     lines = ['# GRFNodeModel and its controls: node classification', '',
              'GRFNodeModel (`pyg_grf.nn.GRFNodeModel`): a GCN stack (citation: Kipf and Welling\'s '
@@ -191,7 +196,8 @@ def write_table() -> str:
                   summary_table(rows, metric, control='linear', order=order,
                                 labels={'metric': metric.split('/')[1],
                                         'val': 'val'}).rstrip(), '',
-                  f'Settings of the `grf` row (overrides of the config): {settings}.', '']
+                  f'Settings of the `grf` row (overrides of the config): {settings}; the '
+                  f'config\'s attention arguments: {_config_attn(dataset)}.', '']
         commits = sorted({r['commit'] for r in rows if r.get('commit')
                           and r['variant'] != 'gat'})
         machines = sorted({r['machine'] for r in rows if r.get('machine')})

@@ -54,7 +54,7 @@ FULL: Dict[str, Dict[str, Any]] = {
                                     '--models gat gkat --seeds 10',
                                     'python experiments/gkat_citation.py --dataset CiteSeer '
                                     '--models gat gkat --seeds 10']),
-    'node_models': dict(cost='~4 h', files=['node_models.md', 'node_models.json',
+    'node_models': dict(cost='~15 h', files=['node_models.md', 'node_models.json',
                                             'node_models/runs.jsonl'],
                         commands=[
                             'python experiments/node_models.py --dataset cora --search grf '
@@ -62,11 +62,11 @@ FULL: Dict[str, Dict[str, Any]] = {
                             'python experiments/node_models.py --dataset cora --settings '
                             'from:cora --variants power_series --seeds 3',
                             'python experiments/node_models.py --dataset citeseer --settings '
-                            'from:cora --variants grf none linear gcn --seeds 3',
+                            'from:cora --variants grf none linear gcn --seeds 10',
                             'python experiments/node_models.py --dataset pubmed --settings '
-                            'from:cora --variants grf none linear gcn --seeds 1 --epochs 120',
+                            'from:cora --variants grf none linear gcn gat --seeds 10',
                             'python experiments/node_models.py --dataset minesweeper '
-                            '--variants none grf linear --seeds 6',
+                            '--variants none grf linear --seeds 7',
                             'python experiments/node_models.py --dataset minesweeper '
                             '--variants gat --seeds 2']),
     'node_mask_probe': dict(cost='~20 min', files=['node_mask_probe.md',
