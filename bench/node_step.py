@@ -30,13 +30,14 @@ from pyg_grf.datasets import load_planetoid
 from pyg_grf.nn import GRFNodeModel
 from pyg_grf.transforms import AddGraphRandomFeatures
 
-#: name -> (attn_type, attention kwargs beyond max_length)
+#: name -> (attn_type, attention kwargs): the node configs' attention settings
+GRF = {'max_length': 3, 'dropout': 0.5}
 VARIANTS = {
-    'none (GCN alone)': (None, {}),
-    'linear (unmasked)': ('linear', {}),
-    'grf symmetric, auto': ('grf', {'mode': 'symmetric', 'backend': 'auto'}),
-    'grf symmetric, sparse': ('grf', {'mode': 'symmetric', 'backend': 'sparse'}),
-    'grf asymmetric, auto': ('grf', {'mode': 'asymmetric', 'backend': 'auto'}),
+    'none (GCN alone)': (None, None),
+    'linear (unmasked)': ('linear', {'dropout': 0.5}),
+    'grf symmetric, auto': ('grf', dict(GRF, mode='symmetric', backend='auto')),
+    'grf symmetric, sparse': ('grf', dict(GRF, mode='symmetric', backend='sparse')),
+    'grf asymmetric, auto': ('grf', dict(GRF, mode='asymmetric', backend='auto')),
 }
 
 
@@ -77,9 +78,7 @@ def main(argv=None):
         torch.manual_seed(0)
         model = GRFNodeModel(data.num_features, 64, classes, num_layers=2, heads=4,
                              head='conv', input_dropout=0.5, attn_type=attn_type,
-                             attn_kwargs=None if attn_type is None else
-                             {'max_length': 3, 'dropout': 0.5, **kwargs}
-                             if attn_type == 'grf' else {'dropout': 0.5})
+                             attn_kwargs=kwargs)
         opt = torch.optim.Adam(model.parameters(), lr=0.01)
         t = time.perf_counter()
         model(data)  # builds and keeps the plan (and the GCN's adjacency)

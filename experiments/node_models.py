@@ -92,6 +92,12 @@ SEARCH = {
 }
 
 
+def _config_attn(dataset: str) -> dict:
+    r"""The attention arguments (``attn_kwargs``) of the dataset's node config."""
+    with open(NODE.format(DATASETS[dataset][0])) as f:
+        return yaml.safe_load(f)['model']['init_args']['model']['init_args'].get('attn_kwargs')
+
+
 def overrides(dataset: str, variant: str, seed: int, settings: dict) -> List[str]:
     r"""The config and overrides of a variant on a dataset for a seed (Minesweeper: split)."""
     name, pyg_name, channels, classes, _ = DATASETS[dataset]
@@ -105,9 +111,7 @@ def overrides(dataset: str, variant: str, seed: int, settings: dict) -> List[str
     out.append(f'{T}seed={seed}')
     # the attention's arguments: the config's, with the walks' max_length and the attention
     # dropout of the settings; the unmasked control keeps all but max_length
-    with open(NODE.format(name)) as f:
-        attn_kwargs = dict(yaml.safe_load(f)['model']['init_args']['model']['init_args']
-                           .get('attn_kwargs') or {})
+    attn_kwargs = dict(_config_attn(dataset) or {})
     for key, value in settings.items():
         if key == 'max_length':
             out += [f'{T}max_length={value}']
@@ -164,11 +168,6 @@ def _rows(dataset: str) -> List[dict]:
                  if r['dataset'].lower() == dataset and r['variant'] == 'gat'
                  and r['seed'] in seeds]
     return rows
-
-
-def _config_attn(dataset: str) -> dict:
-    with open(NODE.format(DATASETS[dataset][0])) as f:
-        return yaml.safe_load(f)['model']['init_args']['model']['init_args'].get('attn_kwargs')
 
 
 def write_table() -> str:

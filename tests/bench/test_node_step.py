@@ -1,11 +1,14 @@
-import os.path as osp
-import sys
+r"""``bench/node_step.py``'s count of the mask's size, against a dense count."""
+import importlib.util
 
 import torch
 from torch_geometric.data import Data
 
-sys.path.insert(0, osp.join(osp.dirname(__file__), '..', '..', 'bench'))
-import node_step  # noqa: E402
+from tests.conftest import REPO
+
+spec = importlib.util.spec_from_file_location('node_step', REPO / 'bench' / 'node_step.py')
+node_step = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(node_step)
 
 
 def test_mask_sizes_match_a_dense_count():
