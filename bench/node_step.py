@@ -9,8 +9,10 @@ nonzeros on a graph whose dense regions share walks (PubMed), while the asymmetr
 model (the node configs' settings: 64 hidden, 4 heads, ``head='conv'``), its plan built by the
 first call (timed apart); then ``--steps`` training steps (forward, cross-entropy on the training
 nodes, backward, Adam), the variants taking turns over ``--rounds`` rounds. Printed: the walks'
-nonzeros and the symmetric mask's pairs per node, first-call seconds, and the median step with
-its ratio to the model without attention (median over rounds of the per-round ratio)::
+nonzeros and the symmetric mask's pairs per node, first-call seconds, the backend each GRF
+variant ran (``'auto'`` chooses by :func:`~pyg_grf.nn.attention.grf.plan.multiply_adds`), and
+the median step with its ratio to the model without attention (median over rounds of the
+per-round ratio)::
 
     PYG_GRF_MIRROR=../shared/datasets OMP_NUM_THREADS=1 python bench/node_step.py --dataset PubMed
 """
@@ -36,6 +38,7 @@ VARIANTS = {
     'none (GCN alone)': (None, None),
     'linear (unmasked)': ('linear', {'dropout': 0.5}),
     'grf symmetric, auto': ('grf', dict(GRF, mode='symmetric', backend='auto')),
+    'grf symmetric, pairs': ('grf', dict(GRF, mode='symmetric', backend='pairs')),
     'grf symmetric, sparse': ('grf', dict(GRF, mode='symmetric', backend='sparse')),
     'grf asymmetric, auto': ('grf', dict(GRF, mode='asymmetric', backend='auto')),
 }
@@ -111,12 +114,21 @@ def main(argv=None):
             times[name].append(this[name])
         for name in models:
             ratios[name].append(this[name] / this[base])
-    print(f'\n| variant | first call s | step s (median) | ratio to {base} (median, min-max) |')
-    print('|---|---|---|---|')
-    for name in models:
+    print(f'\n| variant | ran | first call s | step s (median) | ratio to {base} '
+          '(median, min-max) |')
+    print('|---|---|---|---|---|')
+    for name, (model, _) in models.items():
         r = ratios[name]
-        print(f'| {name} | {first[name]:.2f} | {statistics.median(times[name]):.3f} | '
+        print(f'| {name} | {ran(model)} | {first[name]:.2f} | '
+              f'{statistics.median(times[name]):.3f} | '
               f'{statistics.median(r):.1f}x ({min(r):.1f}-{max(r):.1f}) |')
+
+
+def ran(model) -> str:
+    r"""The backend of the GRF plan the model's attention keeps ('' without one)."""
+    plan = getattr(model.attn, '__dict__', {}).get('_plan_cache')
+    parts = getattr(plan, 'parts', None)
+    return ', '.join(sorted({p.backend for p in parts.values()})) if parts else ''
 
 
 if __name__ == '__main__':

@@ -217,7 +217,7 @@ class GRFLoads:
         every call (:math:`O(\mathrm{nnz})`; no sort for the transform's sorted entries)."""
         N = self.num_nodes
         key = self.index[0].long() * N + self.index[1].long()
-        if key.numel() > 1 and bool((key[1:] < key[:-1]).any()):
+        if not _sorted(key):
             uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
         else:  # the transform's order: consecutive duplicates only, no sort needed
             new = torch.ones_like(key, dtype=torch.bool)
@@ -226,6 +226,14 @@ class GRFLoads:
             inv = torch.cumsum(new, 0) - 1
             uniq = key[new]
         return torch.stack([uniq // N, uniq % N]), inv
+
+    def num_pairs(self) -> int:
+        r"""The number of distinct (start, visited) pairs (:meth:`pairs`), counted without
+        building them."""
+        key = self.index[0].long() * self.num_nodes + self.index[1].long()
+        if not _sorted(key):
+            return torch.unique(key).numel()
+        return int((key[1:] != key[:-1]).sum()) + int(key.numel() > 0)
 
     def pair_values(self, f: Tensor, inv: Tensor, num_pairs: int,
                     group: Optional[Tensor] = None) -> Tensor:
@@ -255,6 +263,10 @@ class GRFLoads:
             raise ValueError(f"the GRF loads have hop counts up to {top} but {who} has "
                              f"coefficients only up to hop {max_length}: use max_length >= "
                              f"{top} (the transform's max_length)")
+
+
+def _sorted(key: Tensor) -> bool:
+    return key.numel() < 2 or not bool((key[1:] < key[:-1]).any())
 
 
 def _check_entries(index: Tensor, hop: Tensor, load: Tensor, num_nodes: int,

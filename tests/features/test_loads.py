@@ -123,3 +123,20 @@ def test_a_batch_mixing_walk_draws_is_refused_in_either_order():
     # the same draws everywhere: fine
     same = Batch.from_data_list([three, three])
     assert GRFLoads.from_data(same).num_draws == 3
+
+
+@pytest.mark.parametrize('order', ['transform', 'shuffled'])
+def test_num_pairs_counts_the_distinct_start_visited_pairs(order):
+    # against a set of Python tuples, on the transform's sorted entries and on shuffled ones
+    # (the unique path)
+    loads = GRFLoads.from_data(make_batch())
+    if order == 'shuffled':
+        perm = torch.randperm(loads.nnz, generator=torch.Generator().manual_seed(0))
+        loads = GRFLoads(loads.index[:, perm], loads.hop[perm], loads.load[perm],
+                         loads.num_nodes, batch=loads.batch)
+    expected = len(set(map(tuple, loads.index.t().tolist())))
+    assert expected < loads.nnz  # some pairs are visited at several hops
+    assert loads.num_pairs() == expected == loads.pairs()[0].size(1)
+    empty = GRFLoads(torch.empty(2, 0, dtype=torch.long), torch.empty(0, dtype=torch.long),
+                     torch.empty(0), 3)
+    assert empty.num_pairs() == 0

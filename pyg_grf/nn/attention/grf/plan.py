@@ -10,9 +10,11 @@ redrawn or edited, or a subgraph of it, never reads it: the layer builds a new p
 
 Which computation a layer runs is one short rule (:func:`build_part`): the mask on its support
 (:mod:`.pairs`, the engine) when its structures and one layer fit the memory budget
-(:func:`pyg_grf.memory.memory_budget`), else the low-rank path (:mod:`.sparse`, two products
-with :math:`\widehat\Phi`, never forms the mask); ``'sparse_softmax'`` runs on the support of
-:math:`\widehat\Phi` (:mod:`.sparse`).
+(:func:`pyg_grf.memory.memory_budget`) and it needs no more multiply-adds than the low-rank
+path (:func:`multiply_adds`, counted from the mask's cells and the walks' pairs; no fitted
+constants), else the low-rank path (:mod:`.sparse`, two products with :math:`\widehat\Phi`,
+never forms the mask); ``'sparse_softmax'`` runs on the support of :math:`\widehat\Phi`
+(:mod:`.sparse`).
 """
 from __future__ import annotations
 
@@ -246,7 +248,8 @@ def build_part(loads: GRFLoads, spec: LayerSpec,
                built: Optional[Dict[Tuple, PlanPart]] = None) -> PlanPart:
     r"""The :class:`PlanPart` of ``spec`` on ``loads``: folds the walk draws per head and
     builds the structures of the one rule (module docstring): ``'pairs'`` when its join and
-    one layer fit the memory budget, else (``backend='auto'``) ``'sparse'``, else
+    one layer fit the memory budget and (``backend='auto'``) it is not the costlier of the two
+    by :func:`multiply_adds`, else (``backend='auto'``) ``'sparse'``, else
     :class:`BackendMemoryError`. ``built`` shares the structures between specs that need the
     same. Built outside inference mode, so that a plan made under ``torch.inference_mode()``
     still serves training."""
@@ -265,22 +268,63 @@ def build_part(loads: GRFLoads, spec: LayerSpec,
         itemsize = torch.finfo(spec.dtype).bits // 8
         budget, source = memory_budget(loads.device)
         why = None
+        part = None
         if spec.mode != 'sparse_softmax' and spec.backend != 'sparse':
             part, why = _try_pairs(run, spec, heads, groups, stats_dtype, itemsize, budget)
             if part is None and spec.backend == 'pairs':
                 raise BackendMemoryError(_too_big('pairs', run, why, budget, source))
-        else:
-            part = None
+            if part is not None and spec.backend == 'auto':
+                part = _cheaper(part, run, spec, heads, itemsize, budget)
         if part is None:
-            need = sparse.memory(run.num_nodes, run.pairs()[0].size(1), heads, spec.m, spec.d,
+            low = sparse.build(run, spec.mode, stats_dtype, groups)
+            need = sparse.memory(run.num_nodes, low.query.index.size(1), heads, spec.m, spec.d,
                                  itemsize)
             if budget is not None and need > budget:
                 raise BackendMemoryError(_too_big(spec.backend, run, why or (
                     f"the low-rank path needs {need / 2 ** 30:.2f} GiB"), budget, source))
-            part = PlanPart('sparse', groups, sparse.build(run, spec.mode, stats_dtype, groups))
+            part = PlanPart('sparse', groups, low)
         if built is not None:
             built[key] = part
         return part
+
+
+def multiply_adds(backend: str, num_nodes: int, cells: int, heads: int, m: int, d: int,
+                  stats: int = 0) -> int:
+    r"""Multiply-adds of one layer's forward (dominant terms, per the modules' docstrings)
+    with ``heads`` heads of ``m`` features and ``d`` values. ``'pairs'``: ``cells`` mask
+    cells, each a score (``m``) and a weighted sum of ``[v, 1]`` (``d + 1``), plus the mask
+    values per head from ``stats`` statistics entries. ``'sparse'``: ``cells`` pairs of
+    :math:`\widehat\Phi` on both sides together (one side for the asymmetric mask), each a row
+    of ``m (d + 1)`` in the CSR products, plus the outer products and the contraction with
+    :math:`\phi(\mathbf{q})` (``2 N m (d + 1)``). The backward of either is about twice its
+    forward, so the forward's counts order the two."""
+    if backend == 'pairs':
+        return heads * (cells * (m + d + 1) + stats)
+    return heads * (cells + 2 * num_nodes) * m * (d + 1)
+
+
+def _cheaper(part: PlanPart, run: GRFLoads, spec: LayerSpec, heads: int,
+             itemsize: int, budget: Optional[float]) -> Optional[PlanPart]:
+    # 'auto': the engine's part, or None when the low-rank path needs fewer multiply-adds (a
+    # mask whose support is much larger than the walks', as on one big graph with overlapping
+    # walks) and fits the budget
+    symmetric = spec.mode == 'symmetric'
+    N, m, d, st = run.num_nodes, spec.m, spec.d, part.structures
+    engine = multiply_adds('pairs', N, st.nnz, heads, m, d, st.stats.numel())
+    if engine <= multiply_adds('sparse', N, 0, heads, m, d):  # below the low-rank floor
+        return part
+    P = run.num_pairs()
+    sides = P + (0 if not symmetric else P if run.key is None else run.key.num_pairs())
+    if multiply_adds('sparse', N, sides, heads, m, d) >= engine or (
+            budget is not None and sparse.memory(N, P, heads, m, d, itemsize) > budget):
+        return part
+    return None
+
+
+def _num_coef(run: GRFLoads, symmetric: bool) -> int:
+    # the mask statistics per cell: one per hop, or per pair of hops for the symmetric mask
+    K = run.max_hop + 1 if run.key is None else max(run.max_hop, run.key.max_hop) + 1
+    return K * (K + 1) // 2 if symmetric else K
 
 
 def _try_pairs(run: GRFLoads, spec: LayerSpec, heads: int, groups: int,
@@ -288,8 +332,7 @@ def _try_pairs(run: GRFLoads, spec: LayerSpec, heads: int, groups: int,
                budget: Optional[float]) -> Tuple[Optional[PlanPart], Optional[str]]:
     # the engine's structures, or (None, why) when the join or one layer exceeds the budget
     symmetric = spec.mode == 'symmetric'
-    K = run.max_hop + 1 if run.key is None else max(run.max_hop, run.key.max_hop) + 1
-    num_coef = K * (K + 1) // 2 if symmetric else K
+    num_coef = _num_coef(run, symmetric)
     max_cells = None
     if budget is not None and symmetric:
         if compiled_join_available(run.device):  # the compiled join stops at its bound

@@ -21,7 +21,7 @@ def test_a_budget_too_small_for_the_mask_moves_auto_off_pairs(monkeypatch):
     star = Data(x=torch.randn(n, 8, dtype=D), edge_index=torch.cat([ei, ei.flip(0)], 1))
     b = Batch.from_data_list([AddGraphRandomFeatures(num_walks=4, max_length=3, seed=0)(star)])
     layer = make_layer('symmetric', 'auto')
-    full = GRFPlan.build(b, [layer])
+    full = GRFPlan.build(b, [make_layer('symmetric', 'pairs')])
     st = next(iter(full.parts.values())).structures
     assert st.nnz > n * n // 2  # most pairs of the star
     loads = GRFLoads.from_data(b)
@@ -34,6 +34,36 @@ def test_a_budget_too_small_for_the_mask_moves_auto_off_pairs(monkeypatch):
     assert torch.allclose(layer(b.x, b.batch, grf=plan), dense_reference(layer, b), atol=1e-9)
     with pytest.raises(BackendMemoryError, match=r"backend='pairs'.*Use backend='auto'"):
         GRFPlan.build(b, [make_layer('symmetric', 'pairs')])
+
+
+@pytest.mark.parametrize('graph', ['star', 'path'])
+def test_auto_runs_the_computation_with_fewer_multiply_adds(graph):
+    # with no memory pressure 'auto' compares the two computations' multiply-adds, counted
+    # here from the dense mask: a star's mask fills the graph (the walks' pairs are far
+    # fewer, so the low-rank path is cheaper); a long path's stays near the walks' support
+    from pyg_grf.nn.attention.grf.plan import multiply_adds
+    n = 300
+    if graph == 'star':
+        ei = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)])
+    else:
+        ei = torch.stack([torch.arange(n - 1), torch.arange(1, n)])
+    data = Data(x=torch.randn(n, 8, dtype=D), edge_index=torch.cat([ei, ei.flip(0)], 1))
+    b = Batch.from_data_list([AddGraphRandomFeatures(num_walks=4, max_length=3, seed=0)(data)])
+    phi = torch.zeros(n, n, dtype=D).index_put(
+        (b.grf_index[0], b.grf_index[1]), torch.ones(b.grf_index.size(1), dtype=D),
+        accumulate=True) != 0
+    cells = int(((phi.to(D) @ phi.to(D).t()) != 0).sum())
+    pairs_ = int(phi.sum())
+    H, m, d = 2, 4, 4  # make_layer: 2 heads of 4 channels, ELU features (m = d)
+    engine = H * cells * (m + d + 1)  # the mask values' cost left out: a lower bound
+    low = H * (2 * pairs_ + 2 * n) * m * (d + 1)
+    expected = 'sparse' if low < engine else 'pairs'
+    assert expected == ('sparse' if graph == 'star' else 'pairs')  # the cases differ
+    assert multiply_adds('sparse', n, 2 * pairs_, H, m, d) == low
+    layer = make_layer('symmetric', 'auto')
+    plan = GRFPlan.build(b, [layer])
+    assert [p.backend for p in plan.parts.values()] == [expected]
+    assert torch.allclose(layer(b.x, b.batch, grf=plan), dense_reference(layer, b), atol=1e-9)
 
 
 @pytest.mark.parametrize('key', [False, True])
