@@ -251,13 +251,15 @@ def peak_memory(device: torch.device, rec: dict):
 
 
 def molecule_batch(num_graphs: int, lo: int, hi: int, seed: int, device: torch.device,
-                   rwgnk: bool = False) -> Batch:
+                   rwgnk=False) -> Batch:
     r"""``num_graphs`` molecule-like graphs of ``lo``-``hi`` nodes with node and edge features,
-    10 binary labels and GRF walk loads (``GPS_WALKS``; RWGNK features too with ``rwgnk``),
-    collated and moved to ``device`` once."""
+    10 binary labels and GRF walk loads (``GPS_WALKS``; RWGNK features too with ``rwgnk``:
+    ``True`` for ``RWGNK_WALKS``, or a dict of ``AddRWGNKFeatures`` arguments), collated and
+    moved to ``device`` once."""
     gen = torch.Generator().manual_seed(seed)
     grf = AddGraphRandomFeatures(**GPS_WALKS)
-    kernel = AddRWGNKFeatures(**RWGNK_WALKS) if rwgnk else None
+    kernel = AddRWGNKFeatures(**(rwgnk if isinstance(rwgnk, dict) else RWGNK_WALKS)) \
+        if rwgnk else None
     graphs = []
     for _ in range(num_graphs):
         n = int(torch.randint(lo, hi + 1, (1,), generator=gen))

@@ -128,6 +128,23 @@ def test_no_cross_graph_attention(mode):
     assert torch.allclose(alone, out[batch.batch == 1], atol=1e-12)
 
 
+def auto_choice(batch, layer):
+    # GRF's rule for the exact kernel, counted from Psi's dense support: the engine's
+    # multiply-adds (per cell and head a score, a weighted sum of [v, 1] and one mask value)
+    # against the low-rank path's (two products over Psi's pairs at width m (d + 1), the outer
+    # products and the contraction)
+    N = batch.num_nodes
+    psi = torch.zeros(N, N, dtype=torch.float64).index_put(
+        (batch.rwgnk_index[0], batch.rwgnk_index[1]),
+        torch.ones(batch.rwgnk_index.size(1), dtype=torch.float64), accumulate=True) != 0
+    cells = int(((psi.double() @ psi.double().t()) != 0).sum())
+    H, m, d = layer.heads, layer.feature_dim, layer.head_channels
+    engine = H * cells * (m + d + 2)
+    low = H * (2 * int(psi.sum()) + 2 * N) * m * (d + 1)
+    assert max(engine, low) > 1.2 * min(engine, low)  # a clear case, whatever the details
+    return 'sparse' if low < engine else 'pairs'
+
+
 @pytest.mark.parametrize('mode,backend,score', [
     ('linear', 'pairs', 'gat'), ('linear', 'sparse', 'gat'), ('linear', 'auto', 'gat'),
     ('softmax', 'auto', 'gat'), ('softmax', 'auto', 'dot')])
@@ -142,8 +159,8 @@ def test_gradcheck_every_backend(mode, backend, score):
     plan = RWGNKPlan.build(batch, [layer])
     if mode == 'linear':
         part = plan.linear_part(layer.spec(True), 0.0)
-        # 'auto' runs the exact kernel low rank
-        assert part.backend == ('pairs' if backend == 'pairs' else 'sparse')
+        # 'auto': the computation with fewer multiply-adds
+        assert part.backend == (auto_choice(batch, layer) if backend == 'auto' else backend)
     x = batch.x.clone().requires_grad_()
     params = list(layer.parameters())
     assert torch.autograd.gradcheck(lambda x, *ps: layer(x, batch.batch, rwgnk=plan),
@@ -332,8 +349,9 @@ def test_linear_backends_equal_dense_reference(backend, with_kernel):
         return
     exact = not with_kernel
     part = plan.linear_part(layer.spec(exact), 0.0)
-    # 'auto': the exact kernel low rank, a cut kernel on its pairs
-    low_rank = backend == 'sparse' or (backend == 'auto' and exact)
+    # 'auto': the exact kernel by the multiply-add count, a cut kernel on its pairs
+    low_rank = backend == 'sparse' or (backend == 'auto' and exact
+                                       and auto_choice(batch, layer) == 'sparse')
     assert part.backend == ('sparse' if low_rank else 'pairs')
     assert isinstance(part.structures, SparseStructures if low_rank else PairsStructures)
     assert layer.spec(exact).mode == ('symmetric' if exact else 'asymmetric')
@@ -398,6 +416,9 @@ def test_auto_falls_back_to_sparse_when_pairs_do_not_fit(monkeypatch):
     full = RWGNKPlan.build(g, [on_pairs])
     part = full.linear_part(on_pairs.spec(True), 0.0)
     assert part.backend == 'pairs' and part.structures.nnz > n * n // 2  # most pairs
+    # with no budget, 'auto' runs the low rank path here by the multiply-add count alone
+    unbounded = RWGNKPlan.build(g, [layer]).linear_part(layer.spec(True), 0.0)
+    assert unbounded.backend == auto_choice(g, layer) == 'sparse'
     loads = full.grf_loads(0.0)
     need_sparse = sparse.memory(n, loads.pairs()[0].size(1), 2, layer.feature_dim,
                                 layer.head_channels, 8)
@@ -424,12 +445,11 @@ def test_memory_is_checked_before_any_backend_allocates(monkeypatch):
     monkeypatch.setenv('PYG_GRF_MEMORY_LIMIT', '1K')
     for backend in ('auto', 'pairs', 'sparse'):  # neither path fits: refused, not attempted
         layer = GKATAttention(8, heads=2, mode='linear', backend=backend).double()
-        ran = 'sparse' if backend == 'auto' else backend  # 'auto': the exact kernel low rank
-        with pytest.raises(BackendMemoryError, match=rf"backend={ran!r}.*does not fit "
+        with pytest.raises(BackendMemoryError, match=rf"backend={backend!r}.*does not fit "
                                                       r"\$PYG_GRF_MEMORY_LIMIT"):
             RWGNKPlan.build(b, [layer])
         plan = RWGNKPlan.build(b)  # no layers: nothing large built yet
-        with pytest.raises(BackendMemoryError, match=rf"backend={ran!r}"):
+        with pytest.raises(BackendMemoryError, match=rf"backend={backend!r}"):
             layer(b.x, b.batch, rwgnk=plan)
     layer = GKATAttention(8, heads=2, mode='softmax').double()
     with pytest.raises(MemoryError, match=r"GKAT kernel Psi Psi\^T of 15 nodes.*more than "

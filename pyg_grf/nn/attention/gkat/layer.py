@@ -91,9 +91,10 @@ class GKATAttention(GraphAttention):
             (:func:`~pyg_grf.nn.attention.grf.plan.build_part`): ``'pairs'`` (the kernel's
             nonzeros: the pairs stored by ``AddRWGNKFeatures(kernel_threshold=...)``, which
             then define the mask, else those of :math:`\Psi\Psi^\top`), ``'sparse'`` (the
-            exact kernel only: two products with :math:`\Psi`) or ``'auto'`` (the exact
-            kernel low rank, a cut kernel on its pairs when they fit the memory budget); the
-            softmax mode runs on the kernel pairs whatever it says (default: ``'auto'``).
+            exact kernel only: two products with :math:`\Psi`) or ``'auto'`` (GRF's rule:
+            the pairs when they fit the memory budget and need no more multiply-adds than the
+            low-rank path, else low rank); the softmax mode runs on the kernel pairs whatever
+            it says (default: ``'auto'``).
         project (bool): project the combined heads back to ``channels`` with ``to_out``
             (default: :obj:`True`); :obj:`False` gives the paper's GAT-shaped layer.
 
@@ -217,13 +218,11 @@ class GKATAttention(GraphAttention):
 
     def spec(self, exact: bool) -> LayerSpec:
         r"""The GRF engine's configuration of the linear mode: the symmetric mask of
-        :math:`\Psi` (``exact``) or the asymmetric mask of the kernel pairs, hop 0 only. With
-        ``backend='auto'`` the exact kernel runs low rank (FTFI paper, Sec. 4.2:
-        :math:`\mathcal{K}` never formed; the kernel within :math:`2L` hops is much denser
-        than :math:`\Psi`: on PubMed its support costs 4x the low-rank path's time), a cut
-        kernel on its pairs."""
-        backend = 'sparse' if exact and self.backend == 'auto' else self.backend
-        return LayerSpec('symmetric' if exact else 'asymmetric', backend, self.heads,
+        :math:`\Psi` (``exact``) or the asymmetric mask of the kernel pairs, hop 0 only.
+        ``backend='auto'`` is GRF's rule: the kernel on its support unless the low-rank path
+        (FTFI paper, Sec. 4.2: :math:`\mathcal{K}` never formed) needs fewer multiply-adds
+        or the support does not fit the memory budget."""
+        return LayerSpec('symmetric' if exact else 'asymmetric', self.backend, self.heads,
                          self.feature_dim, self.head_channels, None, self.to_v.weight.dtype, 0)
 
     def forward(self, x: Tensor, batch: OptTensor = None, *,
