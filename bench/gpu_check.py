@@ -36,11 +36,12 @@ time-boxed:
   self time on the device): GRF forward + backward per backend on the 262,144-node kNN graph,
   and one GRF-GPS training step on the molecule batch;
 * ``backends``: the one rule of ``backend='auto'`` on this device: for GRF on the 262k- and
-  1M-node kNN graphs, the engine (``'pairs'``, the mask on its support) against the low-rank
-  fallback (``'sparse'``): the plan's build time and peak memory, the layer's forward +
-  backward and the peak memory of its first call; and which backend ``'auto'`` picks (it takes
-  ``'pairs'`` when its join and one layer fit the memory budget, else ``'sparse'``), beside
-  the faster of the two;
+  1M-node kNN graphs and on a power-law graph of PubMed's size (hubs: the walks of many nodes
+  overlap), the engine (``'pairs'``, the mask on its support) against the low-rank path
+  (``'sparse'``): the plan's build time and peak memory, the layer's forward + backward and the
+  peak memory of its first call; and which backend ``'auto'`` picks (``'pairs'`` when its join
+  and one layer fit the memory budget and it counts no more multiply-adds than ``'sparse'``,
+  else ``'sparse'``), beside the faster of the two;
 * ``sync``: the host synchronisations inside one layer's forward and backward, counted with
   ``torch.cuda.set_sync_debug_mode('warn')`` after the batch's payload (its plan) is built:
   first call and second call separately;
@@ -107,6 +108,7 @@ MAX_LENGTH = 4
 # walks) for the single layers on large graphs
 GPS_WALKS = dict(num_walks=16, p_halt=0.2, max_length=MAX_LENGTH, seed=0)
 KNN_WALKS = dict(num_walks=16, p_halt=0.5, max_length=MAX_LENGTH, seed=0)
+NODE_WALKS = dict(num_walks=32, p_halt=0.25, max_length=3, seed=0)  # node configs' walks
 RWGNK_WALKS = dict(num_walks=16, lam=0.8, alpha=1.0, max_length=2, seed=0,  # citation_gkat.yaml
                    kernel_threshold=0.05)
 
@@ -303,6 +305,18 @@ def knn_graph(side: int, device: torch.device, k: int = 8, seed: int = 0) -> Dat
     row = torch.arange(n, device=device).repeat_interleave(k)
     edge_index = to_undirected(torch.stack([row, col]), num_nodes=n)
     return Data(edge_index=edge_index, num_nodes=n)
+
+
+def power_law(device: torch.device, quick: bool, seed: int = 0) -> Data:
+    r"""A Barabasi-Albert graph (2 edges per new node) of PubMed's node count (2,000 with
+    ``quick``) with the node configs' walks (``NODE_WALKS``): its hubs make the walks of many
+    nodes overlap, so the symmetric mask has about 50x as many cells as the walks have pairs
+    (the case where ``'auto'`` counts the low-rank path cheaper)."""
+    from torch_geometric.utils import barabasi_albert_graph
+    n = 2000 if quick else 19717
+    torch.manual_seed(seed)
+    data = Data(edge_index=barabasi_albert_graph(n, 2), num_nodes=n)
+    return AddGraphRandomFeatures(**NODE_WALKS)(data).to(device)
 
 
 def pubmed_like(device: torch.device, quick: bool, seed: int = 0) -> Data:
@@ -787,15 +801,18 @@ def run_backends(S: Section, out: Path):
     dev = S.device
     sides = (16, 32) if S.quick else (512, 1024)
     budget, source = memory_budget(dev)
-    S.data.update(walks=KNN_WALKS, heads=H, head_channels=C // H, budget_bytes=budget,
-                  budget_source=source, rule={})
-    for side in sides:
-        n = side * side
+    S.data.update(walks=KNN_WALKS, power_law_walks=NODE_WALKS, heads=H, head_channels=C // H,
+                  budget_bytes=budget, budget_source=source, rule={})
+    graphs = [('knn', lambda side=side: AddGraphRandomFeatures(**KNN_WALKS)(
+        knn_graph(side, dev))) for side in sides]
+    graphs.append(('power-law', lambda: power_law(dev, S.quick)))
+    for graph, make in graphs:
         if S.left() < 15:
-            S.data.setdefault('skipped', []).append(f'{n} nodes: time budget')
+            S.data.setdefault('skipped', []).append(f'{graph}: time budget')
             break
-        data = AddGraphRandomFeatures(**KNN_WALKS)(knn_graph(side, dev))
-        size = {'nodes': n, 'edges': data.edge_index.size(1),
+        data = make()
+        n = data.num_nodes
+        size = {'graph': graph, 'nodes': n, 'edges': data.edge_index.size(1),
                 'grf_entries': data.grf_index.size(1)}
         ms, picks = {}, None
         for backend in ('pairs', 'sparse', 'auto'):  # 'auto': which one the rule picks
@@ -835,7 +852,7 @@ def run_backends(S: Section, out: Path):
                 'pairs_over_sparse': (ms['pairs'] / ms['sparse'] if len(ms) == 2 else None)}
         rule['auto_picks_faster'] = (None if picks is None or rule['faster'] is None
                                      else picks == [rule['faster']])
-        S.data['rule'][str(n)] = rule
+        S.data['rule'][f'{graph} {n}'] = rule
         S.save()
         data = None
         free(dev)
@@ -996,26 +1013,29 @@ def to_markdown(R: dict) -> str:
         budget = be.get('budget_bytes')
         limit = ('no limit' if budget is None else
                  f"{budget / 2 ** 30:.1f} GiB ({be.get('budget_source')})")
-        lines += ["## GRF backends: the engine ('pairs') against the low-rank fallback "
-                  "('sparse'), and what 'auto' picks (kNN graphs)", '',
+        lines += ["## GRF backends: the engine ('pairs') against the low-rank path "
+                  "('sparse'), and what 'auto' picks (kNN and power-law graphs)", '',
                   "`backend='auto'` runs 'pairs' when its join and one layer fit the memory "
-                  f"budget, here {limit}, else 'sparse'. `plan s`: `GRFPlan.build` (for "
+                  f"budget, here {limit}, and it counts no more multiply-adds than 'sparse', "
+                  "else 'sparse'. `plan s`: `GRFPlan.build` (for "
                   "'pairs' the join); `runs`: `[p.backend for p in plan.parts.values()]`; "
                   "`ms`: one layer's forward + backward, median of 3 calls after the first; "
                   "peaks: `torch.cuda.max_memory_allocated` over the plan's build and over the "
                   "first call.", '',
-                  '| nodes | backend | runs | plan s | plan MiB | mask cells | ms | first ms | '
-                  'plan peak MiB | call peak MiB |', '|---|---|---|---|---|---|---|---|---|---|']
+                  '| graph | nodes | backend | runs | plan s | plan MiB | mask cells | ms | '
+                  'first ms | plan peak MiB | call peak MiB |',
+                  '|---|---|---|---|---|---|---|---|---|---|---|']
         for r in be['rows']:
             plan_s = fmt(r.get('plan_s'), '.3f', r.get('error', '—'))
-            lines.append(f"| {r['nodes']:,} | {r['backend']} | {','.join(r.get('runs', []))} | "
+            lines.append(f"| {r.get('graph', 'knn')} | {r['nodes']:,} | {r['backend']} | "
+                         f"{','.join(r.get('runs', []))} | "
                          f"{plan_s} | {mib(r.get('plan_bytes'))} | {r.get('mask_cells', '—')} | "
                          f"{fmt(r.get('ms'), '.2f')} | {fmt(r.get('first_ms'), '.2f')} | "
                          f"{mib(r.get('plan_peak_bytes'))} | {mib(r.get('call_peak_bytes'))} |")
         lines.append('')
         for n, rule in be.get('rule', {}).items():
             picks = ','.join(rule.get('auto_picks') or []) or '—'
-            lines.append(f"- {int(n):,} nodes: 'auto' picks `{picks}`; faster: "
+            lines.append(f"- {n} nodes: 'auto' picks `{picks}`; faster: "
                          f"`{rule.get('faster') or '—'}` (pairs / sparse = "
                          f"{fmt(rule.get('pairs_over_sparse'), '.2f')})")
         lines.append('')

@@ -154,16 +154,20 @@ def test_profile_rows(quick):
 
 
 def test_backend_rows_measure_the_rule(quick):
-    # 'pairs' against the 'sparse' fallback at both sizes (plan time, layer time), and which
-    # backend 'auto' picks: on this CPU both fit, so the engine
+    # 'pairs' against the 'sparse' path on both kNN sizes and a power-law graph (plan time,
+    # layer time), and which backend 'auto' picks: the engine on the kNN graphs, the low-rank
+    # path on the power-law graph, whose mask has ~50x the walks' pairs (counted here from the
+    # rows: the mask's cells against the walk entries, an upper bound of the pairs)
     s = quick[1]['sections']['backends']
     rows = s['rows']
-    assert [(r['nodes'], r['backend']) for r in rows] == [
-        (n, b) for n in (256, 1024) for b in ('pairs', 'sparse', 'auto')]
+    assert [(r['graph'], r['nodes'], r['backend']) for r in rows] == [
+        (g, n, b) for g, n in (('knn', 256), ('knn', 1024), ('power-law', 2000))
+        for b in ('pairs', 'sparse', 'auto')]
     for r in rows:
         assert 'error' not in r, r
         assert r['plan_s'] > 0 and r['plan_bytes'] > 0, r
-        assert r['runs'] == (['sparse'] if r['backend'] == 'sparse' else ['pairs']), r
+        expected = 'pairs' if r['graph'] == 'knn' else 'sparse'
+        assert r['runs'] == ([expected] if r['backend'] == 'auto' else [r['backend']]), r
         assert not any('model' in k for k in r), r  # no cost-model estimate left
         if r['backend'] == 'auto':
             assert 'ms' not in r
@@ -171,11 +175,14 @@ def test_backend_rows_measure_the_rule(quick):
             assert positive(r['ms']) and positive(r['first_ms']), r
             assert r['call_peak_bytes'] is None  # CUDA only
     assert all(r['mask_cells'] > r['nodes'] for r in rows if r['runs'] == ['pairs'])
-    assert set(s['rule']) == {'256', '1024'}
-    for rule in s['rule'].values():
-        assert rule['auto_picks'] == ['pairs'] and rule['faster'] in ('pairs', 'sparse')
+    law = next(r for r in rows if r['graph'] == 'power-law' and r['backend'] == 'pairs')
+    assert law['mask_cells'] > 20 * law['grf_entries']
+    assert set(s['rule']) == {'knn 256', 'knn 1024', 'power-law 2000'}
+    for key, rule in s['rule'].items():
+        assert rule['auto_picks'] == (['sparse'] if key.startswith('power') else ['pairs'])
+        assert rule['faster'] in ('pairs', 'sparse')
         assert positive(rule['pairs_over_sparse'])
-        assert rule['auto_picks_faster'] == (rule['faster'] == 'pairs')
+        assert rule['auto_picks_faster'] == (rule['auto_picks'] == [rule['faster']])
 
 
 def test_op_count_runs_the_script(quick):
