@@ -77,7 +77,7 @@ COMMANDS = [
     'python experiments/node_models.py --dataset pubmed --settings from:cora '
     '--variants grf none linear gcn gat --seeds 10',
     'python experiments/node_models.py --dataset minesweeper --variants none grf linear '
-    '--seeds 7',
+    '--seeds 10',
     'python experiments/node_models.py --dataset minesweeper --variants gat --seeds 2',
     "python experiments/node_models.py --dataset cora --variants grf --seeds 3 --settings "
     "'{\"gate_init\": 0.0, \"attn_dropout\": 0.5, \"heads\": 4, \"num_walks\": 128}' "

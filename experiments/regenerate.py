@@ -66,7 +66,7 @@ FULL: Dict[str, Dict[str, Any]] = {
                             'python experiments/node_models.py --dataset pubmed --settings '
                             'from:cora --variants grf none linear gcn gat --seeds 10',
                             'python experiments/node_models.py --dataset minesweeper '
-                            '--variants none grf linear --seeds 7',
+                            '--variants none grf linear --seeds 10',
                             'python experiments/node_models.py --dataset minesweeper '
                             '--variants gat --seeds 2']),
     'node_mask_probe': dict(cost='~20 min', files=['node_mask_probe.md',
