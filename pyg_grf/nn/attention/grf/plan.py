@@ -321,18 +321,13 @@ def _cheaper(part: PlanPart, run: GRFLoads, spec: LayerSpec, heads: int,
     return None
 
 
-def _num_coef(run: GRFLoads, symmetric: bool) -> int:
-    # the mask statistics per cell: one per hop, or per pair of hops for the symmetric mask
-    K = run.max_hop + 1 if run.key is None else max(run.max_hop, run.key.max_hop) + 1
-    return K * (K + 1) // 2 if symmetric else K
-
-
 def _try_pairs(run: GRFLoads, spec: LayerSpec, heads: int, groups: int,
                dtype: torch.dtype, itemsize: int,
                budget: Optional[float]) -> Tuple[Optional[PlanPart], Optional[str]]:
     # the engine's structures, or (None, why) when the join or one layer exceeds the budget
     symmetric = spec.mode == 'symmetric'
-    num_coef = _num_coef(run, symmetric)
+    K = run.max_hop + 1 if run.key is None else max(run.max_hop, run.key.max_hop) + 1
+    num_coef = K * (K + 1) // 2 if symmetric else K
     max_cells = None
     if budget is not None and symmetric:
         if compiled_join_available(run.device):  # the compiled join stops at its bound
