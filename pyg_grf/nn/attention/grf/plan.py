@@ -19,7 +19,7 @@ never forms the mask); ``'sparse_softmax'`` runs on the support of :math:`\wideh
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Any, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -261,22 +261,34 @@ def build_part(loads: GRFLoads, spec: LayerSpec,
             run = loads.fold(spec.draws)
             groups = len(spec.draws)
             heads = 1 if groups > 1 else heads
-        key = (spec.mode, spec.backend, spec.draws, spec.dtype, heads)
-        if built is not None and key in built:
-            return built[key]
+        # structures are shared by every spec that needs the same; the choice between them
+        # depends on the widths too (multiply_adds), so it is kept per (backend, m, d)
+        key = (spec.mode, spec.draws, spec.dtype, heads)
+        choice = key + (spec.backend, spec.m, spec.d)
+        if built is not None and choice in built:
+            return built[choice]
+
+        def shared(kind: str, make: Callable[[], Any]) -> Any:
+            if built is None:
+                return make()
+            if (kind,) + key not in built:
+                built[(kind,) + key] = make()
+            return built[(kind,) + key]
+
         stats_dtype = torch.float64 if spec.dtype == torch.float64 else torch.float32
         itemsize = torch.finfo(spec.dtype).bits // 8
         budget, source = memory_budget(loads.device)
         why = None
         part = None
         if spec.mode != 'sparse_softmax' and spec.backend != 'sparse':
-            part, why = _try_pairs(run, spec, heads, groups, stats_dtype, itemsize, budget)
+            part, why = shared('pairs', lambda: _try_pairs(run, spec, heads, groups, stats_dtype,
+                                                           itemsize, budget))
             if part is None and spec.backend == 'pairs':
                 raise BackendMemoryError(_too_big('pairs', run, why, budget, source))
             if part is not None and spec.backend == 'auto':
                 part = _cheaper(part, run, spec, heads, itemsize, budget)
         if part is None:
-            low = sparse.build(run, spec.mode, stats_dtype, groups)
+            low = shared('sparse', lambda: sparse.build(run, spec.mode, stats_dtype, groups))
             need = sparse.memory(run.num_nodes, low.query.index.size(1), heads, spec.m, spec.d,
                                  itemsize)
             if budget is not None and need > budget:
@@ -284,7 +296,7 @@ def build_part(loads: GRFLoads, spec: LayerSpec,
                     f"the low-rank path needs {need / 2 ** 30:.2f} GiB"), budget, source))
             part = PlanPart('sparse', groups, low)
         if built is not None:
-            built[key] = part
+            built[choice] = part
         return part
 
 

@@ -66,6 +66,38 @@ def test_auto_runs_the_computation_with_fewer_multiply_adds(graph):
     assert torch.allclose(layer(b.x, b.batch, grf=plan), dense_reference(layer, b), atol=1e-9)
 
 
+def test_layers_of_other_widths_get_their_own_choice():
+    # one plan for two layers that differ only in width: on a star the count favours the
+    # low-rank path for narrow heads (its cost grows with m (d + 1), the engine's with
+    # m + d + 1) and the engine for wide ones; each layer gets its own backend (the shared
+    # structures are built once) and equals the dense reference
+    from pyg_grf.nn import GRFAttention
+    from pyg_grf.nn.attention.grf.plan import multiply_adds
+    n = 300
+    ei = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)])
+    data = Data(x=torch.randn(n, 256, dtype=D), edge_index=torch.cat([ei, ei.flip(0)], 1))
+    b = Batch.from_data_list([AddGraphRandomFeatures(num_walks=4, max_length=3, seed=0)(data)])
+    torch.manual_seed(0)
+    layers = [GRFAttention(c, heads=2, max_length=3, eps=0.0, feature_map='elu').double()
+              for c in (8, 256)]
+    st = next(iter(GRFPlan.build(b, [make_layer('symmetric', 'pairs')]).parts.values())).structures
+    sides = 2 * GRFLoads.from_data(b).num_pairs()
+    expected = []
+    for c in (8, 256):
+        m = d = c // 2
+        engine = multiply_adds('pairs', n, st.nnz, 2, m, d, st.stats.numel())
+        expected.append('sparse' if multiply_adds('sparse', n, sides, 2, m, d) < engine
+                        else 'pairs')
+    assert expected == ['sparse', 'pairs']
+    plan = GRFPlan.build(b, layers)
+    assert [plan.part(layer.spec()).backend for layer in layers] == expected
+    for c, layer in zip((8, 256), layers):
+        bc = b.clone()
+        bc.x = b.x[:, :c]
+        assert torch.allclose(layer(bc.x, bc.batch, grf=plan), dense_reference(layer, bc),
+                              atol=1e-9)
+
+
 @pytest.mark.parametrize('key', [False, True])
 @pytest.mark.parametrize('mode', ['symmetric', 'asymmetric'])
 def test_pairs_in_locality_order_equals_dense(mode, key, monkeypatch):
