@@ -95,8 +95,6 @@ def test_fold_and_draw_errors():
         AddGraphRandomFeatures(num_draws=0)
     with pytest.raises(ValueError, match="'layer_index' must be an integer"):
         GRFAttention(8, layer_index=-1)
-    with pytest.raises(ValueError, match="one walk draw"):
-        GRFAttention(8, heads=2, max_length=3).mask(grf)
 
 
 def test_a_batch_mixing_walk_draws_is_refused_in_either_order():

@@ -14,6 +14,7 @@ from pyg_grf.transforms import (
     grf_prefixes,
     subgraph_grf,
 )
+from tests.nn.attention.grf.helpers import layer_mask
 from tests.utils import er_graph
 
 N = 24
@@ -104,9 +105,10 @@ def test_restricted_mask(mode, f_mode):
     layer = GRFAttention(8, heads=2, max_length=3, mode=mode, f_mode=f_mode)
     with torch.no_grad():
         layer.f.copy_(torch.tensor([[1., .5, .3, .2], [.8, -.4, .2, .1]]))
-        sub = layer.mask(GRFLoads(out.grf_index, out.grf_length, out.grf_load,
-                                  len(kept))).to_dense()
-        full = layer.mask(GRFLoads(data.grf_index, data.grf_length, data.grf_load, N)).to_dense()
+        sub = layer_mask(layer, GRFLoads(out.grf_index, out.grf_length, out.grf_load,
+                                         len(kept))).to_dense()
+        full = layer_mask(layer, GRFLoads(data.grf_index, data.grf_length, data.grf_load,
+                                          N)).to_dense()
     f = layer.coefficients().detach()  # the mask's coefficients
     phi_ss = dense_phi(data, f)[:, kept][:, :, kept]
     if mode == 'asymmetric':

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import math
 import warnings
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from torch import Tensor, nn
 
 from pyg_grf._validation import check_int
 from pyg_grf.features.loads import GRFLoads
-from pyg_grf.masks.grf import GRFMask
 from pyg_grf.masks.packing import packing_layout
 from pyg_grf.nn import functional as F
 from pyg_grf.nn.attention.base import (
@@ -179,16 +178,6 @@ class GRFAttention(QKVAttention):
         r"""The hop coefficients of the mask (its numerator), ``[H, L + 1]``: :math:`|f|` with
         ``f_mode='abs'`` (the default), else :math:`f` itself."""
         return self.f.abs() if self.f_mode == 'abs' else self.f
-
-    def mask(self, plan: Union['GRFPlan', GRFLoads]) -> GRFMask:
-        r"""The layer's current :class:`~pyg_grf.masks.GRFMask` (one mask per head) on the loads
-        of ``plan`` (a :class:`GRFPlan` or :class:`~pyg_grf.features.GRFLoads`)."""
-        loads = plan.loads if isinstance(plan, GRFPlan) else plan
-        if loads.num_draws > 1:
-            raise ValueError("GRFAttention.mask() needs loads with one walk draw; these hold "
-                             f"{loads.num_draws}")
-        return GRFMask.from_loads(loads, f=self.coefficients(),
-                                  asymmetric=self.mode != 'symmetric')
 
     @property
     def requires(self) -> Tuple[str, ...]:

@@ -43,6 +43,11 @@ def dense_reference(layer, b, key=False):
                                key_loads=key_loads)
 
 
+def layer_mask(layer, loads):
+    r"""The :class:`GRFMask` of ``layer``'s current coefficients on ``loads`` (one walk draw)."""
+    return GRFMask.from_loads(loads, f=layer.coefficients(), asymmetric=layer.mode != 'symmetric')
+
+
 def make_layer(mode, backend, seed=0):
     torch.manual_seed(seed)
     layer = GRFAttention(8, heads=2, max_length=3, mode=mode, eps=0.0, feature_map='elu',

@@ -23,6 +23,7 @@ from tests.nn.attention.grf.helpers import (
     dense_phi,
     dense_reference,
     draws_reference,
+    layer_mask,
     make_batch,
     make_layer,
 )
@@ -302,12 +303,11 @@ def test_sparse_softmax_dropout_is_applied_once(backend, monkeypatch):
     assert len(calls) == 1
 
 
-def test_layer_mask_accepts_grf_loads():
+def test_plan_holds_the_loads_of_the_data():
     b = make_batch()
     layer = make_layer('symmetric', 'sparse')
-    grf = GRFLoads.from_data(b)
-    M1 = layer.mask(grf).to_dense()
-    M2 = layer.mask(GRFPlan.build(b)).to_dense()
+    M1 = layer_mask(layer, GRFLoads.from_data(b)).to_dense()
+    M2 = layer_mask(layer, GRFPlan.build(b).loads).to_dense()
     assert torch.allclose(M1, M2)
 
 
