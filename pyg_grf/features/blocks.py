@@ -34,7 +34,8 @@ class BlockTerms(NamedTuple):
     :math:`f` itself (asymmetric, id :math:`l`).
 
     Attributes:
-        cell (Tensor): ``[P]`` distinct flat cells in ``[B, n, n]`` holding a mask entry.
+        cell (Tensor): ``[P]`` distinct flat cells in ``[B, n, n]`` holding a mask entry
+            (:obj:`None` with ``index``).
         stats (Tensor): ``[P, num_coef]`` summed load products per coefficient id, or with
             ``src`` ``[P', num_coef]`` for the upper triangle of a symmetric mask only.
         src (Tensor, optional): ``[P]`` row of ``stats`` of every cell (a cell below the
@@ -43,15 +44,11 @@ class BlockTerms(NamedTuple):
             cell :math:`(i, j)` of a symmetric mask.
         index (tuple of Tensor, optional): ``(row, col)``, the global node ids of the cells.
     """
-    cell: Tensor
+    cell: Optional[Tensor]
     stats: Tensor
     src: Optional[Tensor] = None
     mirror: Optional[Tensor] = None
     index: Optional[Tuple[Tensor, Tensor]] = None
-
-    @property
-    def num_coef(self) -> int:
-        return self.stats.size(1)
 
 
 def _distinct(cell: Tensor, num_cells: int, terms: int) -> Tuple[Tensor, Tensor]:
@@ -198,16 +195,16 @@ def self_join_terms(lay: BlockLayout, prow: Tensor, col: Tensor, hop: Tensor, lo
 
 
 def mask_statistics(loads, lay: BlockLayout, symmetric: bool, dtype: torch.dtype,
-                    max_cells: Optional[int] = None, cells: bool = True) -> BlockTerms:
+                    max_cells: Optional[int] = None) -> BlockTerms:
     r"""The f-independent mask statistics of ``loads`` (a :class:`~pyg_grf.features.GRFLoads`)
     in the layout ``lay`` (module docstring of :mod:`~pyg_grf.features.join`), summed per cell
     and coefficient id so that a layer's mask values are ``stats @ coef``: ``symmetric`` for
     :math:`\widehat\Phi_Q\widehat\Phi_K^\top` (a join of the entries on their visited node),
     else :math:`\widehat\Phi`. Summed in float64 for ``dtype=float64``, else float32, returned in
     ``dtype``; ``max_cells`` bounds the cells of the compiled join
-    (:class:`~pyg_grf.features.join.JoinMemoryError`). With ``cells=False`` the compiled join's
-    result keeps its global ``(row, col)`` ids (``index``) instead of the block cells (8 bytes
-    per cell less), as the pair backend needs."""
+    (:class:`~pyg_grf.features.join.JoinMemoryError`). The compiled join's result keeps its
+    global ``(row, col)`` ids (``index``) instead of the block cells (8 bytes per cell less),
+    as the pair backend needs."""
     n = lay.n
     K = loads.max_hop + 1
     acc = torch.float64 if dtype == torch.float64 else torch.float32
@@ -229,11 +226,7 @@ def mask_statistics(loads, lay: BlockLayout, symmetric: bool, dtype: torch.dtype
         except CompiledJoinError:  # cannot compile here (warned once): the torch join
             pass
         else:
-            cell = None
-            if cells:
-                cell = (lay.pos.index_select(0, j.row.long()) * n
-                        + lay.pos.index_select(0, j.col.long()) % n)
-            return BlockTerms(cell, j.stats.to(dtype), j.src, j.mirror, (j.row, j.col))
+            return BlockTerms(None, j.stats.to(dtype), j.src, j.mirror, (j.row, j.col))
     if other is loads:  # Phi Phi^T: each unordered pair of entries once, then mirrored
         terms = self_join_terms(lay, prow, loads.index[1], hop, load, K, loads.num_nodes)
     else:

@@ -44,8 +44,12 @@ def cell_values(terms, coef):  # [h, P]: the mask values of coefficient rows coe
     return coef @ cell_stats(terms).t()
 
 
-def _stats(loads, dtype=D):
-    return mask_statistics(loads, block_layout(loads.batch, loads.num_nodes), True, dtype)
+def _stats(loads, dtype=D):  # the symmetric statistics, with the block cells of every cell
+    lay = block_layout(loads.batch, loads.num_nodes)
+    terms = mask_statistics(loads, lay, True, dtype)
+    if terms.index is None:  # the torch join
+        return terms
+    return terms._replace(cell=cells_of(lay, *(i.long() for i in terms.index)))  # compiled
 
 
 @pytest.mark.parametrize('big', [False, True])
@@ -64,7 +68,7 @@ def test_half_join_equals_full_join(big):
     n = lay.n
     b, r, c = half.cell // (n * n), (half.cell // n) % n, half.cell % n
     assert torch.equal(half.mirror, torch.argsort((b * n + c) * n + r))
-    coef = torch.rand(2, full.num_coef, dtype=D)
+    coef = torch.rand(2, full.stats.size(1), dtype=D)
     assert torch.allclose(cell_values(full, coef), cell_values(half, coef), atol=1e-13)
 
 
@@ -402,13 +406,12 @@ def test_symmetric_mask_statistics_equal_dense_phi_phi_t(shuffle):
     if shuffle:
         perm = torch.randperm(idx.size(1), generator=torch.Generator().manual_seed(0))
         idx, hop, load = idx[:, perm], hop[perm], load[perm]
-    from pyg_grf.features.blocks import block_layout, mask_statistics
     from pyg_grf.nn.attention.grf.pairs import coefficient_pairs
     grf = GRFLoads(idx, hop, load, b.num_nodes, batch=b.batch)
     f = torch.rand(3, 4, dtype=D) + 0.1
     lay = block_layout(grf.batch, grf.num_nodes)
-    terms = mask_statistics(grf, lay, True, D)
-    assert terms.num_coef == 10  # K (K + 1) / 2 for K = 4: (l, l') and (l', l) summed
+    terms = _stats(grf)
+    assert terms.stats.size(1) == 10  # K (K + 1) / 2 for K = 4: (l, l') and (l', l) summed
     vals = cell_values(terms, coefficient_pairs(f, 10, True))  # [H, P]
     M = blocks_from_values(vals, terms.cell, lay)  # [B, H, n, n]
     N = b.num_nodes

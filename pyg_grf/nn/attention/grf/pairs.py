@@ -187,7 +187,7 @@ def build(loads: GRFLoads, mode: str, dtype: torch.dtype, groups: int = 1,
     if perm is not None:
         loads = relabel(loads, perm)
     lay = block_layout(loads.batch, N, loads.device)
-    terms = mask_statistics(loads, lay, symmetric, dtype, max_cells, cells=False)
+    terms = mask_statistics(loads, lay, symmetric, dtype, max_cells)
     if terms.index is not None:
         row, col = terms.index[0].long(), terms.index[1].long()
     else:  # global ids of the block cells (graphs are contiguous: row-major order holds)
