@@ -227,9 +227,9 @@ def pair_softmax_attention(pattern: SparsePattern, logits: Tensor, v: Tensor,
 def low_rank_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
                                      pattern: SparsePattern, values: Tensor,
                                      key_pattern: Optional[SparsePattern] = None,
-                                     key_values: Optional[Tensor] = None,
-                                     eps: float = 1e-6, return_sums: bool = False) -> Tensor:
-    r""":func:`masked_linear_attention` for a per-head GRF mask
+                                     key_values: Optional[Tensor] = None) -> Tensor:
+    r"""The sums ``[N, H, d + 1]`` (numerator, then the normaliser: :func:`normalize_sums`) of
+    :func:`masked_linear_attention` for a per-head GRF mask
     :math:`M = \widehat\Phi_Q\widehat\Phi_K^\top` (or :math:`M = \widehat\Phi_Q` when no key
     side is given) without forming :math:`M`: two (one) block-diagonal CSR products over the
     head-major ``[H N, m (d + 1)]`` tensor :math:`\phi(\mathbf{k}_j) \otimes [\mathbf{v}_j, 1]`.
@@ -237,7 +237,6 @@ def low_rank_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     Args:
         pattern, values: :math:`\widehat\Phi_Q` (``[N, N]`` pattern, ``[H, nnz]`` values).
         key_pattern, key_values: :math:`\widehat\Phi_K` (omit both for the asymmetric mask).
-        return_sums (bool): return the sums ``[N, H, d + 1]`` (see :func:`normalize_sums`).
     """
     N, H, m = phi_q.shape
     d = v.size(-1)
@@ -248,5 +247,4 @@ def low_rank_masked_linear_attention(phi_q: Tensor, phi_k: Tensor, v: Tensor,
     y = spmm(pattern.repeat(H), pattern.repeat_values(values), x).view(H, N, m, d + 1)
     # contracted with phi(q_i) by a product and a sum: batched [1, m] x [m, d + 1] matrix
     # products, and their outer-product gradient, run 1.5-2x slower on the CPU
-    o = (phi_q.transpose(0, 1).unsqueeze(-1) * y).sum(-2).transpose(0, 1)
-    return o if return_sums else normalize_sums(o, eps)
+    return (phi_q.transpose(0, 1).unsqueeze(-1) * y).sum(-2).transpose(0, 1)

@@ -103,12 +103,10 @@ def linear_sums(st: SparseStructures, phi_q: Tensor, phi_k: Tensor, v: Tensor,
     q = st.query
     vals = q.values(f)
     if not symmetric:
-        return F.low_rank_masked_linear_attention(phi_q, phi_k, v, q.pattern, vals,
-                                                  return_sums=True)
+        return F.low_rank_masked_linear_attention(phi_q, phi_k, v, q.pattern, vals)
     k = q if st.key is None else st.key
     kvals = vals if st.key is None else k.values(f)
-    return F.low_rank_masked_linear_attention(phi_q, phi_k, v, q.pattern, vals, k.pattern,
-                                              kvals, return_sums=True)
+    return F.low_rank_masked_linear_attention(phi_q, phi_k, v, q.pattern, vals, k.pattern, kvals)
 
 
 def softmax(st: SparseStructures, q: Tensor, k: Tensor, v: Tensor, f: Tensor,
