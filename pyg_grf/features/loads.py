@@ -7,6 +7,7 @@ from typing import Any, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from pyg_grf._validation import is_sorted
 from pyg_grf.features.grf import hop_values
 
 _INT32_MAX = 2 ** 31 - 1
@@ -113,8 +114,8 @@ class GRFLoads:
         self.key = key
 
     @classmethod
-    def from_data(cls, data: Any, prefix: str = 'grf', key_prefix: Optional[str] = None,
-                  max_length: Optional[int] = None) -> 'GRFLoads':
+    def from_data(cls, data: Any, prefix: str = 'grf',
+                  key_prefix: Optional[str] = None) -> 'GRFLoads':
         r"""The loads stored on a ``Data`` object or a PyG ``Batch`` under
         ``{prefix}_index``, ``{prefix}_length``, ``{prefix}_load`` (and ``{prefix}_draw``),
         with the data's ``batch`` vector.
@@ -124,7 +125,6 @@ class GRFLoads:
             prefix (str): attribute prefix used by the transform (default: ``'grf'``).
             key_prefix (str, optional): prefix of independent key-side loads (e.g.
                 ``'grf_key'``, from a second transform with ``attr_prefix='grf_key'``).
-            max_length (int, optional): the transform's :math:`L`, checked against the data.
         """
         missing = [f'{prefix}_{s}' for s in ('index', 'length', 'load')
                    if getattr(data, f'{prefix}_{s}', None) is None]
@@ -144,11 +144,9 @@ class GRFLoads:
                 raise ValueError(f"the loads hold {hi} walk draws but '{prefix}_draw' is "
                                  f"missing (it was dropped, e.g. by batching with graphs that "
                                  f"have one draw)")
-        key = None if key_prefix is None else cls.from_data(data, key_prefix,
-                                                            max_length=max_length)
+        key = None if key_prefix is None else cls.from_data(data, key_prefix)
         return cls(data[f'{prefix}_index'], data[f'{prefix}_length'], data[f'{prefix}_load'],
-                   data.num_nodes, batch=getattr(data, 'batch', None), max_length=max_length,
-                   key=key, draw=draw)
+                   data.num_nodes, batch=getattr(data, 'batch', None), key=key, draw=draw)
 
     @property
     def nnz(self) -> int:
@@ -217,7 +215,7 @@ class GRFLoads:
         every call (:math:`O(\mathrm{nnz})`; no sort for the transform's sorted entries)."""
         N = self.num_nodes
         key = self.index[0].long() * N + self.index[1].long()
-        if not _sorted(key):
+        if not is_sorted(key):
             uniq, inv = torch.unique(key, sorted=True, return_inverse=True)
         else:  # the transform's order: consecutive duplicates only, no sort needed
             new = torch.ones_like(key, dtype=torch.bool)
@@ -231,7 +229,7 @@ class GRFLoads:
         r"""The number of distinct (start, visited) pairs (:meth:`pairs`), counted without
         building them."""
         key = self.index[0].long() * self.num_nodes + self.index[1].long()
-        if not _sorted(key):
+        if not is_sorted(key):
             return torch.unique(key).numel()
         return int((key[1:] != key[:-1]).sum()) + int(key.numel() > 0)
 
@@ -263,10 +261,6 @@ class GRFLoads:
             raise ValueError(f"the GRF loads have hop counts up to {top} but {who} has "
                              f"coefficients only up to hop {max_length}: use max_length >= "
                              f"{top} (the transform's max_length)")
-
-
-def _sorted(key: Tensor) -> bool:
-    return key.numel() < 2 or not bool((key[1:] < key[:-1]).any())
 
 
 def _check_entries(index: Tensor, hop: Tensor, load: Tensor, num_nodes: int,
