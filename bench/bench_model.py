@@ -76,7 +76,7 @@ from pyg_grf.features.blocks import block_layout, mask_statistics, num_join_term
 from pyg_grf.masks import PackingMask  # noqa: E402
 from pyg_grf.memory import memory_budget  # noqa: E402
 from pyg_grf.nn import GRFAttention, GRFGPSConv, LinearAttention  # noqa: E402
-from pyg_grf.nn.attention.grf import GRFPlan  # noqa: E402
+from pyg_grf.nn.attention.grf import GRFPlan, pairs, sparse  # noqa: E402
 from pyg_grf.nn.feature_maps import qk_features  # noqa: E402
 from pyg_grf.nn.functional import masked_linear_attention  # noqa: E402
 from pyg_grf.transforms import AddGraphRandomFeatures  # noqa: E402
@@ -354,7 +354,6 @@ def profile_step(b: Batch, column: str, steps: int, once: bool = False) -> dict:
     out = {'phases': {k: statistics.median(v) for k, v in phases.items()}}
     # the plan's per-batch work piece by piece, in the order GRFPlan.build runs it (both layers
     # share one part: same mode, backend, heads and widths)
-    from pyg_grf.nn.attention.grf.plan import BACKEND_MODULES
     plan = plan_once if plan_once is not None else fresh_plan(model, b)
     backend = [p.backend for p in plan.parts.values()][0]
     pieces = {}
@@ -371,7 +370,8 @@ def profile_step(b: Batch, column: str, steps: int, once: bool = False) -> dict:
                  + (' (the join on the visited node, mask statistics coalesced per cell in '
                     'float32, CSR pattern of the mask, mirror cells)'
                     if backend == 'pairs' else ''),
-                 lambda: BACKEND_MODULES[backend].build(loads, 'symmetric', torch.float32))]
+                 lambda: pairs.build(loads, 'symmetric', torch.float32) if backend == 'pairs'
+                 else sparse.build(loads, 'symmetric'))]
         for label, fn in seq:
             fn()
             now = time.perf_counter()

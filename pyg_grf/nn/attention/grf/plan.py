@@ -288,7 +288,7 @@ def build_part(loads: GRFLoads, spec: LayerSpec,
             if part is not None and spec.backend == 'auto':
                 part = _cheaper(part, run, spec, heads, itemsize, budget)
         if part is None:
-            low = shared('sparse', lambda: sparse.build(run, spec.mode, stats_dtype, groups))
+            low = shared('sparse', lambda: sparse.build(run, spec.mode, groups))
             need = sparse.memory(run.num_nodes, low.query.index.size(1), heads, spec.m, spec.d,
                                  itemsize)
             if budget is not None and need > budget:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from typing import NamedTuple, Optional
 
-import torch
 from torch import Tensor
 
 from pyg_grf.features.loads import GRFLoads
@@ -80,9 +79,8 @@ class SparseStructures(NamedTuple):
         return self.query.nbytes() + (0 if self.key is None else self.key.nbytes())
 
 
-def build(loads: GRFLoads, mode: str, dtype: torch.dtype, groups: int = 1,
-          max_cells: Optional[int] = None) -> SparseStructures:
-    r"""The plan structures (nothing is summed: ``dtype`` and ``max_cells`` are not used)."""
+def build(loads: GRFLoads, mode: str, groups: int = 1) -> SparseStructures:
+    r"""The plan structures of ``loads`` (folded into ``groups`` copies, or not)."""
     key = loads.key if mode == 'symmetric' else None
     return SparseStructures(PhiPairs.build(loads, groups),
                             None if key is None else PhiPairs.build(key, groups))
