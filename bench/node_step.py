@@ -22,7 +22,6 @@ import argparse
 import random
 import statistics
 import time
-import warnings
 
 import torch
 import torch.nn.functional as F
@@ -30,6 +29,7 @@ import torch_geometric.transforms as T
 
 from pyg_grf.datasets import load_planetoid
 from pyg_grf.nn import GRFNodeModel
+from pyg_grf.ops import without_csr_warning
 from pyg_grf.transforms import AddGraphRandomFeatures
 
 #: name -> (attn_type, attention kwargs): the node configs' attention settings
@@ -50,9 +50,7 @@ def mask_sizes(data) -> tuple:
     n = data.num_nodes
     phi = torch.sparse_coo_tensor(data.grf_index, torch.ones(data.grf_index.size(1)),
                                   (n, n), check_invariants=True).coalesce()
-    with warnings.catch_warnings():  # torch's "CSR support is in beta"
-        warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
-        pairs = torch.sparse.mm(phi, phi.t().coalesce())._nnz()
+    pairs = without_csr_warning(torch.sparse.mm, phi, phi.t().coalesce())._nnz()
     return phi._nnz() / n, pairs / n
 
 

@@ -23,13 +23,18 @@ from torch import Tensor
 from pyg_grf._validation import check_index_range, check_shape, is_sorted
 
 
-def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Tuple[int, int]) -> Tensor:
-    r"""A CSR tensor over existing indices (no checks, no copies); torch's "sparse CSR support
-    is in beta" warning is not passed on to the user's program."""
+def without_csr_warning(fn, *args, **kwargs):
+    r"""``fn(*args, **kwargs)`` without torch's "sparse CSR support is in beta" warning: the
+    package uses CSR on purpose, the warning is not passed on to the user's program."""
     with warnings.catch_warnings():
         warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
-        return torch.sparse_compressed_tensor(crow, col, values, size, layout=torch.sparse_csr,
-                                              check_invariants=False)
+        return fn(*args, **kwargs)
+
+
+def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Tuple[int, int]) -> Tensor:
+    r"""A CSR tensor over existing indices (no checks, no copies)."""
+    return without_csr_warning(torch.sparse_compressed_tensor, crow, col, values, size,
+                               layout=torch.sparse_csr, check_invariants=False)
 
 
 def csr_mm(a: Tensor, x: Tensor) -> Tensor:

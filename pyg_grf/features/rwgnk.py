@@ -20,7 +20,6 @@ with the expectation replaced by a Monte Carlo mean over ``num_walks`` walks;
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Optional, Tuple
 
 import torch
@@ -30,6 +29,7 @@ from pyg_grf._validation import check_index_range, check_int, check_shape
 from pyg_grf.features.exact import power_series_kernel
 from pyg_grf.features.grf import graph_random_features
 from pyg_grf.memory import check_walk_memory
+from pyg_grf.ops import without_csr_warning
 
 
 def check_rwgnk_args(lam, alpha) -> None:
@@ -156,9 +156,7 @@ def rwgnk_kernel(rwgnk_index: Tensor, rwgnk_value: Tensor, num_nodes: int,
     work = torch.promote_types(rwgnk_value.dtype, torch.float32)
     psi = torch.sparse_coo_tensor(rwgnk_index.long(), rwgnk_value.detach().to(work),
                                   (num_nodes, num_nodes), check_invariants=False).coalesce()
-    with warnings.catch_warnings():  # torch's product goes through CSR, "in beta"
-        warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
-        kernel = torch.sparse.mm(psi, psi.t()).coalesce()
+    kernel = without_csr_warning(torch.sparse.mm, psi, psi.t()).coalesce()  # through CSR
     index, value = kernel.indices(), kernel.values().to(rwgnk_value.dtype)
     keep = value.abs() > threshold
     if not bool(keep.all()):

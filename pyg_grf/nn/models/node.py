@@ -2,7 +2,6 @@ r"""A node-classification model for full-graph training: a local message-passing
 GRF-masked global attention branch, summed (:class:`GRFNodeModel`)."""
 from __future__ import annotations
 
-import warnings
 from typing import Any, Dict, Optional, Tuple
 
 import torch
@@ -14,6 +13,7 @@ from torch_geometric.nn.resolver import activation_resolver, normalization_resol
 
 from pyg_grf._validation import check_int
 from pyg_grf.nn.attention.registry import ATTENTIONS, attention_resolver
+from pyg_grf.ops import without_csr_warning
 
 #: Local convolutions by name.
 CONVS = ('gcn', 'gat', 'sage')
@@ -214,9 +214,7 @@ class GRFNodeModel(torch.nn.Module):
         # row i holds node i's in-neighbours (messages flow source -> target)
         coo = torch.sparse_coo_tensor(ei.flip(0), ew, (num_nodes, num_nodes),
                                       check_invariants=False).coalesce()
-        with warnings.catch_warnings():  # torch's "CSR support is in beta" is not the user's
-            warnings.filterwarnings('ignore', message='Sparse CSR tensor support is in beta')
-            adj = coo.to_sparse_csr()
+        adj = without_csr_warning(coo.to_sparse_csr)
         self.__dict__['_adjacency'] = (key, edge_index, adj)
         return adj
 
