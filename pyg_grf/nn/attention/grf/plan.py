@@ -12,9 +12,9 @@ Which computation a layer runs is one short rule (:func:`build_part`): the mask 
 (:mod:`.pairs`, the engine) when its structures and one layer fit the memory budget
 (:func:`pyg_grf.memory.memory_budget`) and it needs no more multiply-adds than the low-rank
 path (:func:`multiply_adds`, counted from the mask's cells and the walks' pairs; no fitted
-constants), else the low-rank path (:mod:`.sparse`, two products with :math:`\widehat\Phi`,
-never forms the mask); ``'sparse_softmax'`` runs on the support of :math:`\widehat\Phi`
-(:mod:`.sparse`).
+constants; a sample of rows settles a clear case before the join, :func:`sampled_cells`), else
+the low-rank path (:mod:`.sparse`, two products with :math:`\widehat\Phi`, never forms the
+mask); ``'sparse_softmax'`` runs on the support of :math:`\widehat\Phi` (:mod:`.sparse`).
 """
 from __future__ import annotations
 
@@ -280,7 +280,9 @@ def build_part(loads: GRFLoads, spec: LayerSpec,
         budget, source = memory_budget(loads.device)
         why = None
         part = None
-        if spec.mode != 'sparse_softmax' and spec.backend != 'sparse':
+        if spec.mode != 'sparse_softmax' and spec.backend != 'sparse' and not (
+                spec.backend == 'auto' and spec.mode == 'symmetric'
+                and _clearly_low_rank(run, spec, heads, itemsize, budget)):
             part, why = shared('pairs', lambda: _try_pairs(run, spec, heads, groups, stats_dtype,
                                                            itemsize, budget))
             if part is None and spec.backend == 'pairs':
@@ -331,6 +333,68 @@ def _cheaper(part: PlanPart, run: GRFLoads, spec: LayerSpec, heads: int,
             budget is not None and sparse.memory(N, P, heads, m, d, itemsize) > budget):
         return part
     return None
+
+
+#: The most walk-pair products :func:`_clearly_low_rank` joins to estimate the mask's cells.
+ESTIMATE_TERMS = 1 << 18
+
+
+def _clearly_low_rank(run: GRFLoads, spec: LayerSpec, heads: int, itemsize: int,
+                      budget: Optional[float]) -> bool:
+    r"""Whether the symmetric mask's cells, estimated from a sample of rows
+    (:func:`sampled_cells`), make the engine costlier than the low-rank path beyond doubt, so
+    that ``'auto'`` skips the join (on one big graph with overlapping walks it takes longer
+    than the low-rank plan itself). The join's products :math:`T` bound the cells from above:
+    when the engine's count at :math:`T` cells is below the low-rank path's, or :math:`T \le`
+    :data:`ESTIMATE_TERMS`, the exact rule runs. Else the engine's count at
+    :math:`N(\bar c - 4\,\mathrm{SE})` cells (a lower confidence bound; the statistics' term
+    left out) must exceed the low-rank path's; a close call runs the exact rule."""
+    N, m, d = run.num_nodes, spec.m, spec.d
+    other = run if run.key is None else run.key
+    P = run.num_pairs()
+    low_rank = multiply_adds('sparse', N, P + (P if other is run else other.num_pairs()),
+                             heads, m, d)
+    if budget is not None and sparse.memory(N, P, heads, m, d, itemsize) > budget:
+        return False
+    total = num_join_terms(run)
+    if total <= ESTIMATE_TERMS or multiply_adds('pairs', N, total, heads, m, d) <= low_rank:
+        return False
+    mean, se = sampled_cells(run, max(64, N * ESTIMATE_TERMS // total))
+    return multiply_adds('pairs', N, int(max(0.0, mean - 4 * se) * N), heads, m, d) > low_rank
+
+
+def sampled_cells(run: GRFLoads, rows: int) -> Tuple[float, float]:
+    r"""The mean cells per row of the symmetric mask's support and its standard error, from
+    ``rows`` rows drawn without replacement (a fixed seed, so that every build of a plan makes
+    the same choice) whose cells, the distinct :math:`j` that share a visited node with
+    :math:`i`, are counted exactly (finite-population correction included)."""
+    N = run.num_nodes
+    other = run if run.key is None else run.key
+    q, k = run.index.long(), other.index.long()
+    if rows >= N:
+        sample = torch.arange(N, device=q.device)
+    else:
+        sample = torch.randperm(N, generator=torch.Generator().manual_seed(0))[:rows]
+        sample = sample.to(q.device)
+    picked = torch.zeros(N, dtype=torch.bool, device=q.device)
+    picked[sample] = True
+    e = picked.index_select(0, q[0]).nonzero().squeeze(1)
+    visit = q[1].index_select(0, e)
+    seen = torch.zeros(N, dtype=torch.bool, device=q.device)
+    seen[visit] = True
+    near = seen.index_select(0, k[1]).nonzero().squeeze(1)  # the key entries joined
+    near = near.index_select(0, torch.argsort(k[1].index_select(0, near)))
+    cnt = torch.bincount(k[1].index_select(0, near), minlength=N)
+    n_e = cnt.index_select(0, visit)
+    start = (torch.cumsum(cnt, 0) - cnt).index_select(0, visit).repeat_interleave(n_e)
+    offset = torch.arange(start.numel(), device=q.device) - (
+        torch.cumsum(n_e, 0) - n_e).repeat_interleave(n_e)
+    j = k[0].index_select(0, near.index_select(0, start + offset))
+    cell = q[0].index_select(0, e).repeat_interleave(n_e) * N + j
+    c = torch.bincount(torch.unique(cell) // N, minlength=N).index_select(0, sample).double()
+    n = sample.numel()
+    se = float(c.std()) / n ** 0.5 * max(0.0, 1 - n / N) ** 0.5 if n > 1 else 0.0
+    return float(c.mean()), se
 
 
 def _try_pairs(run: GRFLoads, spec: LayerSpec, heads: int, groups: int,

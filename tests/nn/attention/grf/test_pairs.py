@@ -66,6 +66,56 @@ def test_auto_runs_the_computation_with_fewer_multiply_adds(graph):
     assert torch.allclose(layer(b.x, b.batch, grf=plan), dense_reference(layer, b), atol=1e-9)
 
 
+@pytest.mark.parametrize('key', [False, True])
+def test_sampled_cells_estimate_the_mask_support(key):
+    # cells per row of the symmetric support counted from a sample of rows: every row gives
+    # the dense count exactly; 100 of 400 rows a mean within 4 standard errors of it
+    from pyg_grf.nn.attention.grf.plan import sampled_cells
+    n = 400
+    g = Data(x=torch.randn(n, 8, dtype=D), edge_index=er_graph(n, 0.02, seed=1))
+    g = AddGraphRandomFeatures(num_walks=4, max_length=3, seed=0)(g)
+    if key:
+        g = AddGraphRandomFeatures(num_walks=3, max_length=3, seed=1, attr_prefix='grf_key')(g)
+    b = Batch.from_data_list([g])
+    loads = GRFLoads.from_data(b, key_prefix='grf_key' if key else None)
+
+    def support(i):
+        return torch.zeros(n, n, dtype=D).index_put((i[0], i[1]), torch.ones(i.size(1), dtype=D),
+                                                    accumulate=True).clamp(max=1)
+    other = b.grf_key_index if key else b.grf_index
+    cells = ((support(b.grf_index) @ support(other).t()) != 0).sum(1).to(D)
+    mean, se = sampled_cells(loads, n)
+    assert mean == pytest.approx(float(cells.mean()), abs=1e-12) and se == 0
+    mean, se = sampled_cells(loads, 100)
+    assert se > 0 and abs(mean - float(cells.mean())) <= 4 * se
+
+
+@pytest.mark.parametrize('graph', ['star', 'path'])
+def test_auto_skips_the_join_only_when_the_sample_is_conclusive(graph, monkeypatch):
+    # with a small sampling budget, the star (whose mask fills the graph) is sent to the
+    # low-rank path without running the join; the path, whose sample says the engine is
+    # cheaper, still runs it; both equal the dense reference
+    from pyg_grf.nn.attention.grf import pairs
+    from pyg_grf.nn.attention.grf import plan as plan_module
+    monkeypatch.setattr(plan_module, 'ESTIMATE_TERMS', 1000)
+    joined = []
+    build = pairs.build
+    monkeypatch.setattr(pairs, 'build', lambda *a, **k: joined.append(1) or build(*a, **k))
+    n = 300
+    if graph == 'star':
+        ei = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)])
+    else:
+        ei = torch.stack([torch.arange(n - 1), torch.arange(1, n)])
+    data = Data(x=torch.randn(n, 8, dtype=D), edge_index=torch.cat([ei, ei.flip(0)], 1))
+    b = Batch.from_data_list([AddGraphRandomFeatures(num_walks=4, max_length=3, seed=0)(data)])
+    layer = make_layer('symmetric', 'auto')
+    plan = GRFPlan.build(b, [layer])
+    expected = 'sparse' if graph == 'star' else 'pairs'
+    assert [p.backend for p in plan.parts.values()] == [expected]
+    assert bool(joined) == (graph == 'path')
+    assert torch.allclose(layer(b.x, b.batch, grf=plan), dense_reference(layer, b), atol=1e-9)
+
+
 def test_layers_of_other_widths_get_their_own_choice():
     # one plan for two layers that differ only in width: on a star the count favours the
     # low-rank path for narrow heads (its cost grows with m (d + 1), the engine's with
