@@ -36,6 +36,17 @@ def test_a_budget_too_small_for_the_mask_moves_auto_off_pairs(monkeypatch):
         GRFPlan.build(b, [make_layer('symmetric', 'pairs')])
 
 
+def star_or_path(graph, n):
+    # a star (every walk passes the hub: the mask fills the graph) or a path (the mask stays
+    # near the walks' support), with 4 walks per node
+    if graph == 'star':
+        ei = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)])
+    else:
+        ei = torch.stack([torch.arange(n - 1), torch.arange(1, n)])
+    data = Data(x=torch.randn(n, 8, dtype=D), edge_index=torch.cat([ei, ei.flip(0)], 1))
+    return Batch.from_data_list([AddGraphRandomFeatures(num_walks=4, max_length=3, seed=0)(data)])
+
+
 @pytest.mark.parametrize('graph', ['star', 'path'])
 def test_auto_runs_the_computation_with_fewer_multiply_adds(graph):
     # with no memory pressure 'auto' compares the two computations' multiply-adds, counted
@@ -43,12 +54,7 @@ def test_auto_runs_the_computation_with_fewer_multiply_adds(graph):
     # fewer, so the low-rank path is cheaper); a long path's stays near the walks' support
     from pyg_grf.nn.attention.grf.plan import multiply_adds
     n = 300
-    if graph == 'star':
-        ei = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)])
-    else:
-        ei = torch.stack([torch.arange(n - 1), torch.arange(1, n)])
-    data = Data(x=torch.randn(n, 8, dtype=D), edge_index=torch.cat([ei, ei.flip(0)], 1))
-    b = Batch.from_data_list([AddGraphRandomFeatures(num_walks=4, max_length=3, seed=0)(data)])
+    b = star_or_path(graph, n)
     phi = torch.zeros(n, n, dtype=D).index_put(
         (b.grf_index[0], b.grf_index[1]), torch.ones(b.grf_index.size(1), dtype=D),
         accumulate=True) != 0
@@ -102,12 +108,7 @@ def test_auto_skips_the_join_only_when_the_sample_is_conclusive(graph, monkeypat
     build = pairs.build
     monkeypatch.setattr(pairs, 'build', lambda *a, **k: joined.append(1) or build(*a, **k))
     n = 300
-    if graph == 'star':
-        ei = torch.stack([torch.zeros(n - 1, dtype=torch.long), torch.arange(1, n)])
-    else:
-        ei = torch.stack([torch.arange(n - 1), torch.arange(1, n)])
-    data = Data(x=torch.randn(n, 8, dtype=D), edge_index=torch.cat([ei, ei.flip(0)], 1))
-    b = Batch.from_data_list([AddGraphRandomFeatures(num_walks=4, max_length=3, seed=0)(data)])
+    b = star_or_path(graph, n)
     layer = make_layer('symmetric', 'auto')
     plan = GRFPlan.build(b, [layer])
     expected = 'sparse' if graph == 'star' else 'pairs'
