@@ -21,6 +21,7 @@ from torch_geometric.loader import DataLoader as PyGDataLoader
 from torch_geometric.loader import RandomNodeLoader
 
 from pyg_grf._validation import check_int
+from pyg_grf.features.join import warm_compiled_join
 from pyg_grf.nn.attention.base import attention_layers, plan_field, prepare_payload
 
 __all__ = ['DataLoader', 'PayloadCollater', 'prepare_payload', 'attention_layers',
@@ -126,6 +127,8 @@ class DataLoader(PyGDataLoader):
                          exclude_keys=exclude_keys, **kwargs)
         if model is not None:
             self.collate_fn = PayloadCollater(self.collate_fn, model, plan_cache_bytes)
+            if self.num_workers > 0 and self.collate_fn.layers:
+                warm_compiled_join()  # the workers, forked every epoch, inherit the kernels
 
 
 #: How :class:`NodePartLoader` gives each part its walks.

@@ -97,6 +97,23 @@ def test_data_loader_workers_prepare_the_plan_for_a_graph_transformer(monkeypatc
         assert torch.allclose(a, b, atol=1e-12)
 
 
+@pytest.mark.parametrize('num_workers', [0, 1])
+def test_a_loader_with_workers_loads_the_compiled_join_before_forking(monkeypatch, num_workers):
+    # workers are forked every epoch: the loader loads the join's kernels into the training
+    # process first (once), so that no worker loads them again; without workers it does not
+    from pyg_grf.features import join
+    if not join.compiled_join_available():
+        pytest.skip('no compiled join here (numba missing or PYG_GRF_NUMBA=0)')
+    calls = []
+    monkeypatch.setattr(join, '_state', dict(join._state, ran=False))
+    monkeypatch.setattr(join, 'compiled_join', lambda *a, **k: calls.append(a))
+    model = GraphTransformer(8, 16, 2, num_layers=1, heads=2, attn_kwargs={'max_length': 3})
+    DataLoader(graphs(channels=8), batch_size=2, num_workers=num_workers, model=model)
+    assert len(calls) == num_workers
+    DataLoader(graphs(channels=8), batch_size=2, num_workers=1)  # no model: nothing to plan
+    assert len(calls) == num_workers
+
+
 def test_a_prepared_plan_is_a_field_that_moves_with_its_batch(monkeypatch):
     # the plan is an ordinary field: Batch.to() hands it to GRFPlan.to (a device move of the
     # batch moves its plan once, not once per layer), copies and collation keep it a field

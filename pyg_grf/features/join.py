@@ -86,6 +86,20 @@ def compiled_join_available(device: Optional[torch.device] = None) -> bool:
             and (device is None or torch.device(device).type == 'cpu'))
 
 
+def warm_compiled_join() -> None:
+    r"""Loads the compiled join's kernels (float32 loads) into this process, from numba's disk
+    cache or by compiling them, if :func:`compiled_join_available` and not done yet. Processes
+    forked from this one then start with them: a DataLoader worker, made anew every epoch,
+    would otherwise load them again before its first plan (about 0.5 s each time)."""
+    if compiled_join_available() and not _state['ran']:
+        entries = torch.tensor([[0, 1], [1, 0]])
+        try:
+            compiled_join(entries, torch.zeros(2, dtype=torch.long), torch.ones(2), None, None,
+                          None, 1, 2)
+        except CompiledJoinError:  # warned once; the torch join runs instead
+            pass
+
+
 @_jit
 def _counting_sort(key, N):
     # stable order of the entries by key (a CSR pointer and the permutation)

@@ -161,7 +161,11 @@ class GraphDataModule(_DatasetDataModule):
         num_workers (int, optional): loader workers (default: :obj:`1`). The loader builds
             every batch's attention plans for the model being trained
             (:class:`pyg_grf.loader.DataLoader`); with workers they are built beside the
-            training step, not in it (:obj:`0`: in the training process).
+            training step, not in it (:obj:`0`: in the training process). A split of one
+            batch is loaded without workers (nothing to overlap). Workers start anew every
+            epoch (so that a resumed run equals an uninterrupted one), which costs more than
+            they save on a tiny dataset: MUTAG trains 1.2x faster with :obj:`0`, PROTEINS
+            1.3x slower (``docs/speed.md``).
         pre_transform (BaseTransform or list, optional): applied once, cached
             (default: :obj:`None`).
         transform (BaseTransform or list, optional): applied on access (default: :obj:`None`).
@@ -210,10 +214,12 @@ class GraphDataModule(_DatasetDataModule):
         sampler = EpochSeededRandomSampler(dataset, self.seed) if train else None
         # the loader builds each batch's attention plans for the model being trained
         # (pyg_grf.loader), in its workers when there are any, so that the training step
-        # only runs the layers
+        # only runs the layers; a loader of one batch has nothing to overlap (the step waits
+        # for it anyway), so its worker, forked every epoch, would only add its start
+        workers = self.num_workers if len(dataset) > self.batch_size else 0
         return (_TrainLoader if train else DataLoader)(
             dataset, batch_size=self.batch_size, sampler=sampler, shuffle=False,
-            num_workers=self.num_workers, pin_memory=self.pin_memory,
+            num_workers=workers, pin_memory=self.pin_memory,
             model=_trained_model(self))
 
     def train_dataloader(self) -> DataLoader:

@@ -42,6 +42,23 @@ def test_synthetic_splits_cache_and_loaders(tmp_path):
     assert dm3.train_dataset._data.grf_load.numel() != dm.train_dataset._data.grf_load.numel()
 
 
+def test_a_split_of_one_batch_is_loaded_without_workers(tmp_path):
+    # a worker (forked every epoch) has nothing to overlap when the split is one batch: the
+    # training split (2 batches) keeps the module's worker, validation and test (one each) run
+    # in the process; the batches are the same either way
+    kwargs = dict(num_graphs=40, split=(0.5, 0.25, 0.25), root=str(tmp_path), batch_size=10,
+                  dataset_kwargs={'num_nodes': 8, 'motif': 'grid'}, pre_transform=_grf())
+    dm = SyntheticDataModule(num_workers=1, **kwargs)
+    dm.setup('fit')
+    dm.setup('test')
+    assert [dl.num_workers for dl in (dm.train_dataloader(), dm.val_dataloader(),
+                                      dm.test_dataloader())] == [1, 0, 0]
+    ref = SyntheticDataModule(num_workers=0, **kwargs)
+    ref.setup('fit')
+    for a, b in zip(dm.train_dataloader(), ref.train_dataloader()):
+        assert torch.equal(a.grf_load, b.grf_load) and torch.equal(a.y, b.y)
+
+
 def test_uncached_walks_are_the_same_on_every_rank():
     # Under DDP only local rank 0 calls prepare_data(); every rank calls setup(). Without a disk
     # cache, both must see the same seeded walks for the same graphs.
