@@ -344,11 +344,12 @@ def _clearly_low_rank(run: GRFLoads, spec: LayerSpec, heads: int, itemsize: int,
     r"""Whether the symmetric mask's cells, estimated from a sample of rows
     (:func:`sampled_cells`), make the engine costlier than the low-rank path beyond doubt, so
     that ``'auto'`` skips the join (on one big graph with overlapping walks it takes longer
-    than the low-rank plan itself). The join's products :math:`T` bound the cells from above:
-    when the engine's count at :math:`T` cells is below the low-rank path's, or :math:`T \le`
-    :data:`ESTIMATE_TERMS`, the exact rule runs. Else the engine's count at
-    :math:`N(\bar c - 4\,\mathrm{SE})` cells (a lower confidence bound; the statistics' term
-    left out) must exceed the low-rank path's; a close call runs the exact rule."""
+    than the low-rank plan itself). A row's join products and its graph's size bound its
+    cells from above: when the engine's count at that bound is below the low-rank path's, or
+    the join has at most :data:`ESTIMATE_TERMS` products, the exact rule runs. Else the
+    engine's count at :math:`N(\bar c - 4\,\mathrm{SE})` cells (a lower confidence bound; the
+    statistics' term left out) must exceed the low-rank path's; a close call runs the exact
+    rule."""
     N, m, d = run.num_nodes, spec.m, spec.d
     other = run if run.key is None else run.key
     P = run.num_pairs()
@@ -356,8 +357,16 @@ def _clearly_low_rank(run: GRFLoads, spec: LayerSpec, heads: int, itemsize: int,
                              heads, m, d)
     if budget is not None and sparse.memory(N, P, heads, m, d, itemsize) > budget:
         return False
-    total = num_join_terms(run)
-    if total <= ESTIMATE_TERMS or multiply_adds('pairs', N, total, heads, m, d) <= low_rank:
+    # a row's cells are at most its join products and at most its graph's nodes
+    q, k = run.index.long(), other.index.long()
+    per_row = torch.zeros(N, dtype=torch.long, device=q.device).index_add_(
+        0, q[0], torch.bincount(k[1], minlength=N).index_select(0, q[1]))
+    total = int(per_row.sum())
+    if run.batch is not None:
+        sizes = torch.bincount(run.batch.long())
+        per_row = torch.minimum(per_row, sizes.index_select(0, run.batch.long()))
+    if total <= ESTIMATE_TERMS or multiply_adds('pairs', N, int(per_row.sum()), heads, m,
+                                                 d) <= low_rank:
         return False
     mean, se = sampled_cells(run, max(64, N * ESTIMATE_TERMS // total))
     return multiply_adds('pairs', N, int(max(0.0, mean - 4 * se) * N), heads, m, d) > low_rank

@@ -117,6 +117,29 @@ def test_auto_skips_the_join_only_when_the_sample_is_conclusive(graph, monkeypat
     assert torch.allclose(layer(b.x, b.batch, grf=plan), dense_reference(layer, b), atol=1e-9)
 
 
+def test_auto_bounds_the_cells_by_the_graph_sizes_before_sampling(monkeypatch):
+    # a batch of small dense graphs: the join's products alone would leave the choice open
+    # (the engine counted at that many cells exceeds the low-rank path), but no row has more
+    # cells than its graph has nodes, which settles it for the engine without a sample
+    from pyg_grf.features.blocks import num_join_terms
+    from pyg_grf.nn.attention.grf import plan as plan_module
+    monkeypatch.setattr(plan_module, 'ESTIMATE_TERMS', 1000)
+    sampled = []
+    monkeypatch.setattr(plan_module, 'sampled_cells', lambda *a: sampled.append(a) or (0.0, 0.0))
+    t = AddGraphRandomFeatures(num_walks=16, max_length=3, seed=0)
+    b = Batch.from_data_list([t(Data(x=torch.randn(12, 8, dtype=D),
+                                     edge_index=er_graph(12, 0.6, seed=s))) for s in range(20)])
+    loads = GRFLoads.from_data(b)
+    N, P = b.num_nodes, loads.num_pairs()
+    low = plan_module.multiply_adds('sparse', N, 2 * P, 2, 4, 4)
+    assert plan_module.multiply_adds('pairs', N, num_join_terms(loads), 2, 4, 4) > low
+    assert plan_module.multiply_adds('pairs', N, N * 12, 2, 4, 4) <= low
+    layer = make_layer('symmetric', 'auto')
+    plan = GRFPlan.build(b, [layer])
+    assert sampled == [] and [p.backend for p in plan.parts.values()] == ['pairs']
+    assert torch.allclose(layer(b.x, b.batch, grf=plan), dense_reference(layer, b), atol=1e-9)
+
+
 def test_layers_of_other_widths_get_their_own_choice():
     # one plan for two layers that differ only in width: on a star the count favours the
     # low-rank path for narrow heads (its cost grows with m (d + 1), the engine's with
