@@ -124,9 +124,12 @@ def test_knn_graph_is_exact_away_from_the_border():
     assert ei.edge_index.size(1) == to_undirected(ei.edge_index, num_nodes=n).size(1)
 
 
-def test_one_section_in_its_own_process(tmp_path):
+def test_one_section_in_its_own_process(tmp_path, capsys):
+    # a section run alone gets the whole budget (its child imports torch and may compile the
+    # join on a loaded CPU), not its share of a full run
     gpu_check.main(['--out', str(tmp_path), '--device', 'cpu', '--quick', '--only', 'gkat',
-                    '--isolation', 'process'])
+                    '--isolation', 'process', '--budget', '200'])
+    assert '[gpu_check] gkat: up to 200 s' in capsys.readouterr().out
     s = json.loads((tmp_path / 'gpu_check.json').read_text())['sections']['gkat']
     assert s['status'] == 'ok', s.get('error')
     assert all(positive(r['ratio_vs_gat']) for r in s['rows'])
