@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue #17 (the mask's value at O(N)): the runs behind experiments/results/digits_grid.md and the
 # new GRF / LINEAR rows of experiments/results/gkat_motifs.md. Streams are single-threaded.
-#   bash experiments/run_mask_value.sh digits      # Table 1 variants, 5 seeds (~60 min)
+#   bash experiments/run_mask_value.sh digits      # Table 1 variants, 5 seeds (~2 h)
 #   bash experiments/run_mask_value.sh ablations   # walkers, importance, free f, 3 seeds (~45 min)
 #   bash experiments/run_mask_value.sh motifs1     # GRF with the library's defaults (|f|, one
 #   bash experiments/run_mask_value.sh motifs2     #   walk set) and the unmasked-linear control,
