@@ -280,15 +280,19 @@ def build_part(loads: GRFLoads, spec: LayerSpec,
         budget, source = memory_budget(loads.device)
         why = None
         part = None
+
+        def walk_pairs() -> Tuple[int, int]:  # counted once per plan and structures
+            return shared('walk pairs', lambda: _walk_pairs(run, spec.mode))
+
         if spec.mode != 'sparse_softmax' and spec.backend != 'sparse' and not (
                 spec.backend == 'auto' and spec.mode == 'symmetric'
-                and _clearly_low_rank(run, spec, heads, itemsize, budget)):
+                and _clearly_low_rank(run, spec, heads, itemsize, budget, walk_pairs())):
             part, why = shared('pairs', lambda: _try_pairs(run, spec, heads, groups, stats_dtype,
                                                            itemsize, budget))
             if part is None and spec.backend == 'pairs':
                 raise BackendMemoryError(_too_big('pairs', run, why, budget, source))
             if part is not None and spec.backend == 'auto':
-                part = _cheaper(part, run, spec, heads, itemsize, budget)
+                part = _cheaper(part, run, spec, heads, itemsize, budget, walk_pairs)
         if part is None:
             low = shared('sparse', lambda: sparse.build(run, spec.mode, groups))
             need = sparse.memory(run.num_nodes, low.query.index.size(1), heads, spec.m, spec.d,
@@ -317,18 +321,23 @@ def multiply_adds(backend: str, num_nodes: int, cells: int, heads: int, m: int, 
     return heads * (cells + 2 * num_nodes) * m * (d + 1)
 
 
-def _cheaper(part: PlanPart, run: GRFLoads, spec: LayerSpec, heads: int,
-             itemsize: int, budget: Optional[float]) -> Optional[PlanPart]:
+def _walk_pairs(run: GRFLoads, mode: str) -> Tuple[int, int]:
+    # the query side's distinct walk pairs, and those of both sides the low-rank path reads
+    P = run.num_pairs()
+    return P, P + (0 if mode != 'symmetric' else P if run.key is None else run.key.num_pairs())
+
+
+def _cheaper(part: PlanPart, run: GRFLoads, spec: LayerSpec, heads: int, itemsize: int,
+             budget: Optional[float],
+             walk_pairs: Callable[[], Tuple[int, int]]) -> Optional[PlanPart]:
     # 'auto': the engine's part, or None when the low-rank path needs fewer multiply-adds (a
     # mask whose support is much larger than the walks', as on one big graph with overlapping
     # walks) and fits the budget
-    symmetric = spec.mode == 'symmetric'
     N, m, d, st = run.num_nodes, spec.m, spec.d, part.structures
     engine = multiply_adds('pairs', N, st.nnz, heads, m, d, st.stats.numel())
     if engine <= multiply_adds('sparse', N, 0, heads, m, d):  # below the low-rank floor
         return part
-    P = run.num_pairs()
-    sides = P + (0 if not symmetric else P if run.key is None else run.key.num_pairs())
+    P, sides = walk_pairs()
     if multiply_adds('sparse', N, sides, heads, m, d) >= engine or (
             budget is not None and sparse.memory(N, P, heads, m, d, itemsize) > budget):
         return part
@@ -340,7 +349,7 @@ ESTIMATE_TERMS = 1 << 18
 
 
 def _clearly_low_rank(run: GRFLoads, spec: LayerSpec, heads: int, itemsize: int,
-                      budget: Optional[float]) -> bool:
+                      budget: Optional[float], walk_pairs: Tuple[int, int]) -> bool:
     r"""Whether the symmetric mask's cells, estimated from a sample of rows
     (:func:`sampled_cells`), make the engine costlier than the low-rank path beyond doubt, so
     that ``'auto'`` skips the join (on one big graph with overlapping walks it takes longer
@@ -352,9 +361,8 @@ def _clearly_low_rank(run: GRFLoads, spec: LayerSpec, heads: int, itemsize: int,
     rule."""
     N, m, d = run.num_nodes, spec.m, spec.d
     other = run if run.key is None else run.key
-    P = run.num_pairs()
-    low_rank = multiply_adds('sparse', N, P + (P if other is run else other.num_pairs()),
-                             heads, m, d)
+    P, sides = walk_pairs
+    low_rank = multiply_adds('sparse', N, sides, heads, m, d)
     if budget is not None and sparse.memory(N, P, heads, m, d, itemsize) > budget:
         return False
     # a row's cells are at most its join products and at most its graph's nodes
