@@ -25,6 +25,15 @@ def small_graph(num_features=5, seed=0):
     return AddGraphRandomFeatures(num_walks=8, p_halt=0.3, max_length=3, seed=seed)(data)
 
 
+def pyg_gcn(conv, x, edge_index):
+    """The model's GCN layer ``conv`` recomputed by PyG's GCNConv, which normalises
+    ``edge_index`` itself, holding the same weights."""
+    ref = GCNConv(conv.in_channels, conv.out_channels).to(x.dtype)
+    ref.lin.weight.data.copy_(conv.lin.weight)
+    ref.bias.data.copy_(conv.bias)
+    return ref(x, edge_index)
+
+
 def pyg_reference(model, data):
     """The local stack recomputed with PyG layers in their default (message-passing) form,
     holding the model's weights, then the output layer: what the model is at gate 0."""
@@ -32,9 +41,7 @@ def pyg_reference(model, data):
     for i, conv in enumerate(model.convs):
         c_in = h.size(1)
         if model.conv == 'gcn':
-            ref = GCNConv(c_in, model.hidden_channels).to(h.dtype)   # normalises edge_index itself
-            ref.lin.weight.data.copy_(conv.lin.weight)
-            ref.bias.data.copy_(conv.bias)
+            ref = lambda h, edge_index, conv=conv: pyg_gcn(conv, h, edge_index)  # noqa: E731
         elif model.conv == 'gat':
             ref = GATConv(c_in, model.hidden_channels // model.conv_heads,
                           heads=model.conv_heads).to(h.dtype)
@@ -78,6 +85,23 @@ def test_gate_zero_is_the_pyg_stack(conv, norm, residual, attn_type, head):
     assert torch.allclose(out, pyg_reference(model, data), atol=1e-10)
 
 
+@pytest.mark.parametrize('head', ['linear', 'conv'])
+def test_gcn_gradients_equal_pyg_on_a_directed_graph(head):
+    # the backward reuses the kept pattern's transpose: on a directed graph (A != A^T) a
+    # product with the adjacency instead of its transpose would give other gradients
+    data = small_graph()
+    keep = data.edge_index[0] < data.edge_index[1]                     # one direction only
+    data = Data(x=data.x.double().requires_grad_(), edge_index=data.edge_index[:, keep])
+    model = GRFNodeModel(5, 8, 3, num_layers=3, attn_type=None, residual=True,
+                         head=head).double().eval()  # (eval: no dropout)
+    w = torch.randn(20, 3, dtype=D, generator=torch.Generator().manual_seed(1))
+    for _ in range(2):  # the second call runs on the kept adjacency
+        # the input's gradient passes back through every layer's product
+        got, = torch.autograd.grad((model(data) * w).sum(), data.x)
+        want, = torch.autograd.grad((pyg_reference(model, data) * w).sum(), data.x)
+        assert torch.allclose(got, want, atol=1e-12)
+
+
 def dense_grf_reference(attn, x, data):
     """GRF-masked linear attention written densely: Phi[i, q] = sum_l f_l load(i, q, l) from
     the walks' entries, M = Phi Phi^T (GRF paper, Eq. 7, 10), relu features, and per head
@@ -107,8 +131,7 @@ def test_attention_branch_equals_dense_reference(heads):
     with torch.no_grad():  # distinct coefficients per head
         model.attn.f.add_(0.1 * torch.randn_like(model.attn.f))
     h, first = model.local(data.x, data.edge_index)     # the attention reads the first layer
-    assert torch.allclose(first, F.relu(model.convs[0](data.x, model.adjacency(
-        data.edge_index, 20, D))))
+    assert torch.allclose(first, F.relu(pyg_gcn(model.convs[0], data.x, data.edge_index)))
     ref = dense_grf_reference(model.attn, first, data)
     expected = h + 0.5 * model.attn_out(ref)
     assert torch.allclose(model(data), expected, atol=1e-10)
@@ -120,10 +143,9 @@ def test_attention_reads_the_last_hidden_layer():
     data.x = data.x.double()
     model = GRFNodeModel(5, 8, 3, num_layers=3, attn_type='grf', attn_kwargs={'max_length': 3},
                          gate_init=0.5, residual=True, attn_input='last').double().eval()
-    adj = model.adjacency(data.edge_index, 20, D)
     h = data.x
     for conv, skip in zip(model.convs, model.skips):
-        h = F.relu(conv(h, adj) + skip(h))
+        h = F.relu(pyg_gcn(conv, h, data.edge_index) + skip(h))
     out, hidden = model.local(data.x, data.edge_index)
     assert torch.allclose(hidden, h) and torch.allclose(out, model.head(h))
     ref = dense_grf_reference(model.attn, h, data)
