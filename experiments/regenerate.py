@@ -72,6 +72,10 @@ FULL: Dict[str, Dict[str, Any]] = {
     'node_mask_probe': dict(cost='~20 min', files=['node_mask_probe.md',
                                                    'node_mask_probe/runs.jsonl'],
                             commands=['python experiments/node_mask_probe.py --seeds 5']),
+    'node_selection_probe': dict(cost='~40 min', files=['node_selection_probe.md',
+                                                        'node_selection_probe/runs.jsonl'],
+                                 commands=['python experiments/node_selection_probe.py '
+                                           '--seeds 10 --epochs 200']),
     'recipe_mutag': dict(cost='~1 h', files=['recipe.md'],
                          commands=['bash experiments/run_recipe_mutag.sh '
                                    '/tmp/recipe_mutag 1']),

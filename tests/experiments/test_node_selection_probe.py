@@ -1,0 +1,24 @@
+r"""experiments/node_selection_probe.py: its table's means and paired differences against values
+computed by hand from synthetic rows."""
+import json
+
+from tests.experiments import experiment_module
+
+probe = experiment_module('node_selection_probe')
+
+
+def test_table_means_and_paired_differences(tmp_path):
+    acc = {'grf': [0.80, 0.78], 'linear': [0.81, 0.80], 'none': [0.83, 0.82]}
+    with open(tmp_path / 'runs.jsonl', 'w') as f:
+        for v, values in acc.items():
+            for seed, a in enumerate(values):
+                f.write(json.dumps({'variant': v, 'seed': seed, 'epochs': 200, 'fit_s': 10.0,
+                                    'test/best_val': a, 'test/last': a - 0.01,
+                                    'test/mean': a - 0.02, 'best_val': 0.8,
+                                    'val/mean': 0.78}) + '\n')
+    text = probe.write_table(str(tmp_path))
+    assert (tmp_path / 'table.md').read_text() == text
+    assert '| grf | 2 | 79.0 ± 1.4 | 78.0 ± 1.4 | 77.0 ± 1.4 | 80.0 ± 0.0 |' in text
+    # grf - none per seed: -3, -4 -> mean -3.5, SE 0.5, 0 of 2 better, in every reading
+    assert '| none | -3.5 ± 0.5 (0/2) | -3.5 ± 0.5 (0/2) | -3.5 ± 0.5 (0/2) |' in text
+    assert '| linear | -1.5 ± 0.5 (0/2) |' in text
