@@ -107,6 +107,24 @@ def read_rows(path: str) -> List[Dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def full_graph_epoch(model, opt, data) -> tuple:
+    r"""One full-graph training epoch of a node classifier (``model(data)`` the logits, cross
+    entropy on ``data.train_mask``, one optimiser step), then its validation and test accuracy
+    in eval mode, as floats."""
+    import torch
+    import torch.nn.functional as F
+    model.train()
+    opt.zero_grad()
+    out = model(data)
+    F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
+    opt.step()
+    model.eval()
+    with torch.no_grad():
+        pred = model(data).argmax(-1)
+    return tuple((pred[m] == data.y[m]).float().mean().item()
+                 for m in (data.val_mask, data.test_mask))
+
+
 def run_grid(variants: Dict[str, Any], seeds: Iterable[int], out: str,
              run: Callable[[str, Any, int, str], Dict[str, Any]],
              key: Optional[Dict[str, Any]] = None, log: Callable[[str], None] = print

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from harness import paired, run_grid  # noqa: E402
+from harness import full_graph_epoch, paired, run_grid  # noqa: E402
 
 HERE = osp.dirname(osp.abspath(__file__))
 OUT = osp.join(HERE, 'results', 'node_mask_probe')
@@ -104,18 +104,9 @@ def fit(base, settings, seed, epochs=1000, patience=100):
                             {'params': [model.f], 'weight_decay': 0.0}], lr=0.01)
     best, test, bad, start = -1.0, 0.0, 0, time.perf_counter()
     for epoch in range(epochs):
-        model.train()
-        opt.zero_grad()
-        out = model(data)
-        F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
-        opt.step()
-        model.eval()
-        with torch.no_grad():
-            pred = model(data).argmax(-1)
-        val = (pred[data.val_mask] == data.y[data.val_mask]).float().mean().item()
+        val, this_test = full_graph_epoch(model, opt, data)
         if val > best:
-            best, bad = val, 0
-            test = (pred[data.test_mask] == data.y[data.test_mask]).float().mean().item()
+            best, bad, test = val, 0, this_test
         else:
             bad += 1
             if bad >= patience:

@@ -27,10 +27,9 @@ import sys
 import time
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from harness import mean_std, paired, read_rows, run_grid  # noqa: E402
+from harness import full_graph_epoch, mean_std, paired, read_rows, run_grid  # noqa: E402
 
 HERE = osp.dirname(osp.abspath(__file__))
 OUT = osp.join(HERE, 'results', 'node_selection_probe')
@@ -51,6 +50,9 @@ def load(seed: int):
 
 def fit(variant: str, seed: int, epochs: int) -> dict:
     from pyg_grf.nn import GRFNodeModel
+    if epochs <= WINDOW:
+        raise ValueError(f'the averaged reading starts after epoch {WINDOW}: expected more '
+                         f'epochs than {WINDOW}, got {epochs}')
     data = load(seed)
     torch.manual_seed(seed)
     attn = VARIANTS[variant]
@@ -67,16 +69,9 @@ def fit(variant: str, seed: int, epochs: int) -> dict:
     val, test = [], []
     start = time.perf_counter()
     for _ in range(epochs):
-        model.train()
-        opt.zero_grad()
-        out = model(data)
-        F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
-        opt.step()
-        model.eval()
-        with torch.no_grad():
-            pred = model(data).argmax(-1)
-        val.append((pred[data.val_mask] == data.y[data.val_mask]).float().mean().item())
-        test.append((pred[data.test_mask] == data.y[data.test_mask]).float().mean().item())
+        v, t = full_graph_epoch(model, opt, data)
+        val.append(v)
+        test.append(t)
     best = max(range(epochs), key=lambda e: (val[e], -e))
     return {'val': val, 'test': test, 'best_epoch': best, 'best_val': val[best],
             'test/best_val': test[best], 'test/last': test[-1],

@@ -2,6 +2,8 @@ r"""experiments/node_selection_probe.py: its table's means and paired difference
 computed by hand from synthetic rows."""
 import json
 
+import pytest
+
 from tests.experiments import experiment_module
 
 probe = experiment_module('node_selection_probe')
@@ -22,3 +24,8 @@ def test_table_means_and_paired_differences(tmp_path):
     # grf - none per seed: -3, -4 -> mean -3.5, SE 0.5, 0 of 2 better, in every reading
     assert '| none | -3.5 ± 0.5 (0/2) | -3.5 ± 0.5 (0/2) | -3.5 ± 0.5 (0/2) |' in text
     assert '| linear | -1.5 ± 0.5 (0/2) |' in text
+
+
+def test_too_few_epochs_for_the_averaged_reading():
+    with pytest.raises(ValueError, match='expected more epochs than 100, got 100'):
+        probe.fit('none', 0, 100)
