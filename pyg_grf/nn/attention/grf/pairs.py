@@ -310,6 +310,21 @@ def _backward(ctx, grad, _grad_scores):
 torch.library.register_autograd('pyg_grf::pair_sums', _backward, setup_context=_setup)
 
 
+class _Permute(torch.autograd.Function):
+    # rows ``perm`` of ``x`` along dim 1; the backward gathers with the inverse permutation
+    # (torch's index_select backward zero-fills and scatter-adds: several times slower on the
+    # CPU at 262k rows)
+    @staticmethod
+    def forward(ctx, x: Tensor, perm: Tensor, inv: Tensor) -> Tensor:
+        ctx.save_for_backward(inv, perm)
+        return x.index_select(1, perm)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        inv, perm = ctx.saved_tensors
+        return _Permute.apply(grad, inv, perm), None, None
+
+
 def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f: Tensor,
                 samples: int = 1) -> Tensor:
     r"""``[H, B n, C + 1]``: the masked sums :math:`\sum_j M_{ij}\,\phi(\mathbf{q}_i)^\top
@@ -338,16 +353,19 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f
         if samples > 1:
             out = out.view(samples, H, -1, out.size(-1)).transpose(0, 1)
         return out.reshape(H, R, -1)
-    perm = None
-    if st.perm is not None:  # a locality order: operands gathered into it, sums scattered back
+    perm = inv = None
+    if st.perm is not None:  # a locality order: operands gathered into it, sums back out of it
         perm = st.perm.long()
         if samples > 1:
             perm = (perm.view(1, -1) + torch.arange(samples, device=perm.device).view(-1, 1)
                     * N).view(-1)
+        inv = torch.empty_like(perm).scatter_(0, perm, torch.arange(
+            perm.numel(), device=perm.device))
+        # every head at once (one gather per operand, and one for the sums)
+        phi_q, phi_k, v1 = (_Permute.apply(t, perm, inv) for t in (phi_q, phi_k, v1))
     # every head in one call; one head a call on the base structures when the per-head index
-    # was too large to keep (one huge graph: no copy of the index per call, and the operands
-    # of one head at a time in the locality order); in chunks of heads when the scores of all
-    # heads would exceed CHUNK_BYTES
+    # was too large to keep (one huge graph: no copy of the index per call); in chunks of
+    # heads when the scores of all heads would exceed CHUNK_BYTES
     if st.index is None and samples == 1:
         chunk = 1
     else:
@@ -358,16 +376,12 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f
     parts = zip(*(t.split(chunk) if chunk < H else (t,) for t in (phi_q, phi_k, v1, w_all)))
     for q, k, v, w in parts:
         c = q.size(0)
-        if perm is not None:
-            q, k, v = (t.index_select(1, perm) for t in (q, k, v))
         if c == 1 and samples == 1:  # the base structures are this head's index
             idx = KernelIndex(st.crow, st.col, st.tcrow, st.tcol, st.tperm, st.src)
         else:  # heads h0 .. h0 + c - 1: their coefficient rows
             idx = st.expand(c, samples)
         out, _ = pair_sums(*(t.reshape(-1, t.size(-1)) for t in (q, k, v)), w.reshape(-1),
                            idx.wsrc, idx.crow, idx.col, idx.tcrow, idx.tcol, idx.tperm, keep)
-        out = out.view(c, R, -1)
-        if perm is not None:
-            out = torch.empty_like(out).index_copy_(1, perm, out)
-        outs.append(out)
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
+        outs.append(out.view(c, R, -1))
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    return out if perm is None else _Permute.apply(out, inv, perm)

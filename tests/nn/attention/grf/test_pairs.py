@@ -172,13 +172,18 @@ def test_layers_of_other_widths_get_their_own_choice():
                               atol=1e-9)
 
 
+@pytest.mark.parametrize('per_head', [False, True])
 @pytest.mark.parametrize('key', [False, True])
 @pytest.mark.parametrize('mode', ['symmetric', 'asymmetric'])
-def test_pairs_in_locality_order_equals_dense(mode, key, monkeypatch):
+def test_pairs_in_locality_order_equals_dense(mode, key, per_head, monkeypatch):
     # one big graph gets its pair structures in a reverse Cuthill-McKee order; inputs are
-    # gathered into it and the sums scattered back: the same outputs and gradients
+    # gathered into it and the sums gathered back out (every head at once, also when the
+    # kernel runs one head a call, as for a graph too big to keep the per-head index): the
+    # same outputs and gradients
     from pyg_grf.nn.attention.grf import pairs
     monkeypatch.setattr(pairs, 'REORDER_MIN_NODES', 8)
+    if per_head:
+        monkeypatch.setattr(pairs, 'KERNEL_INDEX_BYTES', 0)
     t = AddGraphRandomFeatures(num_walks=5, p_halt=0.4, max_length=3, seed=0)
     tk = AddGraphRandomFeatures(num_walks=4, p_halt=0.4, max_length=3, seed=1,
                                 attr_prefix='grf_key')
@@ -189,6 +194,7 @@ def test_pairs_in_locality_order_equals_dense(mode, key, monkeypatch):
     plan = GRFPlan.build(b, [layer])
     st = next(iter(plan.parts.values())).structures
     assert st.perm is not None and not torch.equal(st.perm.long(), torch.arange(40))
+    assert (st.index is None) == per_head
     x = b.x.clone().requires_grad_()
     out = layer(x, b.batch, grf=plan)
     b.x = x
