@@ -216,12 +216,11 @@ def build(loads: GRFLoads, mode: str, dtype: torch.dtype, groups: int = 1,
     return st
 
 
-def _empty_like_rows(x: Tensor, rows: Tensor) -> Tensor:
-    return x.new_empty(rows.size(0) - 1, x.size(-1))
-
-
-def _spmm(crow: Tensor, col: Tensor, vals: Tensor, x: Tensor) -> Tensor:
-    return csr_mm(csr_tensor(crow, col, vals, (crow.numel() - 1, x.size(0))), x)
+def _spmm(crow: Tensor, col: Tensor, vals: Tensor, x: Tensor,
+          out: Optional[Tensor] = None) -> Tensor:
+    # the CSR product, into a fresh tensor or into rows of a larger result (``out``)
+    a = csr_tensor(crow, col, vals, (crow.numel() - 1, x.size(0)))
+    return csr_mm(a, x) if out is None else torch.addmm(out, a, x, beta=0.0, out=out)
 
 
 def _as(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -236,66 +235,109 @@ def _dtype(x: Tensor) -> torch.dtype:
     return torch.float32 if x.dtype in (torch.float16, torch.bfloat16) else x.dtype
 
 
+def _block_sums(q: Tensor, k: Tensor, v: Tensor, w: Tensor, wsrc: Tensor, crow: Tensor,
+                col: Tensor, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    # one block of pair_sums: its sums (into ``out`` when given) and scores
+    s = sampled_dot(crow, col, q, k, q.new_zeros(col.numel()))
+    return _spmm(crow, col, s * w.index_select(0, wsrc), v, out), s
+
+
 @torch.library.custom_op('pyg_grf::pair_sums', mutates_args=())
 def pair_sums(q: Tensor, k: Tensor, v: Tensor, w: Tensor, wsrc: Tensor, crow: Tensor,
               col: Tensor, tcrow: Tensor, tcol: Tensor, tperm: Tensor,
-              keep_scores: bool) -> Tuple[Tensor, Tensor]:
+              keep_scores: bool, blocks: int) -> Tuple[Tensor, Tensor]:
     r"""``(out, scores)``: :math:`\mathrm{out}_i = \sum_j w_{ij} \langle q_i, k_j \rangle v_j`
     over the support ``(crow, col)`` (every head a diagonal block), with the mask value of cell
     ``c`` read from the statistic values ``w[wsrc[c]]``, and the scores
     :math:`\langle q_i, k_j \rangle` (empty unless ``keep_scores``). ``q``, ``k`` ``[R, m]``,
     ``v`` ``[R, C]``, ``w`` ``[S]`` (the small table of statistic values, not one per cell: the
-    backward gathers it again); the transpose's index is read by the backward only."""
+    backward gathers it again); the transpose's index is read by the backward only. With
+    ``blocks > 1`` the index is that of one block of ``R / blocks`` rows, and the blocks (heads
+    of one huge graph) run one after another on it, block ``b`` reading the ``b``-th part of
+    ``w``: no per-head copy of the index, and the results written in place."""
     with torch.autocast(q.device.type, enabled=False):
         dt = _dtype(q)
-        s = sampled_dot(crow, col, _as(q, dt), _as(k, dt), q.new_zeros(col.numel(), dtype=dt))
-        a = s * _as(w, dt).index_select(0, wsrc)
-        out = _as(_spmm(crow, col, a, _as(v, dt)), v.dtype)
-        return out, (s if keep_scores else s.new_empty(0))
+        qd, kd, vd, wd = (_as(t, dt) for t in (q, k, v, w))
+        if blocks == 1:
+            out, s = _block_sums(qd, kd, vd, wd, wsrc, crow, col)
+            return _as(out, v.dtype), (s if keep_scores else s.new_empty(0))
+        R, S = q.size(0) // blocks, w.numel() // blocks
+        out, scores = vd.new_empty(vd.shape), []
+        for b in range(blocks):
+            r = slice(b * R, (b + 1) * R)
+            _, s = _block_sums(qd[r], kd[r], vd[r], wd[b * S:(b + 1) * S], wsrc, crow, col,
+                               out[r])
+            scores += [s] if keep_scores else []
+        return _as(out, v.dtype), (torch.cat(scores) if keep_scores else qd.new_empty(0))
 
 
 @pair_sums.register_fake
-def _(q, k, v, w, wsrc, crow, col, tcrow, tcol, tperm, keep_scores):
-    n = col.numel() if keep_scores else 0
-    return _empty_like_rows(v, crow), q.new_empty(n, dtype=_dtype(q))
+def _(q, k, v, w, wsrc, crow, col, tcrow, tcol, tperm, keep_scores, blocks):
+    n = blocks * col.numel() if keep_scores else 0
+    return v.new_empty(q.size(0), v.size(1)), q.new_empty(n, dtype=_dtype(q))
+
+
+def _block_grads(g_out: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor, wsrc: Tensor,
+                 s: Optional[Tensor], crow: Tensor, col: Tensor, tcrow: Tensor, tcol: Tensor,
+                 tperm: Tensor, needs: List[bool], outs) -> List[Optional[Tensor]]:
+    # one block of pair_sums_backward, each gradient into its ``outs`` entry when given (the
+    # statistic values' summed into it)
+    wd = w.index_select(0, wsrc)
+    if s is None:
+        s = sampled_dot(crow, col, q, k, q.new_zeros(col.numel()))
+    g = sampled_dot(crow, col, g_out, v, q.new_zeros(col.numel()))  # dL/da_ij = <dO_i, v_j>
+    gw = (torch.zeros_like(w) if outs[3] is None else outs[3]).index_add_(0, wsrc, g * s) \
+        if needs[3] else None
+    gv = _spmm(tcrow, tcol, (s * wd).index_select(0, tperm), g_out, outs[2]) \
+        if needs[2] else None
+    g = g.mul_(wd)
+    gq = _spmm(crow, col, g, k, outs[0]) if needs[0] else None
+    gk = _spmm(tcrow, tcol, g.index_select(0, tperm), q, outs[1]) if needs[1] else None
+    return [gq, gk, gv, gw]
 
 
 @torch.library.custom_op('pyg_grf::pair_sums_backward', mutates_args=())
 def pair_sums_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor, wsrc: Tensor,
                        scores: Tensor, crow: Tensor, col: Tensor, tcrow: Tensor, tcol: Tensor,
-                       tperm: Tensor, needs: List[bool]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                       tperm: Tensor, needs: List[bool], blocks: int
+                       ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     r"""The gradients of :func:`pair_sums` in ``q``, ``k``, ``v``, ``w`` (empty where
     ``needs`` says so), with :math:`g_{ij} = \langle \partial L / \partial o_i, v_j \rangle`:
     :math:`\partial w_{ij} = g_{ij} s_{ij}` (summed into the statistic values the cells read),
     :math:`\partial v = (w \odot s)^\top \partial o`, :math:`\partial q = (g \odot w) k`,
-    :math:`\partial k = (g \odot w)^\top q`."""
+    :math:`\partial k = (g \odot w)^\top q`; ``blocks`` as in :func:`pair_sums`."""
     with torch.autocast(grad.device.type, enabled=False):
         dt = _dtype(q)
-        qd, kd, gd, vd = (_as(t, dt) for t in (q, k, grad, v))
-        wd = _as(w, dt).index_select(0, wsrc)
-        s = scores if scores.numel() == col.numel() else sampled_dot(
-            crow, col, qd, kd, qd.new_zeros(col.numel()))
-        g = sampled_dot(crow, col, gd, vd, qd.new_zeros(col.numel()))  # dL/da_ij = <dO_i, v_j>
+        qd, kd, gd, vd, wd = (_as(t, dt) for t in (q, k, grad, v, w))
+        P = col.numel()
+        if blocks == 1:
+            grads = _block_grads(gd, qd, kd, vd, wd, wsrc, scores if scores.numel() == P
+                                 else None, crow, col, tcrow, tcol, tperm, needs, [None] * 4)
+        else:
+            R, S = q.size(0) // blocks, w.numel() // blocks
+            grads = [torch.empty_like(t) if n else None for t, n in zip((qd, kd, vd), needs)]
+            grads.append(torch.zeros_like(wd) if needs[3] else None)
+            for b in range(blocks):
+                r, t = slice(b * R, (b + 1) * R), slice(b * S, (b + 1) * S)
+                _block_grads(gd[r], qd[r], kd[r], vd[r], wd[t], wsrc,
+                             scores[b * P:(b + 1) * P] if scores.numel() == blocks * P
+                             else None, crow, col, tcrow, tcol, tperm, needs,
+                             [None if x is None else x[i] for x, i in zip(grads, (r, r, r, t))])
         none = q.new_empty(0)
-        gw = (torch.zeros_like(w, dtype=dt).index_add_(0, wsrc, g * s).to(w.dtype)
-              if needs[3] else none)
-        gv = (_as(_spmm(tcrow, tcol, (s * wd).index_select(0, tperm), gd), v.dtype)
-              if needs[2] else none)
-        g = g.mul_(wd)
-        gq = _as(_spmm(crow, col, g, kd), q.dtype) if needs[0] else none
-        gk = _as(_spmm(tcrow, tcol, g.index_select(0, tperm), qd), k.dtype) if needs[1] else none
-        return gq, gk, gv, gw
+        return tuple(none if x is None else _as(x, like.dtype)
+                     for x, like in zip(grads, (q, k, v, w)))
 
 
 @pair_sums_backward.register_fake
-def _(grad, q, k, v, w, wsrc, scores, crow, col, tcrow, tcol, tperm, needs):
+def _(grad, q, k, v, w, wsrc, scores, crow, col, tcrow, tcol, tperm, needs, blocks):
     def like(x, flag):
         return torch.empty_like(x) if flag else x.new_empty(0)
     return like(q, needs[0]), like(k, needs[1]), like(v, needs[2]), like(w, needs[3])
 
 
 def _setup(ctx, inputs, output):
-    q, k, v, w, wsrc, crow, col, tcrow, tcol, tperm, _ = inputs
+    q, k, v, w, wsrc, crow, col, tcrow, tcol, tperm, _, blocks = inputs
+    ctx.blocks = blocks
     ctx.save_for_backward(q, k, v, w, wsrc, output[1], crow, col, tcrow, tcol, tperm)
 
 
@@ -303,8 +345,8 @@ def _backward(ctx, grad, _grad_scores):
     q, k, v, w, wsrc, scores, crow, col, tcrow, tcol, tperm = ctx.saved_tensors
     needs = list(ctx.needs_input_grad[:4])
     out = pair_sums_backward(_as(grad, grad.dtype), q, k, v, w, wsrc, scores, crow, col, tcrow,
-                             tcol, tperm, needs)
-    return (*(g if n else None for g, n in zip(out, needs)),) + (None,) * 7
+                             tcol, tperm, needs, ctx.blocks)
+    return (*(g if n else None for g, n in zip(out, needs)),) + (None,) * 8
 
 
 torch.library.register_autograd('pyg_grf::pair_sums', _backward, setup_context=_setup)
@@ -349,7 +391,7 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f
         idx = st.expand(1, samples)
         out, _ = pair_sums(flat(phi_q), flat(phi_k), flat(v1), w_all.reshape(-1), idx.wsrc,
                            idx.crow, idx.col, idx.tcrow, idx.tcol, idx.tperm,
-                           per_head <= KEEP_SCORES_BYTES)
+                           per_head <= KEEP_SCORES_BYTES, 1)
         if samples > 1:
             out = out.view(samples, H, -1, out.size(-1)).transpose(0, 1)
         return out.reshape(H, R, -1)
@@ -363,25 +405,26 @@ def linear_sums(st: PairsStructures, phi_q: Tensor, phi_k: Tensor, v1: Tensor, f
             perm.numel(), device=perm.device))
         # every head at once (one gather per operand, and one for the sums)
         phi_q, phi_k, v1 = (_Permute.apply(t, perm, inv) for t in (phi_q, phi_k, v1))
-    # every head in one call; one head a call on the base structures when the per-head index
-    # was too large to keep (one huge graph: no copy of the index per call); in chunks of
-    # heads when the scores of all heads would exceed CHUNK_BYTES
-    if st.index is None and samples == 1:
-        chunk = 1
-    else:
-        chunk = H if H * per_head <= CHUNK_BYTES else max(1, CHUNK_BYTES // per_head)
-    keep = H * per_head <= KEEP_SCORES_BYTES  # all heads' scores, whatever the chunks
+    keep = H * per_head <= KEEP_SCORES_BYTES  # all heads' scores
+    if samples == 1 and (st.index is None or H * per_head > CHUNK_BYTES):
+        # one huge graph: the heads one after another on the base structures, in one call (no
+        # per-head copy of the index, no chunks to join)
+        out, _ = pair_sums(*(t.reshape(-1, t.size(-1)) for t in (phi_q, phi_k, v1)),
+                           w_all.reshape(-1), st.src, st.crow, st.col, st.tcrow, st.tcol,
+                           st.tperm, keep, H)
+        out = out.view(H, R, -1)
+        return out if perm is None else _Permute.apply(out, inv, perm)
+    # every head in one call; samples of a shared graph in chunks of heads when the scores of
+    # all heads would exceed CHUNK_BYTES (split, not sliced: the backward joins the chunks'
+    # gradients in one copy)
+    chunk = H if H * per_head <= CHUNK_BYTES else max(1, CHUNK_BYTES // per_head)
     outs = []
-    # split, not sliced: the backward joins the chunks' gradients in one copy
     parts = zip(*(t.split(chunk) if chunk < H else (t,) for t in (phi_q, phi_k, v1, w_all)))
     for q, k, v, w in parts:
         c = q.size(0)
-        if c == 1 and samples == 1:  # the base structures are this head's index
-            idx = KernelIndex(st.crow, st.col, st.tcrow, st.tcol, st.tperm, st.src)
-        else:  # heads h0 .. h0 + c - 1: their coefficient rows
-            idx = st.expand(c, samples)
+        idx = st.expand(c, samples)  # heads h0 .. h0 + c - 1: their coefficient rows
         out, _ = pair_sums(*(t.reshape(-1, t.size(-1)) for t in (q, k, v)), w.reshape(-1),
-                           idx.wsrc, idx.crow, idx.col, idx.tcrow, idx.tcol, idx.tperm, keep)
+                           idx.wsrc, idx.crow, idx.col, idx.tcrow, idx.tcol, idx.tperm, keep, 1)
         outs.append(out.view(c, R, -1))
     out = outs[0] if len(outs) == 1 else torch.cat(outs)
     return out if perm is None else _Permute.apply(out, inv, perm)

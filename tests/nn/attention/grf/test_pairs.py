@@ -228,10 +228,15 @@ def test_scores_computed_again_in_the_backward_give_the_same_gradients(mode, lim
         assert torch.allclose(a, c, atol=1e-9)
 
 
-def test_samples_on_a_shared_graph_in_locality_order_equal_a_batch_of_copies(monkeypatch):
-    # the pair structures of one graph in a locality order, repeated for B samples
+@pytest.mark.parametrize('limit', [None, 'CHUNK_BYTES', 'KERNEL_INDEX_BYTES'])
+def test_samples_on_a_shared_graph_in_locality_order_equal_a_batch_of_copies(limit,
+                                                                            monkeypatch):
+    # the pair structures of one graph in a locality order, repeated for B samples (also in
+    # chunks of one head, and with the per-head index built per call)
     from pyg_grf.nn.attention.grf import pairs
     monkeypatch.setattr(pairs, 'REORDER_MIN_NODES', 8)
+    if limit is not None:
+        monkeypatch.setattr(pairs, limit, 1 if limit == 'CHUNK_BYTES' else 0)
     g = AddGraphRandomFeatures(num_walks=5, p_halt=0.4, max_length=3, seed=0)(
         Data(edge_index=er_graph(30, 0.15, seed=4), num_nodes=30))
     layer = make_layer('symmetric', 'pairs')
