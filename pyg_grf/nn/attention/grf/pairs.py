@@ -236,9 +236,11 @@ def _dtype(x: Tensor) -> torch.dtype:
 
 
 def _block_sums(q: Tensor, k: Tensor, v: Tensor, w: Tensor, wsrc: Tensor, crow: Tensor,
-                col: Tensor, out: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
-    # one block of pair_sums: its sums (into ``out`` when given) and scores
-    s = sampled_dot(crow, col, q, k, q.new_zeros(col.numel()))
+                col: Tensor, out: Optional[Tensor] = None,
+                buf: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
+    # one block of pair_sums: its sums (into ``out`` when given) and scores (into ``buf``,
+    # finite, when given: the blocks share one buffer, which sampled_dot multiplies by 0)
+    s = sampled_dot(crow, col, q, k, q.new_zeros(col.numel()) if buf is None else buf)
     return _spmm(crow, col, s * w.index_select(0, wsrc), v, out), s
 
 
@@ -263,10 +265,11 @@ def pair_sums(q: Tensor, k: Tensor, v: Tensor, w: Tensor, wsrc: Tensor, crow: Te
             return _as(out, v.dtype), (s if keep_scores else s.new_empty(0))
         R, S = q.size(0) // blocks, w.numel() // blocks
         out, scores = vd.new_empty(vd.shape), []
+        buf = None if keep_scores else qd.new_zeros(col.numel())
         for b in range(blocks):
             r = slice(b * R, (b + 1) * R)
             _, s = _block_sums(qd[r], kd[r], vd[r], wd[b * S:(b + 1) * S], wsrc, crow, col,
-                               out[r])
+                               out[r], buf)
             scores += [s] if keep_scores else []
         return _as(out, v.dtype), (torch.cat(scores) if keep_scores else qd.new_empty(0))
 
@@ -279,13 +282,16 @@ def _(q, k, v, w, wsrc, crow, col, tcrow, tcol, tperm, keep_scores, blocks):
 
 def _block_grads(g_out: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor, wsrc: Tensor,
                  s: Optional[Tensor], crow: Tensor, col: Tensor, tcrow: Tensor, tcol: Tensor,
-                 tperm: Tensor, needs: List[bool], outs) -> List[Optional[Tensor]]:
+                 tperm: Tensor, needs: List[bool], outs, bufs=(None, None)
+                 ) -> List[Optional[Tensor]]:
     # one block of pair_sums_backward, each gradient into its ``outs`` entry when given (the
-    # statistic values' summed into it)
+    # statistic values' summed into it), the per-cell values into ``bufs`` when given
     wd = w.index_select(0, wsrc)
+    P = col.numel()
     if s is None:
-        s = sampled_dot(crow, col, q, k, q.new_zeros(col.numel()))
-    g = sampled_dot(crow, col, g_out, v, q.new_zeros(col.numel()))  # dL/da_ij = <dO_i, v_j>
+        s = sampled_dot(crow, col, q, k, q.new_zeros(P) if bufs[0] is None else bufs[0])
+    g = sampled_dot(crow, col, g_out, v,  # dL/da_ij = <dO_i, v_j>
+                    q.new_zeros(P) if bufs[1] is None else bufs[1])
     gw = (torch.zeros_like(w) if outs[3] is None else outs[3]).index_add_(0, wsrc, g * s) \
         if needs[3] else None
     gv = _spmm(tcrow, tcol, (s * wd).index_select(0, tperm), g_out, outs[2]) \
@@ -317,12 +323,15 @@ def pair_sums_backward(grad: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor,
             R, S = q.size(0) // blocks, w.numel() // blocks
             grads = [torch.empty_like(t) if n else None for t, n in zip((qd, kd, vd), needs)]
             grads.append(torch.zeros_like(wd) if needs[3] else None)
+            kept = scores.numel() == blocks * P
+            bufs = (None if kept else qd.new_zeros(P), qd.new_zeros(P))
             for b in range(blocks):
                 r, t = slice(b * R, (b + 1) * R), slice(b * S, (b + 1) * S)
                 _block_grads(gd[r], qd[r], kd[r], vd[r], wd[t], wsrc,
-                             scores[b * P:(b + 1) * P] if scores.numel() == blocks * P
-                             else None, crow, col, tcrow, tcol, tperm, needs,
-                             [None if x is None else x[i] for x, i in zip(grads, (r, r, r, t))])
+                             scores[b * P:(b + 1) * P] if kept else None, crow, col, tcrow,
+                             tcol, tperm, needs,
+                             [None if x is None else x[i] for x, i in zip(grads, (r, r, r, t))],
+                             bufs)
         none = q.new_empty(0)
         return tuple(none if x is None else _as(x, like.dtype)
                      for x, like in zip(grads, (q, k, v, w)))
