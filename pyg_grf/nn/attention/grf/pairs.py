@@ -20,7 +20,8 @@ the layer and treats them as one node each. Per mask cell the base structures ho
 the statistic row and the transposed position (``int32`` each) and per statistic row
 :math:`K (K + 1) / 2` values (``float32``; a symmetric mask stores each row once); the
 per-head index (:class:`KernelIndex`, 12 bytes per cell and head) is kept in the plan up to
-:data:`KERNEL_INDEX_BYTES`, else built per call.
+:data:`KERNEL_INDEX_BYTES`; beyond (one huge graph) the operator runs the heads one after
+another on the base structures, inside the one call.
 """
 from __future__ import annotations
 
@@ -127,11 +128,12 @@ class PairsStructures(NamedTuple):
                    for t in self if isinstance(t, (Tensor, KernelIndex)))
 
 
-#: The per-head kernel index is kept in the plan up to this many bytes (else built per call,
-#: about 3 % of a layer at 1M nodes, so that the plan of one huge graph stays small).
+#: The per-head kernel index is kept in the plan up to this many bytes (beyond, the heads run
+#: one after another on the base structures, so that the plan of one huge graph stays small).
 KERNEL_INDEX_BYTES = 2 ** 28
-#: Heads run in one call while their scores (4 bytes per cell and head) stay below this many
-#: bytes; beyond, in chunks of heads, so that one huge graph's transients stay bounded.
+#: Heads run as one block while their scores (4 bytes per cell and head) stay below this many
+#: bytes; beyond, one after another (samples of a shared graph: in chunks of heads), so that
+#: one huge graph's transients stay bounded.
 CHUNK_BYTES = 2 ** 30
 #: Scores are kept for the backward up to this many bytes; larger ones are computed again there
 #: (one more sampled product: about 5 % of a layer on a 262k-node kNN graph).

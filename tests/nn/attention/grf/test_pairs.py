@@ -210,9 +210,9 @@ def test_pairs_in_locality_order_equals_dense(mode, key, per_head, monkeypatch):
 def test_scores_computed_again_in_the_backward_give_the_same_gradients(mode, limit,
                                                                        monkeypatch):
     # above KEEP_SCORES_BYTES the kernel keeps no scores for its backward and computes them
-    # again; above CHUNK_BYTES the heads run in chunks (one huge graph); above
-    # KERNEL_INDEX_BYTES the per-head index is built per call, not kept in the plan: outputs
-    # and gradients equal the dense reference all the same
+    # again; above CHUNK_BYTES or KERNEL_INDEX_BYTES (one huge graph) the heads run one after
+    # another on the base structures, inside one call: outputs and gradients equal the dense
+    # reference all the same
     from pyg_grf.nn.attention.grf import pairs
     monkeypatch.setattr(pairs, limit, 0 if limit != 'CHUNK_BYTES' else 1)
     b = make_batch()
