@@ -206,15 +206,18 @@ def test_pairs_in_locality_order_equals_dense(mode, key, per_head, monkeypatch):
 
 
 @pytest.mark.parametrize('mode', ['symmetric', 'asymmetric'])
-@pytest.mark.parametrize('limit', ['KEEP_SCORES_BYTES', 'CHUNK_BYTES', 'KERNEL_INDEX_BYTES'])
-def test_scores_computed_again_in_the_backward_give_the_same_gradients(mode, limit,
+@pytest.mark.parametrize('limits', [('KEEP_SCORES_BYTES',), ('CHUNK_BYTES',),
+                                    ('KERNEL_INDEX_BYTES',),
+                                    ('KERNEL_INDEX_BYTES', 'KEEP_SCORES_BYTES')])
+def test_scores_computed_again_in_the_backward_give_the_same_gradients(mode, limits,
                                                                        monkeypatch):
     # above KEEP_SCORES_BYTES the kernel keeps no scores for its backward and computes them
     # again; above CHUNK_BYTES or KERNEL_INDEX_BYTES (one huge graph) the heads run one after
     # another on the base structures, inside one call: outputs and gradients equal the dense
     # reference all the same
     from pyg_grf.nn.attention.grf import pairs
-    monkeypatch.setattr(pairs, limit, 0 if limit != 'CHUNK_BYTES' else 1)
+    for limit in limits:  # the last: heads one after another, scores computed again
+        monkeypatch.setattr(pairs, limit, 0 if limit != 'CHUNK_BYTES' else 1)
     b = make_batch()
     layer = make_layer(mode, 'pairs')
     x = b.x.clone().requires_grad_()
