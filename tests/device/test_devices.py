@@ -107,6 +107,19 @@ def test_grf_attention_one_graph(device, dtype, backend):
 
 
 @pytest.mark.parametrize('device,dtype', CASES)
+def test_grf_attention_heads_one_after_another(device, dtype, monkeypatch):
+    # the path of one huge graph (no per-head index kept, scores computed again in the
+    # backward): the heads run one after another inside one operator call, writing into rows
+    # of the results
+    from pyg_grf.nn.attention.grf import pairs
+    monkeypatch.setattr(pairs, 'KERNEL_INDEX_BYTES', 0)
+    monkeypatch.setattr(pairs, 'KEEP_SCORES_BYTES', 0)
+    torch.manual_seed(0)
+    run(OneGraph(GRFAttention(16, heads=4, max_length=3, backend='pairs')), grf_args, device,
+        dtype)
+
+
+@pytest.mark.parametrize('device,dtype', CASES)
 @pytest.mark.parametrize('mode', ['linear', 'softmax'])
 def test_gkat_attention(device, dtype, mode):
     torch.manual_seed(0)
