@@ -53,8 +53,9 @@ class BlockTerms(NamedTuple):
 
 def _distinct(cell: Tensor, num_cells: int, terms: int) -> Tuple[Tensor, Tensor]:
     # the distinct cells, sorted, and the slot of every given one: by a mark-and-count over the
-    # (bounded) cell range, no sort; for one big graph (the cell range is N^2) by a sort
-    if num_cells <= max(8 * terms, 1 << 24):
+    # cell range when it is small against the terms (no sort), else by a sort (a graph of 4096
+    # nodes has 2^24 cells: marking them took 0.3-0.5 s where sorting its 42k terms takes 9 ms)
+    if num_cells <= max(8 * terms, 1 << 20):
         mark = torch.zeros(num_cells, dtype=torch.bool, device=cell.device)
         mark[cell] = True
         return mark.nonzero().view(-1), (torch.cumsum(mark, 0) - 1).index_select(0, cell)

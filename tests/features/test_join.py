@@ -445,3 +445,14 @@ def test_compiled_join_sized_exactly_or_grown_gives_the_same_statistics(exact_ab
     with pytest.raises(join.JoinMemoryError):
         join.compiled_join(loads.index, loads.hop.long(), loads.load.double(), None, None, None,
                            loads.max_hop + 1, loads.num_nodes, max_cells=3)
+
+
+@pytest.mark.parametrize('num_cells', [50, 10 ** 7])
+def test_distinct_cells_by_marks_or_by_a_sort_equal_unique(num_cells):
+    # a cell range small against the terms is marked and counted, a large one sorted: both
+    # give torch.unique's sorted distinct cells and the slot of every term
+    from pyg_grf.features.blocks import _distinct
+    cell = torch.randint(0, num_cells, (400,), generator=torch.Generator().manual_seed(0))
+    cells, slot = _distinct(cell, num_cells, cell.numel())
+    ref, inv = torch.unique(cell, sorted=True, return_inverse=True)
+    assert torch.equal(cells, ref) and torch.equal(slot, inv)
