@@ -85,8 +85,9 @@ FULL: Dict[str, Dict[str, Any]] = {
     'gkat_tu': dict(cost='~10 h', files=['gkat_tu.md', 'gkat_tu/runs.jsonl'],
                     commands=[f'python experiments/gkat_tu.py --dataset {d} --models gkat gat gin'
                               for d in ('PROTEINS', 'IMDB-BINARY', 'IMDB-MULTI', 'ENZYMES')]),
-    'digits_grid': dict(cost='~2 h', files=['digits_grid.md', 'digits_grid/runs.jsonl'],
-                        commands=['bash experiments/run_mask_value.sh digits']),
+    'digits_grid': dict(cost='~3 h', files=['digits_grid.md', 'digits_grid/runs.jsonl'],
+                        commands=['bash experiments/run_mask_value.sh digits',
+                                  'bash experiments/run_mask_value.sh ablations']),
     'point_cloud_scale': dict(cost='~3 h', files=['point_cloud_scale.md',
                                                      'point_cloud_scale/runs.jsonl'],
                               commands=['python experiments/point_cloud_scale.py --sizes 8192 '

@@ -2,7 +2,7 @@
 # Issue #17 (the mask's value at O(N)): the runs behind experiments/results/digits_grid.md and the
 # new GRF / LINEAR rows of experiments/results/gkat_motifs.md. Streams are single-threaded.
 #   bash experiments/run_mask_value.sh digits      # Table 1 variants, 5 seeds (~2 h)
-#   bash experiments/run_mask_value.sh ablations   # walkers, importance, free f, 3 seeds (~45 min)
+#   bash experiments/run_mask_value.sh ablations   # walkers, free and signed f, 3 seeds (~1 h)
 #   bash experiments/run_mask_value.sh motifs1     # GRF with the library's defaults (|f|, one
 #   bash experiments/run_mask_value.sh motifs2     #   walk set) and the unmasked-linear control,
 #                                                  #   3 seeds each (experiments/gkat_motifs.py)
@@ -44,7 +44,7 @@ peptides() {  # seed, epochs, max_steps
 case "${1:?usage: run_mask_value.sh digits|ablations|motifs1|motifs2|peptides}" in
   digits) digits --variants linear,power_series,grf,grf_old_defaults,softmax,grf_shared_walks,grid_rpe \
     --seeds 0,1,2,3,4 ;;
-  ablations) digits --variants grf_free_f,grf_no_importance,grf_walks4,grf_walks16,grf_walks128 \
+  ablations) digits --variants grf_free_f,grf_signed_f,grf_walks4,grf_walks16,grf_walks128 \
     --seeds 0,1,2 ;;
   motifs1) motifs circle caveman circular_ladder ;;
   motifs2) motifs induced_cycle ladder grid ;;
