@@ -37,15 +37,17 @@ def csr_tensor(crow: Tensor, col: Tensor, values: Tensor, size: Tuple[int, int])
                                layout=torch.sparse_csr, check_invariants=False)
 
 
-def csr_mm(a: Tensor, x: Tensor) -> Tensor:
+def csr_mm(a: Tensor, x: Tensor, out: Optional[Tensor] = None) -> Tensor:
     r""":math:`A X` for a CSR matrix ``a`` and a dense ``x``, written straight into a fresh
     result (``addmm`` with ``beta=0`` into itself): torch's ``a @ x`` (and ``mm(out=)``)
     zero-fills a temporary, multiplies into it and copies it into the result, two extra passes
     over an output that is often larger than the cache (a PubMed-sized ``[157736, 72]``
     product: 4x the time on the CPU; on CUDA a fill and a copy kernel per product). With
     ``beta=0`` neither MKL nor cuSPARSE reads the result (a NaN-filled one on both:
-    ``tests/test_ops.py``, the ``cuda`` case run on an H200), so it starts empty."""
-    out = x.new_empty(a.size(0), x.size(1))
+    ``tests/test_ops.py``, the ``cuda`` case run on an H200), so it starts empty. ``out``: a
+    contiguous ``[a.size(0), x.size(1)]`` tensor (e.g. rows of a larger result) to write into
+    instead."""
+    out = x.new_empty(a.size(0), x.size(1)) if out is None else out
     return torch.addmm(out, a, x, beta=0.0, out=out)
 
 

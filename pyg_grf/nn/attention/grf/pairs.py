@@ -221,8 +221,7 @@ def build(loads: GRFLoads, mode: str, dtype: torch.dtype, groups: int = 1,
 def _spmm(crow: Tensor, col: Tensor, vals: Tensor, x: Tensor,
           out: Optional[Tensor] = None) -> Tensor:
     # the CSR product, into a fresh tensor or into rows of a larger result (``out``)
-    a = csr_tensor(crow, col, vals, (crow.numel() - 1, x.size(0)))
-    return csr_mm(a, x) if out is None else torch.addmm(out, a, x, beta=0.0, out=out)
+    return csr_mm(csr_tensor(crow, col, vals, (crow.numel() - 1, x.size(0))), x, out)
 
 
 def _as(x: Tensor, dtype: torch.dtype) -> Tensor:
@@ -265,15 +264,14 @@ def pair_sums(q: Tensor, k: Tensor, v: Tensor, w: Tensor, wsrc: Tensor, crow: Te
         if blocks == 1:
             out, s = _block_sums(qd, kd, vd, wd, wsrc, crow, col)
             return _as(out, v.dtype), (s if keep_scores else s.new_empty(0))
-        R, S = q.size(0) // blocks, w.numel() // blocks
-        out, scores = vd.new_empty(vd.shape), []
-        buf = None if keep_scores else qd.new_zeros(col.numel())
+        R, S, P = q.size(0) // blocks, w.numel() // blocks, col.numel()
+        # the scores of every block when kept, else one buffer the blocks share
+        out, scores = vd.new_empty(vd.shape), qd.new_zeros(blocks * P if keep_scores else P)
         for b in range(blocks):
             r = slice(b * R, (b + 1) * R)
-            _, s = _block_sums(qd[r], kd[r], vd[r], wd[b * S:(b + 1) * S], wsrc, crow, col,
-                               out[r], buf)
-            scores += [s] if keep_scores else []
-        return _as(out, v.dtype), (torch.cat(scores) if keep_scores else qd.new_empty(0))
+            _block_sums(qd[r], kd[r], vd[r], wd[b * S:(b + 1) * S], wsrc, crow, col, out[r],
+                        scores[b * P:(b + 1) * P] if keep_scores else scores)
+        return _as(out, v.dtype), (scores if keep_scores else qd.new_empty(0))
 
 
 @pair_sums.register_fake
@@ -287,7 +285,7 @@ def _block_grads(g_out: Tensor, q: Tensor, k: Tensor, v: Tensor, w: Tensor, wsrc
                  tperm: Tensor, needs: List[bool], outs, bufs=(None, None)
                  ) -> List[Optional[Tensor]]:
     # one block of pair_sums_backward, each gradient into its ``outs`` entry when given (the
-    # statistic values' summed into it), the per-cell values into ``bufs`` when given
+    # statistic values' gradient added to it), the per-cell values into ``bufs`` when given
     wd = w.index_select(0, wsrc)
     P = col.numel()
     if s is None:
