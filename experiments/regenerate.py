@@ -123,7 +123,7 @@ FULL: Dict[str, Dict[str, Any]] = {
                         commands=['python bench/bench_samsa.py --threads 1']),
     'bench_loop': dict(cost='~15 min', files=['bench_loop.md', 'bench_loop.json'],
                        commands=['python bench/bench_loop.py --rounds 3 --batches 8']),
-    'large_graphs': dict(cost='~1 h', files=['large_graphs.md'],
+    'large_graphs': dict(cost='~5 min', files=['large_graphs.md'],
                          commands=['python bench/large_graphs.py --threads 1 --backend auto']),
 }
 
