@@ -18,12 +18,34 @@ import contextlib
 import os
 import signal
 import threading
-from typing import Iterator, Sequence
+from typing import Any, Dict, Iterator, List, Sequence
 
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 #: The signals that :func:`stop_on_signals` turns into :class:`StopSignal`.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+#: The handlers before each open :func:`stop_on_signals` block of this process (outermost first)
+_OPEN_BLOCKS: List[Dict[int, Any]] = []
+
+
+def _restore_in_child() -> None:
+    # A process forked inside a block (a DataLoader worker, a multiprocessing pool's worker)
+    # gets the handlers of before the outermost block at the C level, before it runs any Python:
+    # with a Python-level handler installed, a SIGTERM that lands just before the worker blocks
+    # in a lock is only noted, and the worker waits forever (Pool.terminate() then hangs joining
+    # it; seen processing Peptides-func under `pyg-grf fit`). This also drops the handlers that
+    # Lightning's trainer stacked on top of ours inside the block.
+    if not _OPEN_BLOCKS:
+        return
+    for signum, old in _OPEN_BLOCKS[0].items():
+        with contextlib.suppress(ValueError, OSError):  # not the main thread: nothing to undo
+            signal.signal(signum, old if old is not None else signal.SIG_DFL)
+    _OPEN_BLOCKS.clear()
+
+
+if hasattr(os, 'register_at_fork'):
+    os.register_at_fork(after_in_child=_restore_in_child)
 
 
 class StopSignal(SIGTERMException):
@@ -56,8 +78,9 @@ def _default_action(handler, signum: int, frame) -> None:
 def stop_on_signals(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[None]:
     r"""Inside the block, the first of :obj:`signals` raises :class:`StopSignal` in the main
     thread; a second one takes the signal's default action (for SIGTERM and SIGINT: the process
-    ends at once). Processes forked inside the block (DataLoader workers) keep the handlers they
-    had before. Does nothing outside the main thread (Python handles signals only there)."""
+    ends at once). Processes forked inside the block (DataLoader and pool workers) start with
+    the handlers of before the block (set at fork, so a worker that waits on a lock still dies
+    by SIGTERM). Does nothing outside the main thread (Python handles signals only there)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -75,9 +98,11 @@ def stop_on_signals(signals: Sequence[int] = STOP_SIGNALS) -> Iterator[None]:
 
     for signum in signals:
         signal.signal(signum, handler)
+    _OPEN_BLOCKS.append(previous)
     try:
         yield
     finally:
+        del _OPEN_BLOCKS[next(i for i, b in enumerate(_OPEN_BLOCKS) if b is previous)]
         for signum, old in previous.items():
             signal.signal(signum, old if old is not None else signal.SIG_DFL)
 

@@ -57,6 +57,43 @@ def test_a_forked_worker_keeps_its_previous_handler():
         f'expected the child killed by SIGTERM, got wait status {status}'
 
 
+def test_a_worker_waiting_on_a_lock_dies_by_sigterm():
+    # Lightning's trainer stacks a handler that only logs ("Bypassing SIGTERM") on top of ours;
+    # a worker forked then, waiting on a lock, got SIGTERM from Pool.terminate() and waited on
+    # (the Python handler ran and returned): `pyg-grf fit` hung after processing Peptides-func.
+    # Forked workers must start with the handler of before the block (SIG_DFL).
+    import multiprocessing
+    lock = multiprocessing.get_context('fork').Lock()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    with stop_on_signals():
+        signal.signal(signal.SIGTERM, lambda signum, frame: None)  # the stacked handler
+        lock.acquire()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+                lock.acquire()  # blocks: the parent holds it
+            finally:
+                os._exit(7)
+        time.sleep(0.2)
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        status = None
+        while time.monotonic() < deadline:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail('the forked worker survived SIGTERM while waiting on a lock')
+        lock.release()
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the block restored it
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM, \
+        f'expected the child killed by SIGTERM, got wait status {status}'
+
+
 @pytest.mark.slow  # a fresh interpreter importing Lightning: ~10 s on 2 cores
 @pytest.mark.skipif(not os.path.isdir('/proc/self'), reason='reads /proc')
 def test_the_command_ends_by_the_signal_and_kills_its_workers(tmp_path):
