@@ -107,10 +107,10 @@ def read_rows(path: str) -> List[Dict[str, Any]]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def full_graph_epoch(model, opt, data) -> tuple:
+def full_graph_epoch(model, opt, data, eval_data=None) -> tuple:
     r"""One full-graph training epoch of a node classifier (``model(data)`` the logits, cross
     entropy on ``data.train_mask``, one optimiser step), then its validation and test accuracy
-    in eval mode, as floats."""
+    in eval mode on ``eval_data`` (default: ``data``), as floats."""
     import torch
     import torch.nn.functional as F
     model.train()
@@ -119,6 +119,7 @@ def full_graph_epoch(model, opt, data) -> tuple:
     F.cross_entropy(out[data.train_mask], data.y[data.train_mask]).backward()
     opt.step()
     model.eval()
+    data = data if eval_data is None else eval_data
     with torch.no_grad():
         pred = model(data).argmax(-1)
     return tuple((pred[m] == data.y[m]).float().mean().item()

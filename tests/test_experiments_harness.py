@@ -222,3 +222,35 @@ def test_point_cloud_variants_match_parameters_and_run_through_the_harness(tmp_p
                                seed=0, root=str(tmp_path / 'run'), epochs=1, callbacks=[timer])
     assert len(timer.times) == 10 and timer.median() > 0  # 10 training clouds, one step each
     assert row['test/mse'] > 0 and row['params'] == counts['grf']
+
+
+def test_full_graph_epoch_scores_the_evaluation_graph():
+    import torch
+    from torch_geometric.data import Data
+    torch.manual_seed(0)
+    x = torch.randn(6, 3)
+    masks = dict(train_mask=torch.tensor([1, 1, 0, 0, 0, 0], dtype=torch.bool),
+                 val_mask=torch.tensor([0, 0, 1, 1, 0, 0], dtype=torch.bool),
+                 test_mask=torch.tensor([0, 0, 0, 0, 1, 1], dtype=torch.bool))
+    train = Data(x=x, y=torch.zeros(6, dtype=torch.long), **masks)
+    model = torch.nn.Linear(3, 2)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = model
+
+        def forward(self, data):
+            return self.lin(data.x)
+
+    net = Net()
+    opt = torch.optim.SGD(net.parameters(), lr=0.0)  # no update: predictions are fixed
+    pred = model(x).argmax(-1)
+    # the evaluation graph's labels: the model's predictions on val, their opposite on test
+    y = pred.clone()
+    y[4:] = 1 - pred[4:]
+    assert harness.full_graph_epoch(net, opt, train, Data(x=x, y=y, **masks)) == (1.0, 0.0)
+    # without one, the training graph is scored (its labels: all class 0)
+    expect = tuple((pred[m] == 0).float().mean().item()
+                   for m in (masks['val_mask'], masks['test_mask']))
+    assert harness.full_graph_epoch(net, opt, train) == expect

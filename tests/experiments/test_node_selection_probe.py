@@ -22,10 +22,26 @@ def test_table_means_and_paired_differences(tmp_path):
     assert (tmp_path / 'table.md').read_text() == text
     assert '| grf | 2 | 79.0 ± 1.4 | 78.0 ± 1.4 | 77.0 ± 1.4 | 80.0 ± 0.0 |' in text
     # grf - none per seed: -3, -4 -> mean -3.5, SE 0.5, 0 of 2 better, in every reading
-    assert '| none | -3.5 ± 0.5 (0/2) | -3.5 ± 0.5 (0/2) | -3.5 ± 0.5 (0/2) |' in text
-    assert '| linear | -1.5 ± 0.5 (0/2) |' in text
+    assert ('| grf - none | -3.5 ± 0.5 (0/2) | -3.5 ± 0.5 (0/2) | -3.5 ± 0.5 (0/2) |'
+            in text)
+    assert '| grf - linear | -1.5 ± 0.5 (0/2) |' in text
+    assert 'grf_resample -' not in text  # no rows of it: no line
 
 
 def test_too_few_epochs_for_the_averaged_reading():
     with pytest.raises(ValueError, match='expected more epochs than 100, got 100'):
         probe.fit('none', 0, 100)
+
+
+def test_resampled_variant_is_paired_against_fixed_draw(tmp_path):
+    acc = {'grf': [0.80, 0.78], 'grf_resample': [0.81, 0.80]}
+    with open(tmp_path / 'runs.jsonl', 'w') as f:
+        for v, values in acc.items():
+            for seed, a in enumerate(values):
+                f.write(json.dumps({'variant': v, 'seed': seed, 'epochs': 200, 'fit_s': 10.0,
+                                    'test/best_val': a, 'test/last': a, 'test/mean': a,
+                                    'best_val': 0.8, 'val/mean': 0.78}) + '\n')
+    text = probe.write_table(str(tmp_path))
+    # per seed +1, +2 -> mean +1.5, SE 0.5, 2 of 2 better
+    assert '| grf_resample - grf | +1.5 ± 0.5 (2/2) |' in text
+    assert '| grf - none |' not in text  # no control rows: no line
