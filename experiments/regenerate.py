@@ -96,7 +96,7 @@ FULL: Dict[str, Dict[str, Any]] = {
                          commands=['python experiments/grf_variance.py --repeats 300']),
     'cora_subgraph': dict(cost='~30 min', files=['cora_subgraph.md', 'cora_subgraph/runs.jsonl'],
                           commands=['python experiments/cora_subgraph.py --seeds 3']),
-    'peptides_epoch_ratio': dict(cost='~1 h', files=['peptides_epoch_ratio.md'],
+    'peptides_epoch_ratio': dict(cost='~15 min', files=['peptides_epoch_ratio.md'],
                                  commands=['bash experiments/peptides_epoch_ratio.sh '
                                            '/tmp/pepratio 2']),
     'op_count': dict(cost='~5 min', files=['op_count.md', 'op_count.json'],
