@@ -15,7 +15,10 @@ Variants (every one the same harness, budget and seeds):
 * ``gcn``: Kipf & Welling's GCN recipe (``paper/citation_gcn.yaml``; citation only);
 * ``gat``: PyG's GAT recipe (``paper/citation_gat.yaml``; Cora and CiteSeer reuse the GAT runs
   of ``gkat_citation.py``, same harness and seeds); on Minesweeper the ``none`` stack with
-  ``GATConv`` layers (4 heads).
+  ``GATConv`` layers (4 heads);
+* ``gat_tuned`` (Minesweeper): Luo et al.'s tuned GAT (their ``run_gnn.sh``: 15 layers of 64,
+  one head, ``GATConv`` without self loops or bias, skips, batch norm, dropout 0.2, the ``none``
+  stack's training).
 
 ``--search`` selects settings on the validation split only (:func:`harness.coordinate_search`
 over :data:`SEARCH`: on Cora the GRF model's gate start, attention dropout and heads with
@@ -64,7 +67,7 @@ DATASETS = {'cora': ('cora', 'Cora', 1433, 7, 'test/acc'),
             'citeseer': ('citeseer', 'CiteSeer', 3703, 6, 'test/acc'),
             'pubmed': ('pubmed', 'PubMed', 500, 3, 'test/acc'),
             'minesweeper': ('minesweeper', 'Minesweeper', 7, 1, 'test/auroc')}
-VARIANTS = ('grf', 'none', 'linear', 'power_series', 'gcn', 'gat')
+VARIANTS = ('grf', 'none', 'linear', 'power_series', 'gcn', 'gat', 'gat_tuned')
 M, T = '--model.init_args.model.init_args.', '--data.init_args.pre_transform.init_args.'
 #: the commands that ran the table's rows (printed under it)
 COMMANDS = [
@@ -138,6 +141,9 @@ def overrides(dataset: str, variant: str, seed: int, settings: dict) -> List[str
         out.append(f'{M}attn_type=power_series')
     elif variant == 'gat':  # Minesweeper: the selected stack with GATConv layers
         out += [f'{M}attn_type=null', f'{M}conv=gat', f'{M}conv_heads=4']
+    elif variant == 'gat_tuned':  # Minesweeper: Luo et al.'s GAT (depth and layer selected)
+        out += [f'{M}attn_type=null', f'{M}conv=gat', f'{M}conv_heads=1', f'{M}num_layers=15',
+                f'{M}conv_kwargs=' + json.dumps({'add_self_loops': False, 'bias': False})]
     return NODE.format(name), out
 
 

@@ -72,6 +72,9 @@ class GRFNodeModel(torch.nn.Module):
             (:class:`GATConv`, :obj:`conv_heads` heads concatenated to the width) or
             ``'sage'`` (:class:`SAGEConv`) (default: ``'gcn'``).
         conv_heads (int, optional): heads of ``'gat'`` (default: :obj:`1`).
+        conv_kwargs (dict, optional): more arguments of every local convolution, e.g.
+            ``{'add_self_loops': False, 'bias': False}`` for Luo et al.'s ``GATConv`` (the sizes,
+            ``heads`` and, for ``'gcn'``, ``normalize`` are the model's) (default: :obj:`None`).
         attn_type (str, optional): the global attention, a name of
             :data:`~pyg_grf.nn.attention.registry.ATTENTIONS` (``'grf'``; the controls
             ``'linear'``, unmasked, and ``'power_series'``, the exact mask), or :obj:`None` (or
@@ -104,6 +107,7 @@ class GRFNodeModel(torch.nn.Module):
 
     def __init__(self, in_channels: int, hidden_channels: int, out_channels: int,
                  num_layers: int = 2, conv: str = 'gcn', conv_heads: int = 1,
+                 conv_kwargs: Optional[Dict[str, Any]] = None,
                  attn_type: Optional[str] = 'grf', heads: int = 1,
                  attn_kwargs: Optional[Dict[str, Any]] = None, gate_init: float = 0.0,
                  dropout: float = 0.5, input_dropout: float = 0.0,
@@ -121,6 +125,16 @@ class GRFNodeModel(torch.nn.Module):
         if conv == 'gat' and hidden_channels % conv_heads:
             raise ValueError(f"conv='gat' concatenates its heads to 'hidden_channels': expected "
                              f"a multiple of conv_heads={conv_heads}, got {hidden_channels}")
+        self.conv_kwargs = dict(conv_kwargs or {})
+        owned = {'in_channels', 'out_channels', 'heads', 'normalize'} & set(self.conv_kwargs)
+        if owned:
+            raise ValueError(f"'conv_kwargs' may not set {sorted(owned)}: the model sets the "
+                             f"sizes, 'heads' (conv_heads) and GCN's 'normalize'; got "
+                             f"{self.conv_kwargs}")
+        if conv == 'gcn' and set(self.conv_kwargs) - {'bias'}:
+            raise ValueError(f"conv='gcn' runs on the model's own normalised adjacency (self "
+                             f"loops included): 'conv_kwargs' may only set 'bias', got "
+                             f"{self.conv_kwargs}")
         if isinstance(attn_type, str) and attn_type.lower() in ('none', 'null'):
             attn_type = None  # as a command line writes it (jsonargparse passes the string)
         if attn_type is not None and attn_type not in ATTENTIONS:
@@ -151,7 +165,8 @@ class GRFNodeModel(torch.nn.Module):
         C = hidden_channels
         hidden = num_layers if head == 'linear' else num_layers - 1
         dims = [in_channels] + [C] * hidden
-        self.convs = torch.nn.ModuleList([self._make_conv(conv, dims[i], C, conv_heads)
+        self.convs = torch.nn.ModuleList([self._make_conv(conv, dims[i], C, conv_heads,
+                                                          self.conv_kwargs)
                                           for i in range(hidden)])
         self.skips = (torch.nn.ModuleList([torch.nn.Linear(dims[i], C) for i in range(hidden)])
                       if residual else None)
@@ -159,7 +174,7 @@ class GRFNodeModel(torch.nn.Module):
                                            for _ in range(hidden)])
                       if norm is not None else None)
         self.head = (torch.nn.Linear(C, out_channels) if head == 'linear'
-                     else self._make_conv(conv, C, out_channels, 1))
+                     else self._make_conv(conv, C, out_channels, 1, self.conv_kwargs))
         # global branch: one attention layer on a hidden layer's output (attn_input), gated
         if attn_type is not None:
             self.attn = attention_resolver(attn_type, C, heads=heads, **self.attn_kwargs)
@@ -170,12 +185,16 @@ class GRFNodeModel(torch.nn.Module):
         self.reset_parameters()
 
     @staticmethod
-    def _make_conv(conv: str, c_in: int, C: int, conv_heads: int) -> torch.nn.Module:
-        if conv == 'gcn':  # on the normalised adjacency of :meth:`adjacency`
-            return GCNConv(c_in, C, normalize=False)
-        if conv == 'gat':
-            return GATConv(c_in, C // conv_heads, heads=conv_heads)
-        return SAGEConv(c_in, C)
+    def _make_conv(conv: str, c_in: int, C: int, conv_heads: int,
+                   kwargs: Dict[str, Any]) -> torch.nn.Module:
+        try:
+            if conv == 'gcn':  # on the normalised adjacency of :meth:`adjacency`
+                return GCNConv(c_in, C, normalize=False, **kwargs)
+            if conv == 'gat':
+                return GATConv(c_in, C // conv_heads, heads=conv_heads, **kwargs)
+            return SAGEConv(c_in, C, **kwargs)
+        except TypeError as exc:  # an argument the convolution does not take
+            raise ValueError(f"'conv_kwargs' {kwargs} do not fit conv={conv!r}: {exc}") from None
 
     def reset_parameters(self):
         for module in [*self.convs, *(self.skips or []), *(self.norms or []), self.head]:
@@ -276,7 +295,9 @@ class GRFNodeModel(torch.nn.Module):
     def __repr__(self) -> str:
         attn = (f', attn_type={self.attn_type!r}, heads={self.heads}'
                 if self.attn_type is not None else ', attn_type=None')
+        kwargs = f', conv_kwargs={self.conv_kwargs}' if self.conv_kwargs else ''
         return (f'{type(self).__name__}({self.in_channels}, {self.hidden_channels}, '
-                f'{self.out_channels}, num_layers={self.num_layers}, conv={self.conv!r}{attn}, '
+                f'{self.out_channels}, num_layers={self.num_layers}, conv={self.conv!r}{kwargs}'
+                f'{attn}, '
                 f'norm={self.norm!r}, residual={self.residual}, head={self.head_type!r}, '
                 f'attn_input={self.attn_input!r})')

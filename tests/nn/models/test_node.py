@@ -28,9 +28,10 @@ def small_graph(num_features=5, seed=0):
 def pyg_gcn(conv, x, edge_index):
     """The model's GCN layer ``conv`` recomputed by PyG's GCNConv, which normalises
     ``edge_index`` itself, holding the same weights."""
-    ref = GCNConv(conv.in_channels, conv.out_channels).to(x.dtype)
+    ref = GCNConv(conv.in_channels, conv.out_channels, bias=conv.bias is not None).to(x.dtype)
     ref.lin.weight.data.copy_(conv.lin.weight)
-    ref.bias.data.copy_(conv.bias)
+    if conv.bias is not None:
+        ref.bias.data.copy_(conv.bias)
     return ref(x, edge_index)
 
 
@@ -44,10 +45,10 @@ def pyg_reference(model, data):
             ref = lambda h, edge_index, conv=conv: pyg_gcn(conv, h, edge_index)  # noqa: E731
         elif model.conv == 'gat':
             ref = GATConv(c_in, model.hidden_channels // model.conv_heads,
-                          heads=model.conv_heads).to(h.dtype)
+                          heads=model.conv_heads, **model.conv_kwargs).to(h.dtype)
             ref.load_state_dict(conv.state_dict())
         else:
-            ref = SAGEConv(c_in, model.hidden_channels).to(h.dtype)
+            ref = SAGEConv(c_in, model.hidden_channels, **model.conv_kwargs).to(h.dtype)
             ref.load_state_dict(conv.state_dict())
         out = ref(h, data.edge_index)
         if model.residual:  # the linear skip, before the norm
@@ -57,8 +58,10 @@ def pyg_reference(model, data):
         h = F.relu(out)
     if model.head_type == 'linear':
         return model.head(h)
-    ref = GCNConv(h.size(1), model.out_channels).to(h.dtype) if model.conv == 'gcn' else \
-        (GATConv if model.conv == 'gat' else SAGEConv)(h.size(1), model.out_channels).to(h.dtype)
+    if model.conv == 'gcn':
+        return pyg_gcn(model.head, h, data.edge_index)
+    ref = (GATConv if model.conv == 'gat' else SAGEConv)(h.size(1), model.out_channels,
+                                                        **model.conv_kwargs).to(h.dtype)
     ref.load_state_dict(model.head.state_dict())
     return ref(h, data.edge_index)
 
@@ -168,6 +171,40 @@ def test_trains_and_gate_gets_gradient():
     assert torch.allclose(clone.eval()(data), model.eval()(data))
 
 
+@pytest.mark.parametrize('conv,kwargs', [('gat', {'add_self_loops': False, 'bias': False}),
+                                         ('sage', {'aggr': 'max', 'bias': False}),
+                                         ('gcn', {'bias': False})])
+@pytest.mark.parametrize('head', ['linear', 'conv'])
+def test_conv_kwargs_reach_every_convolution(conv, kwargs, head):
+    # Luo et al.'s GATConv (no self loops, no bias): the stack equals PyG layers built with
+    # the same arguments (their state dicts load strictly: no bias anywhere), and differs from
+    # the stack without them
+    data = small_graph()
+    data.x = data.x.double()
+    model = GRFNodeModel(5, 8, 3, num_layers=3, conv=conv, conv_heads=2, conv_kwargs=kwargs,
+                         attn_type=None, head=head, norm='batch_norm', residual=True).double()
+    model.eval()
+    convs = list(model.convs) + ([model.head] if head == 'conv' else [])
+    assert not [n for c in convs for n, _ in c.named_parameters() if n.endswith('bias')]
+    out = model(data)
+    assert torch.allclose(out, pyg_reference(model, data), atol=1e-10)
+    plain = copy.deepcopy(model)
+    plain.conv_kwargs = {}
+    if conv != 'gcn':  # with the defaults, the same weights give another output
+        with pytest.raises(RuntimeError, match='Missing key'):
+            pyg_reference(plain, data)  # the defaults have a bias the model lacks
+        assert not torch.allclose(out, pyg_reference_without_bias(plain, data, conv),
+                                  atol=1e-6)
+
+
+def pyg_reference_without_bias(model, data, conv):
+    """The stack with the convolutions' own defaults but no bias (only 'bias' switched off),
+    holding the model's weights."""
+    model = copy.deepcopy(model)
+    model.conv_kwargs = {'bias': False}
+    return pyg_reference(model, data)
+
+
 def test_repr():
     assert str(GRFNodeModel(7, 16, 2)) == (
         "GRFNodeModel(7, 16, 2, num_layers=2, conv='gcn', attn_type='grf', heads=1, norm=None, "
@@ -190,6 +227,11 @@ def test_repr():
                                         r">= 2, got 1"),
     ({'dropout': 1.0}, r"'dropout' must lie in \[0, 1\), got 1.0"),
     ({'attn_input': 'mid'}, r"'attn_input' must be one of \('first', 'last'\), got 'mid'"),
+    ({'conv': 'gat', 'conv_kwargs': {'heads': 2}}, r"'conv_kwargs' may not set \['heads'\]"),
+    ({'conv_kwargs': {'add_self_loops': False}},
+     r"conv='gcn' runs on the model's own normalised adjacency .* may only set 'bias'"),
+    ({'conv': 'sage', 'conv_kwargs': {'heads_': 1}},
+     r"'conv_kwargs' \{'heads_': 1\} do not fit conv='sage'"),
 ])
 def test_bad_arguments(kwargs, match):
     args = dict(in_channels=5, hidden_channels=8, out_channels=3)
