@@ -130,7 +130,12 @@ def write_table(out: str = OUT) -> str:
             lines.append(f'| {a} - {b} | ' + ' | '.join(cells) + ' |')
     prov = next((r for r in rows if r.get('commit')), None)
     if prov:
-        lines += ['', f"Commit {prov['commit']}, {prov['machine']}, torch {prov['torch']}."]
+        commits = {}
+        for r in rows:
+            commits.setdefault(r.get('commit'), set()).add(r['variant'])
+        where = '; '.join(f"{', '.join(sorted(v))} at {c}" for c, v in sorted(
+            commits.items(), key=lambda cv: str(cv[0])) if c)
+        lines += ['', f"Commits: {where}; {prov['machine']}, torch {prov['torch']}."]
     lines += ['', 'Command:', '', '```',
               f'python experiments/node_selection_probe.py --seeds {len({r["seed"] for r in rows})}'
               f' --epochs {epochs}', '```', '']
