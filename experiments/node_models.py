@@ -235,6 +235,30 @@ def write_table() -> str:
                   f"--seeds 3 --settings '{json.dumps(probe[0]['settings'])}' "
                   f"--out experiments/results/node_models/walks128`.", '']
         summary['cora_grf_128_walks'] = {'mean': m, 'std': sd, 'seeds': len(vals)}
+    budget = [r for r in read_rows(osp.join(OUT, 'budget2000', 'runs.jsonl'))
+              if r.get('dataset') == 'minesweeper']
+    if budget:  # Luo et al.'s budget: 2000 epochs, no early stopping, best validation epoch
+        order = [v for v in VARIANTS if any(r['variant'] == v for r in budget)]
+        lines += ['## Minesweeper at Luo et al.\'s budget (2000 epochs, no early stopping)', '',
+                  'The same configs with `--epochs 2000 --set \'trainer.callbacks=[]\'` (the '
+                  'checkpoint of the best validation AUROC tested), on the splits run so far; '
+                  'paired differences against the GCN alone (`none`).', '',
+                  summary_table(budget, 'test/auroc', control='none', order=order,
+                                labels={'metric': 'auroc', 'val': 'val'}).rstrip(), '',
+                  'Per split (test AUROC): ' + '; '.join(
+                      f"{v} " + ', '.join(f"{r['seed']}: {100 * r['test/auroc']:.2f}"
+                                          for r in sorted(budget, key=lambda r: r['seed'])
+                                          if r['variant'] == v) for v in order) + '.',
+                  f"Runs at commits {', '.join(sorted({r['commit'] for r in budget}))}. "
+                  "Command: `python experiments/node_models.py --dataset minesweeper --variants "
+                  "none grf --seeds 10 --epochs 2000 --set 'trainer.callbacks=[]' --out "
+                  "experiments/results/node_models/budget2000`.", '']
+        summary['minesweeper_budget2000'] = {}
+        for v in order:
+            m, sd = mean_std([100 * r['test/auroc'] for r in budget if r['variant'] == v])
+            summary['minesweeper_budget2000'][v] = {'mean': m, 'std': sd if sd == sd else None,
+                                                    'seeds': sum(r['variant'] == v
+                                                                 for r in budget)}
     with open(JSON, 'w') as f:
         json.dump(summary, f, indent=1)
     return write_markdown(TABLE, lines, NOTES, COMMANDS)
