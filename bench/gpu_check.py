@@ -48,7 +48,12 @@ time-boxed:
 * ``op_count``: ``python bench/op_count.py --graphs 128 --compile --out OUT/op_count`` in a
   subprocess with a timeout (operators per training step on the CPU, and what
   ``torch.compile`` makes of the GRF model), so that the GPU session records it too
-  (``--quick``: ``--graphs 4``, without ``--compile``).
+  (``--quick``: ``--graphs 4``, without ``--compile``);
+* ``pair_kernel``: the engine's pair kernel (sampled product and CSR products, cuSPARSE on a
+  GPU) against the same sums by gathers and one scatter (``index_add_`` or
+  ``segment_reduce``), every head in one call, forward + backward, fp32 and bf16, on the plans
+  of the molecule batch and of a 65k-node kNN graph, with the outputs' and gradients' relative
+  difference to the engine: which kernel is cheaper on this device.
 
 Each section runs in its own process on CUDA (a crash or a poisoned CUDA context loses one
 section, and a hang is killed at the section's time limit), in-process on the CPU
@@ -113,10 +118,10 @@ RWGNK_WALKS = dict(num_walks=16, lam=0.8, alpha=1.0, max_length=2, seed=0,  # ci
                    kernel_threshold=0.05)
 
 SECTIONS = ('nvidia_smi', 'cuda_tests', 'gps_step', 'knn', 'gkat', 'sync', 'profile', 'backends',
-            'op_count')
-# each section's share of the budget (their sum, 725 s, is scaled to the budget)
+            'op_count', 'pair_kernel')
+# each section's share of the budget (their sum, 765 s, is scaled to the budget)
 CAPS = {'nvidia_smi': 20, 'cuda_tests': 140, 'gps_step': 100, 'knn': 130, 'gkat': 30, 'sync': 35,
-        'profile': 60, 'backends': 90, 'op_count': 120}
+        'profile': 60, 'backends': 90, 'op_count': 120, 'pair_kernel': 40}
 # GRF_LOADER: GRF-GPS with the batch's plan built before the step (prepare_payload)
 MHA, PERF, GRF = 'GPS multihead', 'GPS performer 4x16', 'GRF-GPS'
 GRF_LOADER = 'GRF-GPS, plan in loader'
@@ -880,9 +885,110 @@ def run_op_count(S: Section, out: Path):
     S.data['status'] = 'ok'
 
 
+def edge_sums(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, w: torch.Tensor,
+              wsrc: torch.Tensor, row: torch.Tensor, col: torch.Tensor, crow: torch.Tensor,
+              reduce: str) -> torch.Tensor:
+    r"""The engine's pair kernel (:func:`pyg_grf.nn.attention.grf.pairs.pair_sums`:
+    :math:`o_i = \sum_j w_{ij} \langle q_i, k_j \rangle v_j` over the cells ``(row, col)``,
+    ``w_ij = w[wsrc]``) written as gathers and one scatter, differentiated by autograd, in the
+    operands' dtype: ``'index_add'`` sums the messages with atomics, ``'segment'`` with
+    ``torch.segment_reduce`` over the CSR row offsets (the cells are row-major)."""
+    s = (q.index_select(0, row) * k.index_select(0, col)).sum(-1) * w.index_select(0, wsrc)
+    msg = s.to(v.dtype).unsqueeze(-1) * v.index_select(0, col)
+    if reduce == 'index_add':
+        return msg.new_zeros(q.size(0), v.size(1)).index_add_(0, row, msg)
+    return torch.segment_reduce(msg, 'sum', offsets=crow, axis=0)
+
+
+def run_pair_kernel(S: Section, out: Path):
+    r"""The engine's pair kernel (``torch.sparse.sampled_addmm`` + CSR products: cuSPARSE on a
+    GPU) against the same sums by gathers and a scatter (:func:`edge_sums`), forward + backward
+    of every head in one call, on the plan of the GPS molecule batch and of a kNN graph: whether
+    a gather formulation would be the cheaper kernel on this device (the GPS step's remaining
+    gap is the sparse kernels' device time, ``gpu_notes.md``). Outputs and gradients are
+    compared with the engine's."""
+    from pyg_grf.nn.attention.grf import pairs
+    dev = S.device
+    m = C // H
+    cases = [('molecule', lambda: molecule_batch(*((4, 120, 180, 0) if S.quick
+                                                   else (128, 120, 180, 0)), device=dev)),
+             ('knn', lambda: AddGraphRandomFeatures(**KNN_WALKS)(
+                 knn_graph(16 if S.quick else 256, dev)))]
+    repeats = 3 if S.quick else 20
+    S.data.update(heads=H, head_channels=m, repeats=repeats)
+    for workload, make in cases:
+        if S.left() < 10:
+            S.data.setdefault('skipped', []).append(f'{workload}: time budget')
+            continue
+        data = make()
+        torch.manual_seed(0)
+        attn = GRFAttention(C, heads=H, max_length=MAX_LENGTH).to(dev)
+        part = next(iter(GRFPlan.build(data, [attn]).parts.values()))
+        size = {'workload': workload, 'nodes': data.num_nodes}
+        if part.backend != 'pairs':
+            S.add(dict(size, error=f"the plan runs {part.backend!r}, not the engine"))
+            continue
+        st = part.structures
+        idx = st.expand(H)
+        R = H * st.num_nodes
+        crow, col, wsrc = idx.crow.long(), idx.col.long(), idx.wsrc.long()
+        row = torch.repeat_interleave(torch.arange(R, device=dev), crow.diff())
+        w0 = st.values(attn.coefficients().detach()).reshape(-1)
+        size['cells'] = col.numel()
+        for dtype in (torch.float32, torch.bfloat16):
+            g = torch.Generator(device=dev).manual_seed(0)
+            q, k = (torch.rand(R, m, device=dev, generator=g).to(dtype).requires_grad_()
+                    for _ in range(2))
+            v = torch.randn(R, m + 1, device=dev, generator=g).to(dtype).requires_grad_()
+            w = w0.clone().requires_grad_()
+            calls = {'engine': lambda: pairs.pair_sums(
+                q, k, v, w, idx.wsrc, idx.crow, idx.col, idx.tcrow, idx.tcol, idx.tperm,
+                True, 1)[0]}
+            for reduce in ('index_add', 'segment'):
+                calls[f'gather + {reduce}'] = lambda r=reduce: edge_sums(q, k, v, w, wsrc, row,
+                                                                          col, crow, r)
+            ref = None
+            rows = {}
+            for name, call in calls.items():
+                row_ = dict(size, dtype=str(dtype).split('.')[-1], kernel=name)
+                try:  # agreement with the engine (float32 accumulation there)
+                    o = call()
+                    grad = torch.randn(o.shape, device=dev, generator=g).to(o.dtype)
+                    if ref is not None:
+                        grad = ref[2]
+                    gs = torch.autograd.grad(o, (q, k, v, w), grad)
+                    if ref is None:
+                        ref = (o.float(), [x.float() for x in gs], grad)
+                    else:
+                        scale = max(ref[0].abs().max().item(), 1e-30)
+                        row_['max_rel_diff_out'] = (o.float() - ref[0]).abs().max().item() / scale
+                        row_['max_rel_diff_grads'] = max(
+                            (a.float() - b).abs().max().item() / max(b.abs().max().item(), 1e-30)
+                            for a, b in zip(gs, ref[1]))
+                    rows[name] = row_
+                except Exception as exc:
+                    row_.update(error=error_text(exc), failure='oom' if is_oom(exc) else 'error')
+                    S.add(row_)
+            timing = round_robin({n: (lambda c=calls[n]: c().float().sum().backward())
+                                  for n in rows}, dev, repeats, 1, time.time() + S.left() / 2)
+            ts = timing['times']
+            for name, row_ in rows.items():
+                if name in ts:
+                    row_['ms'] = 1e3 * statistics.median(ts[name])
+                    row_['ratio_vs_engine'] = round_ratio(ts, name, 'engine')
+                if name in timing['errors']:
+                    row_['error'] = timing['errors'][name]
+                S.add(row_)
+            q = k = v = w = None
+            free(dev)
+        data = part = st = idx = None
+        free(dev)
+    S.data['status'] = 'ok'
+
+
 RUNNERS = {'nvidia_smi': run_nvidia_smi, 'cuda_tests': run_cuda_tests, 'gps_step': run_gps_step,
            'knn': run_knn, 'gkat': run_gkat, 'sync': run_sync, 'profile': run_profile,
-           'backends': run_backends, 'op_count': run_op_count}
+           'backends': run_backends, 'op_count': run_op_count, 'pair_kernel': run_pair_kernel}
 
 
 # Summary ##########################################################################################
@@ -1059,6 +1165,24 @@ def to_markdown(R: dict) -> str:
                       f"over batches of {dyn.get('batches')} nodes: "
                       f"{dyn.get('new_graphs_after_first')} graphs compiled after the first.",
                       '']
+    pk = S.get('pair_kernel', {})
+    if pk.get('rows'):
+        lines += ['## The pair kernel: the engine against gathers and a scatter', '',
+                  f"`pairs.pair_sums` (sampled product + CSR products) against `edge_sums` "
+                  f"(gathers, then `index_add_` or `segment_reduce`), {pk.get('heads')} heads x "
+                  f"{pk.get('head_channels')}, every head in one call, forward + backward, "
+                  f"median of {pk.get('repeats')} interleaved calls; diffs relative to the "
+                  "engine's largest value.", '',
+                  '| workload | nodes | cells (all heads) | dtype | kernel | ms | / engine | '
+                  'diff out | diff grads |', '|---|---|---|---|---|---|---|---|---|']
+        for r in pk['rows']:
+            lines.append(f"| {r['workload']} | {r['nodes']} | {r.get('cells', '—')} | "
+                         f"{r.get('dtype', '—')} | {r.get('kernel', '—')} | "
+                         f"{fmt(r.get('ms'), '.2f', r.get('error', '—'))} | "
+                         f"{fmt(r.get('ratio_vs_engine'), '.2f')} | "
+                         f"{fmt(r.get('max_rel_diff_out'), '.1e')} | "
+                         f"{fmt(r.get('max_rel_diff_grads'), '.1e')} |")
+        lines.append('')
     pr = S.get('profile', {})
     for r in pr.get('rows', []):
         if 'error' in r:

@@ -15,7 +15,7 @@ spec = importlib.util.spec_from_file_location('gpu_check', REPO / 'bench' / 'gpu
 gpu_check = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(gpu_check)
 
-MEASURED = ('gps_step', 'knn', 'gkat', 'sync', 'profile', 'backends', 'op_count')
+MEASURED = ('gps_step', 'knn', 'gkat', 'sync', 'profile', 'backends', 'op_count', 'pair_kernel')
 
 
 def positive(v) -> bool:
@@ -51,7 +51,7 @@ def test_every_section_ran(quick):
     for heading in ('## Whole GPS training step', '## One attention layer on kNN graphs',
                     '## GKAT against GATConv', '## Host synchronisations inside one layer',
                     '## Where the device time goes', '## GRF backends',
-                    '## Operators per training step'):
+                    '## Operators per training step', '## The pair kernel'):
         assert heading in md
 
 
@@ -198,3 +198,37 @@ def test_op_count_runs_the_script(quick):
         f'{gpu_check.GRF} (plan in the step)']
     assert all(positive(r['dispatched']) and positive(r['expanded']) for r in s['rows'])
     assert (out / 'op_count.json').exists() and (out / 'op_count.txt').exists()
+
+
+def test_pair_kernel_gathers_agree_with_the_engine(quick):
+    # the gather formulation is an independent computation of the engine's sums: in float32
+    # they agree to rounding; in bfloat16 the gathers accumulate in bfloat16 (the engine in
+    # float32), so to a few of bfloat16's 2^-8 steps
+    rows = quick[1]['sections']['pair_kernel']['rows']
+    assert {(r['workload'], r['dtype'], r['kernel']) for r in rows} == {
+        (w, d, k) for w in ('molecule', 'knn') for d in ('float32', 'bfloat16')
+        for k in ('engine', 'gather + index_add', 'gather + segment')}
+    for r in rows:
+        assert 'error' not in r, r
+        assert positive(r['ms']) and positive(r['ratio_vs_engine']) and r['cells'] > 0, r
+        if r['kernel'] == 'engine':
+            assert r['ratio_vs_engine'] == 1.0 and 'max_rel_diff_out' not in r
+            continue
+        tol = 1e-5 if r['dtype'] == 'float32' else 0.1
+        assert r['max_rel_diff_out'] < tol and r['max_rel_diff_grads'] < tol, r
+
+
+def test_edge_sums_is_the_masked_sum():
+    # edge_sums against a dense loop-free reference: o = (W * (q k^T)) v on a random support
+    g = torch.Generator().manual_seed(0)
+    R, m, c = 7, 3, 4
+    dense = (torch.rand(R, R, generator=g) < 0.4).float() * torch.rand(R, R, generator=g)
+    row, col = dense.nonzero().t()
+    crow = torch.ops.aten._convert_indices_from_coo_to_csr(row, R)
+    w = dense[row, col]
+    q, k, v = (torch.randn(R, d, generator=g, dtype=torch.float64) for d in (m, m, c))
+    ref = (dense.double() * (q @ k.t())) @ v
+    for reduce in ('index_add', 'segment'):
+        out = gpu_check.edge_sums(q, k, v, w.double(), torch.arange(w.numel()), row, col, crow,
+                                  reduce)
+        torch.testing.assert_close(out, ref)
