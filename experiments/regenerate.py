@@ -66,9 +66,11 @@ FULL: Dict[str, Dict[str, Any]] = {
                             'python experiments/node_models.py --dataset pubmed --settings '
                             'from:cora --variants grf none linear gcn gat --seeds 10',
                             'python experiments/node_models.py --dataset minesweeper '
-                            '--variants none grf linear --seeds 10',
+                            '--variants none grf --seeds 10',
                             'python experiments/node_models.py --dataset minesweeper '
-                            '--variants gat --seeds 2']),
+                            '--variants linear --seeds 2',
+                            'python experiments/node_models.py --dataset minesweeper '
+                            '--variants gat_tuned --seeds 2']),
     'node_mask_probe': dict(cost='~20 min', files=['node_mask_probe.md',
                                                    'node_mask_probe/runs.jsonl'],
                             commands=['python experiments/node_mask_probe.py --seeds 5']),
