@@ -81,7 +81,7 @@ COMMANDS = [
     '--variants grf none linear gcn gat --seeds 10',
     'python experiments/node_models.py --dataset minesweeper --variants none grf --seeds 10',
     'python experiments/node_models.py --dataset minesweeper --variants linear --seeds 2',
-    'python experiments/node_models.py --dataset minesweeper --variants gat_tuned --seeds 2',
+    'python experiments/node_models.py --dataset minesweeper --variants gat_tuned --seeds 4',
     "python experiments/node_models.py --dataset cora --variants grf --seeds 3 --settings "
     "'{\"gate_init\": 0.0, \"attn_dropout\": 0.5, \"heads\": 4, \"num_walks\": 128}' "
     "--out experiments/results/node_models/walks128",

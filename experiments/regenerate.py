@@ -70,7 +70,7 @@ FULL: Dict[str, Dict[str, Any]] = {
                             'python experiments/node_models.py --dataset minesweeper '
                             '--variants linear --seeds 2',
                             'python experiments/node_models.py --dataset minesweeper '
-                            '--variants gat_tuned --seeds 2']),
+                            '--variants gat_tuned --seeds 4']),
     'node_mask_probe': dict(cost='~20 min', files=['node_mask_probe.md',
                                                    'node_mask_probe/runs.jsonl'],
                             commands=['python experiments/node_mask_probe.py --seeds 5']),
