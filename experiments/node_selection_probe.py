@@ -19,6 +19,13 @@ the walks redrawn before every training step (32 walks, a reproducible sequence 
 so the model cannot fit one draw's noise) and evaluated on one draw of 128 walks (the same
 expected mask, a quarter of the variance).
 
+``grf_nohop0`` tests whether the mask's identity term is what costs: ``grf`` with the hop-0
+coefficient :math:`f_0` pinned at 0 (zero at the start, its gradient zeroed), so the symmetric
+mask :math:`\sum_k (f * f)_k W^k` loses its :math:`I` and :math:`W` terms and no node's own
+value reaches its output except through walks that return (with :math:`f` learnt, the
+mask-as-propagation probe, ``node_mask_probe.md``, saw :math:`f` collapse onto hop 0, making the
+branch a per-node skip around the GCN's second layer).
+
 Rows (curves included) go to ``experiments/results/node_selection_probe/runs.jsonl``, the
 table to ``node_selection_probe.md``::
 
@@ -40,7 +47,8 @@ from harness import full_graph_epoch, mean_std, paired, read_rows, run_grid  # n
 HERE = osp.dirname(osp.abspath(__file__))
 OUT = osp.join(HERE, 'results', 'node_selection_probe')
 TABLE = osp.join(HERE, 'results', 'node_selection_probe.md')
-VARIANTS = {'grf': 'grf', 'linear': 'linear', 'none': None, 'grf_resample': 'grf'}
+VARIANTS = {'grf': 'grf', 'linear': 'linear', 'none': None, 'grf_resample': 'grf',
+            'grf_nohop0': 'grf'}
 #: walks of the evaluation draw of ``grf_resample``
 EVAL_WALKS = 128
 WINDOW = 100  # epochs before the averaging window
@@ -54,6 +62,14 @@ def load(seed: int, num_walks: int = 32):
     walks = AddGraphRandomFeatures(num_walks=num_walks, p_halt=0.25, max_length=3, seed=seed)
     data = load_planetoid('Cora', transform=T.NormalizeFeatures())[0]
     return walks(data)
+
+
+def pin_hop0(attn) -> None:
+    r"""Pins the hop-0 coefficient :math:`f_0` of a :class:`~pyg_grf.nn.GRFAttention` at 0:
+    set to 0 and its gradient zeroed (Adam's weight decay of a zero is zero)."""
+    with torch.no_grad():
+        attn.f[:, 0] = 0.0
+    attn.f.register_hook(lambda g: g.index_fill(1, g.new_zeros(1, dtype=torch.long), 0.0))
 
 
 def fit(variant: str, seed: int, epochs: int) -> dict:
@@ -73,6 +89,8 @@ def fit(variant: str, seed: int, epochs: int) -> dict:
     model = GRFNodeModel(data.num_features, 64, 7, num_layers=2, head='conv', dropout=0.5,
                          input_dropout=0.5, attn_type=attn, heads=4, gate_init=0.0,
                          attn_kwargs=kwargs if attn else None)
+    if variant == 'grf_nohop0':
+        pin_hop0(model.attn)
     skip = model.no_weight_decay()
     groups = [{'params': [p for n, p in model.named_parameters() if n not in skip],
                'weight_decay': 5e-4},
@@ -120,7 +138,8 @@ def write_table(out: str = OUT) -> str:
     lines += ['', '| paired difference | ' + ' | '.join(c[1] for c in cols[:3]) + ' |',
               '|---|' + '---|' * 3]
     for a, b in (('grf', 'linear'), ('grf', 'none'), ('grf_resample', 'grf'),
-                 ('grf_resample', 'linear'), ('grf_resample', 'none')):
+                 ('grf_resample', 'linear'), ('grf_resample', 'none'), ('grf_nohop0', 'grf'),
+                 ('grf_nohop0', 'linear'), ('grf_nohop0', 'none')):
         cells = []
         for key, _ in cols[:3]:
             p = paired(rows, a, b, key)

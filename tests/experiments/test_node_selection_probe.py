@@ -45,3 +45,29 @@ def test_resampled_variant_is_paired_against_fixed_draw(tmp_path):
     # per seed +1, +2 -> mean +1.5, SE 0.5, 2 of 2 better
     assert '| grf_resample - grf | +1.5 ± 0.5 (2/2) |' in text
     assert '| grf - none |' not in text  # no control rows: no line
+
+
+def test_pinned_hop0_stays_zero_while_the_rest_learns():
+    import torch
+    from torch_geometric.data import Data
+    from torch_geometric.utils import grid
+
+    from pyg_grf.nn import GRFNodeModel
+    from pyg_grf.transforms import AddGraphRandomFeatures
+    torch.manual_seed(0)
+    edge_index, _ = grid(4, 4)
+    data = AddGraphRandomFeatures(num_walks=8, max_length=3, seed=0)(
+        Data(x=torch.randn(16, 5), edge_index=edge_index))
+    model = GRFNodeModel(5, 8, 3, num_layers=2, head='conv', attn_type='grf', heads=2,
+                         gate_init=0.5, attn_kwargs={'max_length': 3})
+    probe.pin_hop0(model.attn)
+    before = model.attn.f.detach().clone()
+    assert (before[:, 0] == 0).all() and (before[:, 1:] != 0).all()
+    opt = torch.optim.Adam(model.parameters(), lr=0.1, weight_decay=5e-4)
+    for _ in range(3):
+        opt.zero_grad()
+        model(data).square().sum().backward()
+        opt.step()
+    f = model.attn.f.detach()
+    assert (f[:, 0] == 0).all()
+    assert not torch.allclose(f[:, 1:], before[:, 1:])
