@@ -71,6 +71,10 @@ FULL: Dict[str, Dict[str, Any]] = {
                             '--variants linear --seeds 2',
                             'python experiments/node_models.py --dataset minesweeper '
                             '--variants gat_tuned --seeds 4']),
+    'minesweeper_boards': dict(cost='~1.5 h', files=['minesweeper_boards.md',
+                                                     'minesweeper_boards/runs.jsonl'],
+                               commands=['python experiments/minesweeper_boards.py --boards 1 2 3 '
+                                         '--variants grf none']),
     'node_mask_probe': dict(cost='~20 min', files=['node_mask_probe.md',
                                                    'node_mask_probe/runs.jsonl'],
                             commands=['python experiments/node_mask_probe.py --seeds 5']),
