@@ -121,8 +121,8 @@ def run(boards, variants, out: str = OUT, epochs=None):
                     key={'dataset': 'minesweeper_boards'})
 
 
-def write_table() -> str:
-    rows = read_rows(osp.join(OUT, 'runs.jsonl'))
+def write_table(out: str = OUT, table: str = TABLE) -> str:
+    rows = read_rows(osp.join(out, 'runs.jsonl'))
     order = [v for v in node_models.VARIANTS if any(r['variant'] == v for r in rows)]
     lines = ['# The Minesweeper recipe on held-out boards', '',
              'Boards drawn as the published one was (`experiments/minesweeper_boards.py`: '
@@ -137,14 +137,16 @@ def write_table() -> str:
                                             for r in sorted(rows, key=lambda r: r['seed'])
                                             if r['variant'] == v) for v in order)
         lines += [f'Per board (test AUROC): {per}.', '']
-        d = paired(rows, 'grf', 'linear', 'test/auroc')
-        if d:
-            lines += [f"GRF minus unmasked linear, paired: {d['mean']:+.2f} ± {d['se']:.2f} "
-                      f"({d['better']}/{d['seeds']} boards better).", '']
+        for control, label in (('none', 'the GCN alone'), ('linear', 'unmasked linear')):
+            d = paired(rows, 'grf', control, 'test/auroc')
+            if d:
+                lines += [f"GRF minus {label}, paired: {d['mean']:+.2f} ± {d['se']:.2f} "
+                          f"({d['better']}/{d['seeds']} boards better).", '']
         commits = sorted({r.get('commit') for r in rows if r.get('commit')})
         machines = sorted({r.get('machine') for r in rows if r.get('machine')})
-        lines += [f"Runs at commits {', '.join(commits)}, on {'; '.join(machines)}.", '']
-    return write_markdown(TABLE, lines, NOTES, COMMANDS)
+        if commits:
+            lines += [f"Runs at commits {', '.join(commits)}, on {'; '.join(machines)}.", '']
+    return write_markdown(table, lines, NOTES, COMMANDS)
 
 
 def main(argv=None):

@@ -87,3 +87,21 @@ def test_the_datamodule_reads_the_written_board(tmp_path):
     assert torch.equal(data.y, torch.as_tensor(b['node_labels']))
     assert torch.equal(data.train_mask, torch.as_tensor(b['train_masks'][5]))
     assert data.edge_index.size(1) == 2 * len(b['edges'])
+
+
+def test_table_pairs_grf_with_its_controls_by_board(tmp_path):
+    import json
+    auroc = {'grf': [0.975, 0.980], 'none': [0.970, 0.978], 'linear': [0.976, 0.975]}
+    with open(tmp_path / 'runs.jsonl', 'w') as f:
+        for v, values in auroc.items():
+            for board, a in zip((1, 2), values):
+                f.write(json.dumps({'variant': v, 'seed': board, 'board': board,
+                                    'test/auroc': a, 'best_val': a, 'params': 1,
+                                    'fit_s': 1.0}) + '\n')
+    text = mb.write_table(str(tmp_path), str(tmp_path / 'table.md'))
+    assert (tmp_path / 'table.md').read_text() == text
+    # grf - none per board: +0.5, +0.2 -> mean +0.35, SE 0.15, 2 of 2 better
+    assert 'GRF minus the GCN alone, paired: +0.35 ± 0.15 (2/2 boards better).' in text
+    # grf - linear: -0.1, +0.5 -> +0.20 ± 0.30, 1 of 2
+    assert 'GRF minus unmasked linear, paired: +0.20 ± 0.30 (1/2 boards better).' in text
+    assert 'grf 1: 97.50, 2: 98.00; none 1: 97.00, 2: 97.80' in text
