@@ -81,9 +81,15 @@ class _TargetTask(Task):
                                  f"{self.num_classes}], got {tuple(out.shape)}")
             return out, y.view(-1).long()
         if self.task == 'binary':
+            if out.dim() == 2 and out.size(-1) == 2:
+                # two class logits (how Platonov et al. and Luo et al. train binary node tasks):
+                # their softmax is the sigmoid of the difference, so BCE on it is their
+                # cross-entropy and the scores are the softmax's second column
+                out = out[:, 1:] - out[:, :1]
             if out.dim() == 2 and out.size(-1) != 1:
-                raise ValueError(f"task='binary' expects one logit per example (out_channels=1),"
-                                 f" got outputs {tuple(out.shape)}")
+                raise ValueError(f"task='binary' expects one logit per example (out_channels=1)"
+                                 f" or two class logits (out_channels=2), got outputs "
+                                 f"{tuple(out.shape)}")
             return out.view(-1), y.view(-1).float()
         # multilabel and regression: one output per target entry
         y = y.view(out.size(0), -1).float()
@@ -133,7 +139,8 @@ class GraphLevelTask(_TargetTask):
         model (torch.nn.Module): the model, mapping a batch to ``[B, out]``; from Python, a
             dict or spec as in :class:`~pyg_grf.lightning.base.Task` (the annotation is the
             module alone so that configs are checked key by key against its signature).
-        task (str, optional): ``'binary'`` (one logit, accuracy), ``'multiclass'`` (logits,
+        task (str, optional): ``'binary'`` (one logit, or two class logits whose softmax is
+            the sigmoid of their difference; accuracy), ``'multiclass'`` (logits,
             accuracy), ``'multilabel'`` (one logit per label, LRGB macro AP, ``NaN`` targets
             ignored) or ``'regression'`` (MAE) (default: :obj:`'multiclass'`).
         num_classes (int, optional): classes for ``'multiclass'``.

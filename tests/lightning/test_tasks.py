@@ -179,3 +179,29 @@ def test_metric_must_fit_the_task():
         GraphLevelTask(torch.nn.Identity(), task='regression', metric='macro_f1')
     with pytest.raises(ValueError, match="must be one of"):
         GraphLevelTask(torch.nn.Identity(), task='multilabel', num_labels=3, metric='acc')
+
+
+def test_binary_with_two_class_logits_is_their_softmax_cross_entropy():
+    # two logits per example, as Platonov et al. and Luo et al. train binary node tasks: the
+    # loss is the two-class cross-entropy, the AUROC that of the softmax's second column
+    torch.manual_seed(0)
+    out = torch.randn(40, 2, requires_grad=True)
+    y = torch.randint(0, 2, (40,))
+    y[:2] = torch.tensor([0, 1])
+    module = GraphLevelTask(dict(MODEL, out_channels=2), task='binary', metric='auroc')
+    z, target = module._prepare(out, y)
+    loss = module._loss(z, target)
+    ref = torch.nn.functional.cross_entropy(out, y)
+    torch.testing.assert_close(loss, ref)
+    grad, = torch.autograd.grad(loss, out)
+    ref_grad, = torch.autograd.grad(ref, out)
+    torch.testing.assert_close(grad, ref_grad)
+    module._update_metric('val', z.detach(), target)
+    p1 = torch.softmax(out.detach(), 1)[:, 1]
+    pos, neg = p1[y == 1], p1[y == 0]  # AUROC: the share of (positive, negative) pairs ranked
+    ref_auroc = ((pos[:, None] > neg[None]).float().mean()
+                 + 0.5 * (pos[:, None] == neg[None]).float().mean())
+    torch.testing.assert_close(module.metrics['val_metric'].compute(), ref_auroc)
+    with pytest.raises(ValueError, match=r'out_channels=1\) or two class logits '
+                                         r'\(out_channels=2\), got outputs \(40, 3\)'):
+        module._prepare(torch.randn(40, 3), y)
