@@ -80,11 +80,14 @@ COMMANDS = [
     'python experiments/node_models.py --dataset pubmed --settings from:cora '
     '--variants grf none linear gcn gat --seeds 10',
     'python experiments/node_models.py --dataset minesweeper --variants none grf --seeds 10',
-    'python experiments/node_models.py --dataset minesweeper --variants linear --seeds 2',
-    'python experiments/node_models.py --dataset minesweeper --variants gat_tuned --seeds 4',
+    'python experiments/node_models.py --dataset minesweeper --variants linear --seeds 3',
+    'python experiments/node_models.py --dataset minesweeper --variants gat_tuned --seeds 7',
     "python experiments/node_models.py --dataset cora --variants grf --seeds 3 --settings "
     "'{\"gate_init\": 0.0, \"attn_dropout\": 0.5, \"heads\": 4, \"num_walks\": 128}' "
     "--out experiments/results/node_models/walks128",
+    "python experiments/node_models.py --dataset minesweeper --variants none --seeds 3 --set "
+    "model.init_args.model.init_args.out_channels=2 --out experiments/results/node_models/"
+    "two_logits",
     '# gat rows: python experiments/gkat_citation.py --dataset Cora --models gat --seeds 10',
     '#           (and --dataset CiteSeer); the rows of the seeds run above are shown']
 #: coordinate-search spaces (first value: the starting point) and budgets, per dataset kind

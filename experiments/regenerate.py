@@ -68,9 +68,9 @@ FULL: Dict[str, Dict[str, Any]] = {
                             'python experiments/node_models.py --dataset minesweeper '
                             '--variants none grf --seeds 10',
                             'python experiments/node_models.py --dataset minesweeper '
-                            '--variants linear --seeds 2',
+                            '--variants linear --seeds 3',
                             'python experiments/node_models.py --dataset minesweeper '
-                            '--variants gat_tuned --seeds 4']),
+                            '--variants gat_tuned --seeds 7']),
     'minesweeper_boards': dict(cost='~1.5 h', files=['minesweeper_boards.md',
                                                      'minesweeper_boards/runs.jsonl'],
                                commands=['python experiments/minesweeper_boards.py --boards 1 2 3 '
