@@ -80,8 +80,8 @@ COMMANDS = [
     'python experiments/node_models.py --dataset pubmed --settings from:cora '
     '--variants grf none linear gcn gat --seeds 10',
     'python experiments/node_models.py --dataset minesweeper --variants none grf --seeds 10',
-    'python experiments/node_models.py --dataset minesweeper --variants linear --seeds 3',
-    'python experiments/node_models.py --dataset minesweeper --variants gat_tuned --seeds 7',
+    'python experiments/node_models.py --dataset minesweeper --variants linear --seeds 10',
+    'python experiments/node_models.py --dataset minesweeper --variants gat_tuned --seeds 10',
     "python experiments/node_models.py --dataset cora --variants grf --seeds 3 --settings "
     "'{\"gate_init\": 0.0, \"attn_dropout\": 0.5, \"heads\": 4, \"num_walks\": 128}' "
     "--out experiments/results/node_models/walks128",

@@ -68,9 +68,9 @@ FULL: Dict[str, Dict[str, Any]] = {
                             'python experiments/node_models.py --dataset minesweeper '
                             '--variants none grf --seeds 10',
                             'python experiments/node_models.py --dataset minesweeper '
-                            '--variants linear --seeds 3',
+                            '--variants linear --seeds 10',
                             'python experiments/node_models.py --dataset minesweeper '
-                            '--variants gat_tuned --seeds 7']),
+                            '--variants gat_tuned --seeds 10']),
     'minesweeper_boards': dict(cost='~1.5 h', files=['minesweeper_boards.md',
                                                      'minesweeper_boards/runs.jsonl'],
                                commands=['python experiments/minesweeper_boards.py --boards 1 2 3 '
