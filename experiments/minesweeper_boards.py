@@ -133,10 +133,8 @@ def write_table(out: str = OUT, table: str = TABLE) -> str:
              'mean ± standard error over the boards both ran.', '']
     if rows:
         lines += [summary_table(rows, 'test/auroc', control='none', order=order), '']
-        per = '; '.join(f"{v} " + ', '.join(f"{r['seed']}: {100 * r['test/auroc']:.2f}"
-                                            for r in sorted(rows, key=lambda r: r['seed'])
-                                            if r['variant'] == v) for v in order)
-        lines += [f'Per board (test AUROC): {per}.', '']
+        per = node_models.per_seed(rows, order, 'board')
+        lines += [f'{per[0].upper()}{per[1:]}.', '']
         for control, label in (('none', 'the GCN alone'), ('linear', 'unmasked linear')):
             d = paired(rows, 'grf', control, 'test/auroc')
             if d:
