@@ -46,7 +46,7 @@ HERE = osp.dirname(osp.abspath(__file__))
 OUT = osp.join(HERE, 'results', 'minesweeper_boards')
 TABLE = osp.join(HERE, 'results', 'minesweeper_boards.md')
 NOTES = osp.join(HERE, 'results', 'minesweeper_boards_notes.md')
-COMMANDS = ['python experiments/minesweeper_boards.py --boards 1 2 3 --variants grf none']
+COMMANDS = ['python experiments/minesweeper_boards.py --boards 1 2 3 4 5 --variants grf none']
 #: the published board's parameters
 SIDE, MINES, UNKNOWN, CAP, SPLITS = 100, 0.2, 0.5, 5, 10
 

@@ -71,10 +71,10 @@ FULL: Dict[str, Dict[str, Any]] = {
                             '--variants linear --seeds 10',
                             'python experiments/node_models.py --dataset minesweeper '
                             '--variants gat_tuned --seeds 10']),
-    'minesweeper_boards': dict(cost='~1.5 h', files=['minesweeper_boards.md',
+    'minesweeper_boards': dict(cost='~2.5 h', files=['minesweeper_boards.md',
                                                      'minesweeper_boards/runs.jsonl'],
-                               commands=['python experiments/minesweeper_boards.py --boards 1 2 3 '
-                                         '--variants grf none']),
+                               commands=['python experiments/minesweeper_boards.py '
+                                         '--boards 1 2 3 4 5 --variants grf none']),
     'node_mask_probe': dict(cost='~20 min', files=['node_mask_probe.md',
                                                    'node_mask_probe/runs.jsonl'],
                             commands=['python experiments/node_mask_probe.py --seeds 5']),
