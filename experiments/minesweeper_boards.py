@@ -20,7 +20,7 @@ as :mod:`node_models` (``grf``, ``none``, ``linear``, ``gat_tuned``), same harne
 Runs: ``experiments/results/minesweeper_boards/runs.jsonl``; table:
 ``experiments/results/minesweeper_boards.md``::
 
-    python experiments/minesweeper_boards.py --boards 1 2 3 --variants grf none
+    python experiments/minesweeper_boards.py --boards 1 2 3 4 5 --variants grf none
 """
 from __future__ import annotations
 
