@@ -87,7 +87,12 @@ FULL: Dict[str, Dict[str, Any]] = {
                                    '/tmp/recipe_mutag 1']),
     'gkat_motifs': dict(cost='~6 h', files=['gkat_motifs.md', 'gkat_motifs/runs.jsonl'],
                         commands=['python experiments/gkat_motifs.py --motifs caveman circle '
-                                  'circular_ladder grid ladder induced_cycle --seeds 3']),
+                                  'circular_ladder grid ladder induced_cycle --seeds 3',
+                                  'python experiments/gkat_motifs.py --motifs caveman circle '
+                                  '--models grf linear --seeds 6']),
+    'node_branch_probe': dict(cost='~30 min', files=['node_branch_probe.md',
+                                                     'node_branch_probe/runs.jsonl'],
+                              commands=['python experiments/node_branch_probe.py --seeds 10']),
     'gkat_tu': dict(cost='~10 h', files=['gkat_tu.md', 'gkat_tu/runs.jsonl'],
                     commands=[f'python experiments/gkat_tu.py --dataset {d} --models gkat gat gin'
                               for d in ('PROTEINS', 'IMDB-BINARY', 'IMDB-MULTI', 'ENZYMES')]),
