@@ -20,7 +20,7 @@ as :mod:`node_models` (``grf``, ``none``, ``linear``, ``gat_tuned``), same harne
 Runs: ``experiments/results/minesweeper_boards/runs.jsonl``; table:
 ``experiments/results/minesweeper_boards.md``::
 
-    python experiments/minesweeper_boards.py --boards 1 2 3 4 5 --variants grf none
+    python experiments/minesweeper_boards.py --boards 1 2 3 4 5 --variants grf none linear
 """
 from __future__ import annotations
 
@@ -46,7 +46,8 @@ HERE = osp.dirname(osp.abspath(__file__))
 OUT = osp.join(HERE, 'results', 'minesweeper_boards')
 TABLE = osp.join(HERE, 'results', 'minesweeper_boards.md')
 NOTES = osp.join(HERE, 'results', 'minesweeper_boards_notes.md')
-COMMANDS = ['python experiments/minesweeper_boards.py --boards 1 2 3 4 5 --variants grf none']
+COMMANDS = ['python experiments/minesweeper_boards.py --boards 1 2 3 4 5 --variants grf none',
+            'python experiments/minesweeper_boards.py --boards 1 2 3 4 5 --variants linear']
 #: the published board's parameters
 SIDE, MINES, UNKNOWN, CAP, SPLITS = 100, 0.2, 0.5, 5, 10
 
