@@ -28,7 +28,6 @@ validation accuracy, test accuracy at the best validation epoch (ties: the first
 """
 from __future__ import annotations
 
-import argparse
 import os.path as osp
 import sys
 import time
@@ -37,7 +36,14 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, osp.dirname(osp.abspath(__file__)))
-from harness import full_graph_epoch, mean_std, paired, read_rows, run_grid  # noqa: E402
+from harness import (  # noqa: E402
+    experiment_main,
+    full_graph_epoch,
+    mean_std,
+    paired,
+    read_rows,
+    run_grid,
+)
 from node_selection_probe import load  # noqa: E402
 
 HERE = osp.dirname(osp.abspath(__file__))
@@ -177,19 +183,16 @@ def write_table(out: str = OUT) -> str:
 
 
 def main(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--seeds', type=int, default=10)
-    p.add_argument('--first-seed', type=int, default=0)
-    p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
-    p.add_argument('--threads', type=int, default=1)
-    p.add_argument('--out', default=OUT)
-    p.add_argument('--table-only', action='store_true')
-    args = p.parse_args(argv)
-    if not args.table_only:
-        torch.set_num_threads(args.threads)
+    def add_arguments(p):
+        p.add_argument('--seeds', type=int, default=10)
+        p.add_argument('--first-seed', type=int, default=0)
+        p.add_argument('--variants', nargs='+', default=list(VARIANTS), choices=list(VARIANTS))
+
+    def run(args):
         run_grid({v: {} for v in args.variants}, range(args.first_seed, args.seeds), args.out,
                  lambda v, spec, seed, root: fit(v, seed), key={'dataset': 'cora'})
-    print(write_table(args.out))
+
+    experiment_main(__doc__, OUT, run, write_table, add_arguments, argv)
 
 
 if __name__ == '__main__':
