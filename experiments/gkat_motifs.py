@@ -120,7 +120,7 @@ def write_table() -> str:
     return write_markdown(TABLE, lines, NOTES, [
         'python experiments/gkat_motifs.py --motifs circle caveman --seeds 3',
         'python experiments/gkat_motifs.py --motifs circle caveman --models grf linear '
-        '--seeds 6',
+        '--seeds 10',
         'python experiments/gkat_motifs.py --motifs circular_ladder --seeds 3',
         'python experiments/gkat_motifs.py --motifs grid --seeds 3',
         'python experiments/gkat_motifs.py --motifs ladder --seeds 3',

@@ -71,10 +71,12 @@ FULL: Dict[str, Dict[str, Any]] = {
                             '--variants linear --seeds 10',
                             'python experiments/node_models.py --dataset minesweeper '
                             '--variants gat_tuned --seeds 10']),
-    'minesweeper_boards': dict(cost='~2.5 h', files=['minesweeper_boards.md',
+    'minesweeper_boards': dict(cost='~3.5 h', files=['minesweeper_boards.md',
                                                      'minesweeper_boards/runs.jsonl'],
                                commands=['python experiments/minesweeper_boards.py '
-                                         '--boards 1 2 3 4 5 --variants grf none']),
+                                         '--boards 1 2 3 4 5 --variants grf none',
+                                         'python experiments/minesweeper_boards.py '
+                                         '--boards 1 2 3 4 5 --variants linear']),
     'node_mask_probe': dict(cost='~20 min', files=['node_mask_probe.md',
                                                    'node_mask_probe/runs.jsonl'],
                             commands=['python experiments/node_mask_probe.py --seeds 5']),
@@ -89,7 +91,7 @@ FULL: Dict[str, Dict[str, Any]] = {
                         commands=['python experiments/gkat_motifs.py --motifs caveman circle '
                                   'circular_ladder grid ladder induced_cycle --seeds 3',
                                   'python experiments/gkat_motifs.py --motifs caveman circle '
-                                  '--models grf linear --seeds 6']),
+                                  '--models grf linear --seeds 10']),
     'node_branch_probe': dict(cost='~30 min', files=['node_branch_probe.md',
                                                      'node_branch_probe/runs.jsonl'],
                               commands=['python experiments/node_branch_probe.py --seeds 10']),
