@@ -63,9 +63,9 @@ def matched_hidden(kind: str) -> int:
     return min(range(1, 129), key=lambda h: abs(params(kind, h) - target))
 
 
-def overrides(motif: str, kind: str, num_graphs: int):
+def overrides(motif: str, kind: str, num_graphs: int, init: str = 'torch'):
     out = [f'{D}num_graphs={num_graphs}', f'{M}kind={kind}',
-           f'{M}hidden_channels={matched_hidden(kind)}']
+           f'{M}hidden_channels={matched_hidden(kind)}', f'{M}init={init}']
     if motif != 'induced_cycle':
         return out + [D + 'dataset_kwargs={"motif": "%s"}' % motif]
     # Sec. 5.1.2: trees closed into one cycle (50 nodes); the paper's GKAT walk length 6
@@ -76,14 +76,15 @@ def overrides(motif: str, kind: str, num_graphs: int):
                   D + 'pre_transform=' + json.dumps(walks)]
 
 
-def run(motifs, kinds, seeds, num_graphs: int, out: str = OUT, epochs=None):
+def run(motifs, kinds, seeds, num_graphs: int, out: str = OUT, epochs=None, init='torch'):
     rows = []
     for motif in motifs:
         def fit(kind, _, seed, root):
-            return fit_and_test(CONFIG, overrides(motif, kind, num_graphs), seed, root, epochs)
+            return fit_and_test(CONFIG, overrides(motif, kind, num_graphs, init), seed, root,
+                                epochs)
         rows += run_grid({k: None for k in kinds}, seeds, out, fit,
                          key={'motif': motif, 'num_graphs': num_graphs,
-                              'max_epochs': epochs or 60})
+                              'max_epochs': epochs or 60, 'init': init})
     return rows
 
 
@@ -108,11 +109,14 @@ def write_table() -> str:
              'the test accuracy at that epoch, mean ± std over seeds, paired difference to '
              '`linear` (the GRF network with unmasked linear attention). Parameter counts '
              'matched to GKAT\'s. One CPU thread per run.', '']
-    groups = dict.fromkeys((r['motif'], r['num_graphs'], r['max_epochs']) for r in rows)
-    for motif, n, epochs in groups:
-        sub = [r for r in rows if (r['motif'], r['num_graphs'], r['max_epochs'])
-               == (motif, n, epochs)]
-        lines += [f'## {motif} ({n} graphs, {epochs} epochs)', '',
+    def group(r):
+        return r['motif'], r['num_graphs'], r['max_epochs'], r['init']
+
+    for g in dict.fromkeys(map(group, rows)):
+        motif, n, epochs, init = g
+        sub = [r for r in rows if group(r) == g]
+        how = '' if init == 'torch' else ', Glorot init of the GRF / linear networks'
+        lines += [f'## {motif} ({n} graphs, {epochs} epochs{how})', '',
                   summary_table(sub, 'test/acc', control='linear',
                                 order=['gkat', 'gat', 'gcn', 'grf', 'linear'],
                                 labels={'metric': 'test acc', 'val': 'val acc'}).rstrip(), '',
@@ -136,12 +140,15 @@ def main(argv=None):
         p.add_argument('--seeds', type=int, default=3)
         p.add_argument('--epochs', type=int, default=None,
                        help="cap (default: the config's 60)")
+        p.add_argument('--init', default='torch', choices=['torch', 'glorot'],
+                       help="the GRF / linear networks' initialisation (MotifNet's init)")
 
     def go(args):
         for kind in args.models:
             hidden = matched_hidden(kind)
             print(f'{kind}: hidden {hidden}, {params(kind, hidden)} parameters', flush=True)
-        run(args.motifs, args.models, range(args.seeds), args.num_graphs, args.out, args.epochs)
+        run(args.motifs, args.models, range(args.seeds), args.num_graphs, args.out, args.epochs,
+            args.init)
     experiment_main(__doc__, OUT, go, write_table, add_arguments, argv)
 
 

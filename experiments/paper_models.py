@@ -220,16 +220,21 @@ class MotifNet(torch.nn.Module):
     a linear input layer then two :class:`~pyg_grf.nn.GRFAttention` layers, each with its own
     walk draws when the pre-transform drew several; ``'linear'``: the same with unmasked linear
     attention, the control), ELU after each, mean pooling, a linear classifier.
-    ``hidden_channels`` is per head (``heads`` heads; GCN: the width)."""
+    ``hidden_channels`` is per head (``heads`` heads; GCN: the width). ``init='glorot'``
+    initialises the ``'grf'`` and ``'linear'`` networks' linear maps as PyG's GATConv does
+    (default ``'torch'``: torch's own initialisation)."""
 
     KINDS = ('gkat', 'gat', 'gcn', 'grf', 'linear')
 
     def __init__(self, in_channels: int, out_channels: int = 2, kind: str = 'gkat',
                  hidden_channels: int = 9, heads: int = 2, mode: str = 'softmax',
-                 threshold: float = 0.0, max_length: int = 3, f_mode: str = 'abs'):
+                 threshold: float = 0.0, max_length: int = 3, f_mode: str = 'abs',
+                 init: str = 'torch'):
         super().__init__()
         if kind not in self.KINDS:
             raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
+        if init not in ('torch', 'glorot'):
+            raise ValueError(f"init must be 'torch' or 'glorot', got {init!r}")
         self.kind = kind
         width = heads * hidden_channels
         self.lin = (torch.nn.Linear(in_channels, width) if kind in ('grf', 'linear')
@@ -255,6 +260,17 @@ class MotifNet(torch.nn.Module):
             self.conv1 = GCNConv(in_channels, width)
             self.conv2 = GCNConv(width, width)
         self.head = torch.nn.Linear(width, out_channels)
+        if init == 'glorot' and self.lin is not None:
+            # the attention networks' linear maps as PyG's GATConv initialises its own (and
+            # torch.nn.MultiheadAttention its fused q, k, v projection): Glorot-uniform weights,
+            # zero biases. Under torch's default (Kaiming-uniform, a = sqrt(5)) each of their
+            # six maps between input and pooling shrinks the signal (std 1 / sqrt(3 fan_in)),
+            # and the logits start ~10x flatter across graphs than GAT's or GCN's
+            # (gkat_motifs_notes.md, 2026-12-07).
+            for lin in (self.lin, self.conv1.to_qkv, self.conv1.to_out, self.conv2.to_qkv,
+                        self.conv2.to_out):
+                torch.nn.init.xavier_uniform_(lin.weight)
+                torch.nn.init.zeros_(lin.bias)
 
     def forward(self, data) -> Tensor:
         x = data.x if self.lin is None else self.lin(data.x)

@@ -127,10 +127,35 @@ def test_paper_models_reject_bad_options():
     pm = _paper_models()
     with pytest.raises(ValueError, match="kind must be one of .*got 'gin'"):
         pm.MotifNet(5, kind='gin')
+    with pytest.raises(ValueError, match="init must be 'torch' or 'glorot', got 'xavier'"):
+        pm.MotifNet(5, kind='grf', init='xavier')
     with pytest.raises(ValueError, match="kind must be 'gkat' or 'gat', got 'gcn'"):
         pm.TUAttentionClassifier(3, 2, kind='gcn')
     with pytest.raises(ValueError, match="local must be 'none' or 'gat', got 'gcn'"):
         pm.CitationGRFGPS(8, 3, local='gcn')
+
+
+@pytest.mark.parametrize('kind', ['grf', 'linear'])
+def test_motif_net_glorot_init_is_glorot_uniform(kind):
+    # Glorot-uniform: U(-a, a), a = sqrt(6 / (fan_in + fan_out)), so std a / sqrt(3); torch's
+    # default (Kaiming-uniform, a = sqrt(5)) draws from U(-1 / sqrt(fan_in), 1 / sqrt(fan_in))
+    import torch
+    pm = _paper_models()
+    torch.manual_seed(0)
+    net = pm.MotifNet(5, kind=kind, hidden_channels=16, init='glorot')
+    default = pm.MotifNet(5, kind=kind, hidden_channels=16)
+    maps = [(net.conv1.to_qkv, default.conv1.to_qkv), (net.conv2.to_out, default.conv2.to_out),
+            (net.lin, default.lin)]
+    for lin, lin0 in maps:
+        fan_out, fan_in = lin.weight.shape
+        a = math.sqrt(6 / (fan_in + fan_out))
+        w = lin.weight.detach()
+        assert w.abs().max() <= a and w.abs().max() > 0.9 * a
+        assert abs(w.std().item() - a / math.sqrt(3)) < 0.15 * a / math.sqrt(3)
+        assert torch.count_nonzero(lin.bias) == 0
+        assert lin0.weight.detach().abs().max() <= 1 / math.sqrt(fan_in)  # torch's default
+        assert torch.count_nonzero(lin0.bias) > 0
+    assert net.head.weight.abs().max() <= 1 / math.sqrt(net.head.weight.size(1))  # untouched
 
 
 def test_paper_config_fits_and_tests_through_the_harness(tmp_path, monkeypatch):
