@@ -88,6 +88,41 @@ def run(motifs, kinds, seeds, num_graphs: int, out: str = OUT, epochs=None, init
     return rows
 
 
+def init_scale(motif: str, kinds, seeds, inits=('torch', 'glorot'), num_graphs: int = 64):
+    r"""What each network's logits and gradient look like before training, on the first
+    ``num_graphs`` graphs of ``motif`` (with the config's walks): per kind, init and seed, the
+    standard deviation over the graphs of the logit difference (class 1 minus class 0: how
+    much the untrained network tells graphs apart) and the norm of the loss gradient over
+    all parameters. Returns ``{(kind, init): [(spread, grad_norm) per seed]}``."""
+    import torch
+    import torch.nn.functional as F
+    from torch_geometric.data import Batch
+
+    import pyg_grf.transforms as T
+    from pyg_grf.datasets import MotifDataset
+    with open(CONFIG) as f:
+        pre = yaml.safe_load(f)['data']['init_args']['pre_transform']
+    walks = [getattr(T, p['class_path'].rsplit('.', 1)[1])(**p['init_args']) for p in pre]
+    graphs = []
+    for g in MotifDataset(motif=motif, num_graphs=num_graphs):
+        for t in walks:
+            g = t(g)
+        graphs.append(g)
+    batch = Batch.from_data_list(graphs)
+    out = {}
+    for kind in kinds:
+        for init in (inits if kind in ('grf', 'linear') else ('torch',)):
+            for seed in seeds:
+                torch.manual_seed(seed)
+                net = MotifNet(5, 2, kind, matched_hidden(kind), threshold=0.05, init=init)
+                logits = net(batch)
+                F.cross_entropy(logits, batch.y).backward()
+                grad = torch.sqrt(sum((p.grad ** 2).sum() for p in net.parameters()))
+                spread = (logits[:, 1] - logits[:, 0]).detach().std()
+                out.setdefault((kind, init), []).append((spread.item(), grad.item()))
+    return out
+
+
 def per_seed(rows) -> str:
     r"""Each model's test accuracy seed by seed (training on these graphs can be bimodal: a
     seed leaves chance within the budget or stays at it, which a mean ± std hides)."""
@@ -142,8 +177,18 @@ def main(argv=None):
                        help="cap (default: the config's 60)")
         p.add_argument('--init', default='torch', choices=['torch', 'glorot'],
                        help="the GRF / linear networks' initialisation (MotifNet's init)")
+        p.add_argument('--init-scale', action='store_true',
+                       help="only print each network's logit spread and gradient norm at "
+                            "initialisation (init_scale), per seed; trains nothing")
 
     def go(args):
+        if args.init_scale:
+            for (kind, init), runs in init_scale(args.motifs[0], args.models,
+                                                 range(args.seeds)).items():
+                print(f'{kind:6s} {init:6s} logit spread '
+                      + ' '.join(f'{s:.4f}' for s, _ in runs) + ' | gradient norm '
+                      + ' '.join(f'{g:.3f}' for _, g in runs), flush=True)
+            return
         for kind in args.models:
             hidden = matched_hidden(kind)
             print(f'{kind}: hidden {hidden}, {params(kind, hidden)} parameters', flush=True)
