@@ -47,7 +47,8 @@ OUT = osp.join(HERE, 'results', 'minesweeper_boards')
 TABLE = osp.join(HERE, 'results', 'minesweeper_boards.md')
 NOTES = osp.join(HERE, 'results', 'minesweeper_boards_notes.md')
 COMMANDS = ['python experiments/minesweeper_boards.py --boards 1 2 3 4 5 --variants grf none',
-            'python experiments/minesweeper_boards.py --boards 1 2 3 4 5 --variants linear']
+            'python experiments/minesweeper_boards.py --boards 1 2 3 4 5 --variants linear',
+            'python experiments/minesweeper_boards.py --boards 1 2 3 4 5 --variants gat_tuned']
 #: the published board's parameters
 SIDE, MINES, UNKNOWN, CAP, SPLITS = 100, 0.2, 0.5, 5, 10
 
@@ -136,7 +137,8 @@ def write_table(out: str = OUT, table: str = TABLE) -> str:
         lines += [summary_table(rows, 'test/auroc', control='none', order=order), '']
         per = node_models.per_seed(rows, order, 'board')
         lines += [f'{per[0].upper()}{per[1:]}.', '']
-        for control, label in (('none', 'the GCN alone'), ('linear', 'unmasked linear')):
+        for control, label in (('none', 'the GCN alone'), ('linear', 'unmasked linear'),
+                               ('gat_tuned', "Luo et al.'s tuned GAT")):
             d = paired(rows, 'grf', control, 'test/auroc')
             if d:
                 lines += [f"GRF minus {label}, paired: {d['mean']:+.2f} ± {d['se']:.2f} "
