@@ -160,6 +160,8 @@ def write_table() -> str:
         'python experiments/gkat_motifs.py --motifs circle caveman --seeds 3',
         'python experiments/gkat_motifs.py --motifs circle caveman --models grf linear '
         '--seeds 10',
+        'python experiments/gkat_motifs.py --motifs caveman circle --models grf linear '
+        '--seeds 10 --init glorot',
         'python experiments/gkat_motifs.py --motifs circular_ladder --seeds 3',
         'python experiments/gkat_motifs.py --motifs grid --seeds 3',
         'python experiments/gkat_motifs.py --motifs ladder --seeds 3',
