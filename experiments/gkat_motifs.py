@@ -21,6 +21,11 @@ at most ``--epochs`` epochs (paper: 500 with patience 80). Runs are appended to
 ``experiments/results/gkat_motifs.md``::
 
     python experiments/gkat_motifs.py --motifs caveman circle --seeds 3
+
+``--init glorot`` initialises the GRF and linear networks' linear maps as GAT's (Glorot; torch's
+default starts them 5-30x flatter across graphs, and half their seeds stall at chance);
+``--init-scale`` only prints each network's logit spread and gradient norm at initialisation
+(:func:`init_scale`).
 """
 from __future__ import annotations
 
