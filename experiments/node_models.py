@@ -301,8 +301,14 @@ def main(argv=None):
     def go(args):
         if args.settings.startswith('from:'):
             source = args.settings[len('from:'):]
-            settings = next(r['settings'] for r in read_rows(osp.join(args.out, 'runs.jsonl'))
-                            if r['dataset'] == source and r['variant'] == 'grf')
+            # the rows of --out first, then the committed ones (a check run writes elsewhere)
+            found = [r['settings'] for folder in dict.fromkeys([args.out, OUT])
+                     for r in read_rows(osp.join(folder, 'runs.jsonl'))
+                     if r['dataset'] == source and r['variant'] == 'grf']
+            if not found:
+                raise SystemExit(f"--settings from:{source} needs a grf row of {source!r} in "
+                                 f"{args.out}/runs.jsonl or {OUT}/runs.jsonl, found none")
+            settings = found[0]
         else:
             settings = json.loads(args.settings)
         if args.search:

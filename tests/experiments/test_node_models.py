@@ -28,3 +28,21 @@ def test_gat_tuned_is_luos_gat(tmp_path):
     skips = (7 * 64 + 64) + 14 * (64 * 64 + 64)
     assert sum(p.numel() for p in model.parameters()) == convs + skips + 15 * 2 * 64 + 65
     assert cli.model.hparams.weight_decay == 0.0 and model.dropout == 0.2
+
+
+def test_settings_from_another_dataset_reads_the_committed_rows(tmp_path, monkeypatch):
+    # --settings from:cora with a check run's own --out: the committed Cora grf row's
+    # settings, passed to run() unchanged; an unknown source names where it looked
+    import json
+    got = []
+    monkeypatch.setattr(node_models, 'run', lambda dataset, variants, seeds, settings, *a:
+                        got.append(settings))
+    node_models.main(['--dataset', 'pubmed', '--variants', 'grf', '--settings', 'from:cora',
+                      '--seeds', '1', '--out', str(tmp_path)])
+    with open(f'{node_models.OUT}/runs.jsonl') as f:
+        cora = next(r['settings'] for r in map(json.loads, f)
+                    if r['dataset'] == 'cora' and r['variant'] == 'grf')
+    assert got == [cora]
+    with pytest.raises(SystemExit, match="from:chameleon needs a grf row of 'chameleon'"):
+        node_models.main(['--dataset', 'pubmed', '--settings', 'from:chameleon', '--seeds', '1',
+                          '--out', str(tmp_path)])
