@@ -1,6 +1,8 @@
 r"""experiments/node_models.py: the Minesweeper GAT control at Luo et al.'s tuned settings is the
 network their script describes (counted by hand), built by the product's CLI class from the
 node config and the variant's overrides."""
+import json
+
 import pytest
 from torch_geometric.nn import GATConv
 
@@ -33,7 +35,6 @@ def test_gat_tuned_is_luos_gat(tmp_path):
 def test_settings_from_another_dataset_reads_the_committed_rows(tmp_path, monkeypatch):
     # --settings from:cora with a check run's own --out: the committed Cora grf row's
     # settings, passed to run() unchanged; an unknown source names where it looked
-    import json
     got = []
     monkeypatch.setattr(node_models, 'run', lambda dataset, variants, seeds, settings, *a:
                         got.append(settings))
