@@ -23,7 +23,8 @@ at most ``--epochs`` epochs (paper: 500 with patience 80). Runs are appended to
     python experiments/gkat_motifs.py --motifs caveman circle --seeds 3
 
 ``--init glorot`` initialises the GRF and linear networks' linear maps as GAT's (Glorot; torch's
-default starts them 5-30x flatter across graphs, and half their seeds stall at chance);
+default starts them 5-30x flatter across graphs, and half their seeds stall at chance); ``--init
+mha`` only their attention layers, as ``torch.nn.MultiheadAttention`` does its own;
 ``--init-scale`` only prints each network's logit spread and gradient norm at initialisation
 (:func:`init_scale`).
 """
@@ -93,7 +94,7 @@ def run(motifs, kinds, seeds, num_graphs: int, out: str = OUT, epochs=None, init
     return rows
 
 
-def init_scale(motif: str, kinds, seeds, inits=('torch', 'glorot'), num_graphs: int = 64):
+def init_scale(motif: str, kinds, seeds, inits=MotifNet.INITS, num_graphs: int = 64):
     r"""What each network's logits and gradient look like before training, on the first
     ``num_graphs`` graphs of ``motif`` (with the config's walks): per kind, init and seed, the
     standard deviation over the graphs of the logit difference (class 1 minus class 0: how
@@ -155,7 +156,9 @@ def write_table() -> str:
     for g in dict.fromkeys(map(group, rows)):
         motif, n, epochs, init = g
         sub = [r for r in rows if group(r) == g]
-        how = '' if init == 'torch' else ', Glorot init of the GRF / linear networks'
+        how = {'torch': '', 'glorot': ', Glorot init of the GRF / linear networks',
+               'mha': ", the GRF / linear networks' attention initialised as "
+                      "nn.MultiheadAttention's"}[init]
         lines += [f'## {motif} ({n} graphs, {epochs} epochs{how})', '',
                   summary_table(sub, 'test/acc', control='linear',
                                 order=['gkat', 'gat', 'gcn', 'grf', 'linear'],
@@ -182,7 +185,7 @@ def main(argv=None):
         p.add_argument('--seeds', type=int, default=3)
         p.add_argument('--epochs', type=int, default=None,
                        help="cap (default: the config's 60)")
-        p.add_argument('--init', default='torch', choices=['torch', 'glorot'],
+        p.add_argument('--init', default='torch', choices=MotifNet.INITS,
                        help="the GRF / linear networks' initialisation (MotifNet's init)")
         p.add_argument('--init-scale', action='store_true',
                        help="only print each network's logit spread and gradient norm at "

@@ -222,9 +222,13 @@ class MotifNet(torch.nn.Module):
     attention, the control), ELU after each, mean pooling, a linear classifier.
     ``hidden_channels`` is per head (``heads`` heads; GCN: the width). ``init='glorot'``
     initialises the ``'grf'`` and ``'linear'`` networks' linear maps as PyG's GATConv does
-    (default ``'torch'``: torch's own initialisation)."""
+    (default ``'torch'``: torch's own initialisation); ``init='mha'`` only their attention
+    layers, as :class:`torch.nn.MultiheadAttention` initialises its own (q, k, v projection
+    Glorot-uniform, zero biases, output weight torch's default): what the package's attention
+    would start from if it adopted that convention."""
 
     KINDS = ('gkat', 'gat', 'gcn', 'grf', 'linear')
+    INITS = ('torch', 'glorot', 'mha')
 
     def __init__(self, in_channels: int, out_channels: int = 2, kind: str = 'gkat',
                  hidden_channels: int = 9, heads: int = 2, mode: str = 'softmax',
@@ -233,8 +237,8 @@ class MotifNet(torch.nn.Module):
         super().__init__()
         if kind not in self.KINDS:
             raise ValueError(f"kind must be one of {self.KINDS}, got {kind!r}")
-        if init not in ('torch', 'glorot'):
-            raise ValueError(f"init must be 'torch' or 'glorot', got {init!r}")
+        if init not in self.INITS:
+            raise ValueError(f"init must be one of {self.INITS}, got {init!r}")
         self.kind = kind
         width = heads * hidden_channels
         self.lin = (torch.nn.Linear(in_channels, width) if kind in ('grf', 'linear')
@@ -271,6 +275,11 @@ class MotifNet(torch.nn.Module):
                         self.conv2.to_out):
                 torch.nn.init.xavier_uniform_(lin.weight)
                 torch.nn.init.zeros_(lin.bias)
+        elif init == 'mha' and self.lin is not None:
+            for conv in (self.conv1, self.conv2):
+                torch.nn.init.xavier_uniform_(conv.to_qkv.weight)
+                torch.nn.init.zeros_(conv.to_qkv.bias)
+                torch.nn.init.zeros_(conv.to_out.bias)
 
     def forward(self, data) -> Tensor:
         x = data.x if self.lin is None else self.lin(data.x)

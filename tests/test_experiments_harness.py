@@ -127,7 +127,8 @@ def test_paper_models_reject_bad_options():
     pm = _paper_models()
     with pytest.raises(ValueError, match="kind must be one of .*got 'gin'"):
         pm.MotifNet(5, kind='gin')
-    with pytest.raises(ValueError, match="init must be 'torch' or 'glorot', got 'xavier'"):
+    with pytest.raises(ValueError,
+                       match=r"init must be one of \('torch', 'glorot', 'mha'\), got 'xavier'"):
         pm.MotifNet(5, kind='grf', init='xavier')
     with pytest.raises(ValueError, match="kind must be 'gkat' or 'gat', got 'gcn'"):
         pm.TUAttentionClassifier(3, 2, kind='gcn')

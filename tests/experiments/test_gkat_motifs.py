@@ -16,7 +16,7 @@ def test_init_scale_matches_a_hand_computation(tmp_path, monkeypatch):
     import pyg_grf.transforms as T
     from pyg_grf.datasets import MotifDataset
     got = motifs.init_scale('caveman', ['gcn', 'grf'], [0, 1], num_graphs=8)
-    assert set(got) == {('gcn', 'torch'), ('grf', 'torch'), ('grf', 'glorot')}
+    assert set(got) == {('gcn', 'torch'), ('grf', 'torch'), ('grf', 'glorot'), ('grf', 'mha')}
     # the GRF network at Glorot init, seed 1, by hand (walks as the config draws them)
     walks = [T.AddRWGNKFeatures(num_walks=8, lam=0.8, alpha=1.0, max_length=3,
                                 kernel_threshold=0.05, seed=0),
@@ -32,6 +32,25 @@ def test_init_scale_matches_a_hand_computation(tmp_path, monkeypatch):
     assert spread == pytest.approx((logits[:, 1] - logits[:, 0]).std().item(), rel=1e-5)
     assert norm == pytest.approx(grad.item(), rel=1e-5)
     assert got[('grf', 'torch')][1] != got[('grf', 'glorot')][1]
+
+
+def test_mha_init_touches_only_the_attention_layers():
+    # nn.MultiheadAttention's convention on the attention layers; every other map as torch's
+    torch.manual_seed(3)
+    ref = motifs.MotifNet(5, 2, 'grf', 4)
+    torch.manual_seed(3)
+    net = motifs.MotifNet(5, 2, 'grf', 4, init='mha')
+    for name, p in net.named_parameters():
+        if 'to_qkv' in name or name.endswith('to_out.bias'):
+            continue
+        assert torch.equal(p, dict(ref.named_parameters())[name]), name
+    for conv in (net.conv1, net.conv2):
+        w = conv.to_qkv.weight
+        bound = (6 / sum(w.shape)) ** 0.5  # Glorot-uniform
+        assert w.abs().max() <= bound and w.abs().max() > 1 / w.size(1) ** 0.5
+        assert not conv.to_qkv.bias.any() and not conv.to_out.bias.any()
+    with pytest.raises(ValueError, match="init must be one of"):
+        motifs.MotifNet(5, 2, 'grf', 4, init='xavier')
 
 
 def test_init_override_reaches_the_network():
