@@ -173,7 +173,9 @@ def write_table() -> str:
         'python experiments/gkat_motifs.py --motifs circular_ladder --seeds 3',
         'python experiments/gkat_motifs.py --motifs grid --seeds 3',
         'python experiments/gkat_motifs.py --motifs ladder --seeds 3',
-        'python experiments/gkat_motifs.py --motifs induced_cycle --seeds 3'])
+        'python experiments/gkat_motifs.py --motifs induced_cycle --seeds 3',
+        'python experiments/gkat_motifs.py --motifs grid circular_ladder induced_cycle ladder '
+        '--models grf linear --seeds 3 --init glorot'])
 
 
 def main(argv=None):

@@ -87,13 +87,16 @@ FULL: Dict[str, Dict[str, Any]] = {
     'recipe_mutag': dict(cost='~1 h', files=['recipe.md'],
                          commands=['bash experiments/run_recipe_mutag.sh '
                                    '/tmp/recipe_mutag 1']),
-    'gkat_motifs': dict(cost='~8 h', files=['gkat_motifs.md', 'gkat_motifs/runs.jsonl'],
+    'gkat_motifs': dict(cost='~10 h', files=['gkat_motifs.md', 'gkat_motifs/runs.jsonl'],
                         commands=['python experiments/gkat_motifs.py --motifs caveman circle '
                                   'circular_ladder grid ladder induced_cycle --seeds 3',
                                   'python experiments/gkat_motifs.py --motifs caveman circle '
                                   '--models grf linear --seeds 10',
                                   'python experiments/gkat_motifs.py --motifs caveman circle '
-                                  '--models grf linear --seeds 10 --init glorot']),
+                                  '--models grf linear --seeds 10 --init glorot',
+                                  'python experiments/gkat_motifs.py --motifs grid '
+                                  'circular_ladder induced_cycle ladder --models grf linear '
+                                  '--seeds 3 --init glorot']),
     'node_branch_probe': dict(cost='~30 min', files=['node_branch_probe.md',
                                                      'node_branch_probe/runs.jsonl'],
                               commands=['python experiments/node_branch_probe.py --seeds 10']),
