@@ -84,9 +84,9 @@ FULL: Dict[str, Dict[str, Any]] = {
                                                         'node_selection_probe/runs.jsonl'],
                                  commands=['python experiments/node_selection_probe.py '
                                            '--seeds 10 --epochs 200']),
-    'recipe_mutag': dict(cost='~1 h', files=['recipe.md'],
+    'recipe_mutag': dict(cost='~1.5 h', files=['recipe.md'],
                          commands=['bash experiments/run_recipe_mutag.sh '
-                                   '/tmp/recipe_mutag 1']),
+                                   '/tmp/recipe_mutag 1 0 1 2']),
     'gkat_motifs': dict(cost='~10 h', files=['gkat_motifs.md', 'gkat_motifs/runs.jsonl'],
                         commands=['python experiments/gkat_motifs.py --motifs caveman circle '
                                   'circular_ladder grid ladder induced_cycle --seeds 3',
