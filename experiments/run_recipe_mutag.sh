@@ -6,7 +6,7 @@
 #   bash experiments/run_recipe_mutag.sh OUT_DIR [THREADS [SEED...]]   (CONFIGS="..." to run a subset)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${1:?usage: run_recipe_mutag.sh OUT_DIR [THREADS]}
+OUT=${1:?usage: run_recipe_mutag.sh OUT_DIR [THREADS [SEED...]]}
 export OMP_NUM_THREADS=${2:-1}
 export PYG_GRF_MIRROR="${PYG_GRF_MIRROR:-$(cd .. && pwd)/shared/datasets}"
 mkdir -p "$OUT"
